@@ -1,0 +1,70 @@
+"""torch.distributed set-up from the environment ``torchrun`` provides.
+
+Nothing here is home-made distribution: ``torchrun`` starts the processes and
+sets RANK / WORLD_SIZE / LOCAL_RANK; we only open the process group (NCCL on
+GPU, gloo on CPU) and pick the device.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: "object"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed() -> DistContext:
+    """Join the process group when launched by torchrun; a single process otherwise."""
+    import torch
+    import torch.distributed as dist
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def autocast_dtype(setting: str, device) -> "object | None":
+    """Mixed-precision dtype for a ``dtype`` param: auto = bf16 (fp16 without bf16) on GPU, none on CPU."""
+    import torch
+
+    if setting in ("fp32", "float32") or getattr(device, "type", "cpu") != "cuda":
+        return None
+    if setting == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[setting]

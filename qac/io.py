@@ -1,0 +1,101 @@
+"""Atomic file output and the JSONL helpers every stage uses.
+
+A stage that fails must leave nothing half-written behind, so every output is
+first written to a temporary sibling and renamed into place only on success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
+
+    With ``directory=True`` the temporary path is an empty directory and an
+    existing directory at ``path`` is replaced. On any exception the temporary
+    file or directory is removed and ``path`` is left untouched.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if directory:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    else:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        yield tmp
+        if directory:
+            if target.exists():
+                old = target.with_name(f".{target.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                target.rename(old)
+                tmp.rename(target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(target)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
+    """Write ``records`` as JSON lines, atomically. Returns the number written."""
+    count = 0
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write one JSON document (sorted keys, indented), atomically."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    """Yield the records of a JSONL file; a bad line raises with file and line number."""
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number}: malformed JSON ({error.msg})") from None
+
+
+def file_md5(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    """MD5 of a file's bytes, the hash DVC uses for file outputs."""
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def path_md5(path: str | os.PathLike) -> str:
+    """MD5 of a file, or of a directory's sorted (relative path, file md5) listing."""
+    path = Path(path)
+    if path.is_file():
+        return file_md5(path)
+    digest = hashlib.md5()
+    for child in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{child.relative_to(path).as_posix()}\0{file_md5(child)}\n".encode())
+    return digest.hexdigest()

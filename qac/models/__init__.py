@@ -1,0 +1,1 @@
+"""Model loading, pre-training models (coCondenser, CoT-MAE) and their losses."""

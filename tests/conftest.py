@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny models built from a config, an isolated MLflow store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A 2-layer, 64-wide random BERT with the MiniLM vocabulary, saved as a HF folder."""
+    from qac.models.loading import load_model, load_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    load_model("tiny:minilm", seed=0).save_pretrained(path)
+    load_tokenizer("minilm").save_pretrained(path)
+    return path
+
+
+@pytest.fixture()
+def mlflow_store(tmp_path, monkeypatch) -> str:
+    """Point MLflow at a fresh SQLite store in the test's temporary directory."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"data mirror {SHARED_DATA} not present")
+    return SHARED_DATA
