@@ -1,0 +1,117 @@
+"""The dense retriever being fine-tuned: one shared encoder for queries and passages.
+
+Queries and passages go through the same transformer; a text is represented by
+its [CLS] vector (or the attention-masked mean of its token states) and a
+query-passage score is their dot product. Training uses InfoNCE over the
+positive, the hard negatives and every other passage in the (global) batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+POOLING_MODES = ("cls", "mean")
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """One vector per sequence from the last hidden states: [CLS] or masked mean."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "mean":
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+    raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLING_MODES)}")
+
+
+def infonce_loss(query_reps: torch.Tensor, passage_reps: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Mean cross-entropy of each query over every passage, the positive being its group's first.
+
+    Passages are laid out in groups of ``n = len(passage_reps) // len(query_reps)``
+    (positive, then negatives), query ``i``'s group starting at ``i * n``; the other
+    queries' passages are the in-batch negatives.
+    """
+    n_queries = query_reps.size(0)
+    if n_queries == 0 or passage_reps.size(0) % n_queries:
+        raise ValueError(f"{passage_reps.size(0)} passages do not form groups for {n_queries} queries")
+    group_size = passage_reps.size(0) // n_queries
+    scores = query_reps @ passage_reps.T / temperature
+    targets = torch.arange(n_queries, device=scores.device) * group_size
+    return F.cross_entropy(scores.float(), targets)
+
+
+def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
+    """Concatenate every process's tensor in global-rank order; only the local slot keeps its grad."""
+    import torch.distributed as dist
+
+    slots = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(slots, local.detach().contiguous())
+    slots[dist.get_rank()] = local
+    return torch.cat(slots, dim=0)
+
+
+class BiEncoder(nn.Module):
+    """A shared-weight bi-encoder around a Hugging Face encoder (``AutoModel``)."""
+
+    def __init__(self, encoder: nn.Module, pooling: str = "cls", temperature: float = 1.0):
+        super().__init__()
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
+        # BERT's pooler (dense + tanh over [CLS]) is not part of a dense retriever's
+        # representation; left in, its unused parameters would make DDP fail.
+        if getattr(encoder, "pooler", None) is not None:
+            encoder.pooler = None
+        self.encoder = encoder
+        self.pooling = pooling
+        self.temperature = temperature
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, pooling: str = "cls", temperature: float = 1.0) -> "BiEncoder":
+        """Load the encoder of a Hugging Face folder (or any model spec of ``qac.models.loading``)."""
+        from qac.models.loading import load_model
+
+        return cls(load_model(str(path)), pooling=pooling, temperature=temperature)
+
+    def save(self, path: str | Path, tokenizer=None) -> None:
+        """Write the encoder (and tokenizer) as a folder ``AutoModel`` can load."""
+        self.encoder.save_pretrained(path)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+
+    def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        output = self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              **({"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {}))
+        return pool(output.last_hidden_state, batch["attention_mask"], self.pooling)
+
+    # Queries and passages share the encoder; the two names keep call sites readable.
+    encode_query = encode
+    encode_passage = encode
+
+    @staticmethod
+    def compute_similarity(query_reps: torch.Tensor, passage_reps: torch.Tensor) -> torch.Tensor:
+        return query_reps @ passage_reps.T
+
+    def compute_loss(self, query_reps: torch.Tensor, passage_reps: torch.Tensor) -> torch.Tensor:
+        """InfoNCE over this batch, or over the global batch when run by several processes.
+
+        Under DDP every process gathers all queries and passages (in global-rank
+        order, so the global batch is the same as one process would see), making
+        the other processes' passages negatives too. Only the local slot carries a
+        gradient, so each process back-propagates into its own encoder pass. DDP
+        then *averages* gradients over the W processes while the full-batch loss
+        gradient is their *sum*: the loss is multiplied by W to undo the average.
+        """
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            query_reps = gather_with_grad(query_reps)
+            passage_reps = gather_with_grad(passage_reps)
+            return infonce_loss(query_reps, passage_reps, self.temperature) * dist.get_world_size()
+        return infonce_loss(query_reps, passage_reps, self.temperature)
+
+    def forward(self, queries: dict[str, torch.Tensor], passages: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The training loss of one (local) batch: queries and their passage groups."""
+        return self.compute_loss(self.encode_query(queries), self.encode_passage(passages))

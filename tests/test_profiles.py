@@ -1,0 +1,102 @@
+"""Profiles: complete, consistent with the paper where they claim to be, and a DVC graph for each."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qac.config import PROFILE_NAMES, deep_merge, load_params, render_profile, write_params
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(__import__("sys").executable).parent
+
+
+def _keys(mapping, prefix=""):
+    out = set()
+    for key, value in mapping.items():
+        out.add(prefix + key)
+        if isinstance(value, dict) and key not in ("datasets", "variants", "space"):
+            out |= _keys(value, prefix + key + ".")
+    return out
+
+
+def test_deep_merge_replaces_leaves_and_merges_mappings():
+    assert deep_merge({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": 3}, "d": [2]}) == {"a": {"b": 3, "c": 2}, "d": [2]}
+
+
+@pytest.mark.parametrize("name", PROFILE_NAMES)
+def test_profile_overrides_only_known_keys(name):
+    base = yaml.safe_load((REPO / "profiles" / "base.yaml").read_text())
+    override = yaml.safe_load((REPO / "profiles" / f"{name}.yaml").read_text()) or {}
+    unknown = _keys(override) - _keys(base)
+    assert not unknown, f"profiles/{name}.yaml sets keys that base.yaml does not define: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("name", PROFILE_NAMES)
+def test_profile_is_complete(name):
+    params = render_profile(name)
+    assert params["profile"] == name
+    assert params["train_dataset"] in params["datasets"]
+    assert params["pretrain_corpus"] in params["datasets"]
+    for dataset in params["zero_shot"]:
+        assert dataset in params["datasets"], f"zero-shot dataset {dataset} is not declared"
+    for name_, dataset in params["datasets"].items():
+        assert dataset["format"] in ("beir", "msmarco-docs", "msmarco-passage", "trec", "hf"), name_
+        assert dataset.get("mirror") or dataset.get("url"), f"{name_}: neither mirror nor url"
+    variants = params["pretrain"]["variants"]
+    assert variants, "no pre-training variants"
+    for variant in variants.values():
+        assert variant["method"] in ("none", "cocondenser", "cotmae")
+        if variant["method"] != "none":
+            assert variant["context_type"] in ("passage", "query", "mixed")
+            assert 1 <= variant["query_count"] <= params["querygen"]["queries_per_passage"]
+
+
+def test_paper_profile_uses_the_papers_settings():
+    params = render_profile("paper")
+    assert params["pretrain_corpus"] == "msmarco-docs"
+    assert params["split"]["max_len"] == 144 and params["split"]["short_span_prob"] == 0.15
+    assert params["split"]["tokenizer"] == "bert-base-uncased"
+    assert params["query_generator"]["model"] == "doc2query/all-with_prefix-t5-base-v1"
+    assert params["querygen"]["prefix"] == "text2query: "
+    assert (params["querygen"]["top_p"], params["querygen"]["top_k"], params["querygen"]["max_new_tokens"]) == (0.95, 25, 64)
+    assert params["querygen"]["queries_per_passage"] == 20
+    variants = params["pretrain"]["variants"]
+    cocondenser = variants["cocondenser-query-q20"]
+    assert (cocondenser["init"], cocondenser["steps"], cocondenser["batch_size"], cocondenser["lr"]) == ("Luyu/condenser", 120000, 2048, 1e-4)
+    cotmae = variants["cotmae-query-q20"]
+    assert (cotmae["init"], cotmae["steps"], cotmae["batch_size"], cotmae["lr"]) == ("bert-base-uncased", 50000, 16384, 4e-4)
+    assert {v["query_count"] for v in variants.values() if v.get("context_type") == "query"} == {1, 5, 10, 20}
+    assert params["pretrain"]["common"]["max_len"] == 144 and params["pretrain"]["common"]["skip_from"] == 6
+    finetune = params["finetune"]
+    assert (finetune["lr"], finetune["batch_size"], finetune["train_n_passages"], finetune["epochs"]) == (2e-5, 64, 16, 3)
+    assert (finetune["passage_max_len"], finetune["query_max_len"], finetune["mine_depth"]) == (144, 32, 200)
+    assert len(params["zero_shot"]) == 14
+    assert set(params["datasets"]["msmarco-passage"]["splits"]) >= {"train", "dev", "dl19", "dl20"}
+
+
+def test_committed_params_are_the_default_profile():
+    assert load_params(REPO / "params.yaml") == render_profile("default")
+
+
+@pytest.mark.parametrize("name", PROFILE_NAMES)
+def test_dvc_graph_builds_for_every_profile(name, tmp_path):
+    """`dvc repro --dry` plans every stage of the profile without running anything."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=shutil.ignore_patterns(".venv", "data", "mlflow.db", "mlartifacts", ".git", "reports", "*.egg-info"))
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    write_params(render_profile(name), work / "params.yaml")
+    result = subprocess.run([str(BIN / "dvc"), "repro", "--dry", "--allow-missing"], cwd=work,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    params = render_profile(name)
+    planned = result.stdout
+    for variant in params["pretrain"]["variants"]:
+        for stage in ("pretrain", "finetune", "evaluate"):
+            assert f"'{stage}@{variant}'" in planned
+    for dataset in params["datasets"]:
+        assert f"'prepare@{dataset}'" in planned
+    for stage in ("split_passages", "query_generator", "generate_queries", "bm25", "annotation", "tables"):
+        assert f"'{stage}'" in planned
