@@ -48,7 +48,10 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     """The full parameter set of profile ``name``: base merged with the profile's overrides."""
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
-    profiles_dir = Path(profiles_dir) if profiles_dir else REPO_ROOT / "profiles"
+    if profiles_dir is None:
+        # The checkout in the working directory wins over the installed package's.
+        profiles_dir = Path("profiles") if Path("profiles/base.yaml").exists() else REPO_ROOT / "profiles"
+    profiles_dir = Path(profiles_dir)
     with open(profiles_dir / "base.yaml", encoding="utf-8") as handle:
         base = yaml.safe_load(handle)
     with open(profiles_dir / f"{name}.yaml", encoding="utf-8") as handle:
@@ -58,17 +61,35 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     return params
 
 
-def write_params(params: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write ``params`` as the active ``params.yaml``, atomically, with a provenance header."""
+def _leading_comment(path: Path) -> str:
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: str | os.PathLike | None = None) -> None:
+    """Write ``params`` as the active ``params.yaml``, atomically, with a provenance header.
+
+    The header repeats the profile file's leading comment, which says what the
+    profile scales down from the paper, so ``params.yaml`` carries it too.
+    """
     from qac.io import atomic_path
 
+    name = params["profile"]
+    if profiles_dir is None:
+        profiles_dir = Path("profiles") if Path("profiles/base.yaml").exists() else REPO_ROOT / "profiles"
+    profile_file = Path(profiles_dir) / f"{name}.yaml"
     header = (
-        f"# Active parameters: profile '{params['profile']}'.\n"
-        f"# Rendered by `qac profile use {params['profile']}` from profiles/base.yaml + "
-        f"profiles/{params['profile']}.yaml.\n"
+        f"# Active parameters: profile '{name}'.\n"
+        f"# Rendered by `qac profile use {name}` from profiles/base.yaml + profiles/{name}.yaml.\n"
         "# Edit the profile files to change a profile; edit this file (or use\n"
-        "# `dvc exp run -S key=value`) for a one-off experiment.\n"
+        "# `dvc exp run -S key=value`) for a one-off experiment.\n#\n"
     )
+    if profile_file.exists():
+        header += _leading_comment(profile_file)
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(header)

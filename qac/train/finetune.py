@@ -1,0 +1,161 @@
+"""The fine-tuning loop of a bi-encoder retriever (Tevatron style).
+
+One optimizer step takes ``batch_size`` training groups (the *global* batch);
+under ``torchrun`` each of the W processes encodes a contiguous 1/W of them,
+and :meth:`BiEncoder.compute_loss` gathers the representations so the loss is
+the one a single process would compute on the whole batch. The order of the
+groups comes from :class:`GroupSampler`, identical on every process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from qac.train.biencoder import BiEncoder
+from qac.train.groups import GroupSampler, TrainingGroup
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    query_max_len: int = 32
+    passage_max_len: int = 144
+    train_n_passages: int = 16      # per query: 1 positive + (n - 1) hard negatives
+    batch_size: int = 64            # queries per optimizer step, over all processes
+    lr: float = 2e-5
+    epochs: int = 3
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0      # Tevatron trains with the HF Trainer, which clips at 1.0
+    temperature: float = 1.0
+    pooling: str = "cls"
+    dtype: str = "auto"             # autocast dtype on GPU; CPU always runs fp32
+    seed: int = 42
+    log_every: int = 1
+
+    @classmethod
+    def from_params(cls, section: Mapping[str, Any], seed: int) -> "FinetuneSettings":
+        """Settings from the ``finetune`` params section (keys not listed here are ignored)."""
+        known = {field.name for field in fields(cls)}
+        values = {key: value for key, value in section.items() if key in known}
+        return cls(**{**values, "seed": seed})
+
+    @property
+    def n_negatives(self) -> int:
+        return self.train_n_passages - 1
+
+
+def collate(groups: Sequence[TrainingGroup], passage_text: Mapping[str, str], tokenizer,
+            settings: FinetuneSettings) -> tuple[dict, dict]:
+    """Tokenize queries and their passage groups (positive first) into padded tensors."""
+    queries = tokenizer([group.query for group in groups], max_length=settings.query_max_len,
+                        truncation=True, padding=True, return_tensors="pt")
+    passages = tokenizer([passage_text[doc_id] for group in groups for doc_id in group.passages],
+                         max_length=settings.passage_max_len, truncation=True, padding=True,
+                         return_tensors="pt")
+    return dict(queries), dict(passages)
+
+
+def steps_per_epoch(n_queries: int, batch_size: int) -> int:
+    """Full global batches per epoch; the remainder is dropped so every step has the same batch."""
+    if n_queries < batch_size:
+        raise ValueError(f"{n_queries} training queries are fewer than one batch of {batch_size}")
+    return n_queries // batch_size
+
+
+def build_optimizer(model: torch.nn.Module, settings: FinetuneSettings, total_steps: int):
+    """AdamW (no decay on biases and LayerNorm weights) with linear warm-up and decay."""
+    from transformers import get_linear_schedule_with_warmup
+
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        (no_decay if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name else decay).append(parameter)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)
+    warmup = int(math.ceil(settings.warmup_ratio * total_steps))
+    return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
+
+
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+def train_biencoder(
+    model: BiEncoder,
+    tokenizer,
+    sampler: GroupSampler,
+    passage_text: Mapping[str, str],
+    settings: FinetuneSettings,
+    *,
+    device: torch.device | str = "cpu",
+    rank: int = 0,
+    world_size: int = 1,
+    on_step: StepCallback | None = None,
+) -> list[float]:
+    """Fine-tune ``model`` in place; returns the global loss of every step.
+
+    ``on_step(step, {"loss", "lr", "epoch"})`` is called after each logged step
+    (every ``log_every``) on every process; callers log on rank 0 only.
+    """
+    if settings.batch_size % world_size:
+        raise ValueError(f"batch_size {settings.batch_size} is not divisible by {world_size} processes")
+    if sampler.n_negatives != settings.n_negatives:
+        raise ValueError(f"sampler draws {sampler.n_negatives} negatives, settings ask for {settings.n_negatives}")
+    from qac.distributed import autocast_dtype
+
+    device = torch.device(device)
+    torch.manual_seed(settings.seed)
+    model.to(device).train()
+    trained = model
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        trained = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    per_epoch = steps_per_epoch(len(sampler), settings.batch_size)
+    total_steps = per_epoch * settings.epochs
+    optimizer, scheduler = build_optimizer(model, settings, total_steps)
+    amp_dtype = autocast_dtype(settings.dtype, device)
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+    local = settings.batch_size // world_size
+
+    losses: list[float] = []
+    step = 0
+    for epoch in range(settings.epochs):
+        groups = sampler.epoch(epoch)
+        for index in range(per_epoch):
+            start = index * settings.batch_size + rank * local
+            queries, passages = collate(groups[start:start + local], passage_text, tokenizer, settings)
+            queries = {key: value.to(device) for key, value in queries.items()}
+            passages = {key: value.to(device) for key, value in passages.items()}
+            autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype
+                        else contextlib.nullcontext())
+            with autocast:
+                loss = trained(queries, passages)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            if settings.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            global_loss = loss.item() / world_size  # compute_loss scales by W for DDP's averaging
+            losses.append(global_loss)
+            if on_step is not None and (step % settings.log_every == 0 or step == total_steps):
+                on_step(step, {"loss": global_loss, "lr": lr, "epoch": epoch + (index + 1) / per_epoch})
+    model.eval()
+    return losses

@@ -1,0 +1,106 @@
+"""The study end to end: `dvc repro` on the smoke profile in a fresh copy of the repository.
+
+One pipeline run is shared by the tests of this module: it is the slowest
+thing in the suite (a few minutes), and every assertion here is about its
+result, a second `dvc repro`, or a targeted parameter change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.slow
+
+
+def _run(cmd, cwd, env, check=True):
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def smoke_study(tmp_path_factory, shared_data):
+    work = tmp_path_factory.mktemp("study") / "repo"
+    shutil.copytree(REPO, work, ignore=shutil.ignore_patterns(
+        ".venv", "data", "mlflow.db", "mlartifacts", "mlruns", ".git", "*.egg-info", "__pycache__", "hpo"))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(work),
+           "QAC_DATA_MIRROR": str(shared_data), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=qac", "-c", "user.email=qac@localhost", "commit", "-qm", "study"]):
+        _run(cmd, work, env)
+    _run([str(BIN / "qac"), "profile", "use", "smoke"], work, env)
+    first = _run([str(BIN / "dvc"), "repro"], work, env)
+    return work, env, first
+
+
+def test_every_stage_ran_and_wrote_its_outputs(smoke_study):
+    work, _, first = smoke_study
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    out = work / "data" / "smoke"
+    assert (out / "passages.jsonl").exists() and (out / "queries.jsonl").exists()
+    for variant in params["pretrain"]["variants"]:
+        assert (out / "pretrain" / variant / "encoder" / "config.json").exists()
+        for retriever in ("r1", "r2"):
+            assert (out / "finetune" / variant / retriever / "config.json").exists()
+        metrics = json.loads((out / "metrics" / "eval" / f"{variant}.json").read_text())
+        assert metrics, variant
+    tables = (work / "reports" / "smoke" / "tables.md").read_text()
+    for number in range(1, 6):
+        assert f"Table {number}" in tables
+
+
+def test_queries_cover_every_passage(smoke_study):
+    work, _, _ = smoke_study
+    passages = [json.loads(line)["pid"] for line in (work / "data/smoke/passages.jsonl").open()]
+    queries = [json.loads(line) for line in (work / "data/smoke/queries.jsonl").open()]
+    assert [q["pid"] for q in queries] == passages
+    assert all(q["queries"] for q in queries)
+
+
+def test_mlflow_holds_the_study_tree(smoke_study):
+    work, _, _ = smoke_study
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("qac-smoke")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    by_id = {run.info.run_id: run for run in runs}
+    pretrain = [r for r in runs if r.data.tags.get("qac.kind") == "pretrain"]
+    finetune = [r for r in runs if r.data.tags.get("qac.kind") == "finetune"]
+    assert pretrain and finetune
+    study = by_id[pretrain[0].data.tags["mlflow.parentRunId"]]
+    assert study.data.tags["qac.role"] == "study"
+    for run in finetune:
+        assert by_id[run.data.tags["mlflow.parentRunId"]].data.tags["qac.kind"] == "pretrain"
+        assert any(key.endswith("nDCG_at_10") for key in run.data.metrics)
+    trained = [r for r in pretrain if r.data.tags.get("qac.method") != "none"]
+    assert trained and all(client.get_metric_history(r.info.run_id, "loss/total") for r in trained)
+
+
+def test_second_repro_is_a_no_op(smoke_study):
+    work, env, _ = smoke_study
+    second = _run([str(BIN / "dvc"), "repro"], work, env)
+    assert "Running stage" not in second.stdout
+
+
+def test_changing_one_parameter_reruns_only_its_dependents(smoke_study):
+    work, env, _ = smoke_study
+    params_path = work / "params.yaml"
+    params = yaml.safe_load(params_path.read_text())
+    params["evaluate"]["batch_size"] += 1
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    dry = _run([str(BIN / "dvc"), "repro", "--dry"], work, env)
+    planned = {line.split("'")[1] for line in dry.stdout.splitlines() if line.startswith("Running stage")}
+    assert planned == {f"evaluate@{v}" for v in params["pretrain"]["variants"]} | {"tables"}
