@@ -70,3 +70,39 @@ def test_loss_gradient_reaches_the_encoder_and_save_load_round_trips(tiny_bert_d
     reloaded = BiEncoder.from_pretrained(tmp_path / "enc").eval()
     with torch.no_grad():
         assert torch.allclose(model.encode_passage(passages), reloaded.encode_passage(passages), atol=1e-6)
+
+
+def _toy_training(tiny_bert_dir, **overrides):
+    from transformers import AutoTokenizer
+
+    from qac.train.finetune import FinetuneSettings, train_biencoder
+    from qac.train.groups import GroupSampler, TrainingQuery
+
+    topics = ["apple", "river", "violin", "glacier", "solar", "chess", "coffee", "volcano"]
+    queries = [TrainingQuery(f"q{i}", f"about {t}", (f"d{i}",), (f"n{i}",)) for i, t in enumerate(topics)]
+    passage_text = {f"d{i}": f"{t} {t} facts" for i, t in enumerate(topics)}
+    passage_text.update({f"n{i}": f"unrelated filler number {i}" for i in range(8)})
+    settings = FinetuneSettings(**{"query_max_len": 8, "passage_max_len": 8, "train_n_passages": 2, "batch_size": 8,
+                                   "epochs": 10, "lr": 1e-3, "warmup_ratio": 0.2, "seed": 0, **overrides})
+    logged = []
+    model = BiEncoder.from_pretrained(tiny_bert_dir)
+    losses = train_biencoder(model, AutoTokenizer.from_pretrained(tiny_bert_dir),
+                             GroupSampler(queries, sorted(passage_text), 1, seed=0), passage_text, settings,
+                             on_step=lambda step, values: logged.append((step, values)))
+    return losses, logged
+
+
+def test_training_lowers_the_loss_and_follows_the_linear_schedule(tiny_bert_dir):
+    losses, logged = _toy_training(tiny_bert_dir, epochs=20, warmup_ratio=0.1)
+    assert len(losses) == 20  # 8 queries, global batch 8, 20 epochs
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3
+    # 2 warm-up steps (0.1 x 20), then linear decay to 0; the lr logged is the one the step used.
+    expected = [0.0, 0.5] + [(20 - s) / 18 for s in range(2, 20)]
+    assert [step for step, _ in logged] == list(range(1, 21))
+    assert [values["lr"] for _, values in logged] == pytest.approx([1e-3 * f for f in expected])
+    assert [values["loss"] for _, values in logged] == losses
+
+
+def test_fewer_training_queries_than_one_batch_is_an_error(tiny_bert_dir):
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        _toy_training(tiny_bert_dir, batch_size=16)

@@ -107,6 +107,10 @@ def evaluate(
     parsed = [Measure.parse(name) for name in measures]
     if not parsed:
         raise ValueError("no measures requested")
+    if rel_threshold < 1:
+        # trec_eval never counts an unjudged document as relevant; a threshold
+        # below 1 would make judged zeros relevant but unjudged documents not.
+        raise ValueError(f"rel_threshold must be >= 1, got {rel_threshold}")
     query_ids = [qid for qid, judged in qrels.items() if judged]
     if not query_ids:
         raise ValueError("the qrels hold no judgements")
@@ -127,54 +131,50 @@ def evaluate(
 
 @dataclass(frozen=True)
 class _RankedRun:
-    """A run flattened into arrays in trec_eval order: one entry per retrieved document."""
+    """The positively judged documents of a run with their trec_eval ranks, sorted by query then rank.
+
+    Documents that are unjudged or judged <= 0 add nothing to any measure (they
+    only take up ranks), so they are counted but not kept; this keeps a
+    7,000 x 1,000 run cheap.
+    """
 
     owner: np.ndarray    # index of the query (into query_ids) each entry belongs to
-    rank: np.ndarray     # 0-based rank within its query
-    labels: np.ndarray   # qrels label (0 if unjudged), float64
+    rank: np.ndarray     # 0-based rank within its query's ranking
+    labels: np.ndarray   # qrels label (> 0), float64
     n_queries: int
 
     @classmethod
     def build(cls, qrels: Qrels, run: Run, query_ids: list[str], ignore_identical_ids: bool) -> "_RankedRun":
-        doc_ids: list[str] = []
-        scores: list[float] = []
+        owners: list[int] = []
+        ranks: list[int] = []
         labels: list[float] = []
-        lengths = np.zeros(len(query_ids), dtype=np.int64)
         for index, qid in enumerate(query_ids):
             retrieved = run.get(qid)
             if not retrieved:
                 continue
             if ignore_identical_ids and qid in retrieved:
                 retrieved = {doc: score for doc, score in retrieved.items() if doc != qid}
-            judged = qrels[qid]
-            doc_ids.extend(retrieved)
-            scores.extend(retrieved.values())
-            labels.extend([judged.get(doc, 0) for doc in retrieved])
-            lengths[index] = len(retrieved)
-
-        owner = np.repeat(np.arange(len(query_ids)), lengths)
-        score_array = np.asarray(scores, dtype=np.float64)
-        if np.isnan(score_array).any():
-            raise ValueError("the run contains NaN scores")
-        # Stable sort by (query, score descending); only entries tied on both need
-        # the document id, so only those pay for a string sort.
-        order = np.lexsort((-score_array, owner))
-        sorted_owner, sorted_scores = owner[order], score_array[order]
-        same_as_previous = (sorted_owner[1:] == sorted_owner[:-1]) & (sorted_scores[1:] == sorted_scores[:-1])
-        if same_as_previous.any():
-            tied = np.zeros(len(order), dtype=bool)
-            tied[1:] |= same_as_previous
-            tied[:-1] |= same_as_previous
-            doc_key = np.zeros(len(order), dtype=np.int64)
-            tied_docs = np.array([doc_ids[i] for i in order[tied]])
-            doc_key[order[tied]] = np.unique(tied_docs, return_inverse=True)[1].reshape(-1)
-            order = np.lexsort((-doc_key, -score_array, owner))
-            sorted_owner = owner[order]
-
-        starts = np.cumsum(lengths) - lengths
-        rank = np.arange(len(order)) - starts[sorted_owner]
-        label_array = np.asarray(labels, dtype=np.float64)[order] if labels else np.zeros(0)
-        return cls(owner=sorted_owner, rank=rank, labels=label_array, n_queries=len(query_ids))
+            scores = np.fromiter(retrieved.values(), dtype=np.float64, count=len(retrieved))
+            if np.isnan(scores).any():
+                raise ValueError(f"query {qid!r}: the run contains NaN scores")
+            ascending = np.sort(scores)
+            for doc, label in qrels[qid].items():
+                if label <= 0 or doc not in retrieved:
+                    continue
+                score = float(retrieved[doc])
+                lower = np.searchsorted(ascending, score, side="left")
+                upper = np.searchsorted(ascending, score, side="right")
+                rank = len(ascending) - upper             # documents with a higher score
+                if upper - lower > 1:                     # tied: larger document ids rank first
+                    rank += sum(1 for other, s in retrieved.items() if s == score and other > doc)
+                owners.append(index)
+                ranks.append(int(rank))
+                labels.append(float(label))
+        owner = np.asarray(owners, dtype=np.int64)
+        rank = np.asarray(ranks, dtype=np.int64)
+        order = np.lexsort((rank, owner))
+        return cls(owner=owner[order], rank=rank[order], labels=np.asarray(labels, dtype=np.float64)[order],
+                   n_queries=len(query_ids))
 
 
 def _compute(measure: Measure, ranked: _RankedRun, relevant: np.ndarray, num_relevant: np.ndarray,
@@ -199,17 +199,17 @@ def _compute(measure: Measure, ranked: _RankedRun, relevant: np.ndarray, num_rel
         np.divide(found, num_relevant, out=values, where=num_relevant > 0)
         return values
     if measure.family == "AP":
-        cumulative = np.cumsum(relevant)
-        starts = np.searchsorted(ranked.owner, np.arange(n))
-        before = np.where(starts > 0, cumulative[np.maximum(starts - 1, 0)], 0)
-        precision_at_rank = (cumulative - before[ranked.owner]) / (ranked.rank + 1.0)
-        summed = np.bincount(ranked.owner, weights=precision_at_rank * relevant, minlength=n)
+        # Precision at the rank of each relevant document: its position among the
+        # query's relevant documents (1-based) over its rank (1-based).
+        owner, rank = ranked.owner[relevant], ranked.rank[relevant]
+        starts = np.searchsorted(owner, owner, side="left")
+        precision = (np.arange(len(owner)) - starts + 1.0) / (rank + 1.0)
+        summed = np.bincount(owner, weights=precision, minlength=n)
         np.divide(summed, num_relevant, out=values, where=num_relevant > 0)
         return values
     if measure.family == "nDCG":
-        gains = np.maximum(ranked.labels, 0.0)
-        dcg = np.bincount(ranked.owner[in_cutoff], weights=(gains / np.log2(ranked.rank + 2.0))[in_cutoff],
-                          minlength=n)
+        dcg = np.bincount(ranked.owner[in_cutoff],
+                          weights=(ranked.labels / np.log2(ranked.rank + 2.0))[in_cutoff], minlength=n)
         ideal = _ideal_dcg(qrels, query_ids, measure.cutoff)
         np.divide(dcg, ideal, out=values, where=ideal > 0)
         return values

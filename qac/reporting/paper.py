@@ -86,9 +86,21 @@ def table2_value(dataset: str, method: str, context_type: str) -> float | None:
     return _lookup("table2_beir", dataset, column)
 
 
+def table3_row(method: str, query_count: int | None) -> str | None:
+    row = f"{METHOD_NAMES.get(method, method)} q={query_count}"
+    return row if row in load_paper_results()["table3_query_count"]["rows"] else None
+
+
 def table3_value(method: str, query_count: int, column: str | None) -> float | None:
     """Paper Table 3 (retriever 1, percent) for a query count; ``column`` is ``mrr@10`` or ``r@50``."""
-    return _lookup("table3_query_count", f"{METHOD_NAMES.get(method, method)} q={query_count}", column)
+    return _lookup("table3_query_count", table3_row(method, query_count), column)
+
+
+def table4_row(method: str, context_type: str) -> str | None:
+    """The paper row our Table 4 row is compared with (Table 1's reproduction for passage context)."""
+    if context_type == "passage":
+        return "Table 1: " + "/".join(filter(None, (table1_paper_row(method, "passage", r) for r in ("r1", "r2"))))
+    return _TABLE4_ROWS.get((method, context_type))
 
 
 def table4_value(method: str, context_type: str, retriever: str, column: str | None) -> float | None:
@@ -99,6 +111,10 @@ def table4_value(method: str, context_type: str, retriever: str, column: str | N
                    _TABLE4_COLUMNS.get((retriever, column)))
 
 
+def table5_row(pair_kind: str) -> str | None:
+    return _TABLE5_ROWS.get(pair_kind)
+
+
 def table5_value(pair_kind: str) -> float | None:
     """Paper Table 5: percentage of highly correlated pairs for ``passage-passage`` / ``passage-query``."""
-    return _lookup("table5_pair_correlation", _TABLE5_ROWS.get(pair_kind), "high_correlation_pct")
+    return _lookup("table5_pair_correlation", table5_row(pair_kind), "high_correlation_pct")

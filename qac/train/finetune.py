@@ -10,14 +10,15 @@ groups comes from :class:`GroupSampler`, identical on every process.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from qac.train.biencoder import BiEncoder
-from qac.train.groups import GroupSampler, TrainingGroup
+from qac.train.groups import GroupSampler, TrainingGroup, TrainingQuery
+from qac.train.optim import build_optimizer
 
 
 @dataclass(frozen=True)
@@ -67,21 +68,6 @@ def steps_per_epoch(n_queries: int, batch_size: int) -> int:
     return n_queries // batch_size
 
 
-def build_optimizer(model: torch.nn.Module, settings: FinetuneSettings, total_steps: int):
-    """AdamW (no decay on biases and LayerNorm weights) with linear warm-up and decay."""
-    from transformers import get_linear_schedule_with_warmup
-
-    decay, no_decay = [], []
-    for name, parameter in model.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        (no_decay if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name else decay).append(parameter)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)
-    warmup = int(math.ceil(settings.warmup_ratio * total_steps))
-    return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
-
-
 StepCallback = Callable[[int, dict[str, float]], None]
 
 
@@ -119,7 +105,9 @@ def train_biencoder(
 
     per_epoch = steps_per_epoch(len(sampler), settings.batch_size)
     total_steps = per_epoch * settings.epochs
-    optimizer, scheduler = build_optimizer(model, settings, total_steps)
+    optimizer, scheduler = build_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay,
+                                           warmup_ratio=settings.warmup_ratio, total_steps=total_steps,
+                                           device=device)
     amp_dtype = autocast_dtype(settings.dtype, device)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
     local = settings.batch_size // world_size
@@ -159,3 +147,24 @@ def train_biencoder(
                 on_step(step, {"loss": global_loss, "lr": lr, "epoch": epoch + (index + 1) / per_epoch})
     model.eval()
     return losses
+
+
+def fine_tune_retriever(
+    start: str | Path,
+    queries: Sequence[TrainingQuery],
+    corpus_ids: Sequence[str],
+    passage_text: Mapping[str, str],
+    settings: FinetuneSettings,
+    **train_options: Any,
+) -> tuple[BiEncoder, Any, list[float]]:
+    """Load the encoder at ``start`` (folder or model spec), fine-tune it on ``queries``; ``(model, tokenizer, losses)``.
+
+    ``train_options`` go to :func:`train_biencoder` (device, rank, world_size, on_step).
+    """
+    from qac.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(str(start))
+    model = BiEncoder.from_pretrained(start, pooling=settings.pooling, temperature=settings.temperature)
+    sampler = GroupSampler(queries, corpus_ids, settings.n_negatives, settings.seed)
+    losses = train_biencoder(model, tokenizer, sampler, passage_text, settings, **train_options)
+    return model, tokenizer, losses

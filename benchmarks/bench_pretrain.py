@@ -1,0 +1,269 @@
+"""Pre-training throughput: writes the "pretrain" section of reports/benchmarks.md.
+
+What one optimizer step (forward, backward, AdamW) costs, in pairs and tokens
+per second, for coCondenser and CoT-MAE on the default profile's encoder
+(all-MiniLM-L6-v2) on CPU, and the ratios that the implementation choices buy:
+
+- MLM logits at masked positions only vs over every position (full vocabulary);
+- dynamic padding (each batch side padded to its longest sequence) vs static
+  padding to 144 tokens (the paper's max length);
+- query contexts vs passage contexts (the paper says query pairs are cheaper).
+
+Pairs come from ``data/<profile>/passages.jsonl`` and ``queries.jsonl`` when
+they exist, otherwise from the SciFact mirror: a passage is ~110 words of an
+abstract (about 144 word-pieces), its passage context the next ~110 words of
+the same abstract, its query context a SciFact claim (real queries of typical
+length). Collation (tokenising, masking) is outside the timed region.
+
+``--gpu`` times BERT-base (built from its configuration, random weights) with
+bf16 autocast and reports MFU = 6 * parameters * tokens / time / peak, for our
+recipe and for the release's (fp16 autocast, full-vocabulary logits, static
+padding to 144).
+
+    python benchmarks/bench_pretrain.py            # CPU, a few minutes on 2 cores
+    python benchmarks/bench_pretrain.py --gpu      # adds the GPU table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from qac.benchmarking import machine_summary, markdown_table, write_section  # noqa: E402
+from qac.data.pairs import Pair, PairCollator  # noqa: E402
+
+SCIFACT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "scifact"
+GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}   # dense tensor-core FLOP/s
+
+
+def scifact_pairs(count: int, words: int = 110) -> list[tuple[str, str, str]]:
+    """``(passage, next passage of the same abstract, a claim)`` triples from the SciFact mirror."""
+    claims = [json.loads(line)["text"] for line in open(SCIFACT / "queries.jsonl", encoding="utf-8")]
+    triples = []
+    for line in open(SCIFACT / "corpus.jsonl", encoding="utf-8"):
+        tokens = (json.loads(line)["title"] + " " + json.loads(line)["text"]).split()
+        if len(tokens) >= 2 * words:
+            triples.append((" ".join(tokens[:words]), " ".join(tokens[words:2 * words]),
+                            claims[len(triples) % len(claims)]))
+        if len(triples) == count:
+            break
+    return triples
+
+
+def corpus_pairs(passages: Path, queries: Path, count: int) -> list[tuple[str, str, str]]:
+    """The same triples from the pipeline's own files."""
+    text = {}
+    records = []
+    for line in open(passages, encoding="utf-8"):
+        record = json.loads(line)
+        text[record["pid"]] = record["text"]
+        records.append(record)
+    first_query = {}
+    for line in open(queries, encoding="utf-8"):
+        record = json.loads(line)
+        if record["queries"]:
+            first_query[record["pid"]] = record["queries"][0]
+    triples = []
+    for record in records:
+        linked = record["contexts"].get("random_sampled") or []
+        if linked and record["pid"] in first_query:
+            triples.append((record["text"], text[linked[0]], first_query[record["pid"]]))
+        if len(triples) == count:
+            break
+    return triples
+
+
+def make_batches(tokenizer, triples, context: str, batch_size: int, steps: int, mask_ratios, pad_to):
+    collator = PairCollator(tokenizer, 144, 32, *mask_ratios, seed=0, pad_to=pad_to)
+    batches = []
+    for step in range(steps):
+        chosen = [triples[(step * batch_size + i) % len(triples)] for i in range(batch_size)]
+        pairs = [Pair(i, anchor, query if context == "query" else passage, context)
+                 for i, (anchor, passage, query) in enumerate(chosen)]
+        batches.append(collator(pairs, step))
+    return batches
+
+
+class StepTimer:
+    """Times optimizer steps (forward, backward, AdamW) of one model."""
+
+    def __init__(self, model, device, autocast_dtype=None):
+        from qac.models.grad_cache import FullBatchStep
+
+        self.model, self.device = model, device
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5,
+                                           fused=device.type == "cuda")
+        self.step = FullBatchStep(model, device, autocast_dtype)
+
+    def seconds(self, batch, full_vocab_logits: bool) -> float:
+        self.model.full_vocab_logits = full_vocab_logits
+        batch = {side: {k: v.to(self.device) for k, v in tensors.items()} for side, tensors in batch.items()}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        self.step.forward_backward(batch)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+
+def run_interleaved(configs: list[dict], rounds: int, warmup: int) -> None:
+    """Time every configuration once per round, round after round, and keep each one's median.
+
+    Interleaving spreads the load of a shared machine evenly over the
+    configurations, so their ratios stay meaningful when absolute times drift.
+    """
+    for config in configs:
+        config["times"] = []
+    for round_index in range(warmup + rounds):
+        for config in configs:
+            seconds = config["timer"].seconds(config["batches"][round_index], config["full_vocab"])
+            if round_index >= warmup:
+                config["times"].append(seconds)
+    for config in configs:
+        batches = config["batches"]
+        config["seconds"] = statistics.median(config["times"])
+        config["tokens"] = statistics.mean(sum(int(s["attention_mask"].sum()) for s in b.values()) for b in batches)
+        config["padded_tokens"] = statistics.mean(sum(s["attention_mask"].numel() for s in b.values())
+                                                  for b in batches)
+
+
+def cpu_table(args) -> str:
+    from qac.models.cocondenser import CoCondenser
+    from qac.models.cotmae import CoTMAE
+    from qac.models.loading import load_tokenizer
+
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    tokenizer = load_tokenizer(args.model)
+    if args.passages and args.queries:
+        triples, source = corpus_pairs(Path(args.passages), Path(args.queries), 256), str(args.passages)
+    else:
+        triples, source = scifact_pairs(256), "SciFact mirror (abstract spans + claims)"
+    models = {
+        "cocondenser": CoCondenser.from_spec(args.model, seed=0, n_head_layers=2, skip_from=3),
+        "cotmae (paper decoder)": CoTMAE.from_spec(args.model, seed=0, decoder="paper"),
+        "cotmae (release decoder)": CoTMAE.from_spec(args.model, seed=0, decoder="release"),
+    }
+    variants = [("cocondenser", "masked-only logits, dynamic padding", False, None),
+                ("cocondenser", "full-vocabulary logits, dynamic padding", True, None),
+                ("cocondenser", "masked-only logits, static padding 144", False, 144),
+                ("cotmae (paper decoder)", "masked-only logits, dynamic padding", False, None),
+                ("cotmae (release decoder)", "masked-only logits, dynamic padding", False, None)]
+    timers = {name: StepTimer(model.train(), device) for name, model in models.items()}
+    configs = []
+    for method, recipe, full_vocab, pad_to in variants:
+        for context in ("passage", "query"):
+            configs.append({"method": method, "recipe": recipe, "context": context, "full_vocab": full_vocab,
+                            "timer": timers[method],
+                            "batches": make_batches(tokenizer, triples, context, args.batch_size, args.steps + 1,
+                                                    models[method].mask_ratios, pad_to)})
+    run_interleaved(configs, rounds=args.steps, warmup=1)
+    rows, measured = [], {}
+    for config in configs:
+        measured[(config["method"], config["recipe"], config["context"])] = config
+        rows.append({"method": config["method"], "recipe": config["recipe"], "context": config["context"],
+                     "pairs/s": args.batch_size / config["seconds"],
+                     "tokens/s": config["tokens"] / config["seconds"],
+                     "s/step (median)": config["seconds"], "s/step (min)": min(config["times"]),
+                     "tokens/step": config["tokens"], "padded tokens/step": config["padded_tokens"]})
+        print(rows[-1], flush=True)
+
+    def speed(method, recipe, context):
+        return args.batch_size / measured[(method, recipe, context)]["seconds"]
+
+    base = "masked-only logits, dynamic padding"
+    ratios = []
+    for context in ("passage", "query"):
+        ratios.append({"ratio": f"masked-only / full-vocabulary logits ({context})",
+                       "speed-up": speed("cocondenser", base, context)
+                       / speed("cocondenser", "full-vocabulary logits, dynamic padding", context)})
+        ratios.append({"ratio": f"dynamic / static-144 padding ({context})",
+                       "speed-up": speed("cocondenser", base, context)
+                       / speed("cocondenser", "masked-only logits, static padding 144", context)})
+    for method in ("cocondenser", "cotmae (paper decoder)", "cotmae (release decoder)"):
+        ratios.append({"ratio": f"query / passage context pairs per second ({method})",
+                       "speed-up": speed(method, base, "query") / speed(method, base, "passage")})
+    return (f"CPU: `{args.model}` (6 layers, 384 wide), {args.batch_size} pairs per step, "
+            f"{args.threads} threads, fp32; each configuration's median over {args.steps} steps, the "
+            f"configurations interleaved round by round after one warm-up round (the 2 cores are shared, "
+            f"so absolute times drift; the ratios compare medians of interleaved runs). "
+            f"Pairs from: {source}. Passages are cut at 144 tokens, queries at 32.\n\n"
+            + markdown_table(rows) + "\n\n" + markdown_table(ratios))
+
+
+def gpu_table(args) -> str:
+    """BERT-base on the GPU: our recipe vs the release's, with MFU."""
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    from qac.models.cocondenser import CoCondenser
+    from qac.models.loading import load_tokenizer
+
+    device = torch.device("cuda")
+    tokenizer = load_tokenizer("minilm")            # bert-base-uncased's vocabulary
+    config = BertConfig()                           # BERT-base: 12 layers, 768 wide
+    bert = BertModel(config)
+    head = BertForMaskedLM(config).cls
+    head.predictions.decoder.weight = bert.embeddings.word_embeddings.weight
+    model = CoCondenser(bert, head, n_head_layers=2, skip_from=6).to(device)
+    parameters = sum(p.numel() for p in model.bert.parameters())
+    name = torch.cuda.get_device_name(0)
+    peak = next((value for key, value in GPU_PEAK_BF16.items() if key in name), None)
+    triples = scifact_pairs(1024)
+    recipes = [("ours: bf16, masked-only logits, dynamic padding", torch.bfloat16, False, None),
+               ("release: fp16, full-vocabulary logits, static 144", torch.float16, True, 144)]
+    configs = []
+    for recipe, dtype, full_vocab, pad_to in recipes:
+        for context in ("passage", "query"):
+            configs.append({"recipe": recipe, "context": context, "full_vocab": full_vocab,
+                            "timer": StepTimer(model, device, dtype),
+                            "batches": make_batches(tokenizer, triples, context, args.gpu_batch_size,
+                                                    args.steps + 2, model.mask_ratios, pad_to)})
+    run_interleaved(configs, rounds=args.steps, warmup=2)
+    rows = []
+    for config in configs:
+        flops = 6 * parameters * config["tokens"] / config["seconds"]
+        rows.append({"recipe": config["recipe"], "context": config["context"],
+                     "pairs/s": args.gpu_batch_size / config["seconds"],
+                     "tokens/s": config["tokens"] / config["seconds"],
+                     "MFU (real tokens)": flops / peak if peak else "n/a"})
+        print(rows[-1], flush=True)
+    return (f"GPU: {name}, BERT-base encoder ({parameters / 1e6:.0f}M parameters) + 2-layer head, "
+            f"{args.gpu_batch_size} pairs per step, peak {peak / 1e12 if peak else 'unknown'} TFLOP/s bf16. "
+            f"MFU counts 6 x parameters x non-padding tokens.\n\n" + markdown_table(rows))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after 1 warm-up)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--passages", help="passages.jsonl to draw pairs from (default: SciFact mirror)")
+    parser.add_argument("--queries", help="queries.jsonl beside --passages")
+    parser.add_argument("--gpu", action="store_true", help="also time BERT-base on the GPU")
+    parser.add_argument("--gpu-batch-size", type=int, default=128)
+    parser.add_argument("--report", default="reports/benchmarks.md")
+    args = parser.parse_args(argv)
+
+    body = ["## Pre-training throughput (`benchmarks/bench_pretrain.py`)", "", f"Machine: {machine_summary()}", "",
+            cpu_table(args)]
+    if args.gpu:
+        body += ["", gpu_table(args)]
+    write_section("pretrain", "\n".join(body), args.report)
+
+
+if __name__ == "__main__":
+    main()

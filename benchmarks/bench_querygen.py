@@ -1,0 +1,187 @@
+"""Query generation speed: passages per second, batched vs one passage at a time.
+
+CPU part (always): the default profile's generator (data/default/generator, or
+else bert2bert warm-started from MiniLM without training) on 2 CPU threads,
+C = 5 candidates, fp32, on SciFact passages (data/default/passages.jsonl if
+the split stage has run, else the mirror's SciFact documents). Rows: our
+batched loop with batch-size invariance on (the default in fp32) and off, the
+same loop one passage at a time, and Hugging Face ``generate`` on the same
+batch for reference (global RNG: not batch-invariant).
+
+GPU part (``--gpu``, needs CUDA): a T5-base-sized model built from its
+configuration (random weights), C = 20 as the paper's release, bf16 autocast
+over a batch-size sweep against fp32 at batch 64.
+
+Untrained generators rarely emit the end token, so every candidate runs to
+``max_new_tokens``: the figures are for the longest possible queries. The
+report gives the mean generated length beside each row.
+
+    python benchmarks/bench_querygen.py [--passages 32] [--gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from qac.benchmarking import machine_summary, markdown_table, write_section
+from qac.config import data_mirror
+from qac.querygen.generate import QueryGenerator, SamplingSettings
+
+
+def load_passages(count: int) -> list[tuple[str, str]]:
+    split = Path("data/default/passages.jsonl")
+    passages = []
+    if split.exists():
+        with open(split, encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                passages.append((record["pid"], record["text"]))
+                if len(passages) == count:
+                    return passages
+    with open(data_mirror() / "scifact" / "corpus.jsonl", encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            passages.append((f"{record['_id']}#0", f"{record.get('title', '')} {record['text']}".strip()))
+            if len(passages) == count:
+                break
+    return passages
+
+
+def default_generator():
+    """The trained default generator if the stage has run, else an untrained bert2bert from MiniLM."""
+    folder = Path("data/default/generator")
+    if folder.exists():
+        from qac.querygen.generate import load_generator
+
+        model, tokenizer = load_generator(str(folder))
+        return model, tokenizer, "data/default/generator (trained)"
+    from qac.querygen.train_generator import build_bert2bert
+
+    model, tokenizer = build_bert2bert("minilm", seed=0)
+    return model.eval(), tokenizer, "bert2bert warm-started from minilm (untrained)"
+
+
+def time_ours(generator: QueryGenerator, passages, batch_size: int) -> dict:
+    started = time.perf_counter()
+    candidates, stats = generator.generate_candidates(passages, batch_size)
+    seconds = time.perf_counter() - started
+    return {"passages": len(passages), "seconds": seconds, "passages/s": len(passages) / seconds,
+            "mean tokens/query": stats.tokens / (len(passages) * generator.settings.queries_per_passage),
+            "recomputed decisions": stats.recomputed / stats.decisions if stats.decisions else 0.0}
+
+
+def time_hf_generate(model, tokenizer, passages, settings: SamplingSettings, batch_size: int, device,
+                     dtype=None) -> dict:
+    import contextlib
+
+    started = time.perf_counter()
+    lengths = []
+    autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    for start in range(0, len(passages), batch_size):
+        inputs = tokenizer([settings.prefix + text for _, text in passages[start:start + batch_size]],
+                           truncation=True, max_length=settings.max_source_len, padding=True, return_tensors="pt",
+                           return_token_type_ids=False).to(device)
+        with torch.inference_mode(), autocast:
+            out = model.generate(**inputs, do_sample=True, top_k=settings.top_k, top_p=settings.top_p,
+                                 max_new_tokens=settings.max_new_tokens,
+                                 num_return_sequences=settings.queries_per_passage)
+        lengths += [int((row != tokenizer.pad_token_id).sum()) - 1 for row in out]
+    seconds = time.perf_counter() - started
+    return {"passages": len(passages), "seconds": seconds, "passages/s": len(passages) / seconds,
+            "mean tokens/query": sum(lengths) / len(lengths)}
+
+
+def cpu_part(args) -> str:
+    torch.set_num_threads(2)
+    model, tokenizer, name = default_generator()
+    settings = SamplingSettings(queries_per_passage=5, max_new_tokens=args.max_new_tokens, max_source_len=144)
+    passages = load_passages(args.passages)
+    rows = []
+    for label, invariant, batch_size, subset in [
+        (f"ours, batch {args.batch_size}, batch-invariant", True, args.batch_size, passages),
+        (f"ours, batch {args.batch_size}, invariance off", False, args.batch_size, passages),
+        ("ours, one passage at a time, batch-invariant", True, 1, passages[:args.single_passages]),
+    ]:
+        generator = QueryGenerator(model, tokenizer, settings, batch_invariant=invariant)
+        with torch.inference_mode():
+            rows.append({"setting": label, **time_ours(generator, subset, batch_size)})
+        print(rows[-1], flush=True)
+    torch.manual_seed(0)
+    rows.append({"setting": f"HF generate, batch {args.batch_size} (reference)",
+                 **time_hf_generate(model, tokenizer, passages, settings, args.batch_size, torch.device("cpu"))})
+    print(rows[-1], flush=True)
+    columns = ["setting", "passages", "seconds", "passages/s", "mean tokens/query", "recomputed decisions"]
+    return (f"### CPU: {name}, C = 5, max_new_tokens = {args.max_new_tokens}, fp32, 2 threads\n\n"
+            + markdown_table(rows, columns))
+
+
+def gpu_part(args) -> str:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from qac.models.loading import load_tokenizer
+
+    device = torch.device("cuda")
+    tokenizer = load_tokenizer("minilm")
+    config = T5Config(pad_token_id=0, eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=0)  # t5-base sizes
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(config).to(device).eval()
+    settings = SamplingSettings(queries_per_passage=args.gpu_candidates, max_new_tokens=args.max_new_tokens,
+                                max_source_len=144)
+    passages = load_passages(args.gpu_passages)
+    rows = []
+    runs = [("fp32", None, 64)] + [("bf16", torch.bfloat16, b) for b in args.gpu_batch_sizes]
+    for label, dtype, batch_size in runs:
+        generator = QueryGenerator(model, tokenizer, settings, autocast_dtype=dtype, batch_invariant=dtype is None)
+        with torch.inference_mode():
+            generator.generate_candidates(passages[:batch_size], batch_size)    # warm-up
+            torch.cuda.synchronize()
+            row = time_ours(generator, passages, batch_size)
+        rows.append({"setting": f"ours, {label}, batch {batch_size}", **row})
+        print(rows[-1], flush=True)
+    rows.append({"setting": "HF generate, bf16, batch 64 (reference)",
+                 **time_hf_generate(model, tokenizer, passages, settings, 64, device, torch.bfloat16)})
+    columns = ["setting", "passages", "seconds", "passages/s", "mean tokens/query", "recomputed decisions"]
+    return (f"### GPU: T5-base-sized (random weights), C = {args.gpu_candidates}, "
+            f"max_new_tokens = {args.max_new_tokens}\n\n" + markdown_table(rows, columns))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passages", type=int, default=32)
+    parser.add_argument("--single-passages", type=int, default=8, help="passages for the one-at-a-time row")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--gpu", action="store_true", help="also run the GPU part (needs CUDA)")
+    parser.add_argument("--gpu-passages", type=int, default=1024)
+    parser.add_argument("--gpu-candidates", type=int, default=20)
+    parser.add_argument("--gpu-batch-sizes", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--report", default="reports/benchmarks.md")
+    args = parser.parse_args(argv)
+
+    load_before = os.getloadavg()[0]
+    parts = [cpu_part(args)]
+    if args.gpu:
+        if not torch.cuda.is_available():
+            raise SystemExit("--gpu: CUDA is not available")
+        parts.append(gpu_part(args))
+    body = "\n\n".join([
+        "## Query generation (`benchmarks/bench_querygen.py`)",
+        f"Measured on: {machine_summary()}; load average {load_before:.1f} at the start and "
+        f"{os.getloadavg()[0]:.1f} at the end (the cores are shared). Passages per second of the generation loop (model loaded, "
+        "tokenisation included). Batched rows sort passages by length; 'recomputed decisions' is the share of "
+        "sampling decisions re-taken from canonical logits to make the output independent of the batch.",
+        *parts,
+    ])
+    write_section("querygen", body, args.report)
+    print(body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

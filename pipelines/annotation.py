@@ -1,0 +1,67 @@
+"""Stage `annotation`: the Table 5 annotation study (sheet for people, labels, MLflow run).
+
+Reads data/<profile>/passages.jsonl and queries.jsonl, writes
+data/<profile>/annotation/ (sheet.csv, key.csv, labels.csv, summary.json,
+mlflow_run.json) and logs the MLflow run `annotation/table5`. Labels come from
+the automatic judge until `annotation.human_sheets` lists filled sheets.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from qac.config import load_params, profile_dir
+from qac.io import atomic_path
+from qac.reporting import annotation
+from qac.tracking import log_metrics, stage_run, write_run_record
+
+
+def main() -> int:
+    params = load_params()
+    settings = params["annotation"]
+    if settings.get("judge", "encoder_cosine") != "encoder_cosine":
+        raise ValueError(f"params.yaml: annotation.judge: only 'encoder_cosine' exists, got {settings['judge']!r}")
+    data = profile_dir(params)
+    dataset_dir = data / "datasets" / params["train_dataset"]
+    split = settings.get("calibration_split") or "train"
+    dataset_meta = dataset_dir / "dataset.json"
+    rel_threshold = 1
+    if dataset_meta.exists():
+        rel_threshold = int(json.loads(dataset_meta.read_text(encoding="utf-8")).get("rel_threshold", {}).get(split, 1))
+    with atomic_path(data / "annotation", directory=True) as out:
+        summary = annotation.run_study(
+            data / "passages.jsonl", data / "queries.jsonl", dataset_dir, out,
+            documents=int(settings["documents"]), seed=int(params["seed"]), judge_model=settings["judge_model"],
+            calibration_split=split, calibration_pairs_max=int(settings.get("calibration_pairs", 500)),
+            rel_threshold=rel_threshold, human_sheets=settings.get("human_sheets") or [],
+            judge_max_length=int(settings.get("judge_max_len", 256)))
+        with stage_run(params, "annotation", annotation.RUN_NAME, kind="annotation", stage_params=settings,
+                       inputs={"passages": data / "passages.jsonl", "queries": data / "queries.jsonl",
+                               "calibration_dataset": dataset_dir},
+                       tags={annotation.LABELS_TAG: summary["labels"],
+                             "qac.annotation.label_source": summary["label_source"]}) as run:
+            import mlflow
+
+            metrics = {}
+            for kind, share in summary["shares"].items():
+                metrics[annotation.share_metric(kind)] = share["share"]
+                metrics[annotation.count_metric(kind)] = share["pairs"]
+            metrics["judge/threshold"] = summary["judge"]["threshold"]
+            metrics["judge/calibration_accuracy"] = summary["judge"]["accuracy"]
+            if summary["human"]:
+                metrics["human/fleiss_kappa"] = summary["human"]["fleiss_kappa"]
+                metrics["human/percent_agreement"] = summary["human"]["percent_agreement"]
+            log_metrics(metrics)
+            mlflow.log_artifact(str(Path(out) / annotation.LABELS_FILE))
+            mlflow.log_artifact(str(Path(out) / "summary.json"))
+        write_run_record(out, run.info.run_id)
+    shares = summary["shares"]
+    print(f"annotation: {summary['documents']} documents; high correlation "
+          + ", ".join(f"{kind} {value['share']:.1%}" for kind, value in shares.items()) + f" ({summary['labels']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

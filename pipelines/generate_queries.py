@@ -1,0 +1,121 @@
+"""DVC stage generate_queries: C sampled queries per passage -> data/<profile>/queries.jsonl.
+
+Single process:       python pipelines/generate_queries.py
+One machine, N GPUs:  torchrun --nproc_per_node N pipelines/generate_queries.py
+Separate machines:    python pipelines/generate_queries.py --shard i/n   (each i, shared disk)
+                      python pipelines/generate_queries.py --merge-only  (once all shards finished)
+
+A rerun after an interruption continues from the committed chunks
+(``data/<profile>/.queries.work/``); see ``qac.querygen.shards``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict
+
+from qac.config import load_params, profile_dir
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shard", help="i/n: generate only shard i of n (0-based); no merge unless --merge")
+    parser.add_argument("--merge", action="store_true", help="with --shard: merge afterwards (all shards must be done)")
+    parser.add_argument("--merge-only", action="store_true", help="only merge the committed chunks of all shards")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed
+    from qac.io import write_json
+    from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
+    from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, pending_passages,
+                                     work_dir_for)
+    from qac.tracking import log_metrics, read_run_record, stage_run, tracking_uri
+
+    args = parse_args(argv)
+    params = load_params()
+    section = params["querygen"]
+    data = profile_dir(params)
+    passages_path, generator_dir, output = data / "passages.jsonl", data / "generator", data / "queries.jsonl"
+    for needed in (passages_path, generator_dir):
+        if not needed.exists():
+            raise FileNotFoundError(f"{needed} not found: run the upstream stage first")
+
+    ctx = init_distributed()
+    settings = SamplingSettings.from_params(params)
+    dtype = autocast_dtype(str(section.get("dtype", "auto")), ctx.device)
+    invariant = resolve_batch_invariant(section.get("batch_invariant", "auto"), dtype)
+    compute = {"dtype": str(dtype or "float32"), "batch_invariant": invariant}
+    if not invariant:  # then the batch composition can change rare tokens: keep it fixed for resumption
+        compute["batch_size"] = int(section["batch_size"])
+    manifest = build_manifest(passages_path, str(generator_dir), settings, int(section["chunk_size"]), compute)
+    store = ChunkStore(work_dir_for(output), manifest)
+    if ctx.is_main:
+        store.prepare()
+    barrier()
+    if not ctx.is_main:
+        store.prepare()
+
+    shard = (ShardSpec.parse(args.shard) if args.shard else ShardSpec()).within(ctx.rank, ctx.world_size)
+    started = time.perf_counter()
+    generated_here = 0
+    if not args.merge_only:
+        generator = generator_from_settings(str(generator_dir), settings, ctx.device,
+                                            str(section.get("dtype", "auto")), invariant)
+        bar = tqdm(total=pending_passages(store, shard), unit="passage", desc=f"queries shard {shard.index}/{shard.count}",
+                   disable=False, position=ctx.rank)
+        with torch.inference_mode():
+            stats = generate_chunks(store, generator, passages_path, shard, int(section["batch_size"]), bar.update)
+        bar.close()
+        generated_here = stats.passages
+    generated_all = _sum_over_ranks(generated_here, ctx.device)   # also a barrier
+    if args.shard and not (args.merge or args.merge_only):
+        if ctx.is_main:
+            print(f"shard {args.shard} done; merge with --merge-only once every shard has finished", file=sys.stderr)
+        cleanup()
+        return 0
+    if not ctx.is_main:
+        cleanup()
+        return 0
+
+    wall = time.perf_counter() - started   # every rank has finished: this covers the whole run
+    totals = store.merge(output)
+    summary = totals.summary()
+    summary["passages_per_second_per_process"] = totals.passages / totals.seconds if totals.seconds else 0.0
+    if generated_all:
+        summary["passages_per_second"] = generated_all / wall
+    generator_run = read_run_record(generator_dir) or {}
+    sampling = {"model": generator_run.get("model", str(generator_dir)), **asdict(settings),
+                "batch_size": section["batch_size"], "chunk_size": section["chunk_size"], **compute}
+    parent = generator_run["run_id"] if generator_run.get("tracking_uri") == tracking_uri() else None
+    with stage_run(params, "generate_queries", "querygen/generate", kind="querygen", stage_params=sampling,
+                   inputs={"passages": passages_path, "generator": generator_dir},
+                   tags={"qac.world_size": ctx.world_size}, parent_run_id=parent) as run:
+        log_metrics(summary)
+        write_json(data / "metrics" / "queries.json", {**summary, "mlflow_run_id": run.info.run_id})
+    store.remove()
+    cleanup()
+    print(f"wrote {output}: {totals.passages} passages, {totals.queries} queries", file=sys.stderr)
+    return 0
+
+
+def _sum_over_ranks(value: int, device) -> int:
+    """Sum an integer over the torchrun ranks (the value itself in a single process)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    total = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(total)
+    return int(total.item())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

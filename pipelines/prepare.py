@@ -1,0 +1,59 @@
+"""Stage `prepare@<dataset>`: one declared dataset, read, checked and normalised.
+
+Finds ``datasets.<name>`` in the mirror or downloads it (failing before any work
+when neither is possible), reads and validates it, keeps the subset that
+``prepare`` asks for, and writes data/<profile>/datasets/<name>/ (BEIR layout
+plus dataset.json) atomically. Logs the MLflow run `prepare/<name>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qac.config import data_mirror, load_params, profile_dir
+from qac.data.prepared import prepare_dataset, write_prepared
+from qac.data.sources import DatasetSpec, download_dir, fetch_dataset, locate_dataset, read_dataset
+from qac.tracking import log_metrics, stage_run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", required=True, help="a name under `datasets` in params.yaml")
+    args = parser.parse_args(argv)
+
+    params = load_params()
+    declared = params.get("datasets") or {}
+    if args.dataset not in declared:
+        parser.error(f"dataset {args.dataset!r} is not declared in params.yaml (declared: {', '.join(declared)})")
+    spec = DatasetSpec.from_params(args.dataset, declared[args.dataset])
+    settings = params.get("prepare", {})
+    mirror, downloads = data_mirror(), download_dir(params)
+    locate_dataset(spec, mirror, downloads)  # fail here, before any work, if the data cannot be had
+    out = profile_dir(params) / "datasets" / spec.name
+
+    with stage_run(params, f"prepare@{spec.name}", f"prepare/{spec.name}", kind="prepare",
+                   stage_params={"prepare": settings, "dataset": declared[spec.name]},
+                   tags={"qac.dataset": spec.name}):
+        import mlflow
+
+        source = fetch_dataset(spec, mirror, downloads)
+        mlflow.set_tag("qac.data_source", source.location)
+        dataset = read_dataset(spec, source, mirror=mirror, min_text_chars=int(settings.get("min_text_chars", 1)))
+        prepare_dataset(dataset, max_documents=settings.get("max_documents"),
+                        keep_judged_documents=bool(settings.get("keep_judged_documents", True)))
+        record = write_prepared(dataset, out)
+        counts = record["counts"]
+        metrics = {"documents": counts["documents"], "queries": counts["queries"]}
+        metrics.update({f"qrels/{split}": rows for split, rows in counts["qrels"].items()})
+        metrics.update({f"queries/{split}": n for split, n in counts["queries_per_split"].items()})
+        metrics.update({f"skipped/{reason}": n for reason, n in record["skipped"].items()})
+        log_metrics(metrics)
+    skipped = ", ".join(f"{reason} {n}" for reason, n in record["skipped"].items()) or "none"
+    print(f"prepare {spec.name}: {counts['documents']} documents, {counts['queries']} queries, "
+          f"qrels {counts['qrels']} from {source.location} -> {out} (skipped: {skipped})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

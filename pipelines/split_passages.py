@@ -1,0 +1,52 @@
+"""Stage `split_passages`: the pre-training corpus cut into passages of at most `split.max_len` tokens.
+
+Reads data/<profile>/datasets/<pretrain_corpus>/corpus.jsonl, writes
+data/<profile>/passages.jsonl, data/<profile>/punkt/ (the Punkt model used) and
+data/<profile>/metrics/split.json. Logs the MLflow run `split_passages`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from qac.config import load_params, profile_dir
+from qac.data.splitting import SplitSettings, split_corpus_file
+from qac.io import write_json
+from qac.tracking import log_metrics, stage_run
+
+
+def main() -> int:
+    params = load_params()
+    settings = SplitSettings.from_params(params)
+    split = params["split"]
+    data = profile_dir(params)
+    corpus = data / "datasets" / params["pretrain_corpus"] / "corpus.jsonl"
+    if not corpus.is_file():
+        raise FileNotFoundError(f"{corpus}: run the prepare stage for {params['pretrain_corpus']!r} first")
+    passages = data / "passages.jsonl"
+
+    with stage_run(params, "split_passages", "split_passages", kind="split",
+                   stage_params={"split": split, "seed": params["seed"], "pretrain_corpus": params["pretrain_corpus"]},
+                   inputs={"corpus": corpus}, tags={"qac.tokenizer": split["tokenizer"]}):
+        import mlflow
+
+        started = time.perf_counter()
+        stats, punkt_model = split_corpus_file(
+            corpus, passages, data / "punkt", tokenizer_spec=split["tokenizer"], settings=settings,
+            punkt=split.get("punkt", "auto"), punkt_train_documents=split.get("punkt_train_documents"),
+            workers=int(split.get("workers", 1)), chunk_size=int(split.get("chunk_size", 64)))
+        seconds = time.perf_counter() - started
+        mlflow.set_tag("qac.punkt", punkt_model)
+        metrics = {**stats.as_metrics(), "seconds": seconds,
+                   "documents_per_second": stats.documents / seconds if seconds else 0.0}
+        log_metrics(metrics)
+        write_json(data / "metrics" / "split.json", {**metrics, "punkt": punkt_model})
+    print(f"split_passages: {stats.documents} documents -> {stats.passages} passages "
+          f"(mean {metrics['mean_tokens']:.1f}, max {stats.max_tokens} tokens; {stats.sentences} sentences; "
+          f"Punkt {punkt_model}) in {seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Prepared datasets: the normalised BEIR folder every later stage reads.
+
+:func:`prepare_dataset` takes a dataset as read from its source, drops
+judgements of unknown ids, optionally keeps a deterministic subset of the
+corpus, and removes what the subset orphaned. :func:`write_prepared` writes it
+atomically as ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv`` and
+``dataset.json``; :func:`load_prepared` reads it back.
+
+``dataset.json`` holds ``name``, ``format``, ``source``, ``splits``,
+``rel_threshold`` (per split), ``ignore_identical_ids``, ``counts`` (documents,
+queries, judgements and queries per split), ``skipped`` (rows dropped, by
+reason) and ``subset`` (the settings that made it). It contains no time stamps
+or local paths, so the same input gives the same bytes (and DVC hash).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from qac.data.beir import read_beir, write_beir
+from qac.data.dataset import Dataset, drop_unknown_judgements
+from qac.data.errors import DataFormatError
+from qac.io import atomic_path
+
+DATASET_JSON = "dataset.json"
+
+
+def select_documents(dataset: Dataset, max_documents: int | None, keep_judged_documents: bool) -> list[str]:
+    """Ids of the documents a subset keeps, in corpus order.
+
+    Without ``max_documents`` every document is kept. Otherwise the first
+    ``max_documents`` in file order; with ``keep_judged_documents`` every judged
+    document (of any split) is kept first and the rest is filled with the first
+    unjudged ones, so evaluation stays meaningful. Depends only on file order:
+    the same input always gives the same subset.
+    """
+    ids = list(dataset.corpus)
+    if max_documents is None or max_documents >= len(ids):
+        return ids
+    if max_documents < 0:
+        raise ValueError(f"prepare.max_documents must be >= 0 or null, not {max_documents}")
+    if not keep_judged_documents:
+        return ids[:max_documents]
+    judged = {doc_id for qrels in dataset.qrels.values() for judgements in qrels.values() for doc_id in judgements}
+    room = max(max_documents - len(judged), 0)
+    keep = set(judged)
+    for doc_id in ids:
+        if room == 0:
+            break
+        if doc_id not in keep:
+            keep.add(doc_id)
+            room -= 1
+    return [doc_id for doc_id in ids if doc_id in keep]
+
+
+def prepare_dataset(dataset: Dataset, *, max_documents: int | None = None,
+                    keep_judged_documents: bool = True) -> Dataset:
+    """Clean and optionally subset ``dataset`` in place; counts go to ``meta['skipped']``.
+
+    Removes judgements of unknown queries or documents (``qrels_unknown_query``,
+    ``qrels_unknown_document``), documents outside the subset and their
+    judgements (``qrels_dropped_document``), the queries of a split left with no
+    judgement (``queries_without_qrels.<split>``), and queries judged in no
+    declared split (``queries_unjudged``).
+    """
+    skipped = Counter(dataset.meta.get("skipped", {}))
+    drop_unknown_judgements(dataset, skipped)
+    kept = select_documents(dataset, max_documents, keep_judged_documents)
+    if len(kept) < len(dataset.corpus):
+        skipped["documents_outside_subset"] += len(dataset.corpus) - len(kept)
+        dataset.corpus = {doc_id: dataset.corpus[doc_id] for doc_id in kept}
+        for split, qrels in dataset.qrels.items():
+            remaining = {}
+            for qid, judgements in qrels.items():
+                known = {doc_id: grade for doc_id, grade in judgements.items() if doc_id in dataset.corpus}
+                skipped["qrels_dropped_document"] += len(judgements) - len(known)
+                if known:
+                    remaining[qid] = known
+                else:
+                    skipped[f"queries_without_qrels.{split}"] += 1
+            dataset.qrels[split] = remaining
+    judged = {qid for qrels in dataset.qrels.values() for qid in qrels}
+    skipped["queries_unjudged"] += sum(1 for qid in dataset.queries if qid not in judged)
+    dataset.queries = {qid: text for qid, text in dataset.queries.items() if qid in judged}
+    dataset.meta["skipped"] = dict(sorted((+skipped).items()))
+    dataset.meta["subset"] = {"max_documents": max_documents, "keep_judged_documents": keep_judged_documents}
+    return dataset
+
+
+def dataset_record(dataset: Dataset) -> dict[str, Any]:
+    """The content of ``dataset.json`` for ``dataset``."""
+    return {
+        "name": dataset.name,
+        "format": dataset.meta.get("format", "beir"),
+        "source": dataset.meta.get("source"),
+        "splits": dataset.splits,
+        "rel_threshold": {split: dataset.rel_threshold(split) for split in dataset.splits},
+        "ignore_identical_ids": dataset.ignore_identical_ids,
+        "counts": {
+            "documents": len(dataset.corpus),
+            "queries": len(dataset.queries),
+            "qrels": {split: sum(len(j) for j in qrels.values()) for split, qrels in dataset.qrels.items()},
+            "queries_per_split": {split: len(qrels) for split, qrels in dataset.qrels.items()},
+        },
+        "skipped": dataset.meta.get("skipped", {}),
+        "subset": dataset.meta.get("subset", {}),
+    }
+
+
+def write_prepared(dataset: Dataset, directory: str | os.PathLike) -> dict[str, Any]:
+    """Write ``dataset`` as a prepared folder, atomically; returns the ``dataset.json`` record.
+
+    The folder appears complete or not at all: it is written beside its final
+    place and renamed in one step (an existing folder is replaced).
+    """
+    record = dataset_record(dataset)
+    with atomic_path(directory, directory=True) as tmp:
+        os.chmod(tmp, _directory_mode())  # temporary directories are private; the dataset is not
+        write_beir(dataset, tmp)
+        (Path(tmp) / DATASET_JSON).write_text(
+            json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return record
+
+
+def _directory_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def load_prepared(path: str | os.PathLike) -> Dataset:
+    """A folder written by :func:`write_prepared` (the ``prepare`` stage) as a :class:`Dataset`."""
+    path = Path(path)
+    record_path = path / DATASET_JSON
+    if not record_path.is_file():
+        raise DataFormatError(record_path, None, None,
+                              "not found: is this a prepared dataset (run the prepare stage)?")
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DataFormatError(record_path, error.lineno, None, f"malformed JSON ({error.msg})") from None
+    for key in ("name", "splits"):
+        if key not in record:
+            raise DataFormatError(record_path, None, key, "missing")
+    dataset = read_beir(path, record["splits"], name=record["name"])
+    dataset.meta = {key: value for key, value in record.items() if key not in ("name", "splits")}
+    return dataset

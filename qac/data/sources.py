@@ -1,0 +1,322 @@
+"""Where a dataset declared in ``params.yaml`` comes from, and reading it whatever its format.
+
+A dataset is declared under ``datasets.<name>``::
+
+    scifact: {format: beir, mirror: scifact, url: https://.../scifact.zip,
+              splits: [train, test], rel_threshold: 1}
+
+and is looked for, in order:
+
+1. in the local data mirror (:func:`qac.config.data_mirror`, ``QAC_DATA_MIRROR``),
+   folder ``mirror``;
+2. in the download cache (``data/downloads/<name>``), from an earlier download;
+3. at ``url``: a BEIR ``.zip``, an MS MARCO ``.tar.gz`` or ``.tsv.gz``, downloaded
+   into the cache and unpacked there.
+
+:func:`locate_dataset` answers where the data is without downloading anything
+(it checks that the URL answers), so a stage can fail with a clear
+:class:`DatasetUnavailableError` before any work; :func:`fetch_dataset` also
+downloads. :func:`read_dataset` reads the located files by ``format``:
+
+- ``beir``: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``;
+- ``msmarco-docs``: ``msmarco-docs.tsv[.gz]`` (docid, url, title, body);
+- ``msmarco-passage`` and ``trec``: a ``collection`` TSV (pid, text; default
+  ``collection.tsv``) with ``topics`` and ``qrels`` per split (TREC formats;
+  defaults ``queries.<split>.tsv`` and ``qrels.<split>.tsv``, as in MS MARCO's
+  ``collectionandqueries.tar.gz``);
+- ``hf``: the Hugging Face dataset ``hub`` (e.g. ``BeIR/scifact``), used when the
+  mirror has no BEIR copy of it.
+
+Paths in ``topics``/``qrels`` are relative to the dataset's folder or, failing
+that, to the mirror root (the paper profile takes TREC DL files from the
+mirror's ``trec-msmarco/`` folder).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import urllib.error
+import urllib.request
+import zipfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from qac.data.beir import read_beir
+from qac.data.dataset import Corpus, Dataset, Qrels, Queries
+from qac.data.errors import DataFormatError, DatasetUnavailableError
+from qac.data.msmarco import read_msmarco_documents, read_passage_collection
+from qac.data.trec import read_topics, read_trec_qrels
+from qac.io import atomic_path
+
+FORMATS = ("beir", "msmarco-docs", "msmarco-passage", "trec", "hf")
+MSMARCO_DOCUMENT_FILES = ("msmarco-docs.tsv", "msmarco-docs.tsv.gz")
+URL_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One ``datasets.<name>`` entry of ``params.yaml``, checked."""
+
+    name: str
+    format: str
+    mirror: str | None = None
+    url: str | None = None
+    splits: tuple[str, ...] = ()
+    rel_threshold: dict[str, int] = field(default_factory=dict)
+    ignore_identical_ids: bool = False
+    collection: str = "collection.tsv"
+    topics: dict[str, str] = field(default_factory=dict)
+    qrels: dict[str, str] = field(default_factory=dict)
+    hub: str | None = None
+    hub_qrels: str | None = None
+
+    @classmethod
+    def from_params(cls, name: str, entry: Mapping[str, Any]) -> "DatasetSpec":
+        where = f"params datasets.{name}"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{where}: expected a mapping, found {type(entry).__name__}")
+        known = set(cls.__dataclass_fields__) - {"name"}
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
+        fmt = entry.get("format")
+        if fmt not in FORMATS:
+            raise ValueError(f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
+        splits = tuple(str(split) for split in entry.get("splits") or ())
+        threshold = entry.get("rel_threshold", 1)
+        if isinstance(threshold, Mapping):
+            thresholds = {split: int(threshold.get(split, 1)) for split in splits}
+        else:
+            thresholds = {split: int(threshold) for split in splits}
+        if fmt == "hf" and not entry.get("hub"):
+            raise ValueError(f"{where}: format hf needs 'hub' (a Hugging Face dataset name such as BeIR/scifact)")
+        return cls(
+            name=name, format=fmt, mirror=entry.get("mirror"), url=entry.get("url"), splits=splits,
+            rel_threshold=thresholds, ignore_identical_ids=bool(entry.get("ignore_identical_ids", False)),
+            collection=entry.get("collection") or "collection.tsv",
+            topics=dict(entry.get("topics") or {}), qrels=dict(entry.get("qrels") or {}),
+            hub=entry.get("hub"), hub_qrels=entry.get("hub_qrels"),
+        )
+
+    def corpus_files(self) -> list[tuple[str, ...]]:
+        """The files (relative to the dataset folder) that must exist; each entry lists alternatives."""
+        if self.format in ("beir", "hf"):
+            return [("corpus.jsonl",), ("queries.jsonl",)] + [(f"qrels/{split}.tsv",) for split in self.splits]
+        if self.format == "msmarco-docs":
+            return [MSMARCO_DOCUMENT_FILES]
+        return [(self.collection, f"{self.collection}.gz")]
+
+    def split_files(self, split: str) -> tuple[str, str]:
+        """Topics and qrels of ``split`` for the TREC-style formats."""
+        return (self.topics.get(split, f"queries.{split}.tsv"), self.qrels.get(split, f"qrels.{split}.tsv"))
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a dataset was found: ``origin`` is ``mirror``, ``download`` or ``hub``.
+
+    ``directory`` holds the files (None for the hub); ``location`` names the
+    source without machine-specific paths (mirror folder, URL, hub name), for
+    the records a stage writes.
+    """
+
+    origin: str
+    directory: Path | None
+    location: str
+
+
+def download_dir(params: Mapping[str, Any]) -> Path:
+    """The download cache, shared by all profiles: ``<data_dir>/downloads``."""
+    return Path(params.get("data_dir", "data")) / "downloads"
+
+
+def _missing(directory: Path, alternatives: list[tuple[str, ...]]) -> list[str]:
+    return [" or ".join(names) for names in alternatives
+            if not any((directory / name).is_file() for name in names)]
+
+
+def _check_url(url: str) -> None:
+    """Raise ``OSError`` unless ``url`` answers (HEAD, or GET where HEAD is refused)."""
+    request = urllib.request.Request(url, method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=URL_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError as error:
+        if error.code not in (403, 405, 501):
+            raise
+    with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S):
+        return
+
+
+def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
+                   downloads: str | os.PathLike = "data/downloads") -> Source:
+    """Where ``spec``'s data is, or would be downloaded from; downloads nothing.
+
+    Raises :class:`DatasetUnavailableError` naming the mirror path tried and the
+    URL (with the reason it failed) when the data cannot be had.
+    """
+    from qac.config import data_mirror
+
+    mirror_root = Path(mirror) if mirror is not None else data_mirror()
+    tried = []
+    if spec.mirror:
+        folder = mirror_root / spec.mirror
+        missing = _missing(folder, spec.corpus_files())
+        if not missing:
+            return Source("mirror", folder, f"mirror:{spec.mirror}")
+        tried.append(f"mirror {folder} (missing {', '.join(missing)})" if folder.is_dir()
+                     else f"mirror {folder} (not found)")
+    else:
+        tried.append("no mirror folder declared")
+    cached = Path(downloads) / spec.name
+    if spec.format != "hf" and cached.is_dir() and not _missing(cached, spec.corpus_files()):
+        return Source("download", cached, spec.url or f"cache:{spec.name}")
+    if spec.format == "hf":
+        return Source("hub", None, f"hf:{spec.hub}")
+    if not spec.url:
+        raise DatasetUnavailableError(f"dataset {spec.name!r}: not found in {'; '.join(tried)}, "
+                                      "and no url is declared to download it from")
+    try:
+        _check_url(spec.url)
+    except (OSError, ValueError) as error:
+        raise DatasetUnavailableError(
+            f"dataset {spec.name!r}: not found in {'; '.join(tried)}, and the download from "
+            f"{spec.url} failed: {error}") from error
+    return Source("download", cached, spec.url)
+
+
+def fetch_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
+                  downloads: str | os.PathLike = "data/downloads") -> Source:
+    """:func:`locate_dataset`, then download and unpack into the cache if that is where it must come from."""
+    source = locate_dataset(spec, mirror, downloads)
+    if source.origin == "download" and not source.directory.is_dir():
+        try:
+            download_and_unpack(spec.url, source.directory)
+        except (OSError, ValueError, zipfile.BadZipFile, tarfile.TarError) as error:
+            raise DatasetUnavailableError(
+                f"dataset {spec.name!r}: the download from {spec.url} into {source.directory} failed: {error}"
+            ) from error
+        missing = _missing(source.directory, spec.corpus_files())
+        if missing:
+            raise DatasetUnavailableError(
+                f"dataset {spec.name!r}: the archive from {spec.url} has no {', '.join(missing)} "
+                f"(unpacked in {source.directory})")
+    return source
+
+
+def download_and_unpack(url: str, target: str | os.PathLike) -> None:
+    """Download ``url`` and unpack it into the directory ``target``, atomically.
+
+    ``.zip`` and ``.tar.gz``/``.tgz`` archives are unpacked (a single top-level
+    folder, as in BEIR's zips, is stripped); any other file, ``.tsv.gz``
+    included, is stored as is under its own name (readers decompress ``.gz``).
+    """
+    from tqdm import tqdm
+
+    target = Path(target)
+    file_name = Path(urllib.request.urlparse(url).path).name or "download"
+    with atomic_path(target, directory=True) as tmp:
+        archive = tmp / file_name
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response, open(archive, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {file_name}") as progress:
+                for chunk in iter(lambda: response.read(1 << 20), b""):
+                    out.write(chunk)
+                    progress.update(len(chunk))
+        if file_name.endswith(".zip"):
+            unpacked = tmp / ".unpacked"
+            with zipfile.ZipFile(archive) as bundle:
+                for member in bundle.namelist():
+                    if Path(member).is_absolute() or ".." in Path(member).parts:
+                        raise ValueError(f"{url}: archive member {member!r} points outside the archive")
+                bundle.extractall(unpacked)
+            archive.unlink()
+            _move_contents(unpacked, tmp)
+        elif file_name.endswith((".tar.gz", ".tgz", ".tar")):
+            unpacked = tmp / ".unpacked"
+            with tarfile.open(archive) as bundle:
+                bundle.extractall(unpacked, filter="data")
+            archive.unlink()
+            _move_contents(unpacked, tmp)
+
+
+def _move_contents(unpacked: Path, destination: Path) -> None:
+    """Move an unpacked archive's files into ``destination``, skipping a lone top-level folder."""
+    entries = [entry for entry in unpacked.iterdir() if entry.name != "__MACOSX"]
+    root = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked
+    for entry in root.iterdir():
+        if entry.name != "__MACOSX":
+            shutil.move(str(entry), destination / entry.name)
+    shutil.rmtree(unpacked)
+
+
+def _find_split_file(relative: str, directory: Path, mirror_root: Path, spec: DatasetSpec, what: str) -> Path:
+    for base in (directory, mirror_root):
+        for candidate in (base / relative, base / f"{relative}.gz"):
+            if candidate.is_file():
+                return candidate
+    raise DatasetUnavailableError(
+        f"dataset {spec.name!r}: {what} file {relative!r} found neither in {directory} nor in {mirror_root}")
+
+
+def split_file_paths(spec: DatasetSpec, source: Source,
+                     mirror: str | os.PathLike | None = None) -> dict[str, tuple[Path, Path]]:
+    """Topics and qrels files per split for the TREC-style formats (checked to exist)."""
+    from qac.config import data_mirror
+
+    mirror_root = Path(mirror) if mirror is not None else data_mirror()
+    if spec.format in ("beir", "hf") or source.directory is None:
+        return {}
+    paths = {}
+    for split in spec.splits:
+        topics, qrels = spec.split_files(split)
+        paths[split] = (_find_split_file(topics, source.directory, mirror_root, spec, f"{split} topics"),
+                        _find_split_file(qrels, source.directory, mirror_root, spec, f"{split} qrels"))
+    return paths
+
+
+def read_dataset(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike | None = None,
+                 min_text_chars: int = 1) -> Dataset:
+    """Read a located dataset; ``meta`` gets the source, thresholds and skipped-row counts."""
+    skipped: Counter = Counter()
+    if source.origin == "hub":
+        from qac.data.hub import read_hub_dataset
+
+        dataset = read_hub_dataset(spec.hub, spec.splits, qrels_name=spec.hub_qrels,
+                                   min_text_chars=min_text_chars, skipped=skipped)
+    elif spec.format in ("beir", "hf"):
+        dataset = read_beir(source.directory, spec.splits, name=spec.name,
+                            min_text_chars=min_text_chars, skipped=skipped)
+    else:
+        split_paths = split_file_paths(spec, source, mirror)
+        corpus = _read_tsv_corpus(spec, source.directory, min_text_chars, skipped)
+        queries: Queries = {}
+        qrels: dict[str, Qrels] = {}
+        for split, (topics_path, qrels_path) in split_paths.items():
+            for qid, text in read_topics(topics_path).items():
+                if queries.setdefault(qid, text) != text:
+                    raise DataFormatError(topics_path, None, "text",
+                                          f"query {qid!r} has a different text in another split's topics")
+            qrels[split] = read_trec_qrels(qrels_path, skipped=skipped)
+        dataset = Dataset(name=spec.name, corpus=corpus, queries=queries, qrels=qrels)
+    dataset.name = spec.name
+    dataset.meta = {
+        "format": spec.format,
+        "source": source.location,
+        "rel_threshold": dict(spec.rel_threshold),
+        "ignore_identical_ids": spec.ignore_identical_ids,
+        "skipped": dict(skipped),
+    }
+    return dataset
+
+
+def _read_tsv_corpus(spec: DatasetSpec, directory: Path, min_text_chars: int, skipped: Counter) -> Corpus:
+    names = spec.corpus_files()[0]
+    path = next(directory / name for name in names if (directory / name).is_file())
+    if spec.format == "msmarco-docs":
+        return read_msmarco_documents(path, min_text_chars=min_text_chars, skipped=skipped)
+    return read_passage_collection(path, min_text_chars=min_text_chars, skipped=skipped)

@@ -1,0 +1,45 @@
+"""TREC-style topics and qrels, as the standard IR toolkits distribute them.
+
+- Topics: ``qid<TAB>text`` per line (MS MARCO queries, TREC DL topics).
+- Qrels: ``qid iter docid rel`` separated by whitespace; ``iter`` (``Q0`` or
+  ``0``) is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from qac.data.dataset import Qrels, Queries
+from qac.data.errors import DataFormatError
+from qac.data.textfile import QrelsCollector, check_new_id, iter_rows, parse_int
+
+TOPIC_FIELDS = ("qid", "text")
+QRELS_FIELDS = ("qid", "iter", "docid", "rel")
+
+
+def read_topics(path: str | os.PathLike) -> Queries:
+    """Topics file: qid -> text. An empty topic is an error (it would be evaluated)."""
+    queries: Queries = {}
+    seen: dict[str, int] = {}
+    for line, (qid, text) in iter_rows(path, TOPIC_FIELDS):
+        qid, text = qid.strip(), text.strip()
+        if not qid:
+            raise DataFormatError(path, line, "qid", "empty id")
+        check_new_id(seen, qid, "qid", path, line)
+        if not text:
+            raise DataFormatError(path, line, "text", "empty query")
+        queries[qid] = text
+    return queries
+
+
+def read_trec_qrels(path: str | os.PathLike, *, skipped: Counter | None = None) -> Qrels:
+    """TREC qrels: qid -> {docid: grade}.
+
+    A pair judged twice is kept once if the grades agree (counted as
+    ``qrels_duplicate``) and is an error if they differ.
+    """
+    collector = QrelsCollector(path, "rel", skipped)
+    for line, (qid, _iteration, doc_id, rel) in iter_rows(path, QRELS_FIELDS, whitespace=True):
+        collector.add(qid, doc_id, parse_int(rel, "rel", path, line), line)
+    return collector.qrels

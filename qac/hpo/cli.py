@@ -1,0 +1,125 @@
+"""Search pre-training hyper-parameters with Optuna: create or resume a study and run its trials.
+
+  qac hpo                               # the study of params.yaml's `hpo` section, 1 worker
+  qac hpo --workers 2 --gpus 0,1        # two workers, one GPU each
+  qac hpo --storage postgresql://u@db/optuna   # a shared database: run this on several machines
+  qac hpo --report-only                 # redraw reports/hpo/<study>/ from the stored trials
+
+Each trial pre-trains the variant `hpo.variant` with the trial's values,
+fine-tunes retriever 1 briefly and scores it on dev queries carved from the
+training queries (never the test split). Trials run as separate jobs, report
+their dev metric as they go, and are stopped early when the pruner says so.
+Running the same command again resumes the study. Live view:
+`optuna-dashboard <journal file or database URL>` (pip install 'qac[dashboard]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+    parser.add_argument("--study-name", help="override hpo.study_name")
+    parser.add_argument("--storage", help="override hpo.storage: a journal file path or a database URL")
+    parser.add_argument("--n-trials", type=int, help="override hpo.n_trials (the study's total, resumes included)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    parser.add_argument("--gpus", default="", help="comma-separated GPU ids shared out among the workers, e.g. 0,1")
+    parser.add_argument("--launcher", choices=("python", "torchrun"), help="override hpo.launcher")
+    parser.add_argument("--nproc-per-node", type=int, help="override hpo.nproc_per_node (torchrun processes per trial)")
+    parser.add_argument("--report-dir", help="where the report goes (default: <hpo.report_dir>/<study name>)")
+    parser.add_argument("--report-only", action="store_true", help="run no trials; rewrite the report")
+
+
+def apply_overrides(params: dict, args: argparse.Namespace) -> dict:
+    """The command line's overrides written into ``params['hpo']``."""
+    hpo = dict(params.get("hpo") or {})
+    for option, key in (("study_name", "study_name"), ("storage", "storage"), ("n_trials", "n_trials"),
+                        ("launcher", "launcher"), ("nproc_per_node", "nproc_per_node")):
+        value = getattr(args, option)
+        if value is not None:
+            hpo[key] = value
+    return {**params, "hpo": hpo}
+
+
+def check_inputs(params: dict, variant: str) -> None:
+    """Refuse to start trials whose inputs are missing, naming each file and the stage that writes it."""
+    from qac.hpo.study import SettingsError
+    from qac.hpo.trial_job import required_inputs
+
+    missing = [f"{path}: missing (written by the DVC stage {stage}; run `dvc repro {stage}`)"
+               for path, stage in required_inputs(params, variant).items() if not path.exists()]
+    if missing:
+        raise SettingsError("the trials' inputs are not there:\n  " + "\n  ".join(missing))
+
+
+def check_gpus(gpus: list[str], workers: int, settings) -> None:
+    """A torchrun trial needs one GPU per process in its worker's slot."""
+    from qac.hpo.study import SettingsError
+    from qac.hpo.worker import gpu_slots
+
+    if not gpus or settings.launcher != "torchrun":
+        return
+    smallest = min(len(slot.split(",")) for slot in gpu_slots(gpus, workers))
+    if smallest < settings.nproc_per_node:
+        raise SettingsError(f"a trial runs on hpo.nproc_per_node = {settings.nproc_per_node} GPUs, but "
+                            f"--gpus {','.join(gpus)} gives each of {workers} workers only {smallest}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s hpo: %(message)s")
+    log = logging.getLogger("qac.hpo")
+
+    from qac.config import load_params, write_params
+    from qac.hpo.report import log_report_to_mlflow, write_study_report
+    from qac.hpo.space import SpaceError
+    from qac.hpo.study import (DEFAULT_JOB, HpoSettings, SettingsError, ensure_study_mlflow_run, make_pruner,
+                               open_study, storage_location, study_dir)
+    from qac.hpo.worker import run_worker_pool
+
+    if args.workers < 1:
+        print(f"error: --workers must be at least 1, got {args.workers}")
+        return 2
+    gpus = [gpu.strip() for gpu in args.gpus.split(",") if gpu.strip()]
+    params = apply_overrides(load_params(args.params), args)
+    try:
+        settings = HpoSettings.from_params(params, where=args.params)
+        make_pruner(settings)
+        if settings.job == DEFAULT_JOB and not args.report_only:
+            check_inputs(params, settings.variant)
+        check_gpus(gpus, args.workers, settings)
+        study = open_study(params, settings)
+    except (SettingsError, SpaceError) as error:
+        print(f"error: {error}")
+        return 2
+    # Workers read this copy, so an edit to params.yaml during the study cannot change it midway.
+    params_file = study_dir(params, settings) / "params.yaml"
+    write_params(params, params_file)
+    location = storage_location(params, settings)
+    run_id = ensure_study_mlflow_run(params, study, settings)
+    log.info("study %s (%s), MLflow run %s; live view: optuna-dashboard %s",
+             settings.study_name, location, run_id, location)
+
+    status = 0
+    if not args.report_only:
+        outcome = run_worker_pool(params_file, params, settings, workers=args.workers, gpus=gpus)
+        if outcome["orphaned_trials"]:
+            log.warning("trials failed because their worker died: %s", outcome["orphaned_trials"])
+        if any(exit["returncode"] > 0 for exit in outcome["worker_exits"]):
+            status = 1
+
+    report_dir = Path(args.report_dir) if args.report_dir else \
+        Path(params["hpo"].get("report_dir") or "reports/hpo") / settings.study_name
+    summary = write_study_report(study, settings.metric, report_dir)
+    log_report_to_mlflow(run_id, summary, report_dir)
+    states = ", ".join(f"{count} {state}" for state, count in summary["states"].items() if count)
+    print(f"study {settings.study_name}: {summary['trials']} trials ({states}); report in {report_dir}")
+    if summary["best"] is not None:
+        best = summary["best"]
+        print(f"best: trial {best['number']}, dev {settings.metric} = {best['value']:.4f}, params {best['params']}")
+    return status

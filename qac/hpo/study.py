@@ -1,0 +1,380 @@
+"""The Optuna study: settings from ``params.yaml``, storage, sampler, pruner, trial budget, recovery.
+
+Storage
+    A journal file (``JournalStorage`` over ``JournalFileBackend``) by default:
+    an append-only log with file locking, safe for several worker processes on
+    one machine and needing no server. Any database URL (``sqlite:///...``,
+    ``postgresql://...``, ``mysql://...``) selects ``RDBStorage`` instead, for
+    workers on several machines.
+
+Workers that die
+    A worker killed mid-trial (``kill -9``, out of memory, a lost machine)
+    leaves its trial RUNNING. With a database, Optuna's heartbeat notices the
+    silence after ``grace_period`` seconds, fails the trial and (``retry_failed``)
+    queues a copy with the same parameters. The journal storage has no
+    heartbeat, so every trial records the worker that runs it (host, pid and the
+    process's start time, which a reused pid does not share) and the workers
+    and the driver fail the trials of dead workers on their own host, queueing
+    the same retry. Either way the study stays consistent: a trial is failed by
+    one state change, which the storage refuses a second time.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from qac.config import profile_dir
+from qac.evaluation.metrics import Measure
+from qac.hpo.space import Dimension, check_space_against_params, parse_space
+
+WORKER_ATTR = "qac.worker"
+MLFLOW_RUN_ATTR = "qac.mlflow_run_id"
+FAIL_REASON_ATTR = "qac.fail_reason"
+PRUNERS = ("median", "hyperband", "none")
+LAUNCHERS = ("python", "torchrun")
+DEFAULT_JOB = "qac.hpo.trial_job"
+
+
+class SettingsError(ValueError):
+    """A bad ``hpo`` setting; the message names the key."""
+
+
+@dataclass(frozen=True)
+class HpoSettings:
+    """The ``hpo`` section of ``params.yaml``, checked."""
+
+    study_name: str
+    variant: str
+    storage: str | None
+    n_trials: int
+    direction: str
+    metric: str
+    seed: int
+    tpe_startup_trials: int
+    pruner: dict
+    retry_failed: int
+    heartbeat_interval: int
+    grace_period: int
+    launcher: str
+    nproc_per_node: int
+    trial_timeout: float | None
+    job: str
+    dev_queries: int
+    dev_max_documents: int | None
+    eval_every: int
+    finetune_epochs: int | None
+    pretrain_steps: int | None
+    keep_models: bool
+    dimensions: list[Dimension] = field(default_factory=list)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], where: str = "params.yaml") -> "HpoSettings":
+        section = params.get("hpo")
+        if not isinstance(section, Mapping):
+            raise SettingsError(f"{where}: no 'hpo' section")
+        variant = section.get("variant")
+        if not variant:
+            raise SettingsError(f"{where}: hpo.variant: name the pre-training variant the study searches")
+        variants = (params.get("pretrain") or {}).get("variants") or {}
+        if variant not in variants:
+            raise SettingsError(f"{where}: hpo.variant: {variant!r} is not a pre-training variant "
+                                f"(pretrain.variants has {', '.join(variants) or 'none'})")
+        dimensions = parse_space(section.get("space"), where=f"{where}: hpo.space")
+        check_space_against_params(dimensions, params, variant, where=f"{where}: hpo.space")
+        pruner = dict(section.get("pruner") or {"type": "none"})
+        if pruner.get("type") not in PRUNERS:
+            raise SettingsError(f"{where}: hpo.pruner.type must be one of {', '.join(PRUNERS)}, got {pruner.get('type')!r}")
+        direction = section.get("direction", "maximize")
+        if direction not in ("maximize", "minimize"):
+            raise SettingsError(f"{where}: hpo.direction must be maximize or minimize, got {direction!r}")
+        launcher = section.get("launcher", "python")
+        if launcher not in LAUNCHERS:
+            raise SettingsError(f"{where}: hpo.launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+
+        def integer(key: str, default: int | None, minimum: int, allow_none: bool = False) -> int | None:
+            value = section.get(key, default)
+            if value is None and allow_none:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise SettingsError(f"{where}: hpo.{key} must be an integer >= {minimum}, got {value!r}")
+            return value
+
+        metric = str(section.get("metric", "nDCG@10"))
+        try:
+            Measure.parse(metric)
+        except ValueError as error:
+            raise SettingsError(f"{where}: hpo.metric: {error}") from None
+        seed = section.get("seed")
+        timeout = section.get("trial_timeout")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise SettingsError(f"{where}: hpo.trial_timeout must be a positive number of seconds or null")
+        dev = section.get("dev") or {}
+        return cls(
+            study_name=section.get("study_name") or f"{params['profile']}-{variant}",
+            variant=variant,
+            storage=section.get("storage"),
+            n_trials=integer("n_trials", 20, 1),
+            direction=direction,
+            metric=metric,
+            seed=int(params.get("seed", 0) if seed is None else seed),
+            tpe_startup_trials=integer("tpe_startup_trials", 5, 0),
+            pruner=pruner,
+            retry_failed=integer("retry_failed", 1, 0),
+            heartbeat_interval=integer("heartbeat_interval", 60, 1),
+            grace_period=integer("grace_period", 180, 1),
+            launcher=launcher,
+            nproc_per_node=integer("nproc_per_node", 1, 1),
+            trial_timeout=None if timeout is None else float(timeout),
+            job=str(section.get("job") or DEFAULT_JOB),
+            dev_queries=_dev_int(dev, "queries", 200, where),
+            dev_max_documents=_dev_int(dev, "max_documents", None, where),
+            eval_every=integer("eval_every", 50, 1),
+            finetune_epochs=integer("finetune_epochs", 1, 1, allow_none=True),
+            pretrain_steps=integer("pretrain_steps", None, 1, allow_none=True),
+            keep_models=bool(section.get("keep_models", False)),
+            dimensions=dimensions,
+        )
+
+
+def _dev_int(dev: Mapping[str, Any], key: str, default: int | None, where: str) -> int | None:
+    value = dev.get(key, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SettingsError(f"{where}: hpo.dev.{key} must be a positive integer{' or null' if default is None else ''}, "
+                            f"got {value!r}")
+    return value
+
+
+def study_dir(params: Mapping[str, Any], settings: HpoSettings) -> Path:
+    """``data/<profile>/hpo/<study>``: the journal, the study's params and one folder per trial."""
+    return profile_dir(params) / "hpo" / settings.study_name
+
+
+def storage_location(params: Mapping[str, Any], settings: HpoSettings) -> str:
+    """The database URL, or the journal file's path."""
+    return settings.storage or str(study_dir(params, settings) / "journal.log")
+
+
+def is_database_url(location: str) -> bool:
+    return "://" in location
+
+
+def make_storage(location: str, settings: HpoSettings):
+    """``RDBStorage`` (with heartbeat and retries) for a URL, else a journal file."""
+    import optuna
+
+    if is_database_url(location):
+        return optuna.storages.RDBStorage(
+            location,
+            heartbeat_interval=settings.heartbeat_interval,
+            grace_period=settings.grace_period,
+            heartbeat_stale_trial_callback=heartbeat_retry(settings.retry_failed),
+        )
+    from optuna.storages.journal import JournalFileBackend
+
+    Path(location).parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(JournalFileBackend(str(location)))
+
+
+def make_sampler(settings: HpoSettings, worker_index: int = 0):
+    """TPE seeded per worker.
+
+    Workers with one seed would draw the same startup points side by side, so
+    worker ``i`` seeds with ``seed + i``; the constant liar makes a worker treat
+    its neighbours' running trials as bad results instead of re-proposing them.
+    """
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=settings.seed + worker_index, n_startup_trials=settings.tpe_startup_trials,
+                                      constant_liar=True)
+
+
+def make_pruner(settings: HpoSettings):
+    """The pruner ``hpo.pruner`` names, with its options passed through."""
+    import optuna
+
+    config = {key: value for key, value in settings.pruner.items() if key != "type"}
+    kind = settings.pruner["type"]
+    try:
+        if kind == "median":
+            return optuna.pruners.MedianPruner(**config)
+        if kind == "hyperband":
+            return optuna.pruners.HyperbandPruner(**config)
+        return optuna.pruners.NopPruner()
+    except TypeError as error:
+        raise SettingsError(f"hpo.pruner: bad option for the {kind} pruner ({error})") from None
+
+
+def open_study(params: Mapping[str, Any], settings: HpoSettings, worker_index: int = 0):
+    """Create the study, or load it when it exists (a resumed study keeps its trials)."""
+    import optuna
+
+    storage = make_storage(storage_location(params, settings), settings)
+    study = optuna.create_study(
+        study_name=settings.study_name, storage=storage, sampler=make_sampler(settings, worker_index),
+        pruner=make_pruner(settings), direction=settings.direction, load_if_exists=True,
+    )
+    if study.direction.name.lower() != settings.direction:
+        raise SettingsError(f"hpo.direction is {settings.direction}, but the stored study {settings.study_name!r} "
+                            f"{study.direction.name.lower()}s; choose another hpo.study_name")
+    return study
+
+
+# --- the trial budget ---------------------------------------------------------
+
+def retried_trial_numbers(trials) -> set[int]:
+    """Numbers of failed trials that a later trial re-runs."""
+    retried: set[int] = set()
+    for trial in trials:
+        retried.update(trial.system_attrs.get("retry_history", []))
+    return retried
+
+
+def counted_trials(study) -> int:
+    """Trials that use the budget: every trial except a failed one that a retry replaces."""
+    trials = study.get_trials(deepcopy=False)
+    return len(trials) - len(retried_trial_numbers(trials))
+
+
+def has_work(study, n_trials: int) -> bool:
+    """Whether a worker should start another trial: budget left, or a queued (retry) trial."""
+    from optuna.trial import TrialState
+
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return True
+    return counted_trials(study) < n_trials
+
+
+# --- who runs a trial, and recovery when that process died ---------------------
+
+def this_process_owner() -> dict[str, Any]:
+    import os
+
+    import psutil
+
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": psutil.Process().create_time()}
+
+
+def owner_is_alive(owner: Mapping[str, Any]) -> bool | None:
+    """True/False for a process on this host; None when it ran elsewhere (cannot tell)."""
+    import psutil
+
+    if owner.get("host") != socket.gethostname():
+        return None
+    try:
+        process = psutil.Process(int(owner["pid"]))
+        # A pid the kernel reused for a newer process is not our worker.
+        return abs(process.create_time() - float(owner["started"])) < 1e-3 and process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, KeyError, ValueError):
+        return False
+
+
+def fail_orphaned_trials(study, settings: HpoSettings, pids: set[int] | None = None) -> list[int]:
+    """Fail RUNNING trials whose worker on this host is dead; queue retries. Returns the failed numbers.
+
+    ``pids`` limits the check to trials of those worker processes (the driver
+    knows which of its workers exited); otherwise every trial on this host is
+    checked.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    failed = []
+    for trial in study.get_trials(deepcopy=True, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get(WORKER_ATTR)
+        if not owner or (pids is not None and owner.get("pid") not in pids):
+            continue
+        if owner_is_alive(owner) is not False:
+            continue
+        # Through the storage: Optuna's public API only lets a trial's own process change it. The
+        # storage refuses the state change if another process finished the trial first.
+        try:
+            study._storage.set_trial_user_attr(trial._trial_id, FAIL_REASON_ATTR, "worker process died")
+            changed = study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            changed = False  # another process failed it first
+        if not changed:
+            continue
+        failed.append(trial.number)
+        retry_trial(study, trial, settings.retry_failed)
+        run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
+        if run_id:
+            close_mlflow_run(run_id, state="failed")
+    return failed
+
+
+def retry_trial(study, trial, max_retry: int) -> bool:
+    """Queue a WAITING copy of a failed trial (same parameters) unless it was retried ``max_retry`` times.
+
+    The bookkeeping is Optuna's own (``RetryHeartbeatStaleTrialCallback``):
+    system attributes ``failed_trial`` (the first trial of the chain) and
+    ``retry_history``. Unlike Optuna's callback, the copy does not inherit the
+    failed run's ``qac.*`` attributes (its worker, MLflow run, failure reason).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > max_retry:
+        return False
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+        user_attrs={key: value for key, value in trial.user_attrs.items() if not key.startswith("qac.")},
+        system_attrs={"failed_trial": history[0], "retry_history": history},
+    ))
+    return True
+
+
+def heartbeat_retry(max_retry: int):
+    """The stale-trial callback of a database storage: the same retry as for journal storages."""
+    def callback(study, trial) -> None:
+        retry_trial(study, trial, max_retry)
+    return callback
+
+
+def close_mlflow_run(run_id: str, state: str) -> None:
+    """End a trial's MLflow run that its (dead) worker left open."""
+    import mlflow
+
+    from qac.tracking import tracking_uri
+
+    client = mlflow.MlflowClient(tracking_uri())
+    client.set_tag(run_id, "qac.trial_state", state)
+    client.set_terminated(run_id, status="FAILED")
+
+
+# --- the study's MLflow run ------------------------------------------------------
+
+def ensure_study_mlflow_run(params: Mapping[str, Any], study, settings: HpoSettings) -> str:
+    """The MLflow run ``hpo/<study>`` (a child of the profile's study run), created once per study.
+
+    Its id is stored in the study itself, so a resumed study, and workers on
+    other machines, log their trials under the same parent.
+    """
+    from qac.tracking import flatten, stage_run, tracking_uri
+
+    existing = study.user_attrs.get(MLFLOW_RUN_ATTR)
+    if existing:
+        import mlflow
+
+        try:
+            mlflow.MlflowClient(tracking_uri()).get_run(existing)
+            return existing
+        except mlflow.exceptions.MlflowException:
+            pass  # the study moved to another tracking store: start a new parent run there
+
+    with stage_run(params, stage="hpo", run_name=f"hpo/{settings.study_name}", kind="hpo",
+                   tags={"qac.study": settings.study_name, "qac.variant": settings.variant,
+                         "qac.hpo.storage": "database" if settings.storage and is_database_url(settings.storage) else "journal"}) as run:
+        import mlflow
+
+        flat = {key: str(value)[:6000] for key, value in flatten("", {"hpo": dict(params["hpo"])}).items()}
+        mlflow.log_params(flat)
+        run_id = run.info.run_id
+    study.set_user_attr(MLFLOW_RUN_ATTR, run_id)
+    return run_id

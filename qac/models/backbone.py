@@ -1,0 +1,114 @@
+"""The BERT encoder with its MLM head, shared by coCondenser and CoT-MAE.
+
+A pre-training model owns ``bert`` (a ``BertModel``, the part that is exported
+and fine-tuned) and ``lm_head`` (BERT's MLM head, tied to the word
+embeddings), plus its method's extra modules. :class:`PretrainingModel` is the
+interface the training loop sees: ``forward(batch)`` returns a
+:class:`PretrainOutput`, ``mask_ratios`` says how the collator masks the two
+sides of a pair, and ``save_encoder`` writes the Hugging Face folder that
+fine-tuning starts from (heads and decoders are dropped).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from qac.io import atomic_path
+
+
+@dataclass
+class PretrainOutput:
+    loss: torch.Tensor                 # what this process back-propagates (see qac.models.losses)
+    parts: dict[str, torch.Tensor]     # global value of the total and of each term, detached
+
+
+def load_backbone(spec: str, seed: int = 0, dropout: float | None = None) -> tuple[nn.Module, nn.Module]:
+    """``(BertModel, MLM head)`` from a model spec (``qac.models.loading``).
+
+    The encoder keeps the checkpoint's pooler so the exported folder loads
+    without newly initialised weights; the pooler takes no part in
+    pre-training and is frozen. The MLM head comes from the checkpoint when it
+    has one (bert-base-uncased, Luyu/condenser) and is initialised with
+    ``seed`` otherwise (sentence-transformers checkpoints ship no head); its
+    output projection is tied to the word embeddings, as in BERT. ``dropout``
+    replaces the checkpoint's dropout probabilities (0 makes a run
+    deterministic across process layouts, which the tests need).
+    """
+    from transformers import BertForMaskedLM, BertModel
+
+    from qac.models.loading import load_model
+
+    overrides = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        bert = load_model(spec, BertModel, seed=seed, **overrides)
+        lm_head = load_model(spec, BertForMaskedLM, seed=seed, **overrides).cls
+    if bert.config.model_type != "bert":
+        raise ValueError(f"{spec}: pre-training needs a BERT encoder, got model_type {bert.config.model_type!r}")
+    lm_head.predictions.decoder.weight = bert.embeddings.word_embeddings.weight
+    if bert.pooler is not None:
+        bert.pooler.requires_grad_(False)
+    return bert, lm_head
+
+
+def new_layers(config, count: int, seed: int, attn_implementation: str | None = None) -> nn.ModuleList:
+    """``count`` freshly initialised BERT layers (condenser head, CoT-MAE decoder)."""
+    from transformers import BertModel
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    config = copy.deepcopy(config)
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layers = nn.ModuleList([BertLayer(config) for _ in range(count)])
+        initializer = BertModel(config, add_pooling_layer=False)
+        layers.apply(initializer._init_weights)
+    return layers
+
+
+def run_layers(layers: nn.ModuleList, hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    for layer in layers:
+        output = layer(hidden, mask)
+        hidden = output[0] if isinstance(output, tuple) else output
+    return hidden
+
+
+def additive_mask(allowed: torch.Tensor) -> torch.Tensor:
+    """A ``[B, 1, Q, K]`` boolean "may attend" mask as the additive float mask eager attention adds."""
+    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(torch.float32).min)
+
+
+def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Additive mask letting every position attend to the non-padding keys."""
+    return additive_mask(attention_mask[:, None, None, :].bool())
+
+
+class PretrainingModel(nn.Module):
+    """Interface of a pre-training model; subclasses define ``forward`` and ``mask_ratios``."""
+
+    bert: nn.Module
+    lm_head: nn.Module
+    supports_grad_cache = False
+
+    @property
+    def mask_ratios(self) -> tuple[float, float]:
+        """MLM mask ratio of the anchor and of the context side of a pair."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, object]:
+        """Settings of this model worth recording with a run."""
+        return {}
+
+    def save_encoder(self, path: str | os.PathLike, tokenizer=None) -> None:
+        """Write the encoder alone as a Hugging Face ``BertModel`` folder (safetensors), atomically."""
+        with atomic_path(path, directory=True) as tmp:
+            self.bert.save_pretrained(tmp, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)

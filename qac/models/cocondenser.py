@@ -1,0 +1,97 @@
+"""coCondenser: encoder MLM + condenser-head MLM + contrastive loss over pairs.
+
+For each side of a pair the encoder (BERT) runs with whole-word-masked input.
+Its last layer feeds the shared MLM head ("late MLM"). The condenser head, a
+few fresh BERT layers, reads the last layer's [CLS] vector followed by the
+token states of layer ``skip_from``: to predict the masked tokens it must get
+the sequence's information through [CLS], which trains [CLS] as a bottleneck.
+The [CLS] vectors of both sides enter the in-batch contrastive loss.
+
+    loss = MLM + head MLM + contrastive
+
+Both MLM terms average over the masked tokens of both sides of the global
+batch; the contrastive term over its 2N sequences (qac.models.losses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qac.models.backbone import PretrainingModel, PretrainOutput, load_backbone, new_layers, padding_mask, run_layers
+from qac.models.losses import LossTerm, PairContrastiveLoss, masked_lm_sum, mean_over_processes
+
+
+@dataclass
+class SideOutput:
+    cls: torch.Tensor           # [n, hidden] [CLS] vectors of the last layer
+    mlm_sum: torch.Tensor       # summed MLM cross-entropy of the encoder
+    head_mlm_sum: torch.Tensor  # summed MLM cross-entropy of the condenser head
+    masked: torch.Tensor        # number of masked tokens
+
+
+class CoCondenser(PretrainingModel):
+    supports_grad_cache = True
+
+    def __init__(self, bert, lm_head, *, n_head_layers: int = 2, skip_from: int = 6,
+                 temperature: float = 1.0, mlm_probability: float = 0.15,
+                 full_vocab_logits: bool = False, seed: int = 0):
+        super().__init__()
+        n_layers = bert.config.num_hidden_layers
+        if not 0 <= skip_from <= n_layers:
+            raise ValueError(f"skip_from={skip_from} is not a layer of a {n_layers}-layer encoder")
+        if n_head_layers < 1:
+            raise ValueError(f"n_head_layers must be at least 1, got {n_head_layers}")
+        self.bert = bert
+        self.lm_head = lm_head
+        self.head = new_layers(bert.config, n_head_layers, seed, attn_implementation="eager")
+        self.contrastive = PairContrastiveLoss(temperature)
+        self.skip_from = skip_from
+        self.mlm_probability = mlm_probability
+        self.full_vocab_logits = full_vocab_logits
+
+    @classmethod
+    def from_spec(cls, spec: str, seed: int = 0, dropout: float | None = None, **options) -> "CoCondenser":
+        bert, lm_head = load_backbone(spec, seed, dropout)
+        return cls(bert, lm_head, seed=seed, **options)
+
+    @property
+    def mask_ratios(self) -> tuple[float, float]:
+        return self.mlm_probability, self.mlm_probability
+
+    def describe(self) -> dict[str, object]:
+        return {"n_head_layers": len(self.head), "skip_from": self.skip_from,
+                "temperature": self.contrastive.temperature, "mlm_probability": self.mlm_probability}
+
+    def encode_side(self, side: dict[str, torch.Tensor]) -> SideOutput:
+        """Encoder and condenser head over one side (or a chunk of it)."""
+        output = self.bert(input_ids=side["input_ids"], attention_mask=side["attention_mask"],
+                           output_hidden_states=True)
+        last = output.last_hidden_state
+        mlm_sum, masked = masked_lm_sum(self.lm_head, last, side["labels"], self.full_vocab_logits)
+        head_input = torch.cat([last[:, :1], output.hidden_states[self.skip_from][:, 1:]], dim=1)
+        head_output = run_layers(self.head, head_input, padding_mask(side["attention_mask"]))
+        head_sum, _ = masked_lm_sum(self.lm_head, head_output, side["labels"], self.full_vocab_logits)
+        return SideOutput(cls=last[:, 0], mlm_sum=mlm_sum, head_mlm_sum=head_sum, masked=masked)
+
+    def combine(self, mlm: LossTerm, head_mlm: LossTerm, contrastive: LossTerm) -> PretrainOutput:
+        loss = mlm.backward + head_mlm.backward + contrastive.backward
+        parts = {"loss": mlm.value + head_mlm.value + contrastive.value, "mlm": mlm.value,
+                 "head_mlm": head_mlm.value, "contrastive": contrastive.value}
+        return PretrainOutput(loss=loss, parts=parts)
+
+    def forward(self, batch: dict, mode: str = "loss"):
+        """``mode="loss"``: the full loss of a batch of pairs. ``mode="side"``: :meth:`encode_side`.
+
+        The side mode exists for gradient caching under DDP, which synchronises
+        gradients only for computations that went through the wrapped
+        module's ``forward``.
+        """
+        if mode == "side":
+            return self.encode_side(batch)
+        anchor, context = self.encode_side(batch["anchor"]), self.encode_side(batch["context"])
+        masked = anchor.masked + context.masked
+        return self.combine(mean_over_processes(anchor.mlm_sum + context.mlm_sum, masked),
+                            mean_over_processes(anchor.head_mlm_sum + context.head_mlm_sum, masked),
+                            self.contrastive(anchor.cls, context.cls))

@@ -1,0 +1,115 @@
+"""CoT-MAE: masked auto-encoding of a passage whose [CLS] must help decode its context.
+
+The encoder (BERT) reads the anchor passage with ``mask_ratio`` (0.30) of its
+words masked and pays an MLM loss. A shallow decoder, discarded after
+pre-training, reads the encoder's [CLS] vector in position 0 followed by the
+context's token embeddings (the encoder's embedding layer) and must
+reconstruct the context, so the [CLS] vector learns what the passage shares
+with its context. Two decoders, chosen by ``decoder``:
+
+- ``paper``: the decoder the paper describes. Bidirectional BERT layers over
+  the [CLS] vector and the *masked* context (``decoder_mask_ratio`` of its
+  words, 0.45 in the CoT-MAE paper); MLM loss on the context's masked tokens.
+- ``release``: the decoder of the authors' code. Causal layer(s) over the
+  [CLS] vector and the *unmasked* context; position t predicts the context
+  token at t + 1 (next-token loss over the whole context, [SEP] included).
+  Each position attends to [CLS] and to the ``attention_window`` most recent
+  positions including itself (window 3: itself and the two before it). The
+  release uses a GPT-2 block; here the block is a BERT layer under the same
+  mask, which keeps one layer type in the project.
+
+    loss = encoder MLM + decoder_weight * decoder loss
+
+Both decoders share the encoder's MLM head for their vocabulary projection.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qac.data.masking import IGNORE_INDEX
+from qac.models.backbone import (PretrainingModel, PretrainOutput, additive_mask, load_backbone, new_layers,
+                                 padding_mask, run_layers)
+from qac.models.losses import masked_lm_sum, mean_over_processes
+
+DECODERS = ("paper", "release")
+
+
+def windowed_causal_mask(attention_mask: torch.Tensor, window: int) -> torch.Tensor:
+    """Additive ``[B, 1, L, L]`` mask: query t sees key 0 ([CLS]) and keys t-window+1 .. t, never padding."""
+    length = attention_mask.shape[1]
+    query = torch.arange(length, device=attention_mask.device)[:, None]
+    key = torch.arange(length, device=attention_mask.device)[None, :]
+    allowed = (key == 0) | ((key <= query) & (key > query - window))
+    allowed = allowed[None, None] & attention_mask[:, None, None, :].bool()
+    return additive_mask(allowed)
+
+
+def next_token_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Label of position t = token at t + 1; ``-100`` where t + 1 is padding or past the end."""
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    labels[:, :-1] = input_ids[:, 1:].masked_fill(attention_mask[:, 1:] == 0, IGNORE_INDEX)
+    return labels
+
+
+class CoTMAE(PretrainingModel):
+    def __init__(self, bert, lm_head, *, decoder: str = "paper", decoder_layers: int = 1,
+                 decoder_weight: float = 1.0, attention_window: int = 3, mask_ratio: float = 0.30,
+                 decoder_mask_ratio: float = 0.45, full_vocab_logits: bool = False, seed: int = 0):
+        super().__init__()
+        if decoder not in DECODERS:
+            raise ValueError(f"cotmae_decoder must be one of {DECODERS}, got {decoder!r}")
+        if decoder_layers < 1:
+            raise ValueError(f"cotmae_decoder_layers must be at least 1, got {decoder_layers}")
+        if attention_window < 1:
+            raise ValueError(f"cotmae_attention_window must be at least 1, got {attention_window}")
+        self.bert = bert
+        self.lm_head = lm_head
+        self.decoder_kind = decoder
+        self.decoder = new_layers(bert.config, decoder_layers, seed, attn_implementation="eager")
+        self.decoder_weight = decoder_weight
+        self.attention_window = attention_window
+        self.mask_ratio = mask_ratio
+        self.decoder_mask_ratio = decoder_mask_ratio
+        self.full_vocab_logits = full_vocab_logits
+
+    @classmethod
+    def from_spec(cls, spec: str, seed: int = 0, dropout: float | None = None, **options) -> "CoTMAE":
+        bert, lm_head = load_backbone(spec, seed, dropout)
+        return cls(bert, lm_head, seed=seed, **options)
+
+    @property
+    def mask_ratios(self) -> tuple[float, float]:
+        # The release decoder reads the context unmasked.
+        return self.mask_ratio, (self.decoder_mask_ratio if self.decoder_kind == "paper" else 0.0)
+
+    def describe(self) -> dict[str, object]:
+        return {"cotmae_decoder": self.decoder_kind, "decoder_layers": len(self.decoder),
+                "decoder_weight": self.decoder_weight, "attention_window": self.attention_window,
+                "mask_ratio": self.mask_ratio, "decoder_mask_ratio": self.decoder_mask_ratio}
+
+    def decode(self, cls_vector: torch.Tensor, context: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed decoder loss over the context and the number of predicted tokens."""
+        hidden, labels = self.decoder_states(cls_vector, context)
+        return masked_lm_sum(self.lm_head, hidden, labels, self.full_vocab_logits)
+
+    def decoder_states(self, cls_vector: torch.Tensor,
+                       context: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder output states over ``[CLS] + context`` and the label of each position."""
+        embeddings = self.bert.embeddings(input_ids=context["input_ids"])
+        hidden = torch.cat([cls_vector[:, None, :].to(embeddings.dtype), embeddings[:, 1:]], dim=1)
+        if self.decoder_kind == "paper":
+            mask, labels = padding_mask(context["attention_mask"]), context["labels"]
+        else:
+            mask = windowed_causal_mask(context["attention_mask"], self.attention_window)
+            labels = next_token_labels(context["input_ids"], context["attention_mask"])
+        return run_layers(self.decoder, hidden, mask), labels
+
+    def forward(self, batch: dict) -> PretrainOutput:
+        anchor = batch["anchor"]
+        encoded = self.bert(input_ids=anchor["input_ids"], attention_mask=anchor["attention_mask"]).last_hidden_state
+        mlm = mean_over_processes(*masked_lm_sum(self.lm_head, encoded, anchor["labels"], self.full_vocab_logits))
+        decoder = mean_over_processes(*self.decode(encoded[:, 0], batch["context"]))
+        loss = mlm.backward + self.decoder_weight * decoder.backward
+        parts = {"loss": mlm.value + self.decoder_weight * decoder.value, "mlm": mlm.value, "decoder": decoder.value}
+        return PretrainOutput(loss=loss, parts=parts)

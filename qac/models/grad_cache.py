@@ -1,0 +1,142 @@
+"""One optimisation step's forward and backward: the full batch at once, or gradient-cached.
+
+Both classes have one method, ``forward_backward(batch, scale_loss)``, which
+accumulates the batch's gradient into the parameters and returns the logged
+loss parts; the training loop does not know which one it holds.
+
+:class:`GradCachedStep` (Gao et al., "Scaling Deep Contrastive Learning Batch
+Size under Memory Limited Setup", 2021) lets the contrastive loss see a batch
+far larger than fits in memory with its activations:
+
+1. encode every chunk of ``chunk_size`` sequences without autograd and keep
+   only the [CLS] vectors (and the RNG state before each chunk);
+2. compute the contrastive loss on those vectors and back-propagate it to
+   them alone, which gives d loss / d [CLS] for every sequence;
+3. re-run each chunk with autograd, replaying its RNG state so dropout draws
+   the same masks, and back-propagate ``<[CLS], cached gradient>`` plus the
+   chunk's own MLM terms.
+
+By the chain rule the accumulated gradient equals the full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from qac.models.losses import all_reduce_sum, process_group
+
+ScaleLoss = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _identity(loss: torch.Tensor) -> torch.Tensor:
+    return loss
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class FullBatchStep:
+    """Forward the whole (micro-)batch with autograd, back-propagate its loss."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device, autocast_dtype: torch.dtype | None = None):
+        self.module = module            # the model, or its DDP wrapper
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+
+    def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, float]:
+        with _autocast(self.device, self.autocast_dtype):
+            output = self.module(batch)
+        scale_loss(output.loss).backward()
+        return {name: float(value) for name, value in output.parts.items()}
+
+
+class RngState:
+    """CPU (and current CUDA device) generator state, to replay dropout exactly."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
+
+
+def split_side(side: dict[str, torch.Tensor], chunk_size: int) -> list[dict[str, torch.Tensor]]:
+    rows = next(iter(side.values())).shape[0]
+    return [{name: tensor[start:start + chunk_size] for name, tensor in side.items()}
+            for start in range(0, rows, chunk_size)]
+
+
+class GradCachedStep:
+    """:class:`FullBatchStep` for coCondenser with the contrastive loss computed by gradient caching."""
+
+    def __init__(self, module: torch.nn.Module, chunk_size: int, device: torch.device,
+                 autocast_dtype: torch.dtype | None = None):
+        model = getattr(module, "module", module)  # unwrap DDP
+        if not getattr(model, "supports_grad_cache", False):
+            raise ValueError(f"{type(model).__name__} has no contrastive loss to cache")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+        self.module = module
+        self.model = model
+        self.chunk_size = chunk_size
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+
+    def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, float]:
+        chunks = [(side, chunk) for side in ("anchor", "context")
+                  for chunk in split_side(batch[side], self.chunk_size)]
+
+        # 1. [CLS] vectors of every chunk, no activations kept.
+        states, vectors = [], {"anchor": [], "context": []}
+        with torch.no_grad(), _autocast(self.device, self.autocast_dtype):
+            for side, chunk in chunks:
+                states.append(RngState(self.device))
+                vectors[side].append(self.model.encode_side(chunk).cls.float())
+        after_first_pass = RngState(self.device)
+
+        # 2. Contrastive loss and its gradient with respect to the vectors.
+        anchors = torch.cat(vectors["anchor"]).requires_grad_()
+        contexts = torch.cat(vectors["context"]).requires_grad_()
+        contrastive = self.model.contrastive(anchors, contexts)
+        scale_loss(contrastive.backward).backward()
+        cached = {"anchor": anchors.grad.split(self.chunk_size), "context": contexts.grad.split(self.chunk_size)}
+
+        # 3. Each chunk again with autograd; DDP synchronises on the last backward only.
+        _, world_size = process_group()
+        local_masked = sum(int((chunk["labels"] != -100).sum()) for _, chunk in chunks)
+        masked = all_reduce_sum(torch.tensor(float(local_masked), device=self.device)).clamp(min=1)
+        mlm_sum = torch.zeros((), device=self.device)
+        head_sum = torch.zeros((), device=self.device)
+        position = {"anchor": 0, "context": 0}
+        for index, ((side, chunk), state) in enumerate(zip(chunks, states)):
+            last = index == len(chunks) - 1
+            no_sync = getattr(self.module, "no_sync", None)
+            with (contextlib.nullcontext() if last or no_sync is None else no_sync()):
+                state.restore()
+                with _autocast(self.device, self.autocast_dtype):
+                    output = self.module(chunk, mode="side")
+                gradient = cached[side][position[side]]
+                position[side] += 1
+                # The MLM terms are per-chunk sums over the global number of masked
+                # tokens, times W for DDP's averaging (qac.models.losses.mean_over_processes).
+                mlm_terms = (output.mlm_sum + output.head_mlm_sum) * world_size / masked
+                surrogate = (output.cls.float() * gradient).sum() + scale_loss(mlm_terms)
+                surrogate.backward()
+            mlm_sum += output.mlm_sum.detach()
+            head_sum += output.head_mlm_sum.detach()
+        after_first_pass.restore()
+
+        mlm = float(all_reduce_sum(mlm_sum) / masked)
+        head_mlm = float(all_reduce_sum(head_sum) / masked)
+        value = float(contrastive.value)
+        return {"loss": mlm + head_mlm + value, "mlm": mlm, "head_mlm": head_mlm, "contrastive": value}

@@ -1,0 +1,139 @@
+"""Losses of the pre-training models, written once for one process and for many.
+
+Every loss term is a mean over items (masked tokens, sequences) of the whole
+global batch, however many processes hold it. A term is returned as a
+:class:`LossTerm`: ``backward`` is what this process back-propagates, ``value``
+the term's global value for logging (the same on every process).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from qac.data.masking import IGNORE_INDEX
+
+
+class LossTerm(NamedTuple):
+    backward: torch.Tensor   # this process's contribution; carries the graph
+    value: torch.Tensor      # global value of the term, detached
+
+
+def process_group() -> tuple[int, int]:
+    """``(global rank, world size)`` of this process; ``(0, 1)`` outside torch.distributed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    """Sum of a detached tensor over all processes (the tensor itself when alone)."""
+    import torch.distributed as dist
+
+    value = value.detach().clone()
+    if process_group()[1] > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def mean_over_processes(local_sum: torch.Tensor, local_count: torch.Tensor | int) -> LossTerm:
+    """Global mean of a per-item loss whose local sum and item count this process holds.
+
+    DDP averages gradients over the W processes, so each process back-propagates
+    ``W * local_sum / global_count``: the average of these gradients is the
+    gradient of ``sum_all / global_count``, the mean a single process would
+    compute on the whole batch, even when processes hold different numbers of
+    items (masked tokens differ from one shard to another).
+    """
+    _, world_size = process_group()
+    count = all_reduce_sum(torch.as_tensor(local_count, dtype=torch.float64, device=local_sum.device))
+    count = count.clamp(min=1).to(local_sum.dtype)
+    value = all_reduce_sum(local_sum) / count
+    return LossTerm(backward=local_sum * world_size / count, value=value)
+
+
+def masked_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor,
+                  full_vocab_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy of the MLM head at labelled positions, and their number.
+
+    Only labelled positions (``labels != -100``, about 15% of the tokens) go
+    through the vocabulary projection: the head's cost is proportional to the
+    number of rows it sees, and the vocabulary matrix dominates it. With
+    ``full_vocab_logits`` the head runs over every position (the usual
+    BertForMaskedLM way), which gives the same loss at a higher cost; it exists
+    to measure that cost.
+    """
+    selected = labels != IGNORE_INDEX
+    if full_vocab_logits:
+        logits = lm_head(hidden)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
+    else:
+        logits = lm_head(hidden[selected])
+        loss = F.cross_entropy(logits.float(), labels[selected], reduction="sum")
+    return loss, selected.sum()
+
+
+def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
+    """Rows of every process concatenated in global-rank order; this process's rows keep their graph.
+
+    ``all_gather`` returns tensors without autograd history, so the slot of this
+    process is replaced by the local tensor itself. The slot is the process's
+    GLOBAL rank (the order ``all_gather`` fills its list in); using the local
+    rank instead, as the reference release does, puts the grad-carrying rows in
+    the wrong slot on every node but the first.
+    """
+    import torch.distributed as dist
+
+    rank, world_size = process_group()
+    if world_size == 1:
+        return local
+    slots = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(slots, local.detach().contiguous())
+    slots[rank] = local
+    return torch.cat(slots, dim=0)
+
+
+class PairContrastiveLoss(torch.nn.Module):
+    """In-batch contrastive loss over both sides of every pair (coCondenser).
+
+    With N pairs in the global batch the 2N [CLS] vectors are scored against each
+    other by dot product / temperature; for each sequence the paired sequence is
+    the positive, the other 2N - 2 are negatives, itself is excluded; the loss is
+    the cross-entropy averaged over the 2N sequences.
+    """
+
+    def __init__(self, temperature: float = 1.0):
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.temperature = temperature
+
+    def scores_loss(self, anchors: torch.Tensor, contexts: torch.Tensor) -> torch.Tensor:
+        """The loss over one set of N pairs held in one place."""
+        n_pairs = anchors.shape[0]
+        reps = torch.cat([anchors, contexts], dim=0).float()
+        scores = reps @ reps.T / self.temperature
+        scores = scores.masked_fill(torch.eye(2 * n_pairs, dtype=torch.bool, device=scores.device), float("-inf"))
+        rows = torch.arange(2 * n_pairs, device=scores.device)
+        targets = (rows + n_pairs) % (2 * n_pairs)
+        return F.cross_entropy(scores, targets)
+
+    def forward(self, anchors: torch.Tensor, contexts: torch.Tensor) -> LossTerm:
+        """Loss over the global batch from this process's ``anchors`` and ``contexts`` [CLS] vectors.
+
+        Every process gathers all vectors (its own slot keeps its graph) and
+        computes the loss of the whole global batch, so its gradient is the exact
+        gradient of the global loss with respect to its own vectors. DDP then
+        averages the W processes' gradients; back-propagating ``W * loss`` turns
+        that average into the sum over processes, which is the full-batch
+        gradient. (Computing only the local rows, as some toolkits do, would
+        drop the gradient that other processes' rows send to these vectors.)
+        """
+        _, world_size = process_group()
+        loss = self.scores_loss(gather_with_grad(anchors), gather_with_grad(contexts))
+        return LossTerm(backward=loss * world_size, value=loss.detach())

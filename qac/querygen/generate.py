@@ -1,0 +1,368 @@
+"""Sample C candidate queries per passage with a seq2seq generator.
+
+The paper feeds ``prefix + passage`` to doc2query T5 and samples with
+``top_p=0.95, top_k=25``; any Hugging Face seq2seq model works here (T5, a
+bert2bert ``EncoderDecoderModel``). Decoding is our own loop rather than
+``generate`` so that every passage draws from its own random stream
+(:mod:`qac.querygen.sampling`): the encoder runs once per batch, the decoder
+one token per step with its key/value cache, and finished rows leave the
+batch as it shrinks.
+
+Batch-size invariance. A row's logits depend slightly (about 1e-6 in fp32)
+on the shape of the batch it was computed in. A sampling decision that lies
+within a small margin of an edge (see :func:`qac.querygen.sampling.sample_tokens`)
+is therefore taken again from *canonical* logits: the passage alone, unpadded,
+through the encoder, and its decoder prefix through the decoder without a
+cache. Every other decision is the same under both computations, so the
+output is a function of the passage alone and is byte-identical for any batch
+size. In fp32 about one decision in a hundred needs the recomputation. With
+bf16/fp16 on a GPU the batch noise (about 1e-2) is too large for a narrow
+margin, so the recomputation is off by default there
+(``batch_invariant: auto``); outputs then stay exact across shards and
+resumption (the chunk is the unit of work, its batches always the same) but a
+different batch size may change rare tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from qac.querygen.sampling import filtered_distribution, passage_uniforms, sample_tokens
+
+# Prune finished rows from the batch once this share of the active rows is done.
+_PRUNE_FRACTION = 0.125
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What determines the generated queries (everything but speed knobs)."""
+
+    prefix: str = ""
+    queries_per_passage: int = 20
+    top_p: float = 0.95
+    top_k: int = 25
+    max_new_tokens: int = 64
+    max_source_len: int = 144
+    drop_duplicates: bool = True
+    drop_empty: bool = True
+    seed: int = 42
+
+    def __post_init__(self):
+        if self.queries_per_passage < 1:
+            raise ValueError(f"querygen.queries_per_passage must be >= 1, got {self.queries_per_passage}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"querygen.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"querygen.top_k must be >= 0 (0: no top-k), got {self.top_k}")
+        if self.max_new_tokens < 1 or self.max_source_len < 2:
+            raise ValueError("querygen.max_new_tokens must be >= 1 and max_source_len >= 2")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "SamplingSettings":
+        section = params["querygen"]
+        return cls(
+            prefix=section.get("prefix") or "",
+            queries_per_passage=int(section["queries_per_passage"]),
+            top_p=float(section["top_p"]),
+            top_k=int(section["top_k"]),
+            max_new_tokens=int(section["max_new_tokens"]),
+            max_source_len=int(section["max_source_len"]),
+            drop_duplicates=bool(section.get("drop_duplicates", True)),
+            drop_empty=bool(section.get("drop_empty", True)),
+            seed=int(params.get("seed", 42)),
+        )
+
+
+@dataclass
+class GenerationStats:
+    """Counts over a set of passages; chunks add up."""
+
+    passages: int = 0
+    candidates: int = 0
+    empty: int = 0
+    duplicates: int = 0
+    dropped_empty: int = 0
+    dropped_duplicates: int = 0
+    queries: int = 0
+    query_words: int = 0
+    tokens: int = 0          # generated tokens of all candidates, end token excluded
+    decisions: int = 0       # sampling decisions taken
+    recomputed: int = 0      # of which re-taken from canonical logits
+    seconds: float = 0.0
+
+    def add(self, other: "GenerationStats") -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "GenerationStats":
+        return cls(**{name: values[name] for name in cls.__dataclass_fields__})
+
+    def summary(self) -> dict[str, float]:
+        """The figures a run reports (unique ratio: distinct share of the non-empty candidates)."""
+        non_empty = self.candidates - self.empty
+        return {
+            "passages": self.passages,
+            "candidates": self.candidates,
+            "queries": self.queries,
+            "queries_per_passage": self.queries / self.passages if self.passages else 0.0,
+            "unique_ratio": (non_empty - self.duplicates) / non_empty if non_empty else 0.0,
+            "mean_query_words": self.query_words / self.queries if self.queries else 0.0,
+            "mean_candidate_tokens": self.tokens / self.candidates if self.candidates else 0.0,
+            "empty_candidates": self.empty,
+            "duplicate_candidates": self.duplicates,
+            "dropped_empty": self.dropped_empty,
+            "dropped_duplicates": self.dropped_duplicates,
+            "recomputed_decision_rate": self.recomputed / self.decisions if self.decisions else 0.0,
+        }
+
+
+def clean_candidates(candidates: Sequence[str], drop_duplicates: bool, drop_empty: bool) -> tuple[list[str], GenerationStats]:
+    """Drop empty and repeated candidates of one passage, keeping generation order.
+
+    A candidate is empty when nothing but whitespace is left after decoding; a
+    duplicate is a non-empty candidate equal to an earlier one of the same
+    passage. Both are counted whether or not they are dropped.
+    """
+    kept: list[str] = []
+    seen: set[str] = set()
+    stats = GenerationStats(passages=1, candidates=len(candidates))
+    for text in candidates:
+        text = " ".join(text.split())
+        if not text:
+            stats.empty += 1
+            if drop_empty:
+                stats.dropped_empty += 1
+                continue
+        elif text in seen:
+            stats.duplicates += 1
+            if drop_duplicates:
+                stats.dropped_duplicates += 1
+                continue
+        seen.add(text)
+        kept.append(text)
+    stats.queries = len(kept)
+    stats.query_words = sum(len(text.split()) for text in kept)
+    return kept, stats
+
+
+def load_generator(source: str, device: torch.device | str = "cpu"):
+    """Load a seq2seq model and its tokenizer by hub name or local folder, in eval mode."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from qac.config import resolve_model_name
+
+    path = resolve_model_name(source)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(path).to(device).eval()
+    return model, tokenizer
+
+
+def _special_ids(model, tokenizer) -> tuple[int, int, int]:
+    """(decoder start, end of sequence, padding) ids, from the generation config first."""
+    gen = getattr(model, "generation_config", None)
+    config = model.config
+
+    def first(*values):
+        for value in values:
+            if isinstance(value, (list, tuple)):
+                value = value[0] if value else None
+            if value is not None:
+                return int(value)
+        return None
+
+    start = first(getattr(gen, "decoder_start_token_id", None), getattr(config, "decoder_start_token_id", None))
+    eos = first(getattr(gen, "eos_token_id", None), getattr(config, "eos_token_id", None), tokenizer.eos_token_id,
+                tokenizer.sep_token_id)
+    pad = first(getattr(gen, "pad_token_id", None), getattr(config, "pad_token_id", None), tokenizer.pad_token_id)
+    if start is None or eos is None or pad is None:
+        raise ValueError(f"generator {getattr(config, '_name_or_path', '')!r} lacks decoder_start/eos/pad "
+                         f"token ids (got {start}, {eos}, {pad}); set them in its config")
+    return start, eos, pad
+
+
+@dataclass
+class _Batch:
+    """One batch of passages being decoded."""
+
+    pids: list[str]
+    input_ids: torch.Tensor          # (B, L) on the model device
+    attention_mask: torch.Tensor     # (B, L)
+    uniforms: torch.Tensor           # (B*C, T) float64 on CPU
+    single_encodings: dict = field(default_factory=dict)   # passage index -> (canonical encoder output, mask)
+
+
+class QueryGenerator:
+    """Samples candidate queries for passages; see the module docstring for the guarantees."""
+
+    def __init__(self, model, tokenizer, settings: SamplingSettings, *, autocast_dtype: torch.dtype | None = None,
+                 batch_invariant: bool = True):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.device = next(model.parameters()).device
+        self.autocast_dtype = autocast_dtype
+        self.batch_invariant = batch_invariant
+        self.start_id, self.eos_id, self.pad_id = _special_ids(model, tokenizer)
+
+    # -- public ---------------------------------------------------------
+    def generate_candidates(self, passages: Sequence[tuple[str, str]], batch_size: int,
+                            on_batch: Callable[[int], None] | None = None) -> tuple[list[list[str]], GenerationStats]:
+        """Raw candidates (C per passage, in candidate order) for ``(pid, text)`` pairs, in input order.
+
+        Passages are batched longest first so a batch holds passages of similar
+        length; the order never changes a passage's candidates.
+        """
+        settings = self.settings
+        encoded = self.tokenizer([settings.prefix + text for _, text in passages], truncation=True,
+                                 max_length=settings.max_source_len)["input_ids"]
+        order = sorted(range(len(passages)), key=lambda i: (-len(encoded[i]), i))
+        results: list[list[str]] = [[] for _ in passages]
+        stats = GenerationStats()
+        for start in range(0, len(order), batch_size):
+            members = order[start:start + batch_size]
+            candidates, batch_stats = self._generate_batch([passages[i][0] for i in members],
+                                                           [encoded[i] for i in members])
+            for i, texts in zip(members, candidates):
+                results[i] = texts
+            stats.add(batch_stats)
+            if on_batch:
+                on_batch(len(members))
+        return results, stats
+
+    def generate(self, passages: Sequence[tuple[str, str]], batch_size: int,
+                 on_batch: Callable[[int], None] | None = None) -> tuple[list[list[str]], GenerationStats]:
+        """Cleaned queries per passage (empty and repeated candidates dropped as configured) and counts."""
+        candidates, decode_stats = self.generate_candidates(passages, batch_size, on_batch)
+        stats = GenerationStats(tokens=decode_stats.tokens, decisions=decode_stats.decisions,
+                                recomputed=decode_stats.recomputed)
+        queries = []
+        for texts in candidates:
+            kept, passage_stats = clean_candidates(texts, self.settings.drop_duplicates, self.settings.drop_empty)
+            queries.append(kept)
+            stats.add(passage_stats)
+        return queries, stats
+
+    # -- decoding -------------------------------------------------------
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _encode(self, input_ids, attention_mask):
+        hidden = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self._encode_output(hidden)
+
+    @staticmethod
+    def _encode_output(hidden):
+        from transformers.modeling_outputs import BaseModelOutput
+
+        return BaseModelOutput(last_hidden_state=hidden)
+
+    def _decoder_logits(self, encoder_outputs, attention_mask, decoder_input_ids, cache=None, use_cache=True):
+        out = self.model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
+                         decoder_input_ids=decoder_input_ids, past_key_values=cache, use_cache=use_cache)
+        return out.logits[:, -1].float(), (out.past_key_values if use_cache else None)
+
+    @torch.no_grad()
+    def _generate_batch(self, pids: list[str], encoded: list[list[int]]) -> tuple[list[list[str]], GenerationStats]:
+        settings, C, T = self.settings, self.settings.queries_per_passage, self.settings.max_new_tokens
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.tensor([ids + [self.pad_id] * (width - len(ids)) for ids in encoded])
+        attention_mask = (torch.arange(width)[None, :] < torch.tensor([len(ids) for ids in encoded])[:, None]).long()
+        batch = _Batch(pids=pids, input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                       uniforms=torch.cat([passage_uniforms(settings.seed, pid, C, T) for pid in pids]))
+        rows = len(pids) * C
+        generated = torch.full((rows, T), self.pad_id, dtype=torch.long)
+        lengths = torch.zeros(rows, dtype=torch.long)       # tokens before end of sequence
+        stats = GenerationStats()
+
+        with self._autocast():
+            if self.batch_invariant:
+                # Encode each passage alone: these are the canonical encoder states, reused as they are
+                # (right-padded) by the batch, so a recomputed decision only reruns the decoder.
+                states = []
+                for index, ids in enumerate(encoded):
+                    single = torch.tensor([ids], device=self.device)
+                    state = self._encode(single, torch.ones_like(single))
+                    batch.single_encodings[index] = (state, torch.ones_like(single))
+                    states.append(state.last_hidden_state[0])
+                hidden = torch.nn.utils.rnn.pad_sequence(states, batch_first=True)   # zeros to the right
+                encoder = self._encode_output(hidden)
+            else:
+                encoder = self._encode(batch.input_ids, batch.attention_mask)
+            hidden = encoder.last_hidden_state.repeat_interleave(C, dim=0)
+            mask = batch.attention_mask.repeat_interleave(C, dim=0)
+            active = torch.arange(rows)                    # global row of each row in the running batch
+            alive = torch.ones(rows, dtype=torch.bool)     # per running row: not yet finished
+            next_ids = torch.full((rows, 1), self.start_id, dtype=torch.long, device=self.device)
+            cache = None
+            for step in range(T):
+                encoder.last_hidden_state = hidden
+                logits, cache = self._decoder_logits(encoder, mask, next_ids, cache)
+                tokens, fragile = sample_tokens(logits, batch.uniforms[active, step], settings.top_k, settings.top_p)
+                fragile &= alive
+                stats.decisions += int(alive.sum())
+                if self.batch_invariant and fragile.any():
+                    for index in fragile.nonzero().flatten().tolist():
+                        row = int(active[index])
+                        tokens[index] = self._canonical_token(batch, row, generated[row, :step], step)
+                    stats.recomputed += int(fragile.sum())
+                live_rows = active[alive]
+                generated[live_rows, step] = tokens[alive]
+                ended = alive & (tokens == self.eos_id)
+                lengths[active[alive & ~ended]] += 1
+                alive &= ~ended
+                if not alive.any():
+                    break
+                if step + 1 < T and (~alive).sum() >= max(1, int(len(active) * _PRUNE_FRACTION)):
+                    keep = alive.nonzero().flatten()
+                    if hasattr(cache, "batch_select_indices"):
+                        cache.batch_select_indices(keep.to(self.device))
+                        hidden, mask = hidden[keep.to(self.device)], mask[keep.to(self.device)]
+                        active, alive, tokens = active[keep], alive[keep], tokens[keep]
+                next_ids = tokens.where(alive, torch.full_like(tokens, self.pad_id)).to(self.device)[:, None]
+
+        stats.tokens = int(lengths.sum())
+        texts = self.tokenizer.batch_decode([generated[r, :lengths[r]].tolist() for r in range(rows)],
+                                            skip_special_tokens=True)
+        return [texts[b * C:(b + 1) * C] for b in range(len(pids))], stats
+
+    def _canonical_token(self, batch: _Batch, row: int, prefix: torch.Tensor, step: int) -> int:
+        """Decide token ``step`` of ``row`` from logits computed for this passage alone, unpadded, without cache."""
+        encoder, mask = batch.single_encodings[row // self.settings.queries_per_passage]
+        decoder_ids = torch.cat([torch.tensor([self.start_id]), prefix]).to(self.device)[None]
+        logits, _ = self._decoder_logits(encoder, mask, decoder_ids, use_cache=False)
+        token, _ = sample_tokens(logits, batch.uniforms[row, step][None], self.settings.top_k, self.settings.top_p)
+        return int(token[0])
+
+
+def generator_from_settings(source, settings: SamplingSettings, device, dtype_setting: str = "auto",
+                            batch_invariant: str | bool = "auto") -> QueryGenerator:
+    """Load ``source`` and wrap it with the precision and invariance the settings ask for."""
+    from qac.distributed import autocast_dtype
+
+    model, tokenizer = load_generator(source, device)
+    dtype = autocast_dtype(dtype_setting, torch.device(device))
+    return QueryGenerator(model, tokenizer, settings, autocast_dtype=dtype,
+                          batch_invariant=resolve_batch_invariant(batch_invariant, dtype))
+
+
+def resolve_batch_invariant(setting: str | bool, dtype: torch.dtype | None) -> bool:
+    """``auto``: recompute fragile decisions in fp32 only (see the module docstring)."""
+    if setting == "auto":
+        return dtype is None
+    if isinstance(setting, bool):
+        return setting
+    raise ValueError(f"querygen.batch_invariant must be auto, true or false, got {setting!r}")
+
+
+__all__ = ["SamplingSettings", "GenerationStats", "QueryGenerator", "clean_candidates", "load_generator",
+           "generator_from_settings", "resolve_batch_invariant", "filtered_distribution"]

@@ -1,0 +1,139 @@
+"""Top-k / nucleus sampling decisions drawn from per-passage random streams.
+
+The paper samples queries with Hugging Face's ``generate(do_sample=True,
+top_k=25, top_p=0.95)``. That call draws every token of a batch from the one
+global torch RNG, so a passage's queries depend on which passages shared its
+batch. Here each passage owns a random stream seeded by (global seed, passage
+id): candidate ``j`` of a passage reads row ``j`` of a ``(C, max_new_tokens)``
+matrix of uniforms drawn from that stream, and token ``t`` is chosen by
+inverse-CDF sampling with the uniform ``U[j, t]``. The candidate set and its
+probabilities are those of Hugging Face's ``TopKLogitsWarper`` followed by
+``TopPLogitsWarper`` (temperature 1), so the distribution is the paper's.
+
+Within the kept set the inverse CDF runs in token-id order, not probability
+order, so that two nearly tied tokens swapping ranks under float noise cannot
+swap their intervals.
+
+A decision is a step function of the logits, so float noise can still flip it
+when the logits sit next to one of its edges: the k-th and (k+1)-th logits
+almost tied, the last kept and first dropped token almost tied, a tail mass
+almost exactly ``1 - top_p``, or the uniform almost on a boundary of the CDF.
+With every logit perturbed by at most ``L`` a probability ``p`` moves by at
+most ``2L p``, a cumulative share ``F`` (or tail mass) by at most
+``2L F (1 - F)``, and a logit gap by ``2L``; :func:`sample_tokens` reports
+decisions within those margins as *fragile*, and the decoder re-decides them
+from logits computed in a canonical shape (see ``qac.querygen.generate``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+# Bound L on the float noise of one logit between batch shapes. fp32 logits of
+# one row computed in batches of different shapes differ by about 5e-6 (measured
+# on CPU with MiniLM bert2bert and T5); L leaves a factor of 20 on top.
+LOGIT_NOISE = 1e-4
+_ROUNDING = 1e-12     # float64 rounding of the shares themselves
+
+
+def passage_seed(seed: int, pid: str) -> int:
+    """A 63-bit seed for the random stream of passage ``pid`` under the global ``seed``."""
+    digest = hashlib.sha256(f"{seed}\0{pid}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def passage_uniforms(seed: int, pid: str, candidates: int, max_new_tokens: int) -> torch.Tensor:
+    """The ``(candidates, max_new_tokens)`` float64 uniforms of passage ``pid``.
+
+    Row ``j`` is the same whatever ``candidates`` is, so the first C candidates
+    of a run with 20 equal a run with C.
+    """
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(passage_seed(seed, pid))
+    return torch.rand((candidates, max_new_tokens), generator=generator, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class Filtered:
+    """The top-k/top-p candidate set of each row, most probable first."""
+
+    token_ids: torch.Tensor   # (rows, k) long
+    values: torch.Tensor      # (rows, k + 1) float32 logits of the top k + 1 (k + 1 only below the vocabulary size)
+    probs: torch.Tensor       # (rows, k) float64, zero outside the nucleus, not renormalised
+    topk_gap: torch.Tensor    # (rows,) logit k minus logit k+1 (inf when k covers the vocabulary)
+    tail_mass: torch.Tensor   # (rows, k) probability mass from rank i to rank k
+
+
+def filtered_distribution(logits: torch.Tensor, top_k: int, top_p: float) -> Filtered:
+    """Apply top-k then top-p filtering to a ``(rows, vocab)`` logit matrix.
+
+    A token of rank ``i`` (1 = most probable among the top k) is kept when the
+    probability mass of ranks ``i..k`` exceeds ``1 - top_p``, which is the rule
+    of ``TopPLogitsWarper`` (remove while the ascending cumulative mass is
+    ``<= 1 - top_p``); the most probable token is always kept.
+    """
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    k = min(top_k, vocab) if top_k > 0 else vocab
+    values, token_ids = torch.topk(logits, min(k + 1, vocab), dim=-1)
+    all_values = values
+    if k < vocab:
+        topk_gap = (values[:, k - 1] - values[:, k]).double()
+        values, token_ids = values[:, :k], token_ids[:, :k]
+    else:
+        topk_gap = torch.full((logits.shape[0],), float("inf"), dtype=torch.float64, device=logits.device)
+    probs = torch.softmax(values.double(), dim=-1)
+    tail_mass = probs.flip(-1).cumsum(-1).flip(-1)
+    keep = tail_mass > (1.0 - top_p)
+    keep[:, 0] = True
+    return Filtered(token_ids=token_ids, values=all_values, probs=probs * keep, topk_gap=topk_gap,
+                    tail_mass=tail_mass)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    uniforms: torch.Tensor,
+    top_k: int,
+    top_p: float,
+    logit_noise: float = LOGIT_NOISE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose one token per row by inverse-CDF sampling; also say which choices are fragile.
+
+    ``uniforms`` holds one float64 in [0, 1) per row. Returns ``(tokens, fragile)``:
+    the chosen token ids and a bool mask of rows whose decision could change if
+    every logit moved by up to ``logit_noise`` (see the module docstring).
+    """
+    dist = filtered_distribution(logits, top_k, top_p)
+    uniforms = uniforms.to(torch.float64).cpu()
+    token_ids, probs, tail = dist.token_ids.cpu(), dist.probs.cpu(), dist.tail_mass.cpu()
+    values = dist.values.cpu()
+    rows, k = probs.shape
+    kept = probs > 0
+    n_kept = kept.sum(-1)
+
+    # Edges of the kept set: the top-k cut, a tie across the nucleus cut, the nucleus threshold.
+    fragile = dist.topk_gap.cpu() < 2 * logit_noise
+    cut = (n_kept < k).nonzero().flatten()
+    if len(cut):
+        last, first_out = values[cut, n_kept[cut] - 1], values[cut, n_kept[cut]]
+        fragile[cut] |= (last - first_out) < 2 * logit_noise
+    if top_p < 1.0:  # with top_p = 1 the nucleus keeps every top-k token: no threshold
+        margin = 2 * logit_noise * tail * (1 - tail) + _ROUNDING
+        fragile |= ((tail - (1.0 - top_p)).abs() < margin).any(-1)
+
+    # Inverse CDF over the kept tokens in token-id order (dropped ones sorted last, with zero mass).
+    key = torch.where(kept, token_ids, token_ids.new_full((), logits.shape[-1]) + torch.arange(k))
+    order = key.argsort(dim=-1)
+    ordered_ids, ordered_probs = token_ids.gather(1, order), probs.gather(1, order)
+    shares = ordered_probs.cumsum(-1)
+    shares = shares / shares[:, -1:]
+    choice = (shares <= uniforms[:, None]).sum(-1).clamp(max=k - 1)
+    choice = torch.minimum(choice, n_kept - 1)
+    inner = torch.arange(k)[None, :] < (n_kept - 1)[:, None]       # boundaries between kept tokens
+    margin = 2 * logit_noise * shares * (1 - shares) + _ROUNDING
+    fragile |= (((shares - uniforms[:, None]).abs() < margin) & inner).any(-1)
+    tokens = ordered_ids.gather(1, choice[:, None]).squeeze(1)
+    return tokens, fragile

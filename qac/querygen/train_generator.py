@@ -1,0 +1,152 @@
+"""A query generator for the scaled-down profiles: bert2bert fine-tuned on offline pairs.
+
+The paper uses doc2query T5 (``doc2query/all-with_prefix-t5-base-v1``), which
+needs the hub; mode ``pretrained`` saves such a model unchanged. Mode
+``train`` builds a bert2bert ``EncoderDecoderModel`` warm-started from the
+encoder named by ``query_generator.model`` on both sides (the decoder gains
+randomly initialised cross-attention) and fine-tunes it on
+:mod:`qac.querygen.pairs`. Either way the result is an ordinary Hugging Face
+folder that ``AutoModelForSeq2SeqLM`` loads exactly as it loads doc2query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from qac.querygen.pairs import Pair
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    prefix: str = ""
+    max_source_len: int = 144
+    max_target_len: int = 32
+    epochs: int = 1
+    batch_size: int = 16
+    lr: float = 5e-5
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    log_every: int = 10
+    seed: int = 42
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "TrainSettings":
+        section = params["query_generator"]
+        return cls(prefix=section.get("prefix") or "", max_source_len=int(section["max_source_len"]),
+                   max_target_len=int(section["max_target_len"]), epochs=int(section["epochs"]),
+                   batch_size=int(section["batch_size"]), lr=float(section["lr"]),
+                   warmup_ratio=float(section["warmup_ratio"]),
+                   weight_decay=float(section.get("weight_decay", 0.01)),
+                   log_every=int(section.get("log_every", 10)), seed=int(params.get("seed", 42)))
+
+
+def build_bert2bert(spec: str, seed: int = 0):
+    """A bert2bert ``EncoderDecoderModel`` and tokenizer from a model spec, special tokens set.
+
+    Hub names and folders warm-start both sides from the checkpoint;
+    ``tiny:``/``scratch:`` specs build both sides from the configuration.
+    """
+    from transformers import AutoModel, AutoModelForCausalLM, EncoderDecoderModel
+
+    from qac.models.loading import ModelSpec, load_model, load_tokenizer
+
+    parsed = ModelSpec.parse(spec)
+    tokenizer = load_tokenizer(spec)
+    if parsed.init == "pretrained":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)   # the decoder's new cross-attention weights
+            model = EncoderDecoderModel.from_encoder_decoder_pretrained(parsed.source, parsed.source)
+    else:
+        encoder = load_model(spec, AutoModel, seed=seed)
+        decoder = load_model(spec, AutoModelForCausalLM, seed=seed + 1, is_decoder=True, add_cross_attention=True)
+        model = EncoderDecoderModel(encoder=encoder, decoder=decoder)
+    set_special_tokens(model, tokenizer)
+    return model, tokenizer
+
+
+def set_special_tokens(model, tokenizer) -> None:
+    """Decoding starts at [CLS] and ends at [SEP]; [PAD] pads (BERT's tokens, as doc2query-style bert2bert)."""
+    ids = {"decoder_start_token_id": tokenizer.cls_token_id, "bos_token_id": tokenizer.cls_token_id,
+           "eos_token_id": tokenizer.sep_token_id, "pad_token_id": tokenizer.pad_token_id}
+    if None in ids.values():
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} lacks [CLS]/[SEP]/[PAD] tokens needed by bert2bert")
+    for config in (model.config, model.generation_config):
+        for key, value in ids.items():
+            setattr(config, key, value)
+    model.config.vocab_size = model.config.decoder.vocab_size
+
+
+def encode_pairs(tokenizer, pairs: Sequence[Pair], settings: TrainSettings) -> dict[str, torch.Tensor]:
+    """Padded source ids and labels (target tokens + [SEP], padding as -100)."""
+    sources = tokenizer([settings.prefix + p.source for p in pairs], truncation=True,
+                        max_length=settings.max_source_len, padding=True, return_tensors="pt",
+                        return_token_type_ids=False)
+    targets = tokenizer([p.target for p in pairs], add_special_tokens=False, truncation=True,
+                        max_length=settings.max_target_len - 1)["input_ids"]
+    width = max(len(t) for t in targets) + 1
+    labels = torch.full((len(pairs), width), -100, dtype=torch.long)
+    for row, ids in enumerate(targets):
+        labels[row, :len(ids) + 1] = torch.tensor(ids + [tokenizer.sep_token_id])
+    return {"input_ids": sources["input_ids"], "attention_mask": sources["attention_mask"], "labels": labels}
+
+
+def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSettings, device,
+                    autocast_dtype: torch.dtype | None = None,
+                    log: Callable[[dict[str, float], int], None] | None = None) -> dict[str, float]:
+    """Fine-tune ``model`` on ``pairs`` (cross-entropy of the target given the source); the final figures."""
+    from transformers import get_linear_schedule_with_warmup
+
+    model.to(device).train()
+    steps_per_epoch = math.ceil(len(pairs) / settings.batch_size)
+    total_steps = steps_per_epoch * settings.epochs
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim <= 1]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(settings.warmup_ratio * total_steps), total_steps)
+    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype) if autocast_dtype
+                else contextlib.nullcontext())
+    rng = random.Random(settings.seed)
+    step, recent = 0, []
+    for epoch in range(settings.epochs):
+        order = list(range(len(pairs)))
+        rng.shuffle(order)
+        for start in range(0, len(order), settings.batch_size):
+            batch = encode_pairs(tokenizer, [pairs[i] for i in order[start:start + settings.batch_size]], settings)
+            batch = {key: value.to(device) for key, value in batch.items()}
+            with autocast:
+                # labels alone: the model shifts them right behind decoder_start_token_id
+                loss = model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            recent.append(loss.item())
+            if log and (step % settings.log_every == 0 or step == total_steps):
+                log({"train/loss": sum(recent) / len(recent), "train/lr": scheduler.get_last_lr()[0],
+                     "train/epoch": epoch + start / len(order)}, step)
+                recent = []
+    model.eval()
+    return {"train/steps": step}
+
+
+def load_pretrained_generator(name: str):
+    """A hub or local seq2seq generator (mode ``pretrained``), unchanged."""
+    from qac.querygen.generate import load_generator
+
+    return load_generator(name)
+
+
+def save_generator(model, tokenizer, directory: str | Path) -> None:
+    """Save model, tokenizer and generation config as one Hugging Face folder."""
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)

@@ -1,0 +1,271 @@
+"""The pre-training loop, shared by coCondenser and CoT-MAE.
+
+The model owns its forward pass and loss (qac.models); the loop samples pairs,
+runs the optimisation steps, logs and checkpoints, whatever the method. Method
+``none`` trains nothing: it exports the initial encoder, so the
+no-pre-training baseline flows through the same pipeline.
+
+Under ``torchrun`` every process builds the same global batch and trains on its
+contiguous share (qac.data.pairs.shard); DDP averages the gradients and the
+losses are written so that the result equals one process on the whole batch
+(qac.models.losses).
+
+The in-progress checkpoint lives in ``work_dir`` (outside the DVC output,
+which DVC deletes before a stage runs); a rerun resumes from it when its
+settings match. At the end the final checkpoint and the exported encoder are
+written to ``out_dir`` and the work directory is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+METHODS = ("none", "cocondenser", "cotmae")
+LogFn = Callable[[int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class PretrainSettings:
+    """One variant's settings: ``pretrain.common`` overridden by ``pretrain.variants.<name>``."""
+
+    method: str
+    init: str = "minilm"
+    context_type: str = "passage"
+    query_count: int = 1
+    max_len: int = 144
+    query_max_len: int = 32
+    steps: int = 100
+    batch_size: int = 32              # pairs per optimizer step, over all processes
+    grad_accumulation: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    mlm_probability: float = 0.15
+    temperature: float = 1.0
+    grad_cache_chunk: int = 0         # 0: no gradient caching (coCondenser only)
+    n_head_layers: int = 2
+    skip_from: int = 6
+    cotmae_mask_ratio: float = 0.30
+    cotmae_decoder: str = "paper"
+    cotmae_decoder_layers: int = 1
+    cotmae_decoder_weight: float = 1.0
+    cotmae_attention_window: int = 3
+    cotmae_decoder_mask_ratio: float = 0.45
+    mixed_query_prob: float = 0.5
+    passage_context: str = "random_sampled"
+    pad_to: int | None = None         # None: dynamic padding to the longest sequence of a batch side
+    dropout: float | None = None      # None: the init checkpoint's dropout; 0 for exactly repeatable runs
+    checkpoint_every: int = 50
+    log_every: int = 10
+    dtype: str = "auto"
+    seed: int = 42
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], variant: str) -> "PretrainSettings":
+        section = params.get("pretrain") or {}
+        variants = section.get("variants") or {}
+        if variant not in variants:
+            raise ValueError(f"params: no pretrain.variants.{variant} (known: {', '.join(variants) or 'none'})")
+        merged = {**(section.get("common") or {}), **(variants[variant] or {}), "seed": params.get("seed", 42)}
+        return cls.from_mapping(merged, where=f"pretrain.variants.{variant}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "settings") -> "PretrainSettings":
+        known = {field.name: field for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"{where}: unknown pre-training key(s) {', '.join(unknown)}")
+        if "method" not in values:
+            raise ValueError(f"{where}: missing 'method' (one of {', '.join(METHODS)})")
+        settings = cls(**values)
+        settings.validate(where)
+        return settings
+
+    def validate(self, where: str) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"{where}: method must be one of {METHODS}, got {self.method!r}")
+        if self.method == "none":
+            return
+        if self.batch_size % self.grad_accumulation:
+            raise ValueError(f"{where}: batch_size {self.batch_size} is not a multiple of "
+                             f"grad_accumulation {self.grad_accumulation}")
+        for name in ("steps", "batch_size", "grad_accumulation", "checkpoint_every", "log_every", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{where}: {name} must be at least 1, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that shapes the weights (logging cadence left out)."""
+        shaping = {k: v for k, v in self.to_dict().items() if k not in ("log_every", "checkpoint_every")}
+        return hashlib.md5(json.dumps(shaping, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def run_name(self) -> str:
+        if self.method == "none":
+            return "pretrain/none"
+        return f"pretrain/{self.method}/{self.context_type}/q{self.query_count}"
+
+
+def export_init_encoder(settings: PretrainSettings, path: str | Path) -> None:
+    """Write the initial encoder unchanged as a Hugging Face folder (method ``none``)."""
+    from transformers import BertModel
+
+    from qac.io import atomic_path
+    from qac.models.loading import load_model, load_tokenizer
+
+    model = load_model(settings.init, BertModel, seed=settings.seed)
+    with atomic_path(path, directory=True) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        load_tokenizer(settings.init).save_pretrained(tmp)
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {side: {name: tensor.to(device, non_blocking=True) for name, tensor in tensors.items()}
+            for side, tensors in batch.items()}
+
+
+def build_step(module, model, settings: PretrainSettings, device, autocast_dtype):
+    """Gradient-cached step for coCondenser when ``grad_cache_chunk`` is set, the plain step otherwise."""
+    from qac.models.grad_cache import FullBatchStep, GradCachedStep
+
+    # CoT-MAE has no in-batch loss, so there is nothing to cache: the chunk setting is ignored.
+    if settings.grad_cache_chunk and model.supports_grad_cache:
+        return GradCachedStep(module, settings.grad_cache_chunk, device, autocast_dtype)
+    return FullBatchStep(module, device, autocast_dtype)
+
+
+def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str | Path | None,
+             work_dir: str | Path, out_dir: str | Path, log: LogFn | None = None,
+             full_vocab_logits: bool = False) -> dict[str, Any]:
+    """Run (or resume) one variant; writes ``out_dir/encoder`` and ``out_dir/checkpoint``.
+
+    ``log(step, metrics)`` is called on the main process every ``log_every``
+    steps. Returns a summary: steps run, where training resumed, corpus counts,
+    the model's settings.
+    """
+    from qac.data.pairs import PairCollator, PairSampler, load_pair_corpus, shard
+    from qac.distributed import autocast_dtype as pick_autocast, init_distributed
+    from qac.models.factory import build_pretraining_model
+    from qac.models.loading import load_tokenizer
+    from qac.models.losses import all_reduce_sum
+    from qac.train.checkpoint import load_checkpoint, read_state, save_checkpoint
+    from qac.train.optim import build_optimizer
+
+    out_dir, work_dir = Path(out_dir), Path(work_dir)
+    dist = init_distributed()
+    if settings.method == "none":
+        if dist.is_main:
+            export_init_encoder(settings, out_dir / "encoder")
+        return {"method": "none", "steps": 0}
+
+    world = dist.world_size
+    if settings.batch_size % (settings.grad_accumulation * world):
+        raise ValueError(f"batch_size {settings.batch_size} does not split into {settings.grad_accumulation} "
+                         f"micro-batches over {world} processes")
+    device = dist.device
+    torch.manual_seed(settings.seed + dist.rank)   # each process draws its own dropout masks
+
+    tokenizer = load_tokenizer(settings.init)
+    model = build_pretraining_model(settings.to_dict(), seed=settings.seed,
+                                    full_vocab_logits=full_vocab_logits).to(device)
+    corpus = load_pair_corpus(passages, queries, settings.context_type, passage_context=settings.passage_context,
+                              query_count=settings.query_count)
+    sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob)
+    collator = PairCollator(tokenizer, settings.max_len, settings.query_max_len, *model.mask_ratios,
+                            seed=settings.seed, pad_to=settings.pad_to)
+    optimizer, scheduler = build_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay,
+                                           warmup_ratio=settings.warmup_ratio, total_steps=settings.steps,
+                                           device=device)
+    amp_dtype = pick_autocast(settings.dtype, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+
+    checkpoint_dir = work_dir / "checkpoint"
+    start_step = 0
+    state = read_state(checkpoint_dir)
+    # A checkpoint of other settings (params changed since) is not resumed; the
+    # first checkpoint of this run replaces it.
+    discarded_checkpoint = state is not None and state["fingerprint"] != settings.fingerprint()
+    if state is not None and not discarded_checkpoint:
+        state = load_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler,
+                                scaler=scaler, device=device, rank=dist.rank)
+        start_step = state["step"]
+
+    module = model
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        module = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                         broadcast_buffers=False)
+    step_fn = build_step(module, model, settings, device, amp_dtype)
+    accumulation = settings.grad_accumulation
+    micro_size = settings.batch_size // accumulation
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                        step=step, data_position=step * settings.batch_size,
+                        fingerprint=settings.fingerprint(), device=device, rank=dist.rank)
+
+    model.train()
+    window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+    window_parts: dict[str, float] = defaultdict(float)
+    for step in range(start_step, settings.steps):
+        pairs = sampler.batch(step, settings.batch_size)
+        for micro in range(accumulation):
+            local_pairs = shard(pairs[micro * micro_size:(micro + 1) * micro_size], dist.rank, world)
+            batch = _to_device(collator(local_pairs, step), device)
+            window_tokens += sum(int(side["attention_mask"].sum()) for side in batch.values())
+            last_micro = micro == accumulation - 1
+            with contextlib.nullcontext() if last_micro or not dist.enabled else module.no_sync():
+                parts = step_fn.forward_backward(batch, lambda loss: scaler.scale(loss / accumulation))
+            for name, value in parts.items():
+                window_parts[name] += value / accumulation
+        learning_rate = scheduler.get_last_lr()[0]
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        window_steps += 1
+
+        done = step + 1
+        if done % settings.log_every == 0 or done == settings.steps:
+            tokens = float(all_reduce_sum(torch.tensor(float(window_tokens), device=device)))
+            elapsed = time.perf_counter() - window_start
+            metrics = {name: value / window_steps for name, value in window_parts.items()}
+            metrics.update(lr=learning_rate, samples_per_second=window_steps * settings.batch_size / elapsed,
+                           tokens_per_second=tokens / elapsed)
+            if log is not None and dist.is_main:
+                log(done, metrics)
+            window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+            window_parts = defaultdict(float)
+        if done % settings.checkpoint_every == 0 or done == settings.steps:
+            paused = time.perf_counter()
+            checkpoint(done)
+            window_start += time.perf_counter() - paused    # throughput leaves checkpoint writing out
+
+    if dist.is_main:
+        from qac.io import atomic_path
+
+        model.save_encoder(out_dir / "encoder", tokenizer)
+        with atomic_path(out_dir / "checkpoint", directory=True) as tmp:
+            shutil.copytree(checkpoint_dir, tmp, dirs_exist_ok=True)
+        shutil.rmtree(work_dir, ignore_errors=True)
+    from qac.distributed import barrier
+
+    barrier()
+    return {"method": settings.method, "steps": settings.steps, "resumed_from_step": start_step,
+            "discarded_checkpoint": discarded_checkpoint,
+            "grad_cache": type(step_fn).__name__ == "GradCachedStep", "corpus": corpus.stats(),
+            "model": model.describe(), "world_size": world}

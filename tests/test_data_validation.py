@@ -1,0 +1,131 @@
+"""Bad input gives a DataFormatError naming the file, the line and the field."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from qac.data.beir import read_corpus_jsonl, read_qrels_tsv, read_queries_jsonl
+from qac.data.dataset import Dataset, Document, drop_unknown_judgements
+from qac.data.errors import DataFormatError
+from qac.data.msmarco import read_msmarco_documents, read_passage_collection
+from qac.data.trec import read_topics, read_trec_qrels
+
+
+def write(tmp_path, name, content: str | bytes):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+def raises_at(reader, path, line, field, message):
+    with pytest.raises(DataFormatError) as caught:
+        reader(path)
+    error = caught.value
+    assert (error.path, error.line, error.field) == (str(path), line, field)
+    assert str(error).startswith(f"{path}:{line}: " if line else f"{path}: ")
+    if field:
+        assert f"field '{field}'" in str(error)
+    assert message in str(error)
+    return error
+
+
+GOOD_DOC = json.dumps({"_id": "d1", "title": "t", "text": "x"})
+
+
+@pytest.mark.parametrize("line, field, message", [
+    ('{"_id": "d2", "text": "unterminated', None, "malformed JSON"),
+    ('["a", "list"]', None, "expected a JSON object"),
+    ('{"title": "no id", "text": "x"}', "_id", "missing"),
+    ('{"_id": "d2", "title": "no text"}', "text", "missing"),
+    ('{"_id": "", "text": "x"}', "_id", "empty id"),
+    ('{"_id": ["d2"], "text": "x"}', "_id", "expected a string id"),
+    ('{"_id": "d2", "text": 7}', "text", "expected text"),
+    ('{"_id": "d1", "text": "again"}', "_id", "duplicate id 'd1' (first on line 1)"),
+])
+def test_corpus_jsonl_errors(tmp_path, line, field, message):
+    path = write(tmp_path, "corpus.jsonl", f"{GOOD_DOC}\n\n{line}\n")
+    raises_at(read_corpus_jsonl, path, 3, field, message)
+
+
+def test_undecodable_bytes_name_the_line(tmp_path):
+    path = write(tmp_path, "corpus.jsonl", GOOD_DOC.encode() + b"\n" + b'{"_id": "d2", "text": "caf\xe9"}\n')
+    raises_at(read_corpus_jsonl, path, 2, None, "not valid UTF-8 (byte 0xe9 at column 27)")
+    tsv = write(tmp_path, "collection.tsv", b"1\tok\n2\tbad \xff byte\n")
+    raises_at(read_passage_collection, tsv, 2, None, "not valid UTF-8")
+
+
+def test_empty_documents_are_skipped_and_counted(tmp_path):
+    path = write(tmp_path, "corpus.jsonl", "\n".join([
+        GOOD_DOC, json.dumps({"_id": "e1", "title": "", "text": ""}), json.dumps({"_id": "e2", "text": " \t "}),
+        json.dumps({"_id": "short", "text": "ab"})]) + "\n")
+    skipped = Counter()
+    assert list(read_corpus_jsonl(path, skipped=skipped)) == ["d1", "short"]
+    assert skipped == Counter({"corpus_empty_text": 2})
+    # full texts: "t x" (3 characters) and "ab" (2)
+    assert list(read_corpus_jsonl(path, min_text_chars=3)) == ["d1"]
+    assert list(read_corpus_jsonl(path, min_text_chars=4)) == []
+
+
+def test_an_empty_query_is_an_error(tmp_path):
+    path = write(tmp_path, "queries.jsonl", '{"_id": "q1", "text": "fine"}\n{"_id": "q2", "text": "  "}\n')
+    raises_at(read_queries_jsonl, path, 2, "text", "empty query")
+    topics = write(tmp_path, "topics.tsv", "1\tfine\n2\t \n")
+    raises_at(read_topics, topics, 2, "text", "empty query")
+
+
+def test_duplicate_query_ids(tmp_path):
+    path = write(tmp_path, "queries.jsonl", '{"_id": "q1", "text": "a"}\n{"_id": "q1", "text": "b"}\n')
+    raises_at(read_queries_jsonl, path, 2, "_id", "duplicate id 'q1' (first on line 1)")
+    topics = write(tmp_path, "topics.tsv", "7\ta\n7\tb\n")
+    raises_at(read_topics, topics, 2, "qid", "duplicate id '7'")
+
+
+@pytest.mark.parametrize("rows, line, field, message", [
+    (["q1\td1\t1"], 1, None, "expected the header 'query-id corpus-id score'"),
+    (["query-id\tcorpus-id\tscore", "q1\td1"], 2, None, "expected 3 tab-separated fields (query-id, corpus-id, score), found 2"),
+    (["query-id\tcorpus-id\tscore", "q1\td1\thigh"], 2, "score", "expected an integer, found 'high'"),
+    (["query-id\tcorpus-id\tscore", "q1\td1\t1", "q1\td1\t2"], 3, "score", "judged 1 on line 2 and 2 here"),
+    (["query-id\tcorpus-id\tscore", "\td1\t1"], 2, "query-id", "empty id"),
+])
+def test_beir_qrels_errors(tmp_path, rows, line, field, message):
+    path = write(tmp_path, "test.tsv", "\n".join(rows) + "\n")
+    raises_at(read_qrels_tsv, path, line, field, message)
+
+
+def test_trec_qrels_errors(tmp_path):
+    raises_at(read_trec_qrels, write(tmp_path, "a.txt", "1 Q0 d1 1\n1 Q0 d2\n"), 2, None,
+              "expected 4 whitespace-separated fields (qid, iter, docid, rel), found 3")
+    raises_at(read_trec_qrels, write(tmp_path, "b.txt", "1 Q0 d1 x\n"), 1, "rel", "expected an integer")
+
+
+def test_msmarco_document_errors(tmp_path):
+    raises_at(read_msmarco_documents, write(tmp_path, "docs.tsv", "D1\turl\ttitle\tbody\nD2\turl\tbody only\n"),
+              2, None, "expected 4 tab-separated fields (docid, url, title, body), found 3")
+    raises_at(read_msmarco_documents, write(tmp_path, "dup.tsv", "D1\tu\tt\tb\nD1\tu\tt\tb\n"),
+              2, "docid", "duplicate id 'D1'")
+    raises_at(read_passage_collection, write(tmp_path, "c.tsv", "\ttext\n"), 1, "pid", "empty id")
+
+
+def test_a_missing_file_is_named(tmp_path):
+    raises_at(read_corpus_jsonl, tmp_path / "nowhere.jsonl", None, None, "file not found")
+
+
+def test_judgements_of_unknown_ids_are_dropped_and_counted():
+    dataset = Dataset(
+        "x", {"d1": Document("d1", "", "a"), "d2": Document("d2", "", "b")}, {"q1": "one", "q2": "two"},
+        {"test": {"q1": {"d1": 1, "gone": 1}, "q2": {"gone": 1, "also-gone": 2}, "q9": {"d1": 1, "d2": 0}}})
+    skipped = Counter({"corpus_empty_text": 4})
+    counts = drop_unknown_judgements(dataset, skipped)
+    assert counts == Counter({"qrels_unknown_document": 3, "qrels_unknown_query": 2})
+    assert dataset.qrels == {"test": {"q1": {"d1": 1}}}  # q2 has nothing left, q9 is unknown
+    assert skipped == Counter({"corpus_empty_text": 4, "qrels_unknown_document": 3, "qrels_unknown_query": 2})
+
+
+def test_errors_survive_pickling():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(DataFormatError("f.jsonl", 3, "_id", "missing")))
+    assert (error.path, error.line, error.field, str(error)) == ("f.jsonl", 3, "_id", "f.jsonl:3: field '_id': missing")

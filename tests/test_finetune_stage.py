@@ -1,0 +1,177 @@
+"""The ``finetune`` stage on a tiny study: r1 and r2 saved, mined negatives written, runs nested in MLflow.
+
+``make_study`` builds what the upstream stages would have left: prepared
+datasets (an in-domain one with train and test splits, a zero-shot one), BM25
+negatives for the training queries, a pre-trained encoder (the tiny BERT) and
+its pre-training run. The evaluation and leakage tests reuse it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from qac.config import render_profile, write_params
+from qac.data.dataset import Dataset, Document
+from qac.data.prepared import write_prepared
+from qac.io import write_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+TOPICS = ["apple orchard harvest", "river bridge engineering", "violin concerto tuning", "glacier ice melt",
+          "solar panel voltage", "chess opening theory", "coffee bean roasting", "volcano lava flow",
+          "honey bee colony", "desert cactus bloom", "satellite orbit decay", "bread yeast dough",
+          "whale song migration", "copper wire conductivity", "tea leaf oxidation", "marathon runner training"]
+HELDOUT_TOPICS = ["zeppelin airship hangar", "quasar redshift survey", "origami crane folding",
+                  "lighthouse keeper lamp"]
+HELDOUT_MARK = "heldoutmarker"   # a word only test queries contain
+
+
+def load_stage(name: str):
+    """Import ``pipelines/<name>.py`` as a module (the stage scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", REPO / "pipelines" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_datasets() -> tuple[Dataset, Dataset]:
+    corpus = {}
+    for index, topic in enumerate(TOPICS + HELDOUT_TOPICS):
+        corpus[f"d{index}"] = Document(f"d{index}", topic.split()[0].title(), f"A passage on {topic}.")
+        corpus[f"x{index}"] = Document(f"x{index}", "", f"Another note mentioning {topic.split()[1]} briefly.")
+    queries = {f"q{i}": f"what about {topic}" for i, topic in enumerate(TOPICS)}
+    queries.update({f"test-{i}": f"{HELDOUT_MARK} {topic}" for i, topic in enumerate(HELDOUT_TOPICS)})
+    train = {f"q{i}": {f"d{i}": 1} for i in range(len(TOPICS))}
+    test = {f"test-{i}": {f"d{len(TOPICS) + i}": 1, f"x{len(TOPICS) + i}": 2} for i in range(len(HELDOUT_TOPICS))}
+    in_domain = Dataset("tinyset", corpus, queries, {"train": train, "test": test},
+                        meta={"rel_threshold": {"train": 1, "test": 1}})
+    other_corpus = {f"o{i}": Document(f"o{i}", "", f"Report {i} on {topic}.") for i, topic in enumerate(TOPICS[:8])}
+    other = Dataset("othertiny", other_corpus, {f"oq{i}": topic for i, topic in enumerate(TOPICS[:4])},
+                    {"test": {f"oq{i}": {f"o{i}": 2, f"o{i + 4}": 1} for i in range(4)}},
+                    meta={"rel_threshold": {"test": 2}})
+    return in_domain, other
+
+
+def make_study(root: Path, tiny_bert_dir: Path, variants=("none",)) -> dict:
+    """A working directory with params.yaml and every input of the finetune and evaluate stages."""
+    params = render_profile("smoke")
+    params["data_dir"] = str(root / "data")
+    params["datasets"] = {"tinyset": {"format": "beir", "splits": ["train", "test"]},
+                          "othertiny": {"format": "beir", "splits": ["test"]}}
+    params["train_dataset"], params["zero_shot"] = "tinyset", ["othertiny"]
+    params["mlflow"]["system_metrics"] = False
+    params["pretrain"]["variants"] = {name: {"method": "none"} for name in variants}
+    params["finetune"].update(query_max_len=12, passage_max_len=24, train_n_passages=3, batch_size=8, epochs=1,
+                              lr=1e-4, mine_depth=6, max_train_queries=None, log_every=1, encode_batch_size=8)
+    params["evaluate"].update(depth=10, batch_size=8, metrics=["RR@10", "R@10", "nDCG@10", "AP"])
+    write_params(params, root / "params.yaml")
+
+    data = root / "data" / "smoke"
+    in_domain, other = tiny_datasets()
+    write_prepared(in_domain, data / "datasets" / "tinyset")
+    write_prepared(other, data / "datasets" / "othertiny")
+    ids = sorted(in_domain.corpus)
+    write_jsonl(data / "bm25" / "negatives.jsonl", (
+        {"qid": qid, "positives": sorted(judged), "negatives": [d for d in ids if d not in judged][:5]}
+        for qid, judged in in_domain.qrels["train"].items()))
+
+    from qac.tracking import stage_run, write_run_record
+
+    for name in variants:
+        folder = data / "pretrain" / name
+        shutil.copytree(tiny_bert_dir, folder / "encoder")
+        with stage_run(params, f"pretrain@{name}", f"pretrain/none/{name}", kind="pretrain",
+                       tags={"qac.variant": name, "qac.method": "none"}) as run:
+            pass
+        write_run_record(folder, run.info.run_id, variant=name, method="none")
+    return params
+
+
+@pytest.fixture()
+def study(tmp_path, tiny_bert_dir, mlflow_store, monkeypatch):
+    root = tmp_path / "study"
+    root.mkdir()
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("QAC_PARAMS", str(root / "params.yaml"))
+    params = make_study(root, tiny_bert_dir)
+    return root, params
+
+
+def finetuned_study(study):
+    """Run the finetune stage of variant ``none`` in the study."""
+    load_stage("finetune").main(["--variant", "none"])
+    return study
+
+
+def test_finetune_stage_writes_two_retrievers_and_mined_negatives(study):
+    import mlflow
+    from transformers import AutoModel
+
+    root, params = finetuned_study(study)
+    out = root / "data" / "smoke" / "finetune" / "none"
+    assert sorted(p.name for p in out.iterdir()) == ["mined_negatives.jsonl", "r1", "r2"]
+    for name in ("r1", "r2"):
+        AutoModel.from_pretrained(out / name)
+        assert (out / name / "tokenizer.json").exists() or (out / name / "vocab.txt").exists()
+
+    train_qrels = {f"q{i}": f"d{i}" for i in range(16)}
+    mined = [json.loads(line) for line in (out / "mined_negatives.jsonl").read_text().splitlines()]
+    assert sorted(record["qid"] for record in mined) == sorted(train_qrels)
+    for record in mined:
+        assert train_qrels[record["qid"]] not in record["negatives"]  # positives never mined as negatives
+        assert 0 < len(record["negatives"]) <= params["finetune"]["mine_depth"]
+
+    pretrain_run = json.loads((root / "data/smoke/pretrain/none/mlflow_run.json").read_text())["run_id"]
+    client = mlflow.MlflowClient()
+    for name in ("r1", "r2"):
+        run = client.get_run(json.loads((out / name / "mlflow_run.json").read_text())["run_id"])
+        assert run.info.run_name == f"finetune/{name}/none"
+        assert run.data.tags["mlflow.parentRunId"] == pretrain_run
+        assert run.data.tags["qac.kind"] == "finetune" and run.data.tags["qac.retriever"] == name
+        assert run.data.tags["qac.variant"] == "none"
+        assert run.data.params["train_n_passages"] == "3"
+        losses = client.get_metric_history(run.info.run_id, "loss")
+        assert [m.step for m in losses] == [1, 2]  # 16 training queries, batch 8, 1 epoch
+        assert len(client.get_metric_history(run.info.run_id, "lr")) == 2
+
+
+def test_retriever_two_restarts_from_the_pretrained_encoder(study, monkeypatch):
+    from qac.train import finetune
+
+    starts = []
+    original = finetune.BiEncoder.from_pretrained
+
+    def recording(path, **kwargs):
+        starts.append(Path(path))
+        return original(path, **kwargs)
+
+    monkeypatch.setattr(finetune.BiEncoder, "from_pretrained", staticmethod(recording))
+    root, _ = finetuned_study(study)
+    encoder = root / "data" / "smoke" / "pretrain" / "none" / "encoder"
+    assert starts == [encoder, encoder]
+
+
+def test_missing_pretraining_run_record_fails_and_leaves_no_output(study):
+    root, _ = study
+    (root / "data/smoke/pretrain/none/mlflow_run.json").unlink()
+    with pytest.raises(SystemExit, match="mlflow_run.json"):
+        load_stage("finetune").main(["--variant", "none"])
+    assert not (root / "data" / "smoke" / "finetune").exists()
+
+
+def test_a_failure_during_training_leaves_no_partial_output(study, monkeypatch):
+    from qac.train import finetune
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(finetune, "train_biencoder", broken)
+    root, _ = study
+    with pytest.raises(RuntimeError, match="out of memory"):
+        load_stage("finetune").main(["--variant", "none"])
+    finetune_dir = root / "data" / "smoke" / "finetune"
+    assert not finetune_dir.exists() or not any(finetune_dir.iterdir())

@@ -1,0 +1,151 @@
+"""Several workers on one journal: a worker killed with SIGKILL fails its trial, which is retried.
+
+The trials here run a small stand-in job (a script that scores the trial's
+learning rate with a fixed formula and sleeps between reports) so that the
+test is about the driver: process handling, storage consistency, retries,
+MLflow bookkeeping. tests/test_hpo_smoke.py runs real training jobs.
+"""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from qac.config import render_profile, write_params
+
+REPO = Path(__file__).resolve().parent.parent
+
+STAND_IN_JOB = textwrap.dedent('''
+    """Scores a trial by -(log10(lr) + 4)^2, reporting it four times, 0.4 s apart."""
+    import argparse, math, os, time
+    from pathlib import Path
+    import yaml
+    from qac.hpo.trial_job import emit_event, stop_when_parent_goes
+
+    stop_when_parent_goes()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--params"); parser.add_argument("--out")
+    args = parser.parse_args()
+    params = yaml.safe_load(open(args.params))
+    lr = params["pretrain"]["variants"][params["hpo"]["variant"]]["lr"]
+    Path(args.out, "job.pid").write_text(str(os.getpid()))
+    value = -(math.log10(lr) + 4) ** 2
+    for step in range(4):
+        time.sleep(0.4)
+        emit_event("intermediate", step=step, value=value)
+    emit_event("result", value=value, metrics={"score": value})
+''')
+
+
+def _study_params(tmp_path: Path, job: Path) -> Path:
+    params = render_profile("smoke")
+    params["data_dir"] = str(tmp_path / "data")
+    params["mlflow"]["system_metrics"] = False
+    params["hpo"].update({
+        "study_name": "kill-test", "job": str(job), "n_trials": 4, "retry_failed": 1,
+        "pruner": {"type": "none"}, "report_dir": str(tmp_path / "reports"),
+        "space": {"pretrain.lr": {"type": "float", "low": 1e-6, "high": 1e-2, "log": True}},
+    })
+    path = tmp_path / "params.yaml"
+    write_params(params, path)
+    return path
+
+
+def _load(journal: Path) -> optuna.Study:
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.load_study(study_name="kill-test",
+                             storage=optuna.storages.JournalStorage(JournalFileBackend(str(journal))))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_worker_killed_mid_trial_fails_that_trial_and_the_study_goes_on(tmp_path, mlflow_store):
+    job = tmp_path / "stand_in_job.py"
+    job.write_text(STAND_IN_JOB)
+    params_path = _study_params(tmp_path, job)
+    journal = tmp_path / "data" / "smoke" / "hpo" / "kill-test" / "journal.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    driver = subprocess.Popen([sys.executable, "-m", "qac.cli", "hpo", "--params", str(params_path), "--workers", "2"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Wait for a trial that is running its job, then kill its worker outright.
+        deadline = time.monotonic() + 90
+        victim = None
+        while victim is None and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.2)
+            if not journal.exists():
+                continue
+            for trial in _load(journal).get_trials(states=(TrialState.RUNNING,)):
+                pid_file = journal.parent / "trials" / f"{trial.number:04d}" / "job.pid"
+                if "qac.worker" in trial.user_attrs and pid_file.exists() and pid_file.read_text():
+                    victim = (trial.number, trial.user_attrs["qac.worker"]["pid"], int(pid_file.read_text()),
+                              trial.params)
+                    break
+        assert victim is not None, "no trial started its job"
+        killed_trial, worker_pid, job_pid, killed_params = victim
+        os.kill(worker_pid, signal.SIGKILL)
+        output, _ = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, output
+
+    # The killed worker's job stopped itself (its stdin pipe closed).
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(job_pid) and psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the killed worker's job is still running"
+        time.sleep(0.2)
+
+    study = _load(journal)  # still loadable
+    trials = study.get_trials()
+    by_number = {trial.number: trial for trial in trials}
+    assert by_number[killed_trial].state == TrialState.FAIL
+    assert by_number[killed_trial].user_attrs["qac.fail_reason"] == "worker process died"
+    retries = [trial for trial in trials if trial.system_attrs.get("failed_trial") == killed_trial]
+    assert len(retries) == 1, "the killed trial is retried exactly once"
+    assert retries[0].state == TrialState.COMPLETE and retries[0].params == killed_params
+    others = [trial for trial in trials if trial.number != killed_trial]
+    assert [trial.state for trial in others] == [TrialState.COMPLETE] * 4, "the budget of 4 is met without the failure"
+    for trial in others:
+        assert trial.value == pytest.approx(-(math.log10(trial.params["pretrain.lr"]) + 4) ** 2)
+
+    summary = yaml.safe_load((tmp_path / "reports" / "kill-test" / "summary.json").read_text())
+    assert summary["states"]["complete"] == 4 and summary["states"]["fail"] == 1
+    assert summary["best"]["value"] == max(trial.value for trial in others)
+
+    import mlflow
+
+    client = mlflow.MlflowClient(mlflow_store)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    parent = [run for run in runs if run.info.run_name == "hpo/kill-test"]
+    assert len(parent) == 1
+    children = {run.data.tags["qac.trial"]: run for run in runs
+                if run.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
+    assert set(children) == {str(trial.number) for trial in trials}
+    assert children[str(killed_trial)].info.status == "FAILED"
+    assert children[str(killed_trial)].data.tags["qac.trial_state"] == "failed"
+    retry_run = children[str(retries[0].number)]
+    assert retry_run.data.tags["qac.trial_state"] == "complete"
+    assert retry_run.data.tags["qac.retry_of"] == str(killed_trial)
+    history = client.get_metric_history(retry_run.info.run_id, "dev/nDCG_at_10")
+    assert [m.step for m in history] == [0, 1, 2, 3]
+
+    # Running the command again resumes: a larger budget adds one trial, under the same MLflow run.
+    again = subprocess.run([sys.executable, "-m", "qac.cli", "hpo", "--params", str(params_path), "--n-trials", "5"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    trials = _load(journal).get_trials()
+    assert len(trials) == 6 and trials[-1].state == TrialState.COMPLETE
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [run.info.run_id for run in runs if run.info.run_name == "hpo/kill-test"] == [parent[0].info.run_id]

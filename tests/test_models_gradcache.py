@@ -1,0 +1,96 @@
+"""Gradient caching gives the full-batch gradient (qac.models.grad_cache)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qac.models.cocondenser import CoCondenser
+from qac.models.cotmae import CoTMAE
+from qac.models.grad_cache import FullBatchStep, GradCachedStep, RngState
+from test_models_cocondenser import make_batch
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from qac.models.loading import load_tokenizer
+
+    return load_tokenizer("minilm")
+
+
+_BUILT: dict[float, CoCondenser] = {}
+
+
+def tiny(dropout):
+    """A fresh copy of one tiny coCondenser per dropout value (building one takes seconds)."""
+    import copy
+
+    if dropout not in _BUILT:
+        _BUILT[dropout] = CoCondenser.from_spec("tiny:minilm", seed=0, dropout=dropout, n_head_layers=1, skip_from=1)
+    return copy.deepcopy(_BUILT[dropout])
+
+
+def gradients(model):
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_gradients(expected, actual, rtol=1e-5):
+    assert expected.keys() == actual.keys() and len(expected) > 20
+    for name in expected:
+        error = (expected[name] - actual[name]).norm().item()
+        # relative to the parameter's gradient; the floor covers gradients that are zero
+        # in exact arithmetic (attention key biases) and float noise in practice
+        assert error <= rtol * expected[name].norm().item() + 1e-9, name
+
+
+@pytest.mark.parametrize("chunk_size", [3, 8])
+def test_cached_gradient_equals_full_batch_gradient(tokenizer, chunk_size):
+    batch = make_batch(tokenizer, n_pairs=7)
+    full, cached = tiny(0.0).train(), tiny(0.0).train()
+    full_parts = FullBatchStep(full, CPU).forward_backward(batch)
+    cached_parts = GradCachedStep(cached, chunk_size, CPU).forward_backward(batch)
+    assert_same_gradients(gradients(full), gradients(cached))
+    for name, value in full_parts.items():
+        assert cached_parts[name] == pytest.approx(value, rel=1e-6)
+
+
+def test_loss_scaling_reaches_every_term(tokenizer):
+    batch = make_batch(tokenizer, n_pairs=5)
+    full, cached = tiny(0.0), tiny(0.0)
+    FullBatchStep(full, CPU).forward_backward(batch, lambda loss: loss * 0.25)
+    GradCachedStep(cached, 2, CPU).forward_backward(batch, lambda loss: loss * 0.25)
+    reference = tiny(0.0)
+    FullBatchStep(reference, CPU).forward_backward(batch)
+    assert_same_gradients({k: v * 0.25 for k, v in gradients(reference).items()}, gradients(cached))
+    assert_same_gradients(gradients(full), gradients(cached))
+
+
+def test_replayed_rng_reproduces_dropout(tokenizer):
+    # One chunk per side consumes the generator in the order the full-batch step
+    # does (anchors, then contexts), so with dropout on the two paths agree only
+    # if the re-run replays the generator state of the first pass.
+    batch = make_batch(tokenizer, n_pairs=6)
+    full, cached = tiny(0.1).train(), tiny(0.1).train()
+    torch.manual_seed(123)
+    full_parts = FullBatchStep(full, CPU).forward_backward(batch)
+    after_full = torch.get_rng_state()
+    torch.manual_seed(123)
+    cached_parts = GradCachedStep(cached, 6, CPU).forward_backward(batch)
+    assert torch.equal(torch.get_rng_state(), after_full)      # the generator ends where the full step left it
+    assert cached_parts["contrastive"] == pytest.approx(full_parts["contrastive"], rel=1e-6)
+    assert_same_gradients(gradients(full), gradients(cached))
+
+
+def test_rng_state_restores_cpu_draws():
+    state = RngState(CPU)
+    first = torch.rand(4)
+    state.restore()
+    assert torch.equal(torch.rand(4), first)
+
+
+def test_a_model_without_contrastive_loss_cannot_be_cached():
+    model = CoTMAE.from_spec("tiny:minilm", seed=0)
+    with pytest.raises(ValueError, match="no contrastive loss"):
+        GradCachedStep(model, 4, CPU)

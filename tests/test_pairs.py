@@ -1,0 +1,211 @@
+"""Pair sampling, whole-word masking and the collator (qac.data.pairs, qac.data.masking)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask, word_spans
+from qac.data.pairs import Pair, PairCollator, PairSampler, load_pair_corpus, shard
+from test_pretrain_corpus import write_corpus
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from qac.models.loading import load_tokenizer
+
+    return load_tokenizer("minilm")
+
+
+@pytest.fixture(scope="module")
+def vocab(tokenizer):
+    return MaskingVocab.from_tokenizer(tokenizer)
+
+
+# --- whole-word masking -----------------------------------------------------
+
+def test_word_spans_join_continuations_and_skip_special_tokens(tokenizer, vocab):
+    ids = tokenizer("unbelievably hyper works")["input_ids"]
+    # [CLS] un ##bel ##ie ##va ##bly hyper works [SEP]
+    assert tokenizer.convert_ids_to_tokens(ids)[1:6] == ["un", "##bel", "##ie", "##va", "##bly"]
+    assert word_spans(ids, vocab) == [(1, 6), (6, 7), (7, 8)]
+
+
+def test_masking_takes_whole_words_within_budget_and_never_special_tokens(tokenizer, vocab):
+    ids = tokenizer("unbelievably hyperparameterization works " * 8)["input_ids"]
+    spans = word_spans(ids, vocab)
+    maskable = sum(end - start for start, end in spans)
+    for seed in range(20):
+        inputs, labels = whole_word_mask(ids, vocab, 0.15, np.random.default_rng(seed))
+        chosen = {i for i, label in enumerate(labels) if label != IGNORE_INDEX}
+        assert 0 < len(chosen) <= round(0.15 * maskable)
+        assert labels[0] == IGNORE_INDEX and labels[-1] == IGNORE_INDEX
+        for start, end in spans:
+            covered = chosen & set(range(start, end))
+            assert not covered or covered == set(range(start, end)), "a word was split"
+        assert all(labels[i] == ids[i] for i in chosen)
+        assert all(inputs[i] == ids[i] for i in range(len(ids)) if i not in chosen)
+
+
+def test_masked_tokens_are_80_percent_mask_10_random_10_kept(tokenizer, vocab):
+    ids = tokenizer(" ".join(f"word{i}" for i in range(400)))["input_ids"]
+    outcome = Counter()
+    for seed in range(30):
+        inputs, labels = whole_word_mask(ids, vocab, 0.15, np.random.default_rng(seed))
+        for i, label in enumerate(labels):
+            if label == IGNORE_INDEX:
+                continue
+            outcome["mask" if inputs[i] == vocab.mask_id else "kept" if inputs[i] == label else "random"] += 1
+    total = sum(outcome.values())
+    assert total > 5000
+    assert abs(outcome["mask"] / total - 0.8) < 0.02
+    assert abs(outcome["random"] / total - 0.1) < 0.02
+    assert abs(outcome["kept"] / total - 0.1) < 0.02
+
+
+def test_masking_is_a_function_of_the_generator_seed(tokenizer, vocab):
+    ids = tokenizer("the protein binds the receptor of the cell membrane")["input_ids"]
+    first = whole_word_mask(ids, vocab, 0.3, np.random.default_rng([1, 2, 3]))
+    assert whole_word_mask(ids, vocab, 0.3, np.random.default_rng([1, 2, 3])) == first
+    assert whole_word_mask(ids, vocab, 0.0, np.random.default_rng(0)) == (ids, [IGNORE_INDEX] * len(ids))
+
+
+# --- corpus -------------------------------------------------------------------
+
+def test_passage_context_skips_and_counts_passages_without_one(tmp_path):
+    passages, queries = write_corpus(tmp_path, documents=3, spans=2, single_span_documents=2)
+    corpus = load_pair_corpus(passages, None, "passage", passage_context="random_sampled")
+    assert corpus.stats() == {"anchors": 6, "passages": 8, "skipped_no_passage_context": 2, "skipped_no_query": 0}
+    texts = {json.loads(line)["pid"]: json.loads(line)["text"] for line in passages.read_text().splitlines()}
+    # d0#0's random_sampled context is d0#1
+    assert corpus.passage_contexts[corpus.pids.index("d0#0")] == [texts["d0#1"]]
+    nearby = load_pair_corpus(passages, None, "passage", passage_context="nearby")
+    assert nearby.passage_contexts[nearby.pids.index("d1#1")] == [texts["d1#0"]]
+
+
+def test_query_count_keeps_the_first_c_queries(tmp_path):
+    passages, queries = write_corpus(tmp_path, documents=2, spans=2, queries=5)
+    first = json.loads(queries.read_text().splitlines()[0])
+    corpus = load_pair_corpus(passages, queries, "query", query_count=2)
+    assert corpus.queries[0] == first["queries"][:2]
+    assert len(corpus) == 5 and corpus.skipped_no_query == 0   # single-span passages have queries
+
+
+def test_mixed_needs_both_kinds(tmp_path):
+    passages, queries = write_corpus(tmp_path, documents=2, spans=2, single_span_documents=1)
+    corpus = load_pair_corpus(passages, queries, "mixed", query_count=3)
+    assert len(corpus) == 4 and corpus.skipped_no_passage_context == 1
+
+
+def test_bad_records_name_file_line_and_field(tmp_path):
+    passages, queries = write_corpus(tmp_path, documents=1, spans=2, single_span_documents=0)
+    lines = passages.read_text().splitlines()
+    broken = json.loads(lines[1])
+    del broken["text"]
+    passages.write_text(lines[0] + "\n" + json.dumps(broken) + "\n")
+    with pytest.raises(ValueError, match=r"passages.jsonl:2: missing field 'text'"):
+        load_pair_corpus(passages, None, "passage")
+    write_corpus(tmp_path, documents=1, spans=2, single_span_documents=0)
+    queries.write_text(json.dumps({"pid": "d0#0", "queries": "not a list"}) + "\n")
+    with pytest.raises(ValueError, match=r"queries.jsonl:1: field 'queries' must be list"):
+        load_pair_corpus(passages, queries, "query")
+    with pytest.raises(ValueError, match="context_type"):
+        load_pair_corpus(passages, queries, "document")
+
+
+# --- sampling -------------------------------------------------------------------
+
+@pytest.fixture()
+def query_corpus(tmp_path):
+    passages, queries = write_corpus(tmp_path, documents=4, spans=3, queries=6, single_span_documents=0)
+    return load_pair_corpus(passages, queries, "query", query_count=3), load_pair_corpus(
+        passages, queries, "mixed", query_count=3)
+
+
+def test_batches_are_a_function_of_seed_and_step(query_corpus):
+    corpus, _ = query_corpus
+    sampler = PairSampler(corpus, "query", seed=7)
+    fresh = PairSampler(corpus, "query", seed=7)
+    assert fresh.batch(5, 4) == sampler.batch(5, 4)             # no hidden state: resume reproduces
+    assert sampler.batch(5, 4) != sampler.batch(6, 4)
+    assert PairSampler(corpus, "query", seed=8).batch(5, 4) != sampler.batch(5, 4)
+
+
+def test_each_epoch_visits_every_anchor_once(query_corpus):
+    corpus, _ = query_corpus
+    sampler = PairSampler(corpus, "query", seed=0)
+    n = len(corpus)                     # 12 anchors, 3 steps of 4 per epoch
+    epoch = [i for step in range(3) for i in sampler.anchors(step, 4)]
+    assert sorted(epoch) == list(range(n))
+    second = [i for step in range(3, 6) for i in sampler.anchors(step, 4)]
+    assert sorted(second) == list(range(n)) and second != epoch
+
+
+def test_query_context_is_drawn_among_the_first_c(query_corpus):
+    corpus, _ = query_corpus
+    sampler = PairSampler(corpus, "query", seed=0)
+    seen = Counter()
+    for step in range(60):
+        for pair in sampler.batch(step, 4):
+            anchor = corpus.texts.index(pair.anchor)
+            seen[corpus.queries[anchor].index(pair.context)] += 1
+            assert pair.context_kind == "query"
+    assert set(seen) == {0, 1, 2} and min(seen.values()) > 40
+
+
+def test_mixed_draws_query_contexts_with_the_given_probability(query_corpus):
+    _, corpus = query_corpus
+    kinds = Counter(pair.context_kind for step in range(200)
+                    for pair in PairSampler(corpus, "mixed", seed=0, mixed_query_prob=0.25).batch(step, 8))
+    assert abs(kinds["query"] / 1600 - 0.25) < 0.04
+
+
+def test_shard_splits_the_global_batch_in_rank_order():
+    assert shard(list(range(8)), 1, 2) == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="does not split"):
+        shard(list(range(6)), 0, 4)
+
+
+# --- collator -------------------------------------------------------------------
+
+def _pairs():
+    return [Pair(0, "the protein binds the receptor " * 6, "what binds the receptor", "query"),
+            Pair(1, "short passage", "the cell membrane " * 20, "passage"),
+            Pair(2, "insulin and glucose in the liver", "glucose liver", "query")]
+
+
+def test_dynamic_padding_and_per_kind_truncation(tokenizer):
+    collator = PairCollator(tokenizer, max_len=24, query_max_len=5, anchor_mask_ratio=0.15,
+                            context_mask_ratio=0.15, seed=0)
+    batch = collator(_pairs(), step=0)
+    anchor, context = batch["anchor"], batch["context"]
+    assert anchor["input_ids"].shape == (3, 24)                    # first anchor is truncated to max_len
+    lengths = context["attention_mask"].sum(1).tolist()
+    assert lengths[0] == 5 and lengths[1] == 24 and lengths[2] == 4   # queries cut at 5, passages at 24
+    assert context["input_ids"].shape[1] == 24
+    assert (anchor["labels"][anchor["attention_mask"] == 0] == IGNORE_INDEX).all()
+    static = PairCollator(tokenizer, 24, 5, 0.15, 0.15, seed=0, pad_to=32)(_pairs(), step=0)
+    assert static["anchor"]["input_ids"].shape == (3, 32) and static["context"]["input_ids"].shape == (3, 32)
+    assert torch.equal(static["anchor"]["labels"][:, :24], anchor["labels"])
+
+
+def test_masks_do_not_depend_on_how_the_batch_is_split(tokenizer):
+    collator = PairCollator(tokenizer, 32, 8, 0.3, 0.45, seed=3)
+    whole = collator(_pairs(), step=4)
+    part = collator(_pairs()[1:], step=4)
+    for side in ("anchor", "context"):
+        width = part[side]["input_ids"].shape[1]
+        assert torch.equal(whole[side]["input_ids"][1:, :width], part[side]["input_ids"])
+        assert torch.equal(whole[side]["labels"][1:, :width], part[side]["labels"])
+    assert not torch.equal(collator(_pairs(), step=5)["anchor"]["labels"], whole["anchor"]["labels"])
+
+
+def test_zero_context_mask_ratio_leaves_the_context_intact(tokenizer):
+    batch = PairCollator(tokenizer, 32, 8, 0.3, 0.0, seed=0)(_pairs(), step=0)
+    assert (batch["context"]["labels"] == IGNORE_INDEX).all()
+    expected = tokenizer("glucose liver")["input_ids"]
+    assert batch["context"]["input_ids"][2, :len(expected)].tolist() == expected

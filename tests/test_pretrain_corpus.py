@@ -1,0 +1,56 @@
+"""A small passages.jsonl / queries.jsonl pair in the formats of docs/architecture.md.
+
+``write_corpus`` is imported by the other pre-training tests; the tests here
+check that the fixture means what they assume.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ("protein cell membrane receptor binding signal pathway gene expression tumour growth factor "
+         "immune response vaccine trial patient dose effect study cohort risk mortality infection virus "
+         "antibody structure enzyme activity inhibitor metabolism insulin glucose liver kidney heart "
+         "neuron brain memory sleep stress hormone therapy outcome randomized placebo evidence").split()
+
+
+def _sentence(rng: np.random.Generator, length: int) -> str:
+    return " ".join(rng.choice(WORDS, size=length)) + "."
+
+
+def write_corpus(directory: Path, documents: int = 6, spans: int = 3, queries: int = 4, seed: int = 0,
+                 single_span_documents: int = 1) -> tuple[Path, Path]:
+    """Documents of ``spans`` passages each (plus single-span documents with no passage context)."""
+    rng = np.random.default_rng(seed)
+    passages, query_records = [], []
+    layout = [spans] * documents + [1] * single_span_documents
+    for doc, count in enumerate(layout):
+        pids = [f"d{doc}#{k}" for k in range(count)]
+        for k, pid in enumerate(pids):
+            text = " ".join(_sentence(rng, int(rng.integers(6, 14))) for _ in range(3))
+            others = [other for other in pids if other != pid]
+            passages.append({"pid": pid, "doc_id": f"d{doc}", "position": k, "text": text,
+                             "n_tokens": len(text.split()),
+                             "contexts": {"nearby": [p for p in pids if abs(pids.index(p) - k) == 1],
+                                          "random_sampled": others[:1],
+                                          "overlap": text.split(".")[-2].strip() if count > 1 else ""}})
+            query_records.append({"pid": pid, "queries": [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 7))))
+                                                          for _ in range(queries)]})
+    directory.mkdir(parents=True, exist_ok=True)
+    passages_path, queries_path = directory / "passages.jsonl", directory / "queries.jsonl"
+    passages_path.write_text("".join(json.dumps(r) + "\n" for r in passages), encoding="utf-8")
+    queries_path.write_text("".join(json.dumps(r) + "\n" for r in query_records), encoding="utf-8")
+    return passages_path, queries_path
+
+
+def test_fixture_has_single_span_documents_without_passage_context(tmp_path):
+    passages_path, queries_path = write_corpus(tmp_path, documents=2, spans=3, queries=2)
+    records = [json.loads(line) for line in passages_path.read_text().splitlines()]
+    assert len(records) == 2 * 3 + 1
+    single = records[-1]
+    assert single["contexts"] == {"nearby": [], "random_sampled": [], "overlap": ""}
+    assert records[1]["contexts"]["nearby"] == ["d0#0", "d0#2"]
+    assert all(len(json.loads(line)["queries"]) == 2 for line in queries_path.read_text().splitlines())

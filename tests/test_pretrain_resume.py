@@ -1,0 +1,100 @@
+"""A run killed with SIGKILL resumes from its checkpoint and ends with the same weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_pretrain_corpus import write_corpus
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Dropout stays on: resuming must restore the generator state too.
+SETTINGS = dict(method="cocondenser", init="tiny:minilm", context_type="query", query_count=3, max_len=40,
+                query_max_len=12, steps=16, batch_size=8, grad_accumulation=2, skip_from=1, n_head_layers=1,
+                lr=1e-3, checkpoint_every=4, log_every=4, dtype="fp32")
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    import torch
+    from qac.train.pretrain import PretrainSettings, pretrain
+    torch.set_num_threads(1)
+    settings, data, work, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    summary = pretrain(PretrainSettings.from_mapping(settings), passages=f"{data}/passages.jsonl",
+                       queries=f"{data}/queries.jsonl", work_dir=work, out_dir=out)
+    print(json.dumps(summary))
+""")
+
+
+def _command(script, data, work, out):
+    return [sys.executable, str(script), json.dumps(SETTINGS), str(data), str(work), str(out)]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path):
+    data = tmp_path / "data"
+    write_corpus(data, documents=6, spans=3, queries=4)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+
+    straight = subprocess.run(_command(script, data, tmp_path / "w1", tmp_path / "o1"), env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    work, out = tmp_path / "w2", tmp_path / "o2"
+    process = subprocess.Popen(_command(script, data, work, out), env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    state_file = work / "checkpoint" / "state.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if state_file.exists() and json.loads(state_file.read_text())["step"] >= 4:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be interrupted"
+    killed_at = json.loads(state_file.read_text())["step"]
+    assert 4 <= killed_at < SETTINGS["steps"] and not (out / "encoder").exists()
+
+    resumed = subprocess.run(_command(script, data, work, out), env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["resumed_from_step"] >= killed_at
+    assert not work.exists()                       # the work checkpoint is moved out when done
+
+    expected = torch.load(tmp_path / "o1" / "checkpoint" / "model.pt", weights_only=True)
+    actual = torch.load(out / "checkpoint" / "model.pt", weights_only=True)
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), key
+    optimizer_a = torch.load(tmp_path / "o1" / "checkpoint" / "optimizer.pt", weights_only=True)
+    optimizer_b = torch.load(out / "checkpoint" / "optimizer.pt", weights_only=True)
+    assert all(torch.equal(optimizer_a["state"][k]["exp_avg"], optimizer_b["state"][k]["exp_avg"])
+               for k in optimizer_a["state"])
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == SETTINGS["steps"]
+
+
+def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path):
+    from qac.train.pretrain import PretrainSettings, pretrain
+
+    data = tmp_path / "data"
+    write_corpus(data, documents=3, spans=2, queries=2)
+    settings = PretrainSettings.from_mapping({**SETTINGS, "steps": 2, "checkpoint_every": 1})
+    work = tmp_path / "work"
+    work.joinpath("checkpoint").mkdir(parents=True)
+    work.joinpath("checkpoint", "state.json").write_text(json.dumps({"step": 1, "fingerprint": "other"}))
+    summary = pretrain(settings, passages=data / "passages.jsonl", queries=data / "queries.jsonl",
+                       work_dir=work, out_dir=tmp_path / "out")
+    assert summary["discarded_checkpoint"] and summary["resumed_from_step"] == 0
+    assert (tmp_path / "out" / "encoder" / "model.safetensors").exists()

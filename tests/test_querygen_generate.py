@@ -1,0 +1,220 @@
+"""Query sampling: the paper's top-k/top-p distribution, per-passage streams, batch-size invariance."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from qac.querygen.generate import GenerationStats, QueryGenerator, SamplingSettings, clean_candidates
+from qac.querygen.sampling import filtered_distribution, passage_uniforms, sample_tokens
+
+PASSAGES = [(f"doc{i}#0", "Protein folding in yeast cells depends on chaperones. " * (1 + i % 4) + f"Case {i}.")
+            for i in range(9)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from qac.models.loading import load_tokenizer
+
+    return load_tokenizer("minilm")
+
+
+def tiny_t5(seed: int = 0):
+    """A 1-layer, 32-wide random T5 over MiniLM's vocabulary ([PAD]=0 starts, [SEP]=102 ends)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=30522, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
+                      num_heads=4, pad_token_id=0, eos_token_id=102, decoder_start_token_id=0)
+    torch.manual_seed(seed)
+    return T5ForConditionalGeneration(config).eval()
+
+
+@pytest.fixture(scope="module")
+def t5():
+    torch.set_num_threads(1)
+    return tiny_t5()
+
+
+def settings(**overrides) -> SamplingSettings:
+    values = dict(queries_per_passage=3, max_new_tokens=8, max_source_len=48, seed=7)
+    values.update(overrides)
+    return SamplingSettings(**values)
+
+
+# -- the sampling decision -------------------------------------------------
+
+def test_filtered_distribution_equals_huggingface_top_k_then_top_p():
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(3)
+    logits = torch.randn(6, 300) * 3
+    for top_k, top_p in [(25, 0.95), (10, 0.5), (0, 0.8), (300, 1.0)]:
+        reference = logits.clone()
+        if top_k:
+            reference = TopKLogitsWarper(top_k)(None, reference)
+        reference = torch.softmax(TopPLogitsWarper(top_p)(None, reference), dim=-1).double()
+        dist = filtered_distribution(logits, top_k, top_p)
+        ours = torch.zeros_like(reference).scatter(1, dist.token_ids, dist.probs)
+        ours = ours / ours.sum(-1, keepdim=True)
+        assert torch.allclose(ours, reference, atol=1e-6), (top_k, top_p)
+
+
+def test_inverse_cdf_choice_by_hand():
+    # probabilities 0.5, 0.3, 0.2 for tokens 0, 1, 2
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(5, 1)
+    u = torch.tensor([0.10, 0.49, 0.51, 0.79, 0.81], dtype=torch.float64)
+    tokens, fragile = sample_tokens(logits, u, top_k=0, top_p=1.0)
+    assert tokens.tolist() == [0, 0, 1, 1, 2]
+    assert not fragile.any()
+    # top_p = 0.7 keeps tokens 0 and 1 (mass below token 2 is 0.2 <= 0.3): renormalised 0.625 / 0.375
+    tokens, _ = sample_tokens(logits[:2], torch.tensor([0.62, 0.63], dtype=torch.float64), top_k=0, top_p=0.7)
+    assert tokens.tolist() == [0, 1]
+    # top_k = 1 is greedy whatever the draw
+    tokens, _ = sample_tokens(logits[:2], torch.tensor([0.0, 0.999], dtype=torch.float64), top_k=1, top_p=0.95)
+    assert tokens.tolist() == [0, 0]
+
+
+def test_decisions_on_an_edge_are_flagged_fragile():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(3, 1)
+    _, fragile = sample_tokens(logits, torch.tensor([0.5, 0.8 - 1e-5, 0.3], dtype=torch.float64), top_k=0, top_p=1.0)
+    assert fragile.tolist() == [True, True, False]
+    # 2nd and 3rd logits tied at the top-k boundary (k = 2)
+    tied = torch.tensor([[2.0, 1.0, 1.0 - 1e-5]])
+    _, fragile = sample_tokens(tied, torch.tensor([0.1], dtype=torch.float64), top_k=2, top_p=1.0)
+    assert fragile.tolist() == [True]
+
+
+def test_near_ties_inside_the_nucleus_cannot_swap_tokens():
+    """Inverse CDF in token-id order: two tied tokens trading ranks keep their intervals."""
+    a = torch.tensor([[2.0, 1.0, 1.0 + 1e-6, 0.5]]).repeat(50, 1)
+    b = torch.tensor([[2.0, 1.0 + 1e-6, 1.0, 0.5]]).repeat(50, 1)
+    u = torch.linspace(0.001, 0.999, 50, dtype=torch.float64)
+    tokens_a, fragile_a = sample_tokens(a, u, top_k=0, top_p=1.0)
+    tokens_b, _ = sample_tokens(b, u, top_k=0, top_p=1.0)
+    assert torch.equal(tokens_a[~fragile_a], tokens_b[~fragile_a])
+    assert fragile_a.sum() <= 1
+
+
+def test_decisions_not_flagged_fragile_survive_noise_within_the_bound():
+    """The margins' promise: moving every logit by less than the bound never changes a robust decision."""
+    generator = torch.Generator().manual_seed(5)
+    bound = 1e-3      # large, so that edges are hit often (about 8% of the rows)
+    logits = torch.randn(4000, 120, generator=generator) * 2
+    u = torch.rand(4000, generator=generator, dtype=torch.float64)
+    tokens, fragile = sample_tokens(logits, u, top_k=25, top_p=0.9, logit_noise=bound)
+    noisy = logits + (torch.rand(logits.shape, generator=generator) * 2 - 1) * bound
+    noisy_tokens, _ = sample_tokens(noisy, u, top_k=25, top_p=0.9, logit_noise=bound)
+    assert 0 < fragile.sum() < 4000 * 0.2
+    assert torch.equal(tokens[~fragile], noisy_tokens[~fragile])
+    assert not torch.equal(tokens[fragile], noisy_tokens[fragile])   # the flagged ones do flip sometimes
+
+
+def test_a_tie_across_the_nucleus_cut_is_fragile():
+    # probabilities about 0.6, 0.2, 0.2 - 1e-6: top_p = 0.75 keeps ranks 1-2, the 2nd/3rd tie decides which
+    logits = torch.log(torch.tensor([[0.6, 0.2, 0.2 * (1 - 1e-6)]], dtype=torch.float64)).float()
+    _, fragile = sample_tokens(logits, torch.tensor([0.3], dtype=torch.float64), top_k=0, top_p=0.75)
+    assert fragile.tolist() == [True]
+
+
+def test_candidate_streams_do_not_depend_on_the_number_of_candidates():
+    five = passage_uniforms(42, "doc1#3", 5, 16)
+    twenty = passage_uniforms(42, "doc1#3", 20, 16)
+    assert torch.equal(five, twenty[:5])
+    assert not torch.equal(five, passage_uniforms(42, "doc1#4", 5, 16))
+    assert not torch.equal(five, passage_uniforms(43, "doc1#3", 5, 16))
+
+
+def test_clean_candidates_counts_what_it_drops():
+    kept, stats = clean_candidates(["what is a cell", "  ", "what  is a cell", "", "why", "why"],
+                                   drop_duplicates=True, drop_empty=True)
+    assert kept == ["what is a cell", "why"]
+    assert (stats.candidates, stats.empty, stats.duplicates, stats.queries) == (6, 2, 2, 2)
+    assert (stats.dropped_empty, stats.dropped_duplicates) == (2, 2)
+    kept, stats = clean_candidates(["a", "", "a"], drop_duplicates=False, drop_empty=False)
+    assert kept == ["a", "", "a"] and (stats.empty, stats.duplicates) == (1, 1)
+    assert stats.dropped_empty == stats.dropped_duplicates == 0
+    summary = GenerationStats(candidates=10, empty=2, duplicates=2, queries=6, query_words=18, passages=2).summary()
+    assert summary["unique_ratio"] == pytest.approx(6 / 8) and summary["mean_query_words"] == 3
+
+
+# -- the decoding loop -----------------------------------------------------
+
+def test_greedy_decoding_equals_huggingface_generate(t5, tokenizer):
+    """With top_k = 1 the loop (cache, pruning of finished rows) must reproduce greedy ``generate``."""
+    generator = QueryGenerator(t5, tokenizer, settings(top_k=1, queries_per_passage=1, max_new_tokens=10))
+    ours, _ = generator.generate_candidates(PASSAGES, batch_size=4)
+    for (_, text), candidates in zip(PASSAGES, ours):
+        inputs = tokenizer(text, truncation=True, max_length=48, return_tensors="pt", return_token_type_ids=False)
+        with torch.no_grad():
+            reference = t5.generate(**inputs, do_sample=False, max_new_tokens=10, num_beams=1)
+        assert candidates == [tokenizer.decode(reference[0], skip_special_tokens=True)]
+
+
+def test_queries_do_not_depend_on_batch_size_or_neighbours(t5, tokenizer):
+    generator = QueryGenerator(t5, tokenizer, settings())
+    reference, stats = generator.generate(PASSAGES, batch_size=len(PASSAGES))
+    assert stats.recomputed > 0   # the tiny random model has near-ties: the canonical path was exercised
+    for batch_size in (1, 4):
+        assert generator.generate(PASSAGES, batch_size=batch_size)[0] == reference
+    alone, _ = generator.generate(PASSAGES[4:5], batch_size=1)
+    assert alone[0] == reference[4]
+
+
+def test_queries_change_with_seed_and_passage_id(t5, tokenizer):
+    base, _ = QueryGenerator(t5, tokenizer, settings()).generate(PASSAGES[:3], 3)
+    reseeded, _ = QueryGenerator(t5, tokenizer, settings(seed=8)).generate(PASSAGES[:3], 3)
+    renamed, _ = QueryGenerator(t5, tokenizer, settings()).generate([("other#0", PASSAGES[0][1])], 1)
+    assert base != reseeded
+    assert renamed[0] != base[0]
+
+
+def test_greedy_candidates_are_duplicates_and_are_dropped(t5, tokenizer):
+    n, c = len(PASSAGES), 4
+    queries, stats = QueryGenerator(t5, tokenizer, settings(top_k=1, queries_per_passage=c)).generate(PASSAGES, 5)
+    assert all(len(q) == 1 for q in queries)
+    assert stats.duplicates == stats.dropped_duplicates == n * (c - 1) and stats.queries == n
+    kept, stats = QueryGenerator(t5, tokenizer, settings(top_k=1, queries_per_passage=c, drop_duplicates=False)
+                                 ).generate(PASSAGES, 5)
+    assert all(len(q) == c and len(set(q)) == 1 for q in kept) and stats.dropped_duplicates == 0
+
+
+def test_empty_candidates_are_counted_and_dropped(tokenizer):
+    model = tiny_t5()
+    # A head that always prefers [SEP] (the end of sequence) first: every candidate is empty.
+    head = torch.nn.Linear(32, 30522, bias=True)
+    torch.nn.init.zeros_(head.weight)
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[102] = 50.0
+    model.lm_head = head
+    c = 3
+    queries, stats = QueryGenerator(model, tokenizer, settings(queries_per_passage=c)).generate(PASSAGES[:4], 2)
+    assert queries == [[], [], [], []]
+    assert (stats.empty, stats.dropped_empty, stats.queries) == (4 * c, 4 * c, 0)
+    kept, stats = QueryGenerator(model, tokenizer, settings(queries_per_passage=c, drop_empty=False)).generate(PASSAGES[:4], 2)
+    assert kept == [[""] * c] * 4 and stats.dropped_empty == 0
+
+
+def test_bert2bert_generator_runs_through_the_same_loop(tokenizer, tiny_bert_dir):
+    from transformers import EncoderDecoderModel
+
+    model = EncoderDecoderModel.from_encoder_decoder_pretrained(str(tiny_bert_dir), str(tiny_bert_dir)).eval()
+    for config in (model.config, model.generation_config):
+        config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 101, 0, 102
+    generator = QueryGenerator(model, tokenizer, settings(top_k=1, queries_per_passage=1, max_new_tokens=6))
+    ours, _ = generator.generate_candidates(PASSAGES[:3], 2)
+    for (_, text), candidates in zip(PASSAGES[:3], ours):
+        inputs = tokenizer(text, truncation=True, max_length=48, return_tensors="pt", return_token_type_ids=False)
+        with torch.no_grad():
+            reference = model.generate(**inputs, do_sample=False, max_new_tokens=6, num_beams=1)
+        assert candidates == [tokenizer.decode(reference[0], skip_special_tokens=True)]
+
+
+def test_bad_settings_are_rejected():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingSettings(top_p=0.0)
+    with pytest.raises(ValueError, match="queries_per_passage"):
+        SamplingSettings(queries_per_passage=0)
+    assert math.isclose(SamplingSettings().top_p, 0.95) and SamplingSettings().top_k == 25

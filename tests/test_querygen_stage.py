@@ -1,0 +1,195 @@
+"""The generate_queries stage: schema, MLflow, and byte-identical output across shards, batch
+sizes, torchrun and a kill -9 in the middle of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+STAGE = REPO / "pipelines" / "generate_queries.py"
+PYTHON = REPO / ".venv" / "bin" / "python"
+TORCHRUN = REPO / ".venv" / "bin" / "torchrun"
+
+
+@pytest.fixture(scope="module")
+def t5_dir(tmp_path_factory) -> Path:
+    """A saved tiny T5 (1 layer, width 32) with the MiniLM tokenizer: pad 0 starts, [SEP] 102 ends."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from qac.models.loading import load_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-t5")
+    config = T5Config(vocab_size=30522, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
+                      num_heads=4, pad_token_id=0, eos_token_id=102, decoder_start_token_id=0)
+    torch.manual_seed(0)
+    T5ForConditionalGeneration(config).save_pretrained(path)
+    load_tokenizer("minilm").save_pretrained(path)
+    return path
+
+
+def write_passages(path: Path, n: int) -> list[str]:
+    topics = ["protein folding", "river delta sediment", "neural spike timing", "tax policy", "coral bleaching"]
+    pids = []
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(n):
+            doc, position = f"d{i // 3}", i % 3
+            pid = f"{doc}#{position}"
+            text = f"{topics[i % 5].capitalize()} study {i}. " + "Results were measured twice. " * (i % 4)
+            handle.write(json.dumps({"pid": pid, "doc_id": doc, "position": position, "text": text,
+                                     "n_tokens": len(text.split()), "contexts": {"nearby": [], "random_sampled": [],
+                                                                                  "overlap": ""}}) + "\n")
+            pids.append(pid)
+    return pids
+
+
+def make_project(root: Path, t5_dir: Path, n_passages: int = 14, **querygen) -> Path:
+    """A params file whose profile directory holds passages.jsonl and the generator."""
+    from qac.config import render_profile
+
+    params = render_profile("smoke")
+    params["data_dir"] = str(root / "data")
+    params["querygen"].update(dict(queries_per_passage=3, max_new_tokens=8, max_source_len=40, batch_size=4,
+                                   chunk_size=3), **querygen)
+    data = root / "data" / "smoke"
+    data.mkdir(parents=True)
+    write_passages(data / "passages.jsonl", n_passages)
+    shutil.copytree(t5_dir, data / "generator")
+    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    return root / "params.yaml"
+
+
+def run_stage(params_path: Path, monkeypatch, *args: str) -> Path:
+    import importlib.util
+
+    monkeypatch.setenv("QAC_PARAMS", str(params_path))
+    spec = importlib.util.spec_from_file_location("generate_queries_stage", STAGE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(list(args)) == 0
+    return params_path.parent / "data" / "smoke" / "queries.jsonl"
+
+
+def set_querygen(params_path: Path, **values) -> None:
+    params = yaml.safe_load(params_path.read_text(encoding="utf-8"))
+    params["querygen"].update(values)
+    params_path.write_text(yaml.safe_dump(params), encoding="utf-8")
+
+
+def subprocess_env(params_path: Path, mlflow_uri: str) -> dict:
+    env = dict(os.environ, QAC_PARAMS=str(params_path), MLFLOW_TRACKING_URI=mlflow_uri, HF_HUB_OFFLINE="1",
+               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    return env
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, t5_dir) -> bytes:
+    """queries.jsonl of one uninterrupted single-process run of the default test project."""
+    root = tmp_path_factory.mktemp("reference")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        return run_stage(make_project(root, t5_dir), patch).read_bytes()
+
+
+def test_stage_writes_queries_metrics_and_mlflow_run(tmp_path, t5_dir, monkeypatch, mlflow_store):
+    import mlflow
+
+    params = make_project(tmp_path, t5_dir)
+    output = run_stage(params, monkeypatch)
+    pids = [json.loads(line)["pid"] for line in (output.parent / "passages.jsonl").open()]
+    records = [json.loads(line) for line in output.open()]
+    assert [r["pid"] for r in records] == pids
+    assert all(set(r) == {"pid", "queries"} and 1 <= len(r["queries"]) <= 3 for r in records)
+    assert not (output.parent / ".queries.work").exists()   # the work directory is cleaned up
+
+    metrics = json.loads((output.parent / "metrics" / "queries.json").read_text())
+    assert metrics["passages"] == len(pids) and metrics["candidates"] == 3 * len(pids)
+    assert metrics["queries"] == sum(len(r["queries"]) for r in records)
+    mlflow.set_tracking_uri(mlflow_store)
+    run = mlflow.get_run(metrics["mlflow_run_id"])
+    assert run.info.run_name == "querygen/generate" and run.data.tags["qac.kind"] == "querygen"
+    for key in ("unique_ratio", "mean_query_words", "empty_candidates", "dropped_duplicates", "passages_per_second"):
+        assert key in run.data.metrics
+    assert run.data.params["top_p"] == "0.95" and run.data.params["queries_per_passage"] == "3"
+
+
+def test_batch_size_and_shards_give_identical_bytes(tmp_path, t5_dir, monkeypatch, mlflow_store, reference):
+    params = make_project(tmp_path / "batch", t5_dir, batch_size=1)
+    assert run_stage(params, monkeypatch).read_bytes() == reference
+
+    params = make_project(tmp_path / "shards", t5_dir)
+    run_stage(params, monkeypatch, "--shard", "1/2")
+    output = params.parent / "data" / "smoke" / "queries.jsonl"
+    assert not output.exists()
+    with pytest.raises(RuntimeError, match="chunks not generated yet"):
+        run_stage(params, monkeypatch, "--merge-only")
+    assert not output.exists()
+    run_stage(params, monkeypatch, "--shard", "0/2")
+    assert run_stage(params, monkeypatch, "--merge-only").read_bytes() == reference
+
+
+def test_changed_settings_do_not_reuse_stale_chunks(tmp_path, t5_dir, monkeypatch, mlflow_store):
+    params = make_project(tmp_path / "changed", t5_dir, top_k=1)
+    run_stage(params, monkeypatch, "--shard", "0/2")     # commits chunks 0, 2, 4 with top_k = 1
+    set_querygen(params, top_k=25)
+    changed = run_stage(params, monkeypatch).read_bytes()
+    fresh = run_stage(make_project(tmp_path / "fresh", t5_dir, top_k=25), monkeypatch).read_bytes()
+    assert changed == fresh
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_match_a_single_process(tmp_path, t5_dir, reference, mlflow_store):
+    params = make_project(tmp_path, t5_dir)
+    result = subprocess.run([str(TORCHRUN), "--nproc_per_node", "2", "--master_port", "29561", str(STAGE)],
+                            cwd=tmp_path, env=subprocess_env(params, mlflow_store), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "data" / "smoke" / "queries.jsonl").read_bytes() == reference
+
+
+@pytest.mark.slow
+def test_kill_nine_then_rerun_is_byte_identical(tmp_path, t5_dir, monkeypatch, mlflow_store):
+    # Long enough that the run is still going when two chunks are committed.
+    settings = dict(max_new_tokens=16, chunk_size=2, batch_size=2)
+    params = make_project(tmp_path / "killed", t5_dir, n_passages=24, **settings)
+    data = params.parent / "data" / "smoke"
+    env = subprocess_env(params, mlflow_store)
+    process = subprocess.Popen([str(PYTHON), str(STAGE)], cwd=params.parent, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            if len(list(data.glob(".queries.work/*/chunks/*.json"))) >= 2:
+                break
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait()
+    committed = len(list(data.glob(".queries.work/*/chunks/*.json")))
+    assert 2 <= committed < 12, "the run must be killed between chunks"
+    assert not (data / "queries.jsonl").exists()
+
+    resumed = run_stage(params, monkeypatch).read_bytes()
+    uninterrupted = run_stage(make_project(tmp_path / "whole", t5_dir, n_passages=24, **settings), monkeypatch)
+    assert resumed == uninterrupted.read_bytes()
+
+
+def test_malformed_passage_names_file_and_line(tmp_path, t5_dir, monkeypatch, mlflow_store):
+    params = make_project(tmp_path, t5_dir)
+    passages = params.parent / "data" / "smoke" / "passages.jsonl"
+    lines = passages.read_text().splitlines()
+    lines[4] = json.dumps({"pid": "d9#9", "doc_id": "d9"})
+    passages.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"passages.jsonl:5: field 'text' missing"):
+        run_stage(params, monkeypatch)
+    assert not (passages.parent / "queries.jsonl").exists()
