@@ -8,7 +8,8 @@ each, and with the same splitter calling the tokenizer once per text, as the
 reference release does for every sentence. Both run in ``--workers`` processes
 and must produce identical passages (checked). The Punkt model is trained on
 the corpus once, before timing. Reports documents per second (worker start-up
-included) in the section ``split`` of reports/benchmarks.md.
+included) and documents per CPU second in the section ``split`` of
+reports/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -75,24 +76,24 @@ def main() -> int:
     if outputs[0] != outputs[1]:
         raise SystemExit("the two methods produced different passages")
     passages = sum(len(split.passages) for split in outputs[0])
-    best = {name: (min(r[0] for r in name_runs) - startup, min(r[1] for r in name_runs) - startup_cpu)
+    best = {name: (min(r[0] for r in name_runs), min(r[1] for r in name_runs) - startup_cpu)
             for name, name_runs in runs.items()}
     base_wall, base_cpu = best["sentence by sentence (release)"]
     rows = [{"method": name, "workers": args.workers, "documents": len(documents), "passages": passages,
              "wall s": round(wall, 1), "documents/s (wall)": round(len(documents) / wall, 1),
-             "CPU s": round(cpu, 1), "documents per CPU s": round(len(documents) / cpu, 1),
-             "speed-up (wall)": round(base_wall / wall, 2), "speed-up (CPU)": round(base_cpu / cpu, 2)}
+             "speed-up (wall)": round(base_wall / wall, 2), "CPU s": round(cpu, 1),
+             "documents per CPU s": round(len(documents) / cpu, 1), "speed-up (CPU)": round(base_cpu / cpu, 2)}
             for name, (wall, cpu) in best.items()]
     body = "\n".join([
         "## Passage splitting (SciFact)", "",
         f"Measured on {machine_summary()}.",
         f"`python benchmarks/bench_split.py{' --documents ' + str(args.documents) if args.documents else ''} "
         f"--workers {args.workers} --max-len {args.max_len}`: tokenizer `{args.tokenizer}`, Punkt {punkt_model}, "
-        f"short spans 0.15, best of {args.repeats} alternating runs. Starting the worker processes "
-        f"({startup:.1f} s wall, {startup_cpu:.1f} CPU s, measured on one document) is subtracted. CPU s sums "
-        "all processes. Both methods produce identical passages (checked). The 2 cores were shared with "
-        f"other work while measuring (load average {os.getloadavg()[0]:.1f}): wall figures are noisy, "
-        "CPU seconds less so.", "",
+        f"short spans 0.15, best of {args.repeats} alternating runs. Wall seconds include starting the "
+        f"worker processes (alone, on one document: {startup:.1f} s wall, {startup_cpu:.1f} CPU s). CPU s "
+        "sums all processes, start-up subtracted. Both methods produce identical passages (checked). The "
+        f"2 cores were shared with other work while measuring (load average {os.getloadavg()[0]:.1f}): "
+        "wall figures are noisy, CPU seconds less so.", "",
         markdown_table(rows),
     ])
     write_section("split", body, args.report)

@@ -22,9 +22,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-EVAL_EXCLUDED_SPLITS = ("train",)
-
-
 def retrievers_of(params: dict, variant: str, root: Path) -> list[tuple[str, Path, str | None]]:
     """``(name, encoder folder, fine-tuning run id or None)`` for every retriever to evaluate."""
     from qac.tracking import read_run_record
@@ -47,39 +44,36 @@ def evaluation_datasets(params: dict) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, device, out_dir: Path) -> dict:
-    """Search every evaluation split of ``dataset``; write runs and per-query values; ``{split: EvalResult}``."""
-    from qac.evaluation.metrics import evaluate
+def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths: tuple[int, int], device,
+                          out_dir: Path) -> dict:
+    """Encode ``dataset``'s corpus once, search every evaluation split; write runs and per-query values.
+
+    Returns ``{split: EvalResult}``. ``lengths`` are the query and passage max lengths of fine-tuning.
+    """
+    from qac.evaluation.report import evaluate_split, evaluation_splits
+    from qac.evaluation.trec_io import write_run
     from qac.io import write_json
     from qac.retrieval import document_text
-    from qac.retrieval.dense import dense_search
-    from qac.evaluation.runs import write_trec_run
+    from qac.retrieval.encode import encode_texts
+    from qac.retrieval.search import dense_search
 
-    splits = [split for split in dataset.splits if split not in EVAL_EXCLUDED_SPLITS]
+    query_max_len, passage_max_len = lengths
+    options = dict(batch_size=settings.get("batch_size", 128), pooling=model.pooling, device=device)
     doc_ids = list(dataset.corpus)
-    doc_texts = [document_text(dataset.corpus[d].title, dataset.corpus[d].text) for d in doc_ids]
+    doc_vectors = encode_texts(model.encoder, tokenizer,
+                               [document_text(dataset.corpus[d].title, dataset.corpus[d].text) for d in doc_ids],
+                               max_length=passage_max_len, **options)
     results = {}
-    for split in splits:
+    for split in evaluation_splits(dataset):
         queries = dataset.split_queries(split)
-        run = dense_search(model, tokenizer, queries, doc_ids, doc_texts, depth=settings["depth"])
-        write_trec_run(out_dir / f"{split}.trec", run, tag=out_dir.parent.name)
-        result = evaluate(dataset.qrels[split], run, settings["metrics"],
-                          rel_threshold=dataset.rel_threshold(split),
-                          ignore_identical_ids=dataset.ignore_identical_ids)
+        query_vectors = encode_texts(model.encoder, tokenizer, list(queries.values()), max_length=query_max_len,
+                                     **options)
+        run = dense_search(list(queries), query_vectors, doc_ids, doc_vectors, k=settings["depth"])
+        write_run(out_dir / f"{split}.trec", run, tag=out_dir.parent.name)
+        result = evaluate_split(dataset, split, run, settings["metrics"])
         write_json(out_dir / f"{split}.per_query.json", result.per_query)
         results[split] = result
     return results
-
-
-def log_results(run, results: dict, dataset_name: str) -> None:
-    """Metrics ``<dataset>/<split>/<measure>`` and per-query artifacts into the active MLflow run."""
-    import mlflow
-
-    from qac.tracking import log_metrics, metric_key
-
-    for split, result in results.items():
-        log_metrics({metric_key(dataset_name, split, measure): value for measure, value in result.aggregate.items()})
-        mlflow.log_dict(result.per_query, f"per_query/{dataset_name}/{split}.json")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.config import load_params, profile_dir
     from qac.data.prepared import load_prepared
     from qac.distributed import init_distributed
+    from qac.evaluation.report import log_evaluation
     from qac.io import atomic_path, write_json
     from qac.models.loading import load_tokenizer
     from qac.tracking import read_run_record, stage_run, tracking_uri, write_run_record
@@ -103,28 +98,27 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown variant {variant!r}: not a key of pretrain.variants in params.yaml")
     root = profile_dir(params)
     settings = params["evaluate"]
+    lengths = (params["finetune"]["query_max_len"], params["finetune"]["passage_max_len"])
     retrievers = retrievers_of(params, variant, root)
+    parent = read_run_record(root / "pretrain" / variant)
     device = init_distributed().device
     out_dir = root / "eval" / variant
-    summary: dict = {}
-    logged: dict[str, dict] = {name: {} for name, _, _ in retrievers}
+    results: dict[str, dict[str, dict]] = {name: {} for name, _, _ in retrievers}
     with atomic_path(out_dir, directory=True) as staging:
         # Datasets outside, retrievers inside: each corpus is read once.
         for dataset_name in evaluation_datasets(params):
             dataset = load_prepared(root / "datasets" / dataset_name)
             for name, folder, _ in retrievers:
-                model = BiEncoder.from_pretrained(folder, pooling=params["finetune"].get("pooling", "cls")).eval()
-                results = evaluate_retriever_on(model.to(device), load_tokenizer(str(folder)), dataset,
-                                                settings=settings, device=device,
-                                                out_dir=Path(staging) / name / dataset_name)
-                logged[name][dataset_name] = results
-                summary.setdefault(name, {})[dataset_name] = {
-                    split: result.aggregate for split, result in results.items()}
+                model = BiEncoder.from_pretrained(folder, pooling=params["finetune"].get("pooling", "cls"))
+                results[name][dataset_name] = evaluate_retriever_on(
+                    model.to(device), load_tokenizer(str(folder)), dataset, settings=settings, lengths=lengths,
+                    device=device, out_dir=Path(staging) / name / dataset_name)
 
+        # Metrics go into each fine-tuning run (reopened by id); the untuned
+        # encoder has no fine-tuning run, so it gets its own beside them.
         mlflow.set_tracking_uri(tracking_uri())
         for name, folder, run_id in retrievers:
             if run_id is None:
-                parent = read_run_record(root / "pretrain" / variant)
                 opened = stage_run(params, f"evaluate@{variant}", f"eval/{name}/{variant}", kind="baseline",
                                    stage_params={"encoder": str(folder), **settings},
                                    tags={"qac.retriever": name, "qac.variant": variant},
@@ -132,10 +126,14 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 opened = mlflow.start_run(run_id=run_id)
             with opened as run:
-                for dataset_name, results in logged[name].items():
-                    log_results(run, results, dataset_name)
+                for dataset_name, by_split in results[name].items():
+                    for split, result in by_split.items():
+                        log_evaluation(result, dataset_name, split)
                 if run_id is None:
                     write_run_record(Path(staging) / name, run.info.run_id, variant=variant, retriever=name)
+    summary = {name: {dataset_name: {split: result.aggregate for split, result in by_split.items()}
+                      for dataset_name, by_split in by_dataset.items()}
+               for name, by_dataset in results.items()}
     write_json(root / "metrics" / "eval" / f"{variant}.json", summary)
 
 

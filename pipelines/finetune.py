@@ -118,12 +118,12 @@ def main(argv: list[str] | None = None) -> None:
             r1, tokenizer, queries = train_retriever("r1", bm25_negatives, staging=staging, dist=dist,
                                                      inputs=inputs, **common)
             mined_path = staging / "mined_negatives.jsonl"
+            records = mine_with_retriever(
+                r1, tokenizer, queries, passage_text, depth=section["mine_depth"],
+                skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
+                passage_max_len=settings.passage_max_len, batch_size=section.get("encode_batch_size", 128),
+                dist=dist)
             if dist.is_main:
-                records = mine_with_retriever(
-                    r1, tokenizer, queries, passage_text, depth=section["mine_depth"],
-                    skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
-                    passage_max_len=settings.passage_max_len, batch_size=section.get("encode_batch_size", 128),
-                    device=dist.device)
                 write_jsonl(mined_path, records)
             barrier()
             negatives = read_negatives(mined_path)

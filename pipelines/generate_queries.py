@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     compute = {"dtype": str(dtype or "float32"), "batch_invariant": invariant}
     if not invariant:  # then the batch composition can change rare tokens: keep it fixed for resumption
         compute["batch_size"] = int(section["batch_size"])
-    manifest = build_manifest(passages_path, str(generator_dir), settings, int(section["chunk_size"]), compute)
+    manifest = build_manifest(passages_path, str(generator_dir), settings, int(section["chunk_size"]), compute,
+                              section.get("max_passages"))
     store = ChunkStore(work_dir_for(output), manifest)
     if ctx.is_main:
         store.prepare()

@@ -37,7 +37,7 @@ def main() -> int:
     from qac.distributed import autocast_dtype, init_distributed
     from qac.io import atomic_path, write_json
     from qac.querygen.generate import QueryGenerator, SamplingSettings
-    from qac.querygen.pairs import build_pairs, split_heldout
+    from qac.querygen.pairs import build_pairs, cap_training_pairs, split_heldout
     from qac.querygen.quality import evaluate_queries
     from qac.querygen.train_generator import (TrainSettings, build_bert2bert, load_pretrained_generator,
                                               save_generator, train_generator)
@@ -58,6 +58,7 @@ def main() -> int:
 
     pairs = build_pairs(datasets_dir, train_dataset, corpora, bool(section.get("use_titles", True)))
     train_pairs, heldout = split_heldout(pairs, section["heldout_fraction"], section["max_heldout"], seed)
+    train_pairs = cap_training_pairs(train_pairs, section.get("max_train_pairs"), seed)
     counts = {"pairs/train": len(train_pairs), "pairs/heldout": len(heldout),
               "pairs/query": sum(p.kind == "query" for p in pairs), "pairs/title": sum(p.kind == "title" for p in pairs)}
 

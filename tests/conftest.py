@@ -39,3 +39,23 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip(f"data mirror {SHARED_DATA} not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def copy_repository():
+    """Copy the checkout without its environment, outputs and history (``qac/data`` is code and stays)."""
+    import shutil
+
+    top_level_skip = {".venv", "data", "mlflow.db", "mlartifacts", "mlruns", ".git", "reports", "hpo"}
+
+    def ignore(directory, names):
+        skipped = {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
+        if Path(directory).resolve() == REPO_ROOT.resolve():
+            skipped |= top_level_skip & set(names)
+        return skipped
+
+    def copy(destination: Path) -> Path:
+        shutil.copytree(REPO_ROOT, destination, ignore=ignore)
+        return destination
+
+    return copy

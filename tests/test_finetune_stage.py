@@ -8,6 +8,7 @@ its pre-training run. The evaluation and leakage tests reuse it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -91,42 +92,71 @@ def make_study(root: Path, tiny_bert_dir: Path, variants=("none",)) -> dict:
     return params
 
 
-@pytest.fixture()
-def study(tmp_path, tiny_bert_dir, mlflow_store, monkeypatch):
-    root = tmp_path / "study"
-    root.mkdir()
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("QAC_PARAMS", str(root / "params.yaml"))
-    params = make_study(root, tiny_bert_dir)
-    return root, params
+@pytest.fixture(scope="module")
+def shared_mlflow_store(tmp_path_factory):
+    """As the ``mlflow_store`` fixture, but one SQLite store per module: creating its schema takes seconds."""
+    with pytest.MonkeyPatch.context() as patch:
+        uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        yield uri
 
 
-def finetuned_study(study):
-    """Run the finetune stage of variant ``none`` in the study."""
-    load_stage("finetune").main(["--variant", "none"])
-    return study
+@contextlib.contextmanager
+def study_dir(root: Path, tiny_bert_dir: Path):
+    """Work inside a fresh tiny study at ``root`` (cwd and QAC_PARAMS point there)."""
+    root.mkdir(parents=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        patch.setenv("QAC_PARAMS", str(root / "params.yaml"))
+        yield make_study(root, tiny_bert_dir)
 
 
-def test_finetune_stage_writes_two_retrievers_and_mined_negatives(study):
-    import mlflow
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):
+    """One finetune@none run on the tiny study, with the start of every fine-tuning recorded."""
+    from qac.train import finetune
+
+    root = tmp_path_factory.mktemp("finetuned") / "study"
+    starts = []
+    original = finetune.BiEncoder.from_pretrained
+
+    def recording(path, **kwargs):
+        starts.append(Path(path))
+        return original(path, **kwargs)
+
+    with study_dir(root, tiny_bert_dir) as params, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(finetune.BiEncoder, "from_pretrained", staticmethod(recording))
+        load_stage("finetune").main(["--variant", "none"])
+    return root, params, starts
+
+
+def test_finetune_stage_writes_two_retrievers_and_mined_negatives(finetuned):
     from transformers import AutoModel
 
-    root, params = finetuned_study(study)
+    root, params, _ = finetuned
     out = root / "data" / "smoke" / "finetune" / "none"
     assert sorted(p.name for p in out.iterdir()) == ["mined_negatives.jsonl", "r1", "r2"]
     for name in ("r1", "r2"):
         AutoModel.from_pretrained(out / name)
         assert (out / name / "tokenizer.json").exists() or (out / name / "vocab.txt").exists()
 
-    train_qrels = {f"q{i}": f"d{i}" for i in range(16)}
+    train_positive = {f"q{i}": f"d{i}" for i in range(16)}
     mined = [json.loads(line) for line in (out / "mined_negatives.jsonl").read_text().splitlines()]
-    assert sorted(record["qid"] for record in mined) == sorted(train_qrels)
+    assert sorted(record["qid"] for record in mined) == sorted(train_positive)
     for record in mined:
-        assert train_qrels[record["qid"]] not in record["negatives"]  # positives never mined as negatives
-        assert 0 < len(record["negatives"]) <= params["finetune"]["mine_depth"]
+        assert record["positives"] == [train_positive[record["qid"]]]
+        assert train_positive[record["qid"]] not in record["negatives"]  # positives are never negatives
+        # the top 6 (mine_depth) minus the positive if it was retrieved there
+        assert len(record["negatives"]) in (5, 6)
 
+
+def test_finetune_runs_nest_under_the_pretraining_run(finetuned, shared_mlflow_store):
+    import mlflow
+
+    root, _, _ = finetuned
+    out = root / "data" / "smoke" / "finetune" / "none"
     pretrain_run = json.loads((root / "data/smoke/pretrain/none/mlflow_run.json").read_text())["run_id"]
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(shared_mlflow_store)
     for name in ("r1", "r2"):
         run = client.get_run(json.loads((out / name / "mlflow_run.json").read_text())["run_id"])
         assert run.info.run_name == f"finetune/{name}/none"
@@ -139,39 +169,32 @@ def test_finetune_stage_writes_two_retrievers_and_mined_negatives(study):
         assert len(client.get_metric_history(run.info.run_id, "lr")) == 2
 
 
-def test_retriever_two_restarts_from_the_pretrained_encoder(study, monkeypatch):
-    from qac.train import finetune
-
-    starts = []
-    original = finetune.BiEncoder.from_pretrained
-
-    def recording(path, **kwargs):
-        starts.append(Path(path))
-        return original(path, **kwargs)
-
-    monkeypatch.setattr(finetune.BiEncoder, "from_pretrained", staticmethod(recording))
-    root, _ = finetuned_study(study)
+def test_retriever_two_restarts_from_the_pretrained_encoder(finetuned):
+    root, _, starts = finetuned
     encoder = root / "data" / "smoke" / "pretrain" / "none" / "encoder"
     assert starts == [encoder, encoder]
 
 
-def test_missing_pretraining_run_record_fails_and_leaves_no_output(study):
-    root, _ = study
-    (root / "data/smoke/pretrain/none/mlflow_run.json").unlink()
-    with pytest.raises(SystemExit, match="mlflow_run.json"):
-        load_stage("finetune").main(["--variant", "none"])
+def test_missing_pretraining_run_record_fails_and_leaves_no_output(tmp_path, tiny_bert_dir, shared_mlflow_store):
+    root = tmp_path / "study"
+    with study_dir(root, tiny_bert_dir):
+        (root / "data/smoke/pretrain/none/mlflow_run.json").unlink()
+        with pytest.raises(SystemExit, match="mlflow_run.json"):
+            load_stage("finetune").main(["--variant", "none"])
     assert not (root / "data" / "smoke" / "finetune").exists()
 
 
-def test_a_failure_during_training_leaves_no_partial_output(study, monkeypatch):
+def test_a_failure_during_training_leaves_no_partial_output(tmp_path, tiny_bert_dir, shared_mlflow_store,
+                                                            monkeypatch):
     from qac.train import finetune
 
     def broken(*args, **kwargs):
         raise RuntimeError("out of memory")
 
     monkeypatch.setattr(finetune, "train_biencoder", broken)
-    root, _ = study
-    with pytest.raises(RuntimeError, match="out of memory"):
-        load_stage("finetune").main(["--variant", "none"])
+    root = tmp_path / "study"
+    with study_dir(root, tiny_bert_dir):
+        with pytest.raises(RuntimeError, match="out of memory"):
+            load_stage("finetune").main(["--variant", "none"])
     finetune_dir = root / "data" / "smoke" / "finetune"
     assert not finetune_dir.exists() or not any(finetune_dir.iterdir())

@@ -26,7 +26,10 @@ from qac.config import render_profile, write_params
 REPO = Path(__file__).resolve().parent.parent
 
 STAND_IN_JOB = textwrap.dedent('''
-    """Scores a trial by -(log10(lr) + 4)^2, reporting it four times, 0.4 s apart."""
+    """Scores a trial by -(log10(lr) + 4)^2, reporting it four times, 0.2 s apart.
+
+    The job of trial 1 first waits 60 s: that is the trial whose worker the test kills.
+    """
     import argparse, math, os, time
     from pathlib import Path
     import yaml
@@ -40,8 +43,10 @@ STAND_IN_JOB = textwrap.dedent('''
     lr = params["pretrain"]["variants"][params["hpo"]["variant"]]["lr"]
     Path(args.out, "job.pid").write_text(str(os.getpid()))
     value = -(math.log10(lr) + 4) ** 2
+    if Path(args.out).name == "0001":
+        time.sleep(60)
     for step in range(4):
-        time.sleep(0.4)
+        time.sleep(0.2)
         emit_event("intermediate", step=step, value=value)
     emit_event("result", value=value, metrics={"score": value})
 ''')
@@ -79,21 +84,15 @@ def test_a_worker_killed_mid_trial_fails_that_trial_and_the_study_goes_on(tmp_pa
     driver = subprocess.Popen([sys.executable, "-m", "qac.cli", "hpo", "--params", str(params_path), "--workers", "2"],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        # Wait for a trial that is running its job, then kill its worker outright.
+        # Wait until trial 1 runs its job, then kill its worker outright.
+        pid_file = journal.parent / "trials" / "0001" / "job.pid"
         deadline = time.monotonic() + 90
-        victim = None
-        while victim is None and time.monotonic() < deadline and driver.poll() is None:
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline and driver.poll() is None, "trial 1 did not start its job"
             time.sleep(0.2)
-            if not journal.exists():
-                continue
-            for trial in _load(journal).get_trials(states=(TrialState.RUNNING,)):
-                pid_file = journal.parent / "trials" / f"{trial.number:04d}" / "job.pid"
-                if "qac.worker" in trial.user_attrs and pid_file.exists() and pid_file.read_text():
-                    victim = (trial.number, trial.user_attrs["qac.worker"]["pid"], int(pid_file.read_text()),
-                              trial.params)
-                    break
-        assert victim is not None, "no trial started its job"
-        killed_trial, worker_pid, job_pid, killed_params = victim
+        victim = _load(journal).trials[1]
+        killed_trial, worker_pid, job_pid = 1, victim.user_attrs["qac.worker"]["pid"], int(pid_file.read_text())
+        killed_params = victim.params
         os.kill(worker_pid, signal.SIGKILL)
         output, _ = driver.communicate(timeout=120)
     finally:

@@ -137,7 +137,9 @@ def reference(qrels, run, measure: str, rel_threshold: int):
         name, key = {
             "R": (f"recall.{k}", f"recall_{k}"),
             "P": (f"P.{k}", f"P_{k}"),
-            "nDCG": (f"ndcg_cut.{k}", f"ndcg_cut_{k}") if k else ("ndcg", "ndcg"),
+            # pytrec_eval's plain "ndcg" can hang after other evaluators ran in the same
+            # process; a cutoff beyond every run's length is the same measure.
+            "nDCG": (f"ndcg_cut.{k or 100000}", f"ndcg_cut_{k or 100000}"),
             "AP": ("map", "map"),
         }[parsed.family]
     evaluator = pytrec_eval.RelevanceEvaluator(qrels, {name}, relevance_level=rel_threshold)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
 
+
 def _run(cmd, cwd, env, check=True):
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:
@@ -30,10 +30,9 @@ def _run(cmd, cwd, env, check=True):
 
 
 @pytest.fixture(scope="module")
-def smoke_study(tmp_path_factory, shared_data):
+def smoke_study(tmp_path_factory, shared_data, copy_repository):
     work = tmp_path_factory.mktemp("study") / "repo"
-    shutil.copytree(REPO, work, ignore=shutil.ignore_patterns(
-        ".venv", "data", "mlflow.db", "mlartifacts", "mlruns", ".git", "*.egg-info", "__pycache__", "hpo"))
+    copy_repository(work)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(work),
            "QAC_DATA_MIRROR": str(shared_data), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)

@@ -81,6 +81,19 @@ def test_not_in_the_mirror_and_an_unreachable_url_is_a_clear_error(tmp_path):
     assert not (tmp_path / "downloads").exists()
 
 
+def test_a_hub_dataset_without_a_reachable_hub_fails_when_located(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    hub_spec = spec(format="hf", hub="BeIR/scifact", mirror="scifact-hub")
+    with pytest.raises(DatasetUnavailableError) as caught:
+        locate_dataset(hub_spec, tmp_path / "mirror", tmp_path / "downloads")
+    assert str(tmp_path / "mirror" / "scifact-hub") in str(caught.value) and "BeIR/scifact" in str(caught.value)
+    # With a BEIR copy in the mirror, the hub is not needed.
+    write_tree(tmp_path / "mirror" / "scifact-hub", beir_files())
+    assert locate_dataset(hub_spec, tmp_path / "mirror", tmp_path / "downloads").origin == "mirror"
+
+
 def test_an_incomplete_mirror_folder_says_what_is_missing(tmp_path):
     files = beir_files()
     del files["qrels/train.tsv"]

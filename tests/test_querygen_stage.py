@@ -138,6 +138,12 @@ def test_batch_size_and_shards_give_identical_bytes(tmp_path, t5_dir, monkeypatc
     assert run_stage(params, monkeypatch, "--merge-only").read_bytes() == reference
 
 
+def test_max_passages_gives_a_prefix_of_the_full_output(tmp_path, t5_dir, monkeypatch, mlflow_store, reference):
+    params = make_project(tmp_path, t5_dir, max_passages=5)
+    lines = run_stage(params, monkeypatch).read_bytes().splitlines(keepends=True)
+    assert b"".join(lines) == b"".join(reference.splitlines(keepends=True)[:5])
+
+
 def test_changed_settings_do_not_reuse_stale_chunks(tmp_path, t5_dir, monkeypatch, mlflow_store):
     params = make_project(tmp_path / "changed", t5_dir, top_k=1)
     run_stage(params, monkeypatch, "--shard", "0/2")     # commits chunks 0, 2, 4 with top_k = 1
@@ -150,7 +156,7 @@ def test_changed_settings_do_not_reuse_stale_chunks(tmp_path, t5_dir, monkeypatc
 @pytest.mark.slow
 def test_torchrun_two_processes_match_a_single_process(tmp_path, t5_dir, reference, mlflow_store):
     params = make_project(tmp_path, t5_dir)
-    result = subprocess.run([str(TORCHRUN), "--nproc_per_node", "2", "--master_port", "29561", str(STAGE)],
+    result = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(STAGE)],
                             cwd=tmp_path, env=subprocess_env(params, mlflow_store), capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

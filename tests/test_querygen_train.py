@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.querygen.pairs import Pair, build_pairs, split_heldout
+from qac.querygen.pairs import Pair, build_pairs, cap_training_pairs, split_heldout
 from qac.querygen.quality import SelfRetrieval, random_sentence, rouge_l
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,6 +70,15 @@ def test_heldout_split_is_seeded_disjoint_and_capped():
     assert len(heldout) == 7 and len(train) == 43 and not set(train) & set(heldout)
     assert split_heldout(pairs, 0.2, 7, seed=1) == (train, heldout)
     assert len(split_heldout(pairs, 0.1, 100, seed=1)[1]) == 5
+
+
+def test_training_pair_cap_keeps_queries_before_titles():
+    pairs = [Pair(f"s{i}", f"t{i}", "title" if i % 3 else "query", "x", str(i)) for i in range(30)]
+    capped = cap_training_pairs(pairs, 12, seed=0)
+    assert len(capped) == 12 and sum(p.kind == "query" for p in capped) == 10   # all 10 queries, 2 titles
+    assert capped == [p for p in pairs if p in capped]                          # original order
+    assert cap_training_pairs(pairs, None, seed=0) == pairs
+    assert len([p for p in cap_training_pairs(pairs, 4, seed=0) if p.kind == "title"]) == 0
 
 
 def test_rouge_l_and_self_retrieval_by_hand():

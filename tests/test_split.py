@@ -194,7 +194,8 @@ def test_every_long_sentence_of_the_whole_scifact_corpus_is_cut_to_fit(shared_da
     splitter = load_sentence_splitter(scifact_punkt)
     max_len = 64
     texts = [d.full_text for d in iter_corpus_jsonl(shared_data / "scifact" / "corpus.jsonl")]
-    spans = [(text, span) for text in texts for span in splitter.span_tokenize(text)]
+    # A WordPiece token covers at least one character: shorter sentences cannot be too long.
+    spans = [(text, (s, e)) for text in texts for s, e in splitter.span_tokenize(text) if e - s > max_len]
     lengths = counter.lengths([text[s:e] for text, (s, e) in spans])
     long = [(text, span) for (text, span), n in zip(spans, lengths) if n > max_len]
     assert len(texts) == 5183 and len(long) > 100
@@ -204,6 +205,17 @@ def test_every_long_sentence_of_the_whole_scifact_corpus_is_cut_to_fit(shared_da
     assert max(piece_lengths) <= max_len
 
 
+def test_output_does_not_depend_on_chunking(scifact_documents, scifact_punkt):
+    from qac.data.splitting import iter_split_corpus
+
+    common = dict(tokenizer_spec="minilm", punkt_dir=scifact_punkt, settings=settings(max_len=64, short_span_prob=0.15))
+    documents = scifact_documents[:100]
+    by_64 = list(iter_split_corpus(documents, chunk_size=64, **common))
+    by_7 = list(iter_split_corpus(documents, chunk_size=7, **common))
+    assert by_64 == by_7 and [split.doc_id for split in by_7] == [doc_id for doc_id, _ in documents]
+
+
+@pytest.mark.slow  # starts worker processes
 def test_output_is_identical_with_one_or_two_workers(shared_data, scifact_documents, scifact_punkt, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     with open(shared_data / "scifact" / "corpus.jsonl", encoding="utf-8") as source:

@@ -291,18 +291,22 @@ def test_table5_annotation(study, tables):
     assert diff.value == pytest.approx(50.0) and diff.p_value == pytest.approx(0.5, abs=0.03)
 
 
-def test_randomization_test_agrees_with_scipy():
-    import numpy as np
-    from scipy import stats
+def test_p_values_are_the_evaluation_packages_randomization_test(study, tables):
+    from qac.evaluation.significance import randomization_test
 
-    from qac.reporting.tables import _randomization_test
+    with_query = {f"q{i + 1}": v for i, v in enumerate(ZERO_SHOT["cotmae-query-q4"]["cranfield"])}
+    without = {f"q{i + 1}": v for i, v in enumerate(ZERO_SHOT["cotmae-passage"]["cranfield"])}
+    cell = tables["table2"].cell("cranfield", "CoT-MAE Δ")
+    assert cell.p_value == randomization_test(with_query, without, trials=PARAMS["tables"]["permutations"], seed=SEED)
 
-    rng = np.random.default_rng(0)
-    a = rng.uniform(size=10)
-    b = a - rng.normal(0.1, 0.2, size=10)
-    exact = stats.permutation_test((a, b), lambda x, y: np.mean(x - y), permutation_type="samples",
-                                   n_resamples=np.inf, alternative="two-sided").pvalue
-    assert _randomization_test(a, b, 20000, seed=1) == pytest.approx(exact, abs=0.01)
+
+def test_queries_of_one_system_only_are_left_out_of_the_test():
+    from qac.reporting.tables import paired_p_value
+
+    p, n, note = paired_p_value({"a": 1.0, "b": 1.0, "c": 0.0}, {"a": 0.0, "b": 0.0}, permutations=200)
+    assert n == 2 and "1 queries" in note
+    # Both shared queries gain 1: 2 of the 4 sign assignments reach |mean| 1, p about 0.5.
+    assert p == pytest.approx(0.5, abs=0.1)
 
 
 def test_report_files_are_traceable(study, tmp_path):

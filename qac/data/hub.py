@@ -35,6 +35,11 @@ def _load(name: str, config: str | None = None, split: str | None = None):
         ) from error
 
 
+def check_hub_dataset(name: str) -> None:
+    """Raise :class:`DatasetUnavailableError` unless ``name`` can be loaded (loads its small queries table)."""
+    _load(name, "queries", "queries")
+
+
 def read_hub_dataset(name: str, splits: Iterable[str], *, qrels_name: str | None = None,
                      min_text_chars: int = 1, skipped: Counter | None = None) -> Dataset:
     """A BEIR dataset from the hub: ``name`` (corpus, queries) and ``qrels_name`` (default ``<name>-qrels``)."""

@@ -25,7 +25,8 @@ downloads. :func:`read_dataset` reads the located files by ``format``:
   defaults ``queries.<split>.tsv`` and ``qrels.<split>.tsv``, as in MS MARCO's
   ``collectionandqueries.tar.gz``);
 - ``hf``: the Hugging Face dataset ``hub`` (e.g. ``BeIR/scifact``), used when the
-  mirror has no BEIR copy of it.
+  mirror has no BEIR copy of it; locating it loads its small queries table, so an
+  unreachable hub fails before any work.
 
 Paths in ``topics``/``qrels`` are relative to the dataset's folder or, failing
 that, to the mirror root (the paper profile takes TREC DL files from the
@@ -176,6 +177,12 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
     if spec.format != "hf" and cached.is_dir() and not _missing(cached, spec.corpus_files()):
         return Source("download", cached, spec.url or f"cache:{spec.name}")
     if spec.format == "hf":
+        from qac.data.hub import check_hub_dataset
+
+        try:
+            check_hub_dataset(spec.hub)
+        except DatasetUnavailableError as error:
+            raise DatasetUnavailableError(f"dataset {spec.name!r}: not found in {'; '.join(tried)}, and {error}") from error
         return Source("hub", None, f"hf:{spec.hub}")
     if not spec.url:
         raise DatasetUnavailableError(f"dataset {spec.name!r}: not found in {'; '.join(tried)}, "

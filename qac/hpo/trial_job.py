@@ -148,26 +148,16 @@ def dev_corpus_ids(corpus_ids: list[str], dev_qrels: Mapping[str, Mapping[str, i
 
 # --- dev evaluation -----------------------------------------------------------------
 
-def encode_texts(model, tokenizer, texts: list[str], max_len: int, device, batch_size: int = 128):
-    """The bi-encoder's vectors of ``texts`` (one CPU float tensor), without gradients."""
-    import torch
-
-    vectors = []
-    with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            batch = tokenizer(texts[start:start + batch_size], max_length=max_len, truncation=True,
-                              padding=True, return_tensors="pt")
-            vectors.append(model.encode({key: value.to(device) for key, value in batch.items()}).float().cpu())
-    return torch.cat(vectors)
-
-
 class DevEvaluator:
-    """Dense retrieval of the dev queries over the whole corpus, scored with trec_eval semantics."""
+    """Dense retrieval of the dev queries (exact inner-product search), scored with trec_eval semantics."""
 
     def __init__(self, dataset, doc_ids: list[str], dev_qrels: Mapping[str, Mapping[str, int]], measures: list[str],
-                 query_max_len: int, passage_max_len: int, depth: int, device):
+                 query_max_len: int, passage_max_len: int, depth: int, device, batch_size: int = 128):
+        from qac.retrieval import document_text
+
         self.doc_ids = doc_ids
-        self.doc_texts = [dataset.corpus[doc_id].full_text for doc_id in self.doc_ids]
+        self.doc_texts = [document_text(dataset.corpus[doc_id].title, dataset.corpus[doc_id].text)
+                          for doc_id in doc_ids]
         self.qids = sorted(dev_qrels)
         self.query_texts = [dataset.queries[qid] for qid in self.qids]
         self.qrels = dev_qrels
@@ -175,24 +165,24 @@ class DevEvaluator:
         self.rel_threshold = dataset.rel_threshold("train")
         self.ignore_identical_ids = dataset.ignore_identical_ids
         self.query_max_len, self.passage_max_len = query_max_len, passage_max_len
-        self.depth = min(depth, len(self.doc_ids))
+        self.depth = depth
         self.device = device
+        self.batch_size = batch_size
 
     def __call__(self, model, tokenizer) -> dict[str, float]:
-        import torch
-
+        """Evaluate a :class:`~qac.train.biencoder.BiEncoder` (its training mode is restored)."""
         from qac.evaluation.metrics import evaluate
+        from qac.retrieval.encode import encode_texts
+        from qac.retrieval.search import dense_search
 
-        was_training = model.training
-        model.eval()
-        try:
-            passages = encode_texts(model, tokenizer, self.doc_texts, self.passage_max_len, self.device)
-            queries = encode_texts(model, tokenizer, self.query_texts, self.query_max_len, self.device)
-        finally:
-            model.train(was_training)
-        scores, indices = torch.topk(queries @ passages.T, self.depth, dim=1)
-        run = {qid: {self.doc_ids[i]: float(s) for s, i in zip(row_scores.tolist(), row_indices.tolist())}
-               for qid, row_scores, row_indices in zip(self.qids, scores, indices)}
+        def encode(texts: list[str], max_length: int):
+            return encode_texts(model.encoder, tokenizer, texts, max_length=max_length, batch_size=self.batch_size,
+                                pooling=model.pooling, device=self.device)
+
+        passages = encode(self.doc_texts, self.passage_max_len)
+        queries = encode(self.query_texts, self.query_max_len)
+        # A dev corpus is small (hpo.dev.max_documents): exact search on the CPU leaves the GPU to training.
+        run = dense_search(self.qids, queries, self.doc_ids, passages, k=self.depth, use_gpu=False)
         result = evaluate(self.qrels, run, self.measures, rel_threshold=self.rel_threshold,
                           ignore_identical_ids=self.ignore_identical_ids)
         return result.aggregate
@@ -266,7 +256,7 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     start = work / "pretrain" / "encoder"
 
     # Retriever 1 on BM25 negatives of the remaining training queries.
-    section = dict(params["finetune"])
+    section = {**params["finetune"], "log_every": 1}   # on_step every step, so eval_every is honoured
     if settings.finetune_epochs is not None:
         section["epochs"] = settings.finetune_epochs
     finetune_settings = FinetuneSettings.from_params(section, params["seed"])
@@ -309,8 +299,10 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
 
 
 def passage_text_of(dataset) -> dict[str, str]:
-    """Document text for retrieval: title and text joined (as every retrieval stage does)."""
-    return {doc_id: document.full_text for doc_id, document in dataset.corpus.items()}
+    """Document text for retrieval, as every retrieval stage builds it."""
+    from qac.retrieval import document_text
+
+    return {doc_id: document_text(document.title, document.text) for doc_id, document in dataset.corpus.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

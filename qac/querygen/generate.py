@@ -8,18 +8,26 @@ bert2bert ``EncoderDecoderModel``). Decoding is our own loop rather than
 one token per step with its key/value cache, and finished rows leave the
 batch as it shrinks.
 
-Batch-size invariance. A row's logits depend slightly (about 1e-6 in fp32)
-on the shape of the batch it was computed in. A sampling decision that lies
-within a small margin of an edge (see :func:`qac.querygen.sampling.sample_tokens`)
-is therefore taken again from *canonical* logits: the passage alone, unpadded,
-through the encoder, and its decoder prefix through the decoder without a
-cache. Every other decision is the same under both computations, so the
-output is a function of the passage alone and is byte-identical for any batch
-size. In fp32 about one decision in a hundred needs the recomputation. With
-bf16/fp16 on a GPU the batch noise (about 1e-2) is too large for a narrow
-margin, so the recomputation is off by default there
-(``batch_invariant: auto``); outputs then stay exact across shards and
-resumption (the chunk is the unit of work, its batches always the same) but a
+Batch-size invariance. A row's logits depend slightly (about 5e-6 in fp32)
+on the shape of the batch it was computed in, and a sampling decision is a
+step function of the logits. Two measures make the output a function of the
+passage alone, byte-identical for any batch size:
+
+1. Each passage is encoded alone (unpadded); the batch reuses these encoder
+   states, so only the decoder sees batch-dependent shapes.
+2. A decision that lies within the noise bound of one of its edges
+   (:func:`qac.querygen.sampling.sample_tokens` says which) is taken again from
+   *canonical* logits: the passage's own encoder states and the row's prefix
+   through the decoder alone, without a cache. Every other decision is the
+   same under both computations.
+
+With an untrained MiniLM bert2bert (flat distributions, the worst case) about
+2% of the decisions are recomputed, which costs up to 2.5 times the
+generation time on CPU (see reports/benchmarks.md); trained generators have
+fewer near-ties. With bf16/fp16 on a GPU the batch noise (about 1e-2) is too
+large for this, so invariance is off by default there
+(``batch_invariant: auto``): outputs stay exact across shards and resumption
+(the chunk is the unit of work and its batches are always the same) but a
 different batch size may change rare tokens.
 """
 
@@ -339,7 +347,15 @@ class QueryGenerator:
         """Decide token ``step`` of ``row`` from logits computed for this passage alone, unpadded, without cache."""
         encoder, mask = batch.single_encodings[row // self.settings.queries_per_passage]
         decoder_ids = torch.cat([torch.tensor([self.start_id]), prefix]).to(self.device)[None]
-        logits, _ = self._decoder_logits(encoder, mask, decoder_ids, use_cache=False)
+        # Only the last position's logits are needed: feed the output projection that position alone
+        # (the vocabulary projection over the whole prefix would cost as much as the decoder).
+        head = self.model.get_output_embeddings()
+        hook = head.register_forward_pre_hook(lambda _, args: (args[0][:, -1:], *args[1:])) if head else None
+        try:
+            logits, _ = self._decoder_logits(encoder, mask, decoder_ids, use_cache=False)
+        finally:
+            if hook:
+                hook.remove()
         token, _ = sample_tokens(logits, batch.uniforms[row, step][None], self.settings.top_k, self.settings.top_p)
         return int(token[0])
 

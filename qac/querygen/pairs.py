@@ -138,3 +138,20 @@ def split_heldout(pairs: list[Pair], fraction: float, maximum: int, seed: int) -
     train = [p for i, p in enumerate(pairs) if i not in heldout_index]
     heldout = [pairs[i] for i in sorted(heldout_index)]
     return train, heldout
+
+
+def cap_training_pairs(pairs: list[Pair], maximum: int | None, seed: int) -> list[Pair]:
+    """At most ``maximum`` pairs: query pairs first, then title pairs, each kind in seeded random order.
+
+    Real queries are the signal the generator should imitate; titles only fill
+    the remaining budget. The kept pairs stay in their original order.
+    """
+    if not maximum or len(pairs) <= maximum:
+        return list(pairs)
+    rng = random.Random(seed)
+    chosen: set[int] = set()
+    for kind in ("query", "title"):
+        members = [i for i, pair in enumerate(pairs) if pair.kind == kind]
+        rng.shuffle(members)
+        chosen.update(members[:max(0, int(maximum) - len(chosen))])
+    return [pair for i, pair in enumerate(pairs) if i in chosen]

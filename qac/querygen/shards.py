@@ -20,7 +20,8 @@ stale chunks. A rerun after a crash (even ``kill -9``) skips committed chunks;
 the merge concatenates the chunks in order into ``queries.jsonl``, so the
 result is byte-identical to an uninterrupted run.
 
-``queries.jsonl``: one line per passage, in the order of ``passages.jsonl``:
+``queries.jsonl``: one line per passage, in the order of ``passages.jsonl``
+(the first ``querygen.max_passages`` of them when that is set):
 ``{"pid": "<doc_id>#<k>", "queries": ["...", ...]}`` with the queries in
 generation order (candidate 0 first), after dropping empty and repeated
 candidates when configured.
@@ -103,19 +104,22 @@ def count_passages(path: str | os.PathLike) -> int:
         return sum(1 for line in handle if line.strip())
 
 
-def iter_chunks(path: str | os.PathLike, chunk_size: int,
-                wanted: Callable[[int], bool]) -> Iterator[tuple[int, list[tuple[str, str]]]]:
+def iter_chunks(path: str | os.PathLike, chunk_size: int, wanted: Callable[[int], bool],
+                limit: int | None = None) -> Iterator[tuple[int, list[tuple[str, str]]]]:
     """Yield ``(chunk index, [(pid, text), ...])`` for the chunks ``wanted`` accepts.
 
     Lines of other chunks are counted but not parsed, so a shard reads the
-    whole file cheaply.
+    whole file cheaply. ``limit`` stops after that many passages.
     """
     path = Path(path)
-    chunk, position, current = 0, 0, []
+    chunk, position, current, seen = 0, 0, [], 0
     with open(path, encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
+            if limit is not None and seen == limit:
+                break
+            seen += 1
             if wanted(chunk):
                 current.append(_parse_passage(line, path, line_number))
             position += 1
@@ -212,13 +216,18 @@ class ChunkStore:
 
 
 def build_manifest(passages_path: str | os.PathLike, generator_source: str, settings: SamplingSettings,
-                   chunk_size: int, compute: Mapping[str, Any]) -> dict[str, Any]:
-    """What a set of chunks is generated from; ``compute`` names precision and invariance settings."""
+                   chunk_size: int, compute: Mapping[str, Any], max_passages: int | None = None) -> dict[str, Any]:
+    """What a set of chunks is generated from; ``compute`` names precision and invariance settings.
+
+    ``max_passages`` limits generation to the first passages of the file (null: all).
+    """
     from qac.io import path_md5
 
     if chunk_size < 1:
         raise ValueError(f"querygen.chunk_size must be >= 1, got {chunk_size}")
     passages = count_passages(passages_path)
+    if max_passages is not None:
+        passages = min(passages, int(max_passages))
     if passages == 0:
         raise ValueError(f"{passages_path}: no passages")
     source = Path(generator_source)
@@ -228,6 +237,7 @@ def build_manifest(passages_path: str | os.PathLike, generator_source: str, sett
         "generator_md5": path_md5(source) if source.exists() else None,
         "settings": asdict(settings),
         "chunk_size": chunk_size,
+        "max_passages": max_passages,
         "compute": dict(compute),
     }
     return {**fields, "fingerprint": fingerprint(fields), "passages": passages,
@@ -241,7 +251,8 @@ def generate_chunks(store: ChunkStore, generator: QueryGenerator, passages_path:
     done = set(store.committed())
     todo = lambda k: shard.owns(k) and k not in done  # noqa: E731
     generated = GenerationStats()
-    for chunk, passages in iter_chunks(passages_path, store.manifest["chunk_size"], todo):
+    for chunk, passages in iter_chunks(passages_path, store.manifest["chunk_size"], todo,
+                                       limit=store.manifest["passages"]):
         started = time.perf_counter()
         queries, stats = generator.generate(passages, batch_size, on_batch=progress)
         stats.seconds = time.perf_counter() - started

@@ -101,6 +101,7 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
                     autocast_dtype: torch.dtype | None = None,
                     log: Callable[[dict[str, float], int], None] | None = None) -> dict[str, float]:
     """Fine-tune ``model`` on ``pairs`` (cross-entropy of the target given the source); the final figures."""
+    from tqdm import tqdm
     from transformers import get_linear_schedule_with_warmup
 
     model.to(device).train()
@@ -114,7 +115,9 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
     autocast = (torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype) if autocast_dtype
                 else contextlib.nullcontext())
     rng = random.Random(settings.seed)
+    torch.manual_seed(settings.seed)    # dropout
     step, recent = 0, []
+    bar = tqdm(total=total_steps, unit="step", desc="query generator")
     for epoch in range(settings.epochs):
         order = list(range(len(pairs)))
         rng.shuffle(order)
@@ -131,10 +134,13 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
             optimizer.zero_grad(set_to_none=True)
             step += 1
             recent.append(loss.item())
+            bar.update()
+            bar.set_postfix(loss=f"{recent[-1]:.3f}", refresh=False)
             if log and (step % settings.log_every == 0 or step == total_steps):
                 log({"train/loss": sum(recent) / len(recent), "train/lr": scheduler.get_last_lr()[0],
                      "train/epoch": epoch + start / len(order)}, step)
                 recent = []
+    bar.close()
     model.eval()
     return {"train/steps": step}
 

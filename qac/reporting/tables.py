@@ -122,38 +122,16 @@ def columns_from_params(params: Mapping[str, Any]) -> list[MetricColumn]:
 
 # ---------------------------------------------------------------- significance
 
-def _randomization_test(with_values, without_values, permutations: int, seed: int) -> float:
-    """Two-sided paired randomization (sign-flip) test of the mean difference.
-
-    Each query's difference keeps its size and gets a random sign; the
-    p-value is the share of ``permutations`` sign assignments whose absolute
-    mean difference reaches the observed one, counting the observed
-    assignment itself ((hits + 1) / (permutations + 1)), so p is never 0.
-    """
-    import numpy as np
-
-    differences = np.asarray(with_values, dtype=float) - np.asarray(without_values, dtype=float)
-    observed = abs(differences.mean())
-    rng = np.random.default_rng(seed)
-    hits, done, chunk = 0, 0, max(1, 2_000_000 // max(1, len(differences)))
-    while done < permutations:
-        size = min(chunk, permutations - done)
-        signs = rng.choice((-1.0, 1.0), size=(size, len(differences)))
-        # A small tolerance so float noise does not decide ties with the observed value.
-        hits += int((np.abs((signs * differences).mean(axis=1)) >= observed - 1e-12).sum())
-        done += size
-    return (hits + 1) / (permutations + 1)
-
-
 def paired_p_value(with_values: Mapping[str, float], without_values: Mapping[str, float],
                    permutations: int = 10000, seed: int = 0) -> tuple[float | None, int, str | None]:
-    """p-value for per-query ``{qid: value}`` of two systems on the same queries.
+    """p-value of the paired two-sided randomization test for per-query ``{qid: value}`` of two systems.
 
-    Returns ``(p, number of queries, note)``. Uses
-    ``qac.evaluation.significance.paired_randomization_test`` when the
-    evaluation package provides it, else the sign-flip test above. Queries
-    present on one side only are left out, and the note says how many.
+    Returns ``(p, number of queries, note)``; the test is
+    :func:`qac.evaluation.significance.randomization_test`. Queries present
+    on one side only are left out, and the note says how many.
     """
+    from qac.evaluation.significance import randomization_test
+
     shared = sorted(set(with_values) & set(without_values))
     note = None
     dropped = len(set(with_values) ^ set(without_values))
@@ -161,14 +139,9 @@ def paired_p_value(with_values: Mapping[str, float], without_values: Mapping[str
         note = f"{dropped} queries evaluated for one system only were left out of the test"
     if len(shared) < 2:
         return None, len(shared), "fewer than 2 shared queries: no test"
-    a = [with_values[qid] for qid in shared]
-    b = [without_values[qid] for qid in shared]
-    try:
-        from qac.evaluation.significance import paired_randomization_test
-    except ImportError:
-        return _randomization_test(a, b, permutations, seed), len(shared), note
-    result = paired_randomization_test(a, b, n_permutations=permutations, seed=seed)
-    return float(getattr(result, "p_value", result)), len(shared), note
+    p_value = randomization_test({qid: with_values[qid] for qid in shared},
+                                 {qid: without_values[qid] for qid in shared}, trials=permutations, seed=seed)
+    return p_value, len(shared), note
 
 
 # ---------------------------------------------------------------- cell builders

@@ -87,7 +87,7 @@ def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
     optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=device, weights_only=True))
     scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
     scaler.load_state_dict(torch.load(directory / "scaler.pt", weights_only=True))
-    rng_states = torch.load(directory / "rng.pt", weights_only=False)
+    rng_states = torch.load(directory / "rng.pt", weights_only=True)
     if len(rng_states) == _world_size():
         torch.set_rng_state(rng_states[rank]["cpu"])
         if device.type == "cuda" and rng_states[rank]["cuda"] is not None:

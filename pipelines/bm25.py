@@ -1,0 +1,73 @@
+"""Stage bm25: BM25 hard negatives for fine-tuning and the BM25 baseline row.
+
+BM25 settings (k1, b, stopwords, stemmer) come from the `bm25` section of params.yaml.
+
+Outputs under data/<profile>/bm25/:
+  negatives.jsonl              training queries of `train_dataset`: qid, positives, negatives
+                               (BM25 top `finetune.bm25_depth`, rank order, positives removed)
+  runs/<dataset>/<split>.trec  BM25 runs (depth `evaluate.depth`) of every evaluated split
+                               (all but `train`) of `train_dataset` and the `zero_shot` datasets
+  metrics.json                 {dataset: {split: {measure: value}}}
+  mlflow_run.json              the MLflow run `baseline/bm25`
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from qac.config import load_params, profile_dir
+from qac.data.prepared import load_prepared
+from qac.evaluation.report import TRAIN_SPLIT, evaluate_and_log, evaluation_splits
+from qac.evaluation.trec_io import write_run
+from qac.io import atomic_path, write_json, write_jsonl
+from qac.retrieval.bm25 import BM25Index, BM25Settings
+from qac.retrieval.mining import negatives_records
+from qac.tracking import stage_run, write_run_record
+
+log = logging.getLogger("bm25")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    params = load_params()
+    root = profile_dir(params)
+    train_name = params["train_dataset"]
+    names = list(dict.fromkeys([train_name, *params.get("zero_shot", [])]))
+    depth = int(params["evaluate"]["depth"])
+    measures = list(params["evaluate"]["metrics"])
+    negatives_depth = int(params["finetune"]["bm25_depth"])
+    settings = BM25Settings(**params.get("bm25", {}))
+    stage_params = {"train_dataset": train_name, "zero_shot": names[1:], "depth": depth, "measures": measures,
+                    "bm25_depth": negatives_depth, "bm25": vars(settings)}
+
+    with atomic_path(root / "bm25", directory=True) as out:
+        with stage_run(params, "bm25", "baseline/bm25", kind="baseline", stage_params=stage_params,
+                       inputs={name: root / "datasets" / name for name in names},
+                       tags={"qac.retriever": "bm25"}) as mlflow_run:
+            summary = {}
+            for name in names:
+                dataset = load_prepared(root / "datasets" / name)
+                texts = [document.full_text for document in dataset.corpus.values()]   # title + " " + text
+                index = BM25Index(list(dataset.corpus), texts, settings)
+                if name == train_name:
+                    if TRAIN_SPLIT not in dataset.splits:
+                        raise ValueError(f"train_dataset {name!r} has no '{TRAIN_SPLIT}' split "
+                                         f"(splits: {dataset.splits})")
+                    run = index.search(dataset.split_queries(TRAIN_SPLIT), k=negatives_depth)
+                    records = negatives_records(run, dataset.qrels[TRAIN_SPLIT], negatives_depth,
+                                                rel_threshold=dataset.rel_threshold(TRAIN_SPLIT))
+                    count = write_jsonl(Path(out) / "negatives.jsonl", records)
+                    log.info("%s: BM25 negatives for %d training queries", name, count)
+                for split in evaluation_splits(dataset):
+                    run = index.search(dataset.split_queries(split), k=depth)
+                    write_run(Path(out) / "runs" / name / f"{split}.trec", run, tag="bm25")
+                    result = evaluate_and_log(dataset, split, run, measures)
+                    summary.setdefault(name, {})[split] = result.aggregate
+                    log.info("%s/%s: %s", name, split, result.aggregate)
+            write_json(Path(out) / "metrics.json", summary)
+            write_run_record(out, mlflow_run.info.run_id)
+
+
+if __name__ == "__main__":
+    main()

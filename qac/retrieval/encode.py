@@ -1,0 +1,105 @@
+"""Dense encoding of queries and passages into float32 vectors.
+
+Texts are tokenised once, sorted by length and encoded in batches of similar
+length (little padding, so much less compute), then put back in input order.
+Pooling is the [CLS] vector (the paper's and Tevatron's choice) or the
+attention-masked mean. On GPU the forward pass runs under autocast (bf16, or
+fp16 without bf16 support; ``qac.distributed.autocast_dtype``); outputs are
+always float32 numpy arrays, which callers store as ``.npy``.
+
+Under ``torchrun`` each rank encodes a contiguous share of the texts
+(:func:`shard_bounds`) and :func:`encode_distributed` gathers the shares on
+rank 0 in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import numpy as np
+
+POOLINGS = ("cls", "mean")
+
+
+def pool(hidden, attention_mask, pooling: str):
+    """[CLS] vector or masked mean of the last hidden states."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "mean":
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+
+
+def encode_texts(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    *,
+    max_length: int,
+    batch_size: int = 128,
+    pooling: str = "cls",
+    device=None,
+    dtype: str = "auto",
+    sort_by_length: bool = True,
+) -> np.ndarray:
+    """Encode ``texts`` with a Hugging Face encoder; returns ``float32 [len(texts), hidden]`` in input order."""
+    import torch
+
+    from qac.distributed import autocast_dtype
+
+    if pooling not in POOLINGS:
+        raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    hidden_size = model.config.hidden_size
+    if len(texts) == 0:
+        return np.zeros((0, hidden_size), dtype=np.float32)
+
+    token_ids = tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
+    order = np.argsort([-len(ids) for ids in token_ids], kind="stable") if sort_by_length else np.arange(len(texts))
+    amp = autocast_dtype(dtype, device)
+    autocast = torch.autocast(device_type=device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+
+    out = np.empty((len(texts), hidden_size), dtype=np.float32)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), autocast:
+            for start in range(0, len(order), batch_size):
+                rows = order[start:start + batch_size]
+                batch = tokenizer.pad({"input_ids": [token_ids[i] for i in rows]}, return_tensors="pt")
+                batch = {key: value.to(device) for key, value in batch.items()}
+                output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+                out[rows] = pool(hidden, batch["attention_mask"], pooling).float().cpu().numpy()
+    finally:
+        model.train(was_training)
+    return out
+
+
+def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The contiguous slice ``[start, end)`` of ``n`` items that ``rank`` of ``world_size`` handles."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world of size {world_size}")
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def encode_distributed(model, tokenizer, texts: Sequence[str], ctx, **kwargs) -> np.ndarray | None:
+    """Encode ``texts`` across the ranks of ``ctx`` (a ``DistContext``); the full array on rank 0, None elsewhere.
+
+    Without a process group this is :func:`encode_texts`.
+    """
+    if not ctx.enabled:
+        return encode_texts(model, tokenizer, texts, **kwargs)
+    import torch.distributed as dist
+
+    start, end = shard_bounds(len(texts), ctx.rank, ctx.world_size)
+    share = encode_texts(model, tokenizer, texts[start:end], **kwargs)
+    shares = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(share, shares, dst=0)
+    return np.concatenate(shares, axis=0) if ctx.is_main else None

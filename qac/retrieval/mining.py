@@ -1,0 +1,48 @@
+"""Hard negatives: the highest-ranked documents of a run that are not positives."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from qac.evaluation.metrics import trec_order
+
+
+def positives(qrels: Mapping[str, Mapping[str, int]], rel_threshold: int = 1) -> dict[str, list[str]]:
+    """``{qid: [doc id]}``: the documents judged relevant (label >= ``rel_threshold``), queries with none left out."""
+    found = {qid: [doc for doc, label in judged.items() if label >= rel_threshold] for qid, judged in qrels.items()}
+    return {qid: docs for qid, docs in found.items() if docs}
+
+
+def mine_hard_negatives(
+    run: Mapping[str, Mapping[str, float]],
+    qrels: Mapping[str, Mapping[str, int]],
+    depth: int,
+    skip_top: int = 0,
+    exclude: Mapping[str, Iterable[str]] | None = None,
+    rel_threshold: int = 1,
+) -> dict[str, list[str]]:
+    """For each query of ``run``, the documents ranked ``skip_top + 1 .. depth``, positives removed, in rank order.
+
+    Ranks are the run's (trec_eval order) before positives are removed, so
+    ``depth`` bounds how far down the ranking negatives come from, as in
+    Tevatron's and the paper's "sample negatives from the top 200".
+    ``exclude`` defaults to the positives of ``qrels`` (label >= ``rel_threshold``);
+    documents judged non-relevant stay eligible.
+    """
+    if depth < 1 or not 0 <= skip_top < depth:
+        raise ValueError(f"need depth >= 1 and 0 <= skip_top < depth, got depth={depth}, skip_top={skip_top}")
+    excluded = {qid: set(docs) for qid, docs in (exclude if exclude is not None
+                                                  else positives(qrels, rel_threshold)).items()}
+    negatives = {}
+    for qid, docs in run.items():
+        skip = excluded.get(qid, set())
+        negatives[qid] = [doc for doc in trec_order(docs)[skip_top:depth] if doc not in skip]
+    return negatives
+
+
+def negatives_records(run, qrels, depth: int, skip_top: int = 0, rel_threshold: int = 1) -> list[dict]:
+    """Records of a negatives file (``qid``, ``positives``, ``negatives``) for the queries with positives."""
+    relevant = positives(qrels, rel_threshold)
+    mined = mine_hard_negatives({qid: run.get(qid, {}) for qid in relevant}, qrels, depth, skip_top,
+                                exclude=relevant)
+    return [{"qid": qid, "positives": docs, "negatives": mined[qid]} for qid, docs in relevant.items()]

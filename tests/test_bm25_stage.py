@@ -1,0 +1,97 @@
+"""Stage bm25 end to end on two tiny prepared datasets, with a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qac.io import iter_jsonl
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+METRICS = ["RR@10", "nDCG@10", "R@2"]
+
+
+def write_dataset(root: Path, name: str, corpus: dict, queries: dict, qrels: dict, **info) -> None:
+    folder = root / "data" / "test" / "datasets" / name
+    (folder / "qrels").mkdir(parents=True)
+    with open(folder / "corpus.jsonl", "w") as handle:
+        for doc_id, text in corpus.items():
+            handle.write(json.dumps({"_id": doc_id, "title": "", "text": text}) + "\n")
+    with open(folder / "queries.jsonl", "w") as handle:
+        for qid, text in queries.items():
+            handle.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    for split, rows in qrels.items():
+        lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q, d, r in rows]
+        (folder / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    (folder / "dataset.json").write_text(json.dumps({"name": name, "splits": list(qrels), **info}))
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch, mlflow_store):
+    write_dataset(
+        tmp_path, "tinytrain",
+        corpus={"d1": "apple orchard harvest", "d2": "apple pie recipe", "d3": "banana bread recipe",
+                "d4": "orchard tractor", "d5": "stock market"},
+        queries={"t1": "apple orchard", "s1": "banana recipe", "s2": "tractor"},
+        qrels={"train": [("t1", "d1", 1)], "test": [("s1", "d3", 1), ("s2", "d5", 1)]},
+        rel_threshold={"train": 1, "test": 1}, ignore_identical_ids=False,
+    )
+    write_dataset(
+        tmp_path, "tinyzs",
+        corpus={"z1": "red car", "z2": "red car fast", "z3": "blue boat"},
+        queries={"z1": "red car", "zq": "car"},
+        qrels={"test": [("z1", "z2", 2), ("zq", "z1", 1)]},
+        rel_threshold={"test": 2}, ignore_identical_ids=True,
+    )
+    params = {"profile": "test", "data_dir": "data", "mlflow": {"experiment": None, "system_metrics": False},
+              "train_dataset": "tinytrain", "zero_shot": ["tinyzs"],
+              "finetune": {"bm25_depth": 3}, "evaluate": {"depth": 10, "metrics": METRICS}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
+    return tmp_path
+
+
+def run_stage():
+    spec = importlib.util.spec_from_file_location("bm25_stage", REPO_ROOT / "pipelines" / "bm25.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main()
+
+
+def test_stage_writes_negatives_runs_and_logs_the_baseline(project):
+    import mlflow
+
+    run_stage()
+    out = project / "data" / "test" / "bm25"
+    # t1 "apple orchard": d1 matches both words; d4 (shorter) beats d2 on one word each.
+    assert list(iter_jsonl(out / "negatives.jsonl")) == [{"qid": "t1", "positives": ["d1"], "negatives": ["d4", "d2"]}]
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "runs").rglob("*.trec")) == [
+        "runs/tinytrain/test.trec", "runs/tinyzs/test.trec"]
+    assert "z1 Q0 z1 1" in (out / "runs" / "tinyzs" / "test.trec").read_text()  # kept in the run file
+
+    record = json.loads((out / "mlflow_run.json").read_text())
+    run = mlflow.get_run(record["run_id"])
+    assert run.info.run_name == "baseline/bm25"
+    assert run.data.tags["qac.kind"] == "baseline" and run.data.tags["qac.retriever"] == "bm25"
+    metrics = run.data.metrics
+    # tinytrain: s1 finds d3 first, s2 never finds d5.
+    assert metrics["tinytrain/test/RR_at_10"] == pytest.approx(0.5)
+    # tinyzs: z1's own document is ignored so z2 is first; zq's only judgement (grade 1) is below
+    # the threshold 2, so it scores 0 on RR but not on nDCG, which uses graded gains.
+    assert metrics["tinyzs/test/RR_at_10"] == pytest.approx(0.5)
+    per_query = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/per_query/tinyzs/test.json")
+    assert per_query["RR@10"] == {"z1": 1.0, "zq": 0.0}
+    assert per_query["nDCG@10"]["zq"] == pytest.approx(1.0)
+    assert json.loads((out / "metrics.json").read_text())["tinyzs"]["test"]["RR@10"] == pytest.approx(0.5)
+
+
+def test_failed_stage_leaves_no_output(project):
+    (project / "data" / "test" / "datasets" / "tinyzs" / "dataset.json").unlink()
+    with pytest.raises(Exception, match="dataset.json"):
+        run_stage()
+    assert not (project / "data" / "test" / "bm25").exists()

@@ -1,0 +1,113 @@
+"""The ``evaluate`` stage: runs, per-query values and metrics of r1, r2 and the untuned encoder.
+
+The tiny study is fine-tuned once, then evaluated; the metrics logged into the
+fine-tuning runs are checked against pytrec_eval on the TREC run files the stage
+wrote, with the graded zero-shot set judged at its own threshold (2).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_finetune_stage import load_stage, shared_mlflow_store, study_dir  # noqa: F401  (fixture)
+
+RETRIEVERS = ("r1", "r2", "untuned")
+DATASETS = ("tinyset", "othertiny")
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F811
+    root = tmp_path_factory.mktemp("evaluated") / "study"
+    with study_dir(root, tiny_bert_dir) as params:
+        load_stage("finetune").main(["--variant", "none"])
+        load_stage("evaluate").main(["--variant", "none"])
+    return root, params
+
+
+def _run_id(root, retriever):
+    folder = "finetune/none" if retriever != "untuned" else "eval/none"
+    return json.loads((root / "data" / "smoke" / folder / retriever / "mlflow_run.json").read_text())["run_id"]
+
+
+def test_every_retriever_is_evaluated_on_every_non_training_split(evaluated):
+    root, _ = evaluated
+    out = root / "data" / "smoke" / "eval" / "none"
+    for retriever in RETRIEVERS:
+        for dataset in DATASETS:
+            files = sorted(p.name for p in (out / retriever / dataset).iterdir())
+            assert files == ["test.per_query.json", "test.trec"], (retriever, dataset)
+    summary = json.loads((root / "data" / "smoke" / "metrics" / "eval" / "none.json").read_text())
+    assert set(summary) == set(RETRIEVERS)
+    for retriever in RETRIEVERS:
+        assert set(summary[retriever]) == set(DATASETS)
+        for dataset in DATASETS:
+            assert set(summary[retriever][dataset]) == {"test"}  # never the train split
+            values = summary[retriever][dataset]["test"]
+            assert set(values) == {"RR@10", "R@10", "nDCG@10", "AP"}
+            assert all(0.0 <= value <= 1.0 for value in values.values())
+
+
+def test_run_files_rank_the_whole_depth_for_every_test_query(evaluated):
+    from qac.evaluation.trec_io import read_run
+
+    root, params = evaluated
+    run = read_run(root / "data" / "smoke" / "eval" / "none" / "r2" / "tinyset" / "test.trec")
+    assert sorted(run) == [f"test-{i}" for i in range(4)]
+    assert {len(docs) for docs in run.values()} == {params["evaluate"]["depth"]}
+
+
+def test_logged_metrics_agree_with_pytrec_eval_at_each_sets_threshold(evaluated, shared_mlflow_store):  # noqa: F811
+    import mlflow
+    import pytrec_eval
+
+    from qac.data.prepared import load_prepared
+    from qac.evaluation.trec_io import read_run
+
+    root, _ = evaluated
+    client = mlflow.MlflowClient(shared_mlflow_store)
+    for retriever in RETRIEVERS:
+        metrics = client.get_run(_run_id(root, retriever)).data.metrics
+        for dataset_name, threshold in (("tinyset", 1), ("othertiny", 2)):
+            dataset = load_prepared(root / "data" / "smoke" / "datasets" / dataset_name)
+            assert dataset.rel_threshold("test") == threshold
+            run = read_run(root / "data" / "smoke" / "eval" / "none" / retriever / dataset_name / "test.trec")
+            reference = pytrec_eval.RelevanceEvaluator(dataset.qrels["test"], {"recip_rank", "map", "ndcg_cut.10"},
+                                                       relevance_level=threshold).evaluate(run)
+            # every judged document is within the depth, so RR@10 is trec_eval's recip_rank
+            for key, measure in (("recip_rank", "RR_at_10"), ("map", "AP"), ("ndcg_cut_10", "nDCG_at_10")):
+                expected = sum(values[key] for values in reference.values()) / len(dataset.qrels["test"])
+                assert metrics[f"{dataset_name}/test/{measure}"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_per_query_values_are_logged_as_artifacts(evaluated, shared_mlflow_store):  # noqa: F811
+    import mlflow
+
+    root, _ = evaluated
+    run_id = _run_id(root, "r1")
+    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="per_query/othertiny/test.json",
+                                                tracking_uri=shared_mlflow_store)
+    logged = json.loads(open(local).read())
+    written = json.loads((root / "data/smoke/eval/none/r1/othertiny/test.per_query.json").read_text())
+    assert logged == written
+    assert sorted(logged["AP"]) == [f"oq{i}" for i in range(4)]
+
+
+def test_the_untuned_encoder_has_its_own_run_under_the_pretraining_run(evaluated, shared_mlflow_store):  # noqa: F811
+    import mlflow
+
+    root, _ = evaluated
+    pretrain_run = json.loads((root / "data/smoke/pretrain/none/mlflow_run.json").read_text())["run_id"]
+    run = mlflow.MlflowClient(shared_mlflow_store).get_run(_run_id(root, "untuned"))
+    assert run.info.run_name == "eval/untuned/none"
+    assert run.data.tags["mlflow.parentRunId"] == pretrain_run
+    assert run.data.tags["qac.retriever"] == "untuned" and run.data.tags["qac.variant"] == "none"
+
+
+def test_evaluating_before_fine_tuning_fails_without_output(tmp_path, tiny_bert_dir, shared_mlflow_store):  # noqa: F811
+    root = tmp_path / "study"
+    with study_dir(root, tiny_bert_dir):
+        with pytest.raises(SystemExit, match="run the finetune@none stage"):
+            load_stage("evaluate").main(["--variant", "none"])
+    assert not (root / "data" / "smoke" / "eval").exists()
