@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 opened = mlflow.start_run(run_id=run_id)
             with opened as run:
+                mlflow.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings["depth"]})
                 for dataset_name, by_split in results[name].items():
                     for split, result in by_split.items():
                         log_evaluation(result, dataset_name, split)

@@ -68,7 +68,9 @@ def test_logged_metrics_agree_with_pytrec_eval_at_each_sets_threshold(evaluated,
     root, _ = evaluated
     client = mlflow.MlflowClient(shared_mlflow_store)
     for retriever in RETRIEVERS:
-        metrics = client.get_run(_run_id(root, retriever)).data.metrics
+        logged = client.get_run(_run_id(root, retriever))
+        metrics = logged.data.metrics
+        assert logged.data.tags["qac.eval.depth"] == "10"
         for dataset_name, threshold in (("tinyset", 1), ("othertiny", 2)):
             dataset = load_prepared(root / "data" / "smoke" / "datasets" / dataset_name)
             assert dataset.rel_threshold("test") == threshold

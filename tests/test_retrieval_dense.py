@@ -34,8 +34,8 @@ def test_run_equals_brute_force_over_cls_embeddings(tiny):
 
 def test_precomputed_passage_embeddings_are_used(tiny):
     model, tokenizer = tiny
-    passages = np.zeros((4, model.config.hidden_size), dtype=np.float32)
-    passages[2] = 1.0        # only d3 has a non-zero score
+    query = encode_texts(model, tokenizer, ["anything"], max_length=32)[0]
+    passages = np.stack([-query, -query, query, -query])     # only d3 scores positively
     run = dense_retrieve(model, tokenizer, list(DOCS), list(DOCS.values()), {"q": "anything"},
                          DenseSettings(depth=1), passage_embeddings=passages)
     assert list(run["q"]) == ["d3"]

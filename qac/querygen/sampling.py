@@ -18,7 +18,8 @@ A decision is a step function of the logits, so float noise can still flip it
 when the logits sit next to one of its edges: the k-th and (k+1)-th logits
 almost tied, the last kept and first dropped token almost tied, a tail mass
 almost exactly ``1 - top_p``, or the uniform almost on a boundary of the CDF.
-With every logit perturbed by at most ``L`` a probability ``p`` moves by at
+With every logit perturbed by at most ``L`` (a bound relative to the row's
+largest logit magnitude) a probability ``p`` moves by at
 most ``2L p``, a cumulative share ``F`` (or tail mass) by at most
 ``2L F (1 - F)``, and a logit gap by ``2L``; :func:`sample_tokens` reports
 decisions within those margins as *fragile*, and the decoder re-decides them
@@ -32,10 +33,12 @@ from dataclasses import dataclass
 
 import torch
 
-# Bound L on the float noise of one logit between batch shapes. fp32 logits of
-# one row computed in batches of different shapes differ by about 5e-6 (measured
-# on CPU with MiniLM bert2bert and T5); L leaves a factor of 20 on top.
-LOGIT_NOISE = 1e-4
+# Bound on the float noise of a logit between batch shapes, relative to the
+# row's largest |logit| (L = LOGIT_NOISE * max |logit|). Measured in fp32 on
+# CPU: 2e-7 to 1.2e-6 (tiny T5, tiny and MiniLM bert2bert); the bound leaves a
+# factor of 25. Relative, because float error scales with the magnitudes the
+# model computes with: a small random model has small logits and close ties.
+LOGIT_NOISE = 3e-5
 _ROUNDING = 1e-12     # float64 rounding of the shares themselves
 
 
@@ -104,8 +107,10 @@ def sample_tokens(
 
     ``uniforms`` holds one float64 in [0, 1) per row. Returns ``(tokens, fragile)``:
     the chosen token ids and a bool mask of rows whose decision could change if
-    every logit moved by up to ``logit_noise`` (see the module docstring).
+    every logit moved by up to ``logit_noise * max |logit|`` of its row (see the
+    module docstring).
     """
+    bound = (logit_noise * logits.float().abs().amax(-1)).double().cpu()     # L per row
     dist = filtered_distribution(logits, top_k, top_p)
     uniforms = uniforms.to(torch.float64).cpu()
     token_ids, probs, tail = dist.token_ids.cpu(), dist.probs.cpu(), dist.tail_mass.cpu()
@@ -115,13 +120,13 @@ def sample_tokens(
     n_kept = kept.sum(-1)
 
     # Edges of the kept set: the top-k cut, a tie across the nucleus cut, the nucleus threshold.
-    fragile = dist.topk_gap.cpu() < 2 * logit_noise
+    fragile = dist.topk_gap.cpu() < 2 * bound
     cut = (n_kept < k).nonzero().flatten()
     if len(cut):
         last, first_out = values[cut, n_kept[cut] - 1], values[cut, n_kept[cut]]
-        fragile[cut] |= (last - first_out) < 2 * logit_noise
+        fragile[cut] |= (last - first_out).double() < 2 * bound[cut]
     if top_p < 1.0:  # with top_p = 1 the nucleus keeps every top-k token: no threshold
-        margin = 2 * logit_noise * tail * (1 - tail) + _ROUNDING
+        margin = 2 * bound[:, None] * tail * (1 - tail) + _ROUNDING
         fragile |= ((tail - (1.0 - top_p)).abs() < margin).any(-1)
 
     # Inverse CDF over the kept tokens in token-id order (dropped ones sorted last, with zero mass).
@@ -133,7 +138,7 @@ def sample_tokens(
     choice = (shares <= uniforms[:, None]).sum(-1).clamp(max=k - 1)
     choice = torch.minimum(choice, n_kept - 1)
     inner = torch.arange(k)[None, :] < (n_kept - 1)[:, None]       # boundaries between kept tokens
-    margin = 2 * logit_noise * shares * (1 - shares) + _ROUNDING
+    margin = 2 * bound[:, None] * shares * (1 - shares) + _ROUNDING
     fragile |= (((shares - uniforms[:, None]).abs() < margin) & inner).any(-1)
     tokens = ordered_ids.gather(1, choice[:, None]).squeeze(1)
     return tokens, fragile
