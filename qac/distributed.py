@@ -7,6 +7,7 @@ GPU, gloo on CPU) and pick the device.
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -41,7 +42,11 @@ def init_distributed() -> DistContext:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        # Ranks wait for rank 0 at barriers while it searches or writes a
+        # corpus-sized index; the default 10-minute timeout is too short at
+        # MS MARCO scale. QAC_DIST_TIMEOUT_MINUTES overrides.
+        timeout = datetime.timedelta(minutes=float(os.environ.get("QAC_DIST_TIMEOUT_MINUTES", "180")))
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 

@@ -15,6 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
@@ -32,6 +35,9 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         os.close(fd)
         tmp = Path(name)
+    # mkstemp/mkdtemp create private (0600/0700) entries; outputs get the
+    # permissions an ordinary open()/mkdir() would give under the umask.
+    tmp.chmod((0o777 if directory else 0o666) & ~_UMASK)
     try:
         yield tmp
         if directory:

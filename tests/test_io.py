@@ -56,3 +56,16 @@ def test_directory_hash_depends_on_names_and_contents(tmp_path):
     assert path_md5(a) != first
     (a / "x").write_text("1")
     assert path_md5(a) == first
+
+
+def test_outputs_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    write_jsonl(tmp_path / "f.jsonl", [{"a": 1}])
+    with atomic_path(tmp_path / "d", directory=True) as tmp:
+        (tmp / "x").write_text("1")
+    assert stat.S_IMODE((tmp_path / "f.jsonl").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o777 & ~umask
