@@ -12,7 +12,6 @@ A malformed line raises ``ValueError`` naming the file, the line and the field.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Mapping
 
@@ -41,12 +40,13 @@ def read_run(path: str | os.PathLike) -> dict[str, dict[str, float]]:
                 raise ValueError(f"{path}:{line_number}: expected 6 fields 'qid Q0 docid rank score tag', "
                                  f"got {len(fields)}")
             qid, _, doc_id, rank, score, _ = fields
-            _parse_int(rank, path, line_number, "rank")
+            if not rank.isdigit():          # the cheap check first: this loop runs millions of times
+                _parse_int(rank, path, line_number, "rank")
             try:
                 value = float(score)
             except ValueError:
                 raise ValueError(f"{path}:{line_number}: field 'score' must be a number, got {score!r}") from None
-            if math.isnan(value):
+            if value != value:
                 raise ValueError(f"{path}:{line_number}: field 'score' is NaN")
             docs = run.setdefault(qid, {})
             if doc_id in docs:
