@@ -22,9 +22,10 @@ passage alone, byte-identical for any batch size:
    same under both computations.
 
 With an untrained MiniLM bert2bert (flat distributions, the worst case) about
-2% of the decisions are recomputed, which costs up to 2.5 times the
-generation time on CPU (see reports/benchmarks.md); trained generators have
-fewer near-ties. With bf16/fp16 on a GPU the batch noise (about 1e-2) is too
+2% of the decisions are recomputed, and each recomputation costs about as
+much as a whole batched decoder step, so generation on 2 CPU cores took about
+3.7 times as long as without (see reports/benchmarks.md); trained generators
+have fewer near-ties. ``batch_invariant: false`` trades the guarantee for speed. With bf16/fp16 on a GPU the batch noise (about 1e-2) is too
 large for this, so invariance is off by default there
 (``batch_invariant: auto``): outputs stay exact across shards and resumption
 (the chunk is the unit of work and its batches are always the same) but a
