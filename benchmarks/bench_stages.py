@@ -1,62 +1,70 @@
-"""Wall time per pipeline stage, from the MLflow runs the stages logged.
+"""Wall time per pipeline stage: runs `dvc repro` and times each stage it runs.
 
-    python benchmarks/bench_stages.py --profile default [--repro]
+    python benchmarks/bench_stages.py --profile default [--force]
 
-With ``--repro`` the script first runs ``dvc repro`` and also reports its
-total wall time (the stages' own runs exclude process start-up, so the total
-is the figure to compare with the 30-minute goal). Writes the section
-``stages-<profile>`` of reports/benchmarks.md.
+Renders params.yaml for the profile if another one is active, runs
+``dvc repro`` (``--force``: every stage, even if up to date), and reads the
+"Running stage" lines DVC prints as they arrive: a stage's time runs from its
+line to the next one, so it includes process start-up and DVC's own
+bookkeeping. Writes the section ``stages-<profile>`` of reports/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
 from collections import defaultdict
 
-import mlflow
-
 from qac.benchmarking import machine_summary, markdown_table, write_section
-from qac.tracking import tracking_uri
+from qac.config import load_params, render_profile, write_params
+
+_STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
 
 
-def stage_durations(profile: str) -> list[dict]:
-    mlflow.set_tracking_uri(tracking_uri())
-    experiment = mlflow.get_experiment_by_name(f"qac-{profile}")
-    if experiment is None:
-        raise SystemExit(f"no MLflow experiment qac-{profile} at {tracking_uri()}: run the pipeline first")
-    runs = mlflow.search_runs([experiment.experiment_id], output_format="list", max_results=5000,
-                              order_by=["start_time DESC"])
-    latest: dict[str, object] = {}
-    for run in runs:  # newest first: keep each stage's latest completed run
-        stage = run.data.tags.get("qac.stage")
-        if stage and run.info.end_time and (stage, run.info.run_name) not in latest:
-            latest[(stage, run.info.run_name)] = run
-    per_stage: dict[str, float] = defaultdict(float)
-    for (stage, _), run in latest.items():
-        per_stage[stage] += (run.info.end_time - run.info.start_time) / 1000
-    return [{"stage": stage, "seconds": round(seconds, 1)} for stage, seconds in sorted(per_stage.items())]
+def timed_repro(force: bool) -> tuple[list[tuple[str, float]], float]:
+    """Run `dvc repro`, echo its output, return (stage, seconds) in run order and the total."""
+    command = ["dvc", "repro"] + (["--force"] if force else [])
+    start = time.perf_counter()
+    timings: list[tuple[str, float]] = []
+    current, since = None, start
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        sys.stdout.write(line)
+        match = _STAGE_LINE.match(line)
+        if match:
+            now = time.perf_counter()
+            if current:
+                timings.append((current, now - since))
+            current, since = match.group(1), now
+    if process.wait() != 0:
+        raise SystemExit(f"dvc repro failed with exit code {process.returncode}")
+    end = time.perf_counter()
+    if current:
+        timings.append((current, end - since))
+    return timings, end - start
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="default")
-    parser.add_argument("--repro", action="store_true", help="run `dvc repro` first and time it")
+    parser.add_argument("--force", action="store_true", help="rerun every stage")
     args = parser.parse_args()
-    total = None
-    if args.repro:
-        start = time.perf_counter()
-        subprocess.run(["dvc", "repro"], check=True)
-        total = time.perf_counter() - start
-    rows = stage_durations(args.profile)
-    body = [f"## Pipeline stages, profile `{args.profile}`", "",
-            f"Measured on {machine_summary()}. Seconds are each stage's MLflow run (start to end,",
-            "process start-up excluded); a stage with several runs (fine-tuning r1 and r2) sums them.", "",
-            markdown_table(rows + [{"stage": "sum of stages", "seconds": round(sum(r["seconds"] for r in rows), 1)}])]
-    if total is not None:
-        body += ["", f"`dvc repro` wall time: {total / 60:.1f} minutes."]
+    if load_params()["profile"] != args.profile:
+        write_params(render_profile(args.profile), "params.yaml")
+    timings, total = timed_repro(args.force)
+    per_group: dict[str, list[float]] = defaultdict(list)
+    for stage, seconds in timings:
+        per_group[stage.split("@")[0]].append(seconds)
+    rows = [{"stage": stage, "runs": len(times), "seconds": round(sum(times), 1),
+             "seconds per run": round(sum(times) / len(times), 1)} for stage, times in per_group.items()]
+    body = [f"## Pipeline stages, profile `{args.profile}` (`benchmarks/bench_stages.py`)", "",
+            f"Measured on {machine_summary()}. `dvc repro{' --force' if args.force else ''}`; a stage's time runs",
+            "from DVC's 'Running stage' line to the next one (process start-up included); `foreach` stages",
+            "are summed over their variants.", "",
+            markdown_table(rows), "", f"Total `dvc repro` wall time: {total:.0f} s ({total / 60:.1f} minutes)."]
     write_section(f"stages-{args.profile}", "\n".join(body))
     print("\n".join(body))
     return 0

@@ -44,6 +44,17 @@ def evaluation_datasets(params: dict) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def evaluates_zero_shot(params: dict, variant: str, retriever: str) -> bool:
+    """Whether ``retriever`` of ``variant`` is evaluated on the zero-shot datasets.
+
+    ``evaluate.zero_shot_variants`` (null: all) and ``evaluate.zero_shot_retrievers``
+    (null: all) let a scaled-down profile spend its time on the cells Table 2 shows.
+    """
+    settings = params["evaluate"]
+    variants, retrievers = settings.get("zero_shot_variants"), settings.get("zero_shot_retrievers")
+    return (variants is None or variant in variants) and (retrievers is None or retriever in retrievers)
+
+
 def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths: tuple[int, int], device,
                           out_dir: Path) -> dict:
     """Encode ``dataset``'s corpus once, search every evaluation split; write runs and per-query values.
@@ -109,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         for dataset_name in evaluation_datasets(params):
             dataset = load_prepared(root / "datasets" / dataset_name)
             for name, folder, _ in retrievers:
+                if dataset_name != params["train_dataset"] and not evaluates_zero_shot(params, variant, name):
+                    continue
                 model = BiEncoder.from_pretrained(folder, pooling=params["finetune"].get("pooling", "cls"))
                 results[name][dataset_name] = evaluate_retriever_on(
                     model.to(device), load_tokenizer(str(folder)), dataset, settings=settings, lengths=lengths,

@@ -27,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset not in declared:
         parser.error(f"dataset {args.dataset!r} is not declared in params.yaml (declared: {', '.join(declared)})")
     spec = DatasetSpec.from_params(args.dataset, declared[args.dataset])
-    settings = params.get("prepare", {})
+    # A dataset entry may override the profile-wide subset settings.
+    settings = {**params.get("prepare", {}),
+                **{key: declared[args.dataset][key] for key in ("max_documents", "keep_judged_documents")
+                   if key in declared[args.dataset]}}
     mirror, downloads = data_mirror(), download_dir(params)
     locate_dataset(spec, mirror, downloads)  # fail here, before any work, if the data cannot be had
     out = profile_dir(params) / "datasets" / spec.name

@@ -35,7 +35,8 @@ def main() -> int:
         stats, punkt_model = split_corpus_file(
             corpus, passages, data / "punkt", tokenizer_spec=split["tokenizer"], settings=settings,
             punkt=split.get("punkt", "auto"), punkt_train_documents=split.get("punkt_train_documents"),
-            workers=int(split.get("workers", 1)), chunk_size=int(split.get("chunk_size", 64)))
+            workers=int(split.get("workers", 1)), chunk_size=int(split.get("chunk_size", 64)),
+            max_documents=split.get("max_documents"))
         seconds = time.perf_counter() - started
         mlflow.set_tag("qac.punkt", punkt_model)
         metrics = {**stats.as_metrics(), "seconds": seconds,

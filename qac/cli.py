@@ -27,12 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:  # TEMPORARY while subcommands are being written
-            if error.name != module_name:
-                raise
-            continue
+        module = importlib.import_module(module_name)
         summary = (module.__doc__ or name).strip().splitlines()[0]
         sub = commands.add_parser(name, help=summary, description=(module.__doc__ or summary).strip(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -74,6 +74,9 @@ class DatasetSpec:
     qrels: dict[str, str] = field(default_factory=dict)
     hub: str | None = None
     hub_qrels: str | None = None
+    # Per-dataset overrides of prepare.max_documents / prepare.keep_judged_documents.
+    max_documents: int | None = None
+    keep_judged_documents: bool | None = None
 
     @classmethod
     def from_params(cls, name: str, entry: Mapping[str, Any]) -> "DatasetSpec":

@@ -41,6 +41,8 @@ not one per sentence.
 
 from __future__ import annotations
 
+import itertools
+
 import hashlib
 import os
 import random
@@ -458,8 +460,12 @@ class SplitStats:
 def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.PathLike,
                       punkt_dir: str | os.PathLike, *, tokenizer_spec: str, settings: SplitSettings,
                       punkt: str = "auto", punkt_train_documents: int | None = None, workers: int = 1,
-                      chunk_size: int = 64, batched: bool = True, progress: bool = True) -> tuple[SplitStats, str]:
+                      chunk_size: int = 64, batched: bool = True, progress: bool = True,
+                      max_documents: int | None = None) -> tuple[SplitStats, str]:
     """Split a BEIR ``corpus.jsonl`` into ``passages.jsonl`` (written atomically).
+
+    ``max_documents`` splits only the first N documents in file order (a
+    scaled-down pre-training corpus); Punkt still learns from the whole corpus.
 
     Prepares the Punkt model in ``punkt_dir`` first (:func:`qac.data.punkt.prepare_punkt`;
     trained on the first ``punkt_train_documents`` documents when NLTK's English
@@ -476,8 +482,11 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
 
     punkt_model = prepare_punkt(punkt, punkt_dir, texts, file_md5(corpus_path), punkt_train_documents)
     total = sum(1 for _ in open(corpus_path, "rb"))
+    if max_documents is not None:
+        total = min(total, int(max_documents))
     stats = SplitStats()
-    documents = ((document.doc_id, document.full_text) for document in iter_corpus_jsonl(corpus_path))
+    documents = itertools.islice(((document.doc_id, document.full_text) for document in iter_corpus_jsonl(corpus_path)),
+                                 None if max_documents is None else int(max_documents))
     splits = iter_split_corpus(documents, tokenizer_spec=tokenizer_spec, punkt_dir=punkt_dir, settings=settings,
                                workers=workers, chunk_size=chunk_size, batched=batched)
 
