@@ -7,7 +7,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test repro smoke paper-dry benchmarks mlflow-ui clean-venv
+.PHONY: install test repro smoke paper-dry hpo-smoke benchmarks mlflow-ui clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -41,6 +41,12 @@ smoke: $(STAMP)
 paper-dry: $(STAMP)
 	$(call use_profile,paper)
 	$(BIN)/dvc repro --dry
+
+# A small Optuna study on the smoke profile (docs/hpo.md).
+hpo-smoke: $(STAMP)
+	$(call use_profile,smoke)
+	$(BIN)/dvc repro generate_queries bm25
+	$(BIN)/qac hpo --workers 2
 
 benchmarks: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done

@@ -16,12 +16,14 @@ from qac.config import load_params, profile_dir
 
 def quality_index(datasets_dir, corpora, heldout, max_documents, seed):
     """BM25 over the documents of ``corpora`` (the held-out sources always in, capped at ``max_documents``)."""
-    from qac.querygen.pairs import document_text, read_corpus
+    from qac.data.prepared import load_prepared
+    from qac.querygen.pairs import corpus_texts
     from qac.querygen.quality import SelfRetrieval
+    from qac.retrieval import document_text
 
     documents = {}
     for name in dict.fromkeys(corpora):
-        for doc_id, (title, text) in read_corpus(datasets_dir / name).items():
+        for doc_id, (title, text) in corpus_texts(load_prepared(datasets_dir / name)).items():
             documents[f"{name}/{doc_id}"] = document_text(title, text)
     if max_documents and len(documents) > max_documents:
         required = {f"{pair.dataset}/{pair.doc_id}" for pair in heldout}

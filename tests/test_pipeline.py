@@ -85,7 +85,7 @@ def test_mlflow_holds_the_study_tree(smoke_study):
         assert by_id[run.data.tags["mlflow.parentRunId"]].data.tags["qac.kind"] == "pretrain"
         assert any(key.endswith("nDCG_at_10") for key in run.data.metrics)
     trained = [r for r in pretrain if r.data.tags.get("qac.method") != "none"]
-    assert trained and all(client.get_metric_history(r.info.run_id, "loss/total") for r in trained)
+    assert trained and all(client.get_metric_history(r.info.run_id, "loss") for r in trained)
 
 
 def test_second_repro_is_a_no_op(smoke_study):
