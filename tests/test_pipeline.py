@@ -102,4 +102,6 @@ def test_changing_one_parameter_reruns_only_its_dependents(smoke_study):
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     dry = _run([str(BIN / "dvc"), "repro", "--dry"], work, env)
     planned = {line.split("'")[1] for line in dry.stdout.splitlines() if line.startswith("Running stage")}
-    assert planned == {f"evaluate@{v}" for v in params["pretrain"]["variants"]} | {"tables"}
+    # A dry run plans the stages whose own parameters or inputs changed; `tables`
+    # follows only if the evaluate stages' outputs then change.
+    assert planned == {f"evaluate@{v}" for v in params["pretrain"]["variants"]}
