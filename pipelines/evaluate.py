@@ -90,7 +90,7 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
 def main(argv: list[str] | None = None) -> None:
     import mlflow
 
-    from qac.config import load_params, profile_dir
+    from qac.config import checked_variant, load_params, profile_dir
     from qac.data.prepared import load_prepared
     from qac.distributed import init_distributed
     from qac.evaluation.report import log_evaluation
@@ -104,9 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     params = load_params()
-    variant = args.variant
-    if variant not in (params["pretrain"].get("variants") or {}):
-        raise SystemExit(f"unknown variant {variant!r}: not a key of pretrain.variants in params.yaml")
+    variant = checked_variant(params, args.variant)
     root = profile_dir(params)
     settings = params["evaluate"]
     lengths = (params["finetune"]["query_max_len"], params["finetune"]["passage_max_len"])

@@ -68,7 +68,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.config import load_params, profile_dir
+    from qac.config import checked_variant, load_params, profile_dir
     from qac.data.prepared import load_prepared
     from qac.distributed import barrier, cleanup, init_distributed
     from qac.io import atomic_path, write_jsonl
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     params = load_params()
-    variant = args.variant
-    if variant not in (params["pretrain"].get("variants") or {}):
-        raise SystemExit(f"unknown variant {variant!r}: not a key of pretrain.variants in params.yaml")
+    variant = checked_variant(params, args.variant)
     root = profile_dir(params)
     pretrain_dir = root / "pretrain" / variant
     start = pretrain_dir / "encoder"

@@ -120,3 +120,10 @@ def data_mirror() -> Path:
 def profile_dir(params: dict[str, Any]) -> Path:
     """``data/<profile>``: where every stage of the active profile writes."""
     return Path(params.get("data_dir", "data")) / params["profile"]
+
+
+def checked_variant(params: dict[str, Any], variant: str) -> str:
+    """``variant`` if it is a key of ``pretrain.variants``; a stage exits with a clear message otherwise."""
+    if variant not in (params["pretrain"].get("variants") or {}):
+        raise SystemExit(f"unknown variant {variant!r}: not a key of pretrain.variants in params.yaml")
+    return variant
