@@ -24,29 +24,23 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest
 
-# Render params.yaml for a profile only when another one is active, so that
-# hand edits to params.yaml for the same profile survive.
-define use_profile
-	@test "$$($(BIN)/qac profile show 2>/dev/null)" = "$(1)" || $(BIN)/qac profile use $(1)
-endef
-
+# Each profile is run through its own folder: profiles/<name>/{params.yaml,
+# dvc.yaml,dvc.lock}. Running one changes no tracked file but that profile's
+# dvc.lock and reports/<name>/, and only when its results change.
 repro: $(STAMP)
-	$(call use_profile,default)
-	$(BIN)/dvc repro
+	$(BIN)/dvc repro profiles/default/dvc.yaml
 
 smoke: $(STAMP)
-	$(call use_profile,smoke)
-	$(BIN)/dvc repro
+	$(BIN)/dvc repro profiles/smoke/dvc.yaml
 
+# The paper's whole plan, every stage in run order, without its data present.
 paper-dry: $(STAMP)
-	$(call use_profile,paper)
-	$(BIN)/dvc repro --dry
+	$(BIN)/qac profile plan paper
 
 # A small Optuna study on the smoke profile (docs/hpo.md).
 hpo-smoke: $(STAMP)
-	$(call use_profile,smoke)
-	$(BIN)/dvc repro generate_queries bm25
-	$(BIN)/qac hpo --workers 2
+	$(BIN)/dvc repro profiles/smoke/dvc.yaml:generate_queries profiles/smoke/dvc.yaml:bm25
+	QAC_PROFILE=smoke $(BIN)/qac hpo --workers 2
 
 benchmarks: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done

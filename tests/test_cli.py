@@ -18,9 +18,14 @@ def test_every_subcommand_has_help(command):
     assert f"qac {command}" in result.stdout
 
 
-def test_profile_use_renders_params(tmp_path):
-    target = tmp_path / "params.yaml"
-    subprocess.run([str(QAC), "profile", "use", "smoke", "--params", str(target)], check=True, capture_output=True)
-    result = subprocess.run([str(QAC), "profile", "show", "--params", str(target)], capture_output=True, text=True)
-    assert result.stdout.strip() == "smoke"
-    assert "# smoke:" in target.read_text()
+def test_profile_list_and_show_name_each_profile():
+    listed = subprocess.run([str(QAC), "profile", "list"], capture_output=True, text=True, check=True).stdout
+    for name in ("smoke", "default", "paper"):
+        assert f"profiles/{name}/" in listed
+    shown = subprocess.run([str(QAC), "profile", "show", "smoke"], capture_output=True, text=True, check=True).stdout
+    assert "profile: smoke" in shown and "# smoke:" in shown
+
+
+def test_profile_render_rejects_an_unknown_name():
+    result = subprocess.run([str(QAC), "profile", "render", "huge"], capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown profile huge" in result.stderr

@@ -19,6 +19,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
+PIPELINE = "profiles/smoke/dvc.yaml"
+PARAMS = "profiles/smoke/params.yaml"
 
 
 
@@ -39,14 +41,13 @@ def smoke_study(tmp_path_factory, shared_data, copy_repository):
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=qac", "-c", "user.email=qac@localhost", "commit", "-qm", "study"]):
         _run(cmd, work, env)
-    _run([str(BIN / "qac"), "profile", "use", "smoke"], work, env)
-    first = _run([str(BIN / "dvc"), "repro"], work, env)
+    first = _run([str(BIN / "dvc"), "repro", PIPELINE], work, env)
     return work, env, first
 
 
 def test_every_stage_ran_and_wrote_its_outputs(smoke_study):
     work, _, first = smoke_study
-    params = yaml.safe_load((work / "params.yaml").read_text())
+    params = yaml.safe_load((work / PARAMS).read_text())
     out = work / "data" / "smoke"
     assert (out / "passages.jsonl").exists() and (out / "queries.jsonl").exists()
     for variant in params["pretrain"]["variants"]:
@@ -90,18 +91,28 @@ def test_mlflow_holds_the_study_tree(smoke_study):
 
 def test_second_repro_is_a_no_op(smoke_study):
     work, env, _ = smoke_study
-    second = _run([str(BIN / "dvc"), "repro"], work, env)
+    second = _run([str(BIN / "dvc"), "repro", PIPELINE], work, env)
     assert "Running stage" not in second.stdout
+
+
+def test_running_a_profile_changes_only_its_own_lock_and_reports(smoke_study):
+    """Profiles never dirty git: no params file is rewritten, no other profile's lock moves, nothing is staged."""
+    work, env, _ = smoke_study
+    status = _run(["git", "status", "--porcelain", "--untracked-files=all"], work, env).stdout.splitlines()
+    changed = {line[3:] for line in status}
+    assert all(line[0] in " ?" for line in status), f"DVC staged files: {status}"
+    assert all(path == "profiles/smoke/dvc.lock" or path.startswith("reports/smoke/") for path in changed), changed
 
 
 def test_changing_one_parameter_reruns_only_its_dependents(smoke_study):
     work, env, _ = smoke_study
-    params_path = work / "params.yaml"
+    params_path = work / PARAMS
     params = yaml.safe_load(params_path.read_text())
     params["evaluate"]["batch_size"] += 1
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
-    dry = _run([str(BIN / "dvc"), "repro", "--dry"], work, env)
-    planned = {line.split("'")[1] for line in dry.stdout.splitlines() if line.startswith("Running stage")}
+    dry = _run([str(BIN / "dvc"), "repro", "--dry", PIPELINE], work, env)
+    planned = {line.split("'")[1].rsplit(":", 1)[-1] for line in dry.stdout.splitlines()
+               if line.startswith("Running stage")}
     # A dry run plans the stages whose own parameters or inputs changed; `tables`
     # follows only if the evaluate stages' outputs then change.
     assert planned == {f"evaluate@{v}" for v in params["pretrain"]["variants"]}

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.config import PROFILE_NAMES, deep_merge, load_params, render_profile, write_params
+from qac.config import (PROFILE_NAMES, HandEditedParams, deep_merge, load_params, params_hand_edited, render_profile,
+                        render_profile_files, write_params)
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(__import__("sys").executable).parent
@@ -78,8 +79,84 @@ def test_paper_profile_uses_the_papers_settings():
     assert set(params["datasets"]["msmarco-passage"]["splits"]) >= {"train", "dev", "dl19", "dl20"}
 
 
-def test_committed_params_are_the_default_profile():
-    assert load_params(REPO / "params.yaml") == render_profile("default")
+@pytest.mark.parametrize("name", PROFILE_NAMES)
+def test_committed_profile_files_are_current(name):
+    """profiles/NAME/params.yaml is the render of base + overrides, and dvc.yaml the template, verbatim."""
+    folder = REPO / "profiles" / name
+    assert load_params(folder / "params.yaml") == render_profile(name), (
+        f"profiles/{name}/params.yaml is stale or edited: run `qac profile render {name}`")
+    assert not params_hand_edited(folder / "params.yaml")
+    assert (folder / "dvc.yaml").read_text() == (REPO / "profiles" / "pipeline.yaml").read_text()
+
+
+def _profiles_copy(tmp_path):
+    import shutil
+
+    target = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", target)
+    return target
+
+
+def test_render_leaves_a_current_profile_alone(tmp_path):
+    profiles = _profiles_copy(tmp_path)
+    before = (profiles / "smoke" / "params.yaml").stat().st_mtime_ns
+    assert render_profile_files("smoke", profiles_dir=profiles) == []
+    assert (profiles / "smoke" / "params.yaml").stat().st_mtime_ns == before
+
+
+def test_render_follows_a_change_of_the_profile_file(tmp_path):
+    profiles = _profiles_copy(tmp_path)
+    overrides = yaml.safe_load((profiles / "smoke.yaml").read_text())
+    overrides["seed"] = 7
+    (profiles / "smoke.yaml").write_text(yaml.safe_dump(overrides))
+    assert render_profile_files("smoke", profiles_dir=profiles) == [profiles / "smoke" / "params.yaml"]
+    assert load_params(profiles / "smoke" / "params.yaml")["seed"] == 7
+
+
+def test_render_never_silently_discards_a_hand_edit(tmp_path):
+    profiles = _profiles_copy(tmp_path)
+    params_file = profiles / "smoke" / "params.yaml"
+    params_file.write_text(params_file.read_text().replace("seed: 42", "seed: 43"))
+    assert params_hand_edited(params_file)
+    overrides = yaml.safe_load((profiles / "smoke.yaml").read_text())
+    overrides["split"]["workers"] = 2          # the profile changed too: a render is due
+    (profiles / "smoke.yaml").write_text(yaml.safe_dump(overrides))
+    with pytest.raises(HandEditedParams, match="edited by hand"):
+        render_profile_files("smoke", profiles_dir=profiles)
+    assert load_params(params_file)["seed"] == 43
+    render_profile_files("smoke", force=True, profiles_dir=profiles)
+    assert load_params(params_file)["seed"] == 42 and load_params(params_file)["split"]["workers"] == 2
+
+
+def test_params_file_is_found_through_the_environment(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("QAC_PARAMS", raising=False)
+    monkeypatch.delenv("QAC_PROFILE", raising=False)
+    assert load_params()["profile"] == "default"
+    monkeypatch.setenv("QAC_PROFILE", "smoke")
+    assert load_params()["profile"] == "smoke"
+    other = tmp_path / "params.yaml"
+    write_params(render_profile("paper"), other)
+    monkeypatch.setenv("QAC_PARAMS", str(other))
+    assert load_params()["profile"] == "paper"
+
+
+def test_paper_plan_lists_every_stage_without_the_data(tmp_path, copy_repository):
+    """`qac profile plan paper` (make paper-dry) shows the whole study where none of its data exists."""
+    work = tmp_path / "repo"
+    copy_repository(work)
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    result = subprocess.run([str(BIN / "qac"), "profile", "plan", "paper"], cwd=work, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    stages = [line.split()[1] for line in result.stdout.splitlines()[1:]]
+    params = render_profile("paper")
+    expected = {"split_passages", "query_generator", "generate_queries", "bm25", "annotation", "tables"}
+    for variant in params["pretrain"]["variants"]:
+        expected |= {f"pretrain@{variant}", f"finetune@{variant}", f"evaluate@{variant}"}
+    assert set(stages) >= expected
+    assert stages.index("tables") == len(stages) - 1
+    for variant in params["pretrain"]["variants"]:
+        assert stages.index(f"pretrain@{variant}") < stages.index(f"finetune@{variant}") < stages.index(f"evaluate@{variant}")
 
 
 @pytest.mark.parametrize("name", PROFILE_NAMES)
@@ -92,10 +169,12 @@ def test_dvc_graph_builds_for_every_profile(name, tmp_path, copy_repository):
     work = tmp_path / "repo"
     copy_repository(work)
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
-    write_params(render_profile(name), work / "params.yaml")
-    result = subprocess.run([str(BIN / "dvc"), "dag", "--dot"], cwd=work, capture_output=True, text=True)
+    result = subprocess.run([str(BIN / "dvc"), "dag", "--dot", f"profiles/{name}/dvc.yaml"], cwd=work,
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    edges = set(re.findall(r'"([^"]+)" -> "([^"]+)"', result.stdout))
+    # Nodes are addressed as profiles/<name>/dvc.yaml:<stage> when run from the root.
+    edges = {(a.rsplit(":", 1)[-1], b.rsplit(":", 1)[-1])
+             for a, b in re.findall(r'"([^"]+)" -> "([^"]+)"', result.stdout)}
     params = render_profile(name)
     train, corpus = params["train_dataset"], params["pretrain_corpus"]
     expected = {(f"prepare@{corpus}", "split_passages"), ("split_passages", "generate_queries"),

@@ -1,6 +1,7 @@
 """Search pre-training hyper-parameters with Optuna: create or resume a study and run its trials.
 
-  qac hpo                               # the study of params.yaml's `hpo` section, 1 worker
+  qac hpo                               # the study of the default profile's `hpo` section, 1 worker
+  QAC_PROFILE=smoke qac hpo --workers 2 # the smoke profile's study, two workers
   qac hpo --workers 2 --gpus 0,1        # two workers, one GPU each
   qac hpo --storage postgresql://u@db/optuna   # a shared database: run this on several machines
   qac hpo --report-only                 # redraw reports/hpo/<study>/ from the stored trials
@@ -21,7 +22,8 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+    parser.add_argument("--params", default=None, help="parameters file (default: $QAC_PARAMS, else "
+                        "profiles/$QAC_PROFILE/params.yaml, else profiles/default/params.yaml)")
     parser.add_argument("--study-name", help="override hpo.study_name")
     parser.add_argument("--storage", help="override hpo.storage: a journal file path or a database URL")
     parser.add_argument("--n-trials", type=int, help="override hpo.n_trials (the study's total, resumes included)")
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hpo: %(message)s")
     log = logging.getLogger("qac.hpo")
 
-    from qac.config import load_params, write_params
+    from qac.config import load_params, params_path, write_params
     from qac.hpo.report import log_report_to_mlflow, write_study_report
     from qac.hpo.space import SpaceError
     from qac.hpo.study import (DEFAULT_JOB, HpoSettings, SettingsError, ensure_study_mlflow_run, make_pruner,
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     gpus = [gpu.strip() for gpu in args.gpus.split(",") if gpu.strip()]
     params = apply_overrides(load_params(args.params), args)
     try:
-        settings = HpoSettings.from_params(params, where=args.params)
+        settings = HpoSettings.from_params(params, where=str(args.params or params_path()))
         make_pruner(settings)
         if settings.job == DEFAULT_JOB and not args.report_only:
             check_inputs(params, settings.variant)
