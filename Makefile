@@ -7,7 +7,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test repro smoke paper-dry hpo-smoke benchmarks mlflow-ui clean-venv
+.PHONY: install test repro smoke paper-dry hpo-smoke benchmarks mlflow-ui notebook notebook-run clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -44,6 +44,16 @@ hpo-smoke: $(STAMP)
 
 benchmarks: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done
+
+# notebooks/analysis.ipynb in JupyterLab (installs the `notebook` extra on first use);
+# QAC_PROFILE=smoke make notebook opens it on the smoke profile's results.
+notebook: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[notebook]'
+	$(BIN)/jupyter lab notebooks/analysis.ipynb
+
+# Execute the notebook in place on a profile's results (the committed copy ran on `default`).
+notebook-run: $(STAMP)
+	cd notebooks && $(abspath $(BIN))/jupyter-execute --inplace analysis.ipynb
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db
