@@ -257,7 +257,7 @@ def metric_cell(source: Source | None, dataset: str | None, split: str | None, m
     cell.source = source.relative(dataset, split)
     value = source.metric(dataset, split, measure)
     if value is None:
-        cell.note = f"{source.name}: no {measure} values in {cell.source}"
+        cell.note = f"{source.name} was not evaluated with {measure} on {dataset} {split}"
     else:
         cell.value = value * _SCALE[unit]
         cell.n_queries = len(source.per_query(dataset, split, measure))
@@ -309,9 +309,10 @@ def _describe_columns(table: Table, columns: list[MetricColumn], prefix: str = "
     for column in columns:
         short = short_prefix + column.short_header
         table.short_columns[prefix + column.header] = short
-        where = f"{column.dataset} {column.split} {column.measure}" if not column.missing else column.missing
+        if column.missing:
+            continue   # its cells' footnote says why it is empty
         paper_column = f"; paper: {PAPER_COLUMN_LABELS.get(column.paper, column.paper)}" if column.paper else ""
-        table.column_notes[short] = f"{where}{paper_column}"
+        table.column_notes[short] = f"{column.dataset} {column.split} {column.measure}{paper_column}"
 
 
 def _unshown_paper_columns(ctx: TableContext) -> list[str]:
