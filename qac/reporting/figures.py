@@ -42,7 +42,8 @@ def _pyplot():
 def _save(figure, path: str | os.PathLike, title: str | None) -> Path:
     plt = _pyplot()
     if title:
-        figure.suptitle(title, fontsize="medium")
+        # Above the panels' own titles; bbox_inches="tight" grows the image to keep it.
+        figure.suptitle(title, fontsize="medium", y=1.0, va="bottom")
     # bbox_inches="tight" keeps the legends placed outside the axes inside the image.
     figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
     plt.close(figure)
@@ -145,16 +146,21 @@ def plot_pretrain_losses(study: Study, path: str | os.PathLike, title: str | Non
         return None
     plt = _pyplot()
     figure, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 3.8), squeeze=False)
-    styles = ["-", "--", "-.", ":"]
+    from matplotlib.ticker import MaxNLocator
+
+    styles = ["--", "-.", ":"]
     for axis, (method, found) in zip(axes[0], sorted(curves.items())):
-        counts = sorted({variant.query_count or 0 for variant, _ in found})
+        # Passage context is solid; generated-query contexts get a dash pattern per C.
+        counts = sorted({variant.query_count or 0 for variant, _ in found if variant.context_type != "passage"})
         for variant, rows in found:
-            style = styles[counts.index(variant.query_count or 0) % len(styles)]
+            style = "-" if variant.context_type == "passage" else \
+                styles[counts.index(variant.query_count or 0) % len(styles)]
             label = variant.context_type if variant.context_type == "passage" else \
                 f"{variant.context_type} C={variant.query_count}"
             axis.plot([row["step"] for row in rows], [row["loss"] for row in rows], linestyle=style,
                       color=CONTEXT_COLOURS.get(variant.context_type or "", "grey"), label=label)
         axis.set_xlabel("step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel("pre-training loss (total)")
         axis.set_title(METHOD_NAMES.get(method, method))
         axis.legend(**LEGEND_OUTSIDE)
