@@ -63,7 +63,7 @@ def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table
     tables = list(tables)
     used = {run for table in tables for cell in table.cells.values()
             for run in (cell.run_id, cell.compared_run_id) if run}
-    sources = {path for table in tables for cell in table.cells.values()
+    sources = {path for table in tables for cell in table.cells.values() if cell.value is not None
                for path in (cell.source, cell.compared_source) if path}
     commits = sorted({commit or "not recorded" for commit in study.run_commits(used).values()})
     profile = params["profile"]
