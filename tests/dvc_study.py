@@ -81,6 +81,9 @@ BM25 = ([0.25, 0.25, 0.25, 0.25], [1, 1, 0, 0])
 UNTUNED = [0.05, 0.05, 0.05, 0.05]
 # Per document: passage-passage and passage-query labels (high/low).
 ANNOTATION = [("high", "high"), ("low", "high"), ("low", "high"), ("low", "low")]
+GENERATOR_METRICS = {"rougeL": 0.25, "self_retrieval/generated": 0.6, "heldout_pairs": 20, "mode": "train",
+                     "model": "tiny:minilm", "mlflow_run_id": "0" * 32}
+QUERIES_METRICS = {"candidates": 40, "duplicate_candidates": 2, "unique_ratio": 0.95, "mlflow_run_id": "1" * 32}
 LOSSES = {"cocondenser-passage": [6.0, 5.0, 4.5], "cocondenser-query-q1": [6.0, 4.0, 3.0],
           "cocondenser-query-q4": [6.0, 4.5, 3.5], "cocondenser-mixed": [6.0, 4.8, 4.0],
           "cotmae-passage": [12.0, 11.0, 10.5], "cotmae-query-q4": [12.0, 10.0, 9.0]}
@@ -146,4 +149,6 @@ def write_study(root: Path) -> Path:
         "shares": {"passage-passage": {"pairs": 4, "high": 1, "share": 0.25},
                    "passage-query": {"pairs": 4, "high": 3, "share": 0.75}}})
     _record(annotation, "annotation/table5")
+    _json(data / "metrics" / "query_generator.json", GENERATOR_METRICS)
+    _json(data / "metrics" / "queries.json", QUERIES_METRICS)
     return data

@@ -382,3 +382,22 @@ def test_tables_use_the_recorded_runs_and_the_report_goes_to_the_study_run(data,
     assert line == f"tables: report logged to MLflow study run {study_run}"
     logged = {entry.path for entry in client.list_artifacts(study_run)}
     assert {"tables.md", "table1.csv", "table1.tex", "figures"} <= logged
+
+
+def test_the_query_generators_quality_is_reported_from_its_stage_metrics(data, tmp_path):
+    from qac.reporting.report import write_report
+
+    write_report(PARAMS, tmp_path, data)
+    text = (tmp_path / PROFILE / "tables.md").read_text(encoding="utf-8")
+    assert "### Query generator quality (stage metrics)" in text
+    assert "| metrics/query_generator.json | rougeL | 0.250 |" in text
+    assert "| metrics/queries.json | duplicate_candidates | 2 |" in text
+    # Every numeric field, as written; words and run ids are not numbers.
+    assert (tmp_path / PROFILE / "generator.csv").read_text().splitlines() == [
+        "source,metric,value",
+        "metrics/query_generator.json,heldout_pairs,20.0",
+        "metrics/query_generator.json,rougeL,0.25",
+        "metrics/query_generator.json,self_retrieval/generated,0.6",
+        "metrics/queries.json,candidates,40.0",
+        "metrics/queries.json,duplicate_candidates,2.0",
+        "metrics/queries.json,unique_ratio,0.95"]

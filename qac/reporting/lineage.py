@@ -241,6 +241,16 @@ class Study:
         return Annotation(summary, labels.read_text(encoding="utf-8") if labels.is_file() else None,
                           read_record(folder), summary_path.relative_to(self.root).as_posix())
 
+    def stage_metrics(self, stage: str) -> dict[str, Any] | None:
+        """``metrics/<stage>.json`` (a stage's DVC metrics), or None when the stage wrote none."""
+        path = self.root / "metrics" / f"{stage}.json"
+        if not path.is_file():
+            return None
+        metrics = read_json(path)
+        if not isinstance(metrics, dict):
+            raise ValueError(f"{path}: expected a JSON object of metrics")
+        return metrics
+
     def run_commits(self, run_ids: set[str]) -> dict[str, str | None]:
         """``{run id: git commit}`` of the records that name ``run_ids`` (those the tables used)."""
         found: dict[str, str | None] = {}

@@ -254,10 +254,12 @@ def header_markdown(header: list[tuple[str, str]]) -> str:
     return "\n".join(f"- **{name}**: {text}" for name, text in header) + "\n"
 
 
-def report_markdown(tables: list[Table], header: list[tuple[str, str]], figures: Iterable[str] = ()) -> str:
-    """The whole ``tables.md``: header block, Tables 1-5, then the figures."""
+def report_markdown(tables: list[Table], header: list[tuple[str, str]], figures: Iterable[str] = (),
+                    sections: Iterable[str] = ()) -> str:
+    """The whole ``tables.md``: header block, Tables 1-5, further sections, then the figures."""
     parts = ["# Query-as-context pre-training: results", "", header_markdown(header)]
     parts += [to_markdown(table) for table in tables]
+    parts += list(sections)
     figures = list(figures)
     if figures:
         parts.append("### Figures\n\n" + "\n".join(f"![{name}](figures/{name})" for name in figures) + "\n")

@@ -2,7 +2,8 @@
 
 ``reports/<profile>/`` holds ``tables.md`` (header block, Tables 1-5,
 figures), ``table<N>.csv`` (one line per cell, with its source file and run
-id), ``table<N>.tex`` per table, ``figures/`` and ``plots/`` (the data series
+id), ``table<N>.tex`` per table, ``generator.csv`` (the query generator's
+quality, when its stages ran), ``figures/`` and ``plots/`` (the data series
 that dvc.yaml declares as DVC plots). It is written into a temporary folder
 and renamed into place, so a failure leaves the previous report intact. The
 same DVC outputs give byte-identical tables: nothing in them depends on the
@@ -34,7 +35,7 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
                  data_root: str | os.PathLike | None = None) -> Report:
     """Build Tables 1-5, figures and plot data from the DVC outputs and write them to ``<out_dir>/<profile>/``."""
     from qac.io import atomic_path
-    from qac.reporting import plot_data, render
+    from qac.reporting import generator_report, plot_data, render
     from qac.reporting.figures import draw_figures
 
     settings = params.get("tables", {})
@@ -45,7 +46,9 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
     with atomic_path(target, directory=True) as tmp:
         figures = draw_figures(study, tables, Path(tmp) / "figures", params)
         drawn = [name for name, reason in figures.items() if reason is None]
-        text = render.report_markdown(tables, header, drawn)
+        generator = generator_report.generator_rows(study)
+        text = render.report_markdown(tables, header, drawn,
+                                      [generator_report.to_markdown(generator)] if generator else [])
         missing = [f"- {name}: not drawn ({reason})" for name, reason in figures.items() if reason]
         if missing:
             text += "\n" + "\n".join(missing) + "\n"
@@ -53,6 +56,8 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
         for table in tables:
             (Path(tmp) / f"{table.key}.csv").write_text(render.to_csv(table), encoding="utf-8")
             (Path(tmp) / f"{table.key}.tex").write_text(render.to_latex(table, header), encoding="utf-8")
+        if generator:
+            (Path(tmp) / "generator.csv").write_text(generator_report.to_csv(generator), encoding="utf-8")
         plot_data.write_plot_data(study, tables, Path(tmp) / "plots")
     return Report(tables=tables, header=header, figures=figures, directory=target)
 
