@@ -7,6 +7,7 @@ Outputs under data/<profile>/bm25/:
                                (BM25 top `finetune.bm25_depth`, rank order, positives removed)
   runs/<dataset>/<split>.trec  BM25 runs (depth `evaluate.depth`) of every evaluated split
                                (all but `train`) of `train_dataset` and the `zero_shot` datasets
+  runs/<dataset>/<split>.per_query.json  {measure: {qid: value}} of each run (the tables' source)
   metrics.json                 {dataset: {split: {measure: value}}}
   mlflow_run.json              the MLflow run `baseline/bm25`
 """
@@ -63,6 +64,7 @@ def main() -> None:
                     run = index.search(dataset.split_queries(split), k=depth)
                     write_run(Path(out) / "runs" / name / f"{split}.trec", run, tag="bm25")
                     result = evaluate_and_log(dataset, split, run, measures)
+                    write_json(Path(out) / "runs" / name / f"{split}.per_query.json", result.per_query)
                     summary.setdefault(name, {})[split] = result.aggregate
                     log.info("%s/%s: %s", name, split, result.aggregate)
             write_json(Path(out) / "metrics.json", summary)

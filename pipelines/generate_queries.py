@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed
-    from qac.io import write_json
+    from qac.reporting.dvc_metrics import write_stage_metrics
     from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
     from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, pending_passages,
                                      work_dir_for)
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
                    inputs={"passages": passages_path, "generator": generator_dir},
                    tags={"qac.world_size": ctx.world_size}, parent_run_id=parent) as run:
         log_metrics(summary)
-        write_json(data / "metrics" / "queries.json", {**summary, "mlflow_run_id": run.info.run_id})
+        write_stage_metrics(data / "metrics", "queries", {**summary, "mlflow_run_id": run.info.run_id})
     store.remove()
     cleanup()
     print(f"wrote {output}: {totals.passages} passages, {totals.queries} queries", file=sys.stderr)

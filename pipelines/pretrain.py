@@ -2,9 +2,11 @@
 
 Writes ``data/<profile>/pretrain/<variant>/`` as one unit: ``encoder/`` (the
 Hugging Face folder fine-tuning starts from), ``checkpoint/`` (everything
-needed to resume) and ``mlflow_run.json``. The in-progress checkpoint lives in
-``data/<profile>/.work/pretrain/<variant>/``, which DVC does not delete, so a
-rerun after an interruption resumes. Runs alone or under ``torchrun``.
+needed to resume), ``losses.tsv`` (the logged losses per step, for the
+report and ``dvc plots``) and ``mlflow_run.json``. The in-progress checkpoint
+lives in ``data/<profile>/.work/pretrain/<variant>/``, which DVC does not
+delete, so a rerun after an interruption resumes. Runs alone or under
+``torchrun``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.io import atomic_path, path_md5
     from qac.tracking import log_metrics, stage_run, write_run_record
     from qac.train.pretrain import PretrainSettings, pretrain
+    from qac.train.step_log import LOSSES_FILE, StepLog
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
@@ -36,10 +39,14 @@ def main(argv: list[str] | None = None) -> None:
     inputs = {"passages": root / "passages.jsonl", "queries": root / "queries.jsonl"}
     queries = inputs["queries"] if settings.context_type in ("query", "mixed") else None
 
+    dist = init_distributed()
+    # The journal sits beside the work folder, which pretrain() removes when it ends.
+    step_log = StepLog(root / ".work" / "pretrain" / f"{args.variant}.losses.jsonl") if dist.is_main else None
+
     def log_step(step: int, metrics: dict[str, float]) -> None:
         log_metrics(metrics, step=step)
+        step_log(step, metrics)
 
-    dist = init_distributed()
     tags = {"qac.variant": args.variant, "qac.method": settings.method,
             "qac.context_type": settings.context_type if settings.method != "none" else "none",
             "qac.query_count": settings.query_count if settings.method != "none" else 0,
@@ -65,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
                         mlflow.set_tags({f"qac.{name}": str(final), f"qac.{name}_md5": path_md5(path)})
                         record[f"{name}_md5"] = path_md5(path)
                 mlflow.log_dict(summary, "pretrain_summary.json")
+                if settings.method != "none":
+                    step_log.write(staging / LOSSES_FILE, int(summary.get("resumed_from_step", 0)))
                 write_run_record(staging, run.info.run_id, **record)
     finally:
         cleanup()

@@ -12,7 +12,7 @@ import time
 
 from qac.config import load_params, profile_dir
 from qac.data.splitting import SplitSettings, split_corpus_file
-from qac.io import write_json
+from qac.reporting.dvc_metrics import write_stage_metrics
 from qac.tracking import log_metrics, stage_run
 
 
@@ -42,7 +42,7 @@ def main() -> int:
         metrics = {**stats.as_metrics(), "seconds": seconds,
                    "documents_per_second": stats.documents / seconds if seconds else 0.0}
         log_metrics(metrics)
-        write_json(data / "metrics" / "split.json", {**metrics, "punkt": punkt_model})
+        write_stage_metrics(data / "metrics", "split", {**metrics, "punkt": punkt_model})
     print(f"split_passages: {stats.documents} documents -> {stats.passages} passages "
           f"(mean {metrics['mean_tokens']:.1f}, max {stats.max_tokens} tokens; {stats.sentences} sentences; "
           f"Punkt {punkt_model}) in {seconds:.0f} s")

@@ -1,6 +1,7 @@
-"""Stage `tables`: Tables 1-5 and the figures of the active profile, from MLflow runs.
+"""Stage `tables`: Tables 1-5, figures and plot data of the active profile, from its DVC outputs.
 
-Writes reports/<profile>/ (tables.md, table<N>.csv, table<N>.tex, figures/).
+Writes reports/<profile>/ (tables.md, table<N>.csv, table<N>.tex, figures/,
+plots/); then logs that folder to the MLflow study run when the store holds it.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import sys
 
 from qac.config import load_params
-from qac.reporting.report import write_report
+from qac.reporting.lineage import load_study
+from qac.reporting.report import log_to_study_run, write_report
 
 
 def main() -> int:
@@ -16,6 +18,7 @@ def main() -> int:
     report = write_report(params, params.get("tables", {}).get("out_dir", "reports"))
     print(f"tables: wrote {report.directory}/tables.md ({len(report.tables)} tables, "
           f"{sum(reason is None for reason in report.figures.values())} figures)")
+    print(log_to_study_run(load_study(params), report.directory))
     return 0
 
 

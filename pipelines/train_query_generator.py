@@ -37,7 +37,8 @@ def main() -> int:
     import torch
 
     from qac.distributed import autocast_dtype, init_distributed
-    from qac.io import atomic_path, write_json
+    from qac.io import atomic_path
+    from qac.reporting.dvc_metrics import write_stage_metrics
     from qac.querygen.generate import QueryGenerator, SamplingSettings
     from qac.querygen.pairs import build_pairs, cap_training_pairs, split_heldout
     from qac.querygen.quality import evaluate_queries
@@ -94,8 +95,8 @@ def main() -> int:
         with atomic_path(data / "generator", directory=True) as tmp:
             save_generator(model, tokenizer, tmp)
             write_run_record(tmp, run.info.run_id, model=spec, mode=mode)
-        write_json(data / "metrics" / "query_generator.json", {**metrics, "mode": mode, "model": spec,
-                                                                "mlflow_run_id": run.info.run_id})
+        write_stage_metrics(data / "metrics", "query_generator", {**metrics, "mode": mode, "model": spec,
+                                                                   "mlflow_run_id": run.info.run_id})
     print(f"wrote {data / 'generator'} ({mode} {spec}): {metrics}", file=sys.stderr)
     return 0
 

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "profile": "qac.profile_cli",
     "eval": "qac.evaluation.cli",
     "tables": "qac.reporting.cli",
+    "check": "qac.reporting.check_cli",
     "annotate": "qac.reporting.annotation_cli",
     "hpo": "qac.hpo.cli",
 }

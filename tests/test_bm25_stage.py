@@ -88,6 +88,7 @@ def test_stage_writes_negatives_runs_and_logs_the_baseline(project):
     assert per_query["RR@10"] == {"z1": 1.0, "zq": 0.0}
     assert per_query["nDCG@10"]["zq"] == pytest.approx(1.0)
     assert json.loads((out / "metrics.json").read_text())["tinyzs"]["test"]["RR@10"] == pytest.approx(0.5)
+    assert json.loads((out / "runs" / "tinyzs" / "test.per_query.json").read_text()) == per_query
 
 
 def test_failed_stage_leaves_no_output(project):

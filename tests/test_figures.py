@@ -1,10 +1,10 @@
-"""Figures: the points drawn are the table cells and the logged loss history."""
+"""Figures: the points drawn are the table cells and the loss files; titles name profile and commit."""
 
 from __future__ import annotations
 
 import pytest
 
-from qac.reporting.runs import RunRecord, StudyRuns
+from dvc_study import COMMIT, LOSSES, PARAMS, write_study
 from qac.reporting.tables import Cell, Table
 
 
@@ -24,43 +24,62 @@ def drawn_figures(monkeypatch):
         real_close(figure)
 
 
+def legend_is_outside(figure, legend) -> bool:
+    """The legend's box starts right of the axes it belongs to (so it covers no data)."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    return legend.get_window_extent(renderer).x0 >= legend.axes.get_window_extent(renderer).x1
+
+
 def table3() -> Table:
     table = Table("table3", "Table 3", "percent", ["RR@10", "R@50", "Δ RR@10 vs passage context"])
-    for method, count, rr, r50 in [("cocondenser", 1, 30.0, 80.0), ("cocondenser", 5, 32.0, 82.0),
-                                   ("cotmae", 5, 35.0, 85.0)]:
+    for method, count, rr, r50, paper_rr in [("cocondenser", 1, 30.0, 80.0, 37.7), ("cocondenser", 5, 32.0, 82.0, 37.4),
+                                             ("cotmae", 5, 35.0, 85.0, None)]:
         row = f"{method} C={count}"
-        table.put(row, "RR@10", Cell(value=rr))
+        table.put(row, "RR@10", Cell(value=rr, paper=paper_rr))
         table.put(row, "R@50", Cell(value=r50))
         table.put(row, "Δ RR@10 vs passage context", Cell(value=1.0, difference=True))
         table.row_info[row] = {"method": method, "query_count": count}
+    table.baselines = {"cocondenser": {"RR@10": 29.0, "R@50": 79.0}}
     return table
 
 
-def test_query_count_figure_plots_table3_cells(tmp_path, drawn_figures):
+def test_query_count_figure_plots_table3_with_passage_baseline_and_paper(tmp_path, drawn_figures):
     from qac.reporting.figures import plot_query_count
 
-    path = plot_query_count(table3(), tmp_path / "query_count.png")
+    path = plot_query_count(table3(), tmp_path / "query_count.png", "smoke profile, runs at 0123")
     assert path.stat().st_size > 1000
     (figure,) = drawn_figures
     rr_axis, r50_axis = figure.axes                       # the Δ column is not a panel
     lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in rr_axis.lines}
-    assert lines == {"coCondenser": ([1, 5], [30.0, 32.0]), "CoT-MAE": ([5], [35.0])}
-    assert [list(line.get_ydata()) for line in r50_axis.lines] == [[80.0, 82.0], [85.0]]
+    assert lines["coCondenser query context"] == ([1, 5], [30.0, 32.0])
+    assert lines["CoT-MAE query context"] == ([5], [35.0])
+    assert lines["coCondenser passage context"][1] == [29.0, 29.0]          # a horizontal line
+    assert lines["coCondenser paper (MS MARCO)"] == ([1, 5], [37.7, 37.4])
+    assert "CoT-MAE passage context" not in lines                         # no baseline cell: no line
+    assert [list(line.get_ydata()) for line in r50_axis.lines if "query" in line.get_label()] == [[80.0, 82.0], [85.0]]
+    assert figure._suptitle.get_text() == "smoke profile, runs at 0123"
+    assert legend_is_outside(figure, r50_axis.get_legend())
 
 
-def test_zero_shot_figure_has_a_bar_per_dataset_and_system(tmp_path, drawn_figures):
+def test_zero_shot_figure_marks_the_papers_values(tmp_path, drawn_figures):
     from qac.reporting.figures import plot_zero_shot
 
     table = Table("table2", "Table 2", "fraction", ["A w/o", "A w/", "A Δ"])
-    for dataset, without, with_ in [("nfcorpus", 0.3, 0.4), ("scifact", 0.5, 0.6)]:
-        table.put(dataset, "A w/o", Cell(value=without))
+    for dataset, without, with_, paper in [("nfcorpus", 0.3, 0.4, 0.33), ("scifact", 0.5, 0.6, None)]:
+        table.put(dataset, "A w/o", Cell(value=without, paper=paper))
         table.put(dataset, "A w/", Cell(value=with_))
         table.put(dataset, "A Δ", Cell(value=with_ - without, difference=True))
     table.put("average", "A w/o", Cell(value=0.4))
     plot_zero_shot(table, tmp_path / "zero_shot.png")
     (figure,) = drawn_figures
-    heights = sorted(round(bar.get_height(), 6) for bar in figure.axes[0].patches)
+    axis = figure.axes[0]
+    heights = sorted(round(bar.get_height(), 6) for bar in axis.patches)
     assert heights == [0.3, 0.4, 0.5, 0.6]                # no average bar, no Δ bar
+    [marks] = axis.collections
+    assert [round(y, 6) for _, y in marks.get_offsets()] == [0.33]
+    assert marks.get_label() == "paper (BEIR)"
+    assert legend_is_outside(figure, axis.get_legend())
 
 
 def test_nothing_to_draw_gives_no_file(tmp_path):
@@ -73,38 +92,39 @@ def test_nothing_to_draw_gives_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_loss_key_prefers_the_configured_total():
-    from qac.reporting.figures import loss_key
-
-    assert loss_key(["mlm", "loss", "lr"]) == "loss"
-    assert loss_key(["loss/mlm", "loss/total"]) == "loss/total"
-    assert loss_key(["train/loss", "lr"]) == "train/loss"
-    assert loss_key(["loss/mlm", "lr"]) == "loss/mlm"
-    assert loss_key(["lr", "samples_per_second"]) is None
-
-
-class HistoryStudy(StudyRuns):
-    """StudyRuns whose metric history comes from a dict instead of MLflow."""
-
-    histories: dict = {}
-
-    def metric_history(self, run, key):
-        return self.histories[(run.run_id, key)]
-
-
-def test_pretrain_loss_panels_per_method_latest_run(tmp_path, drawn_figures):
+def test_pretrain_losses_come_from_the_loss_files_a_panel_per_method(tmp_path, drawn_figures):
     from qac.reporting.figures import plot_pretrain_losses
+    from qac.reporting.lineage import load_study
 
-    def run(run_id, variant, method, start):
-        return RunRecord(run_id, f"pretrain/{variant}", {"qac.kind": "pretrain", "qac.variant": variant,
-                                                          "qac.method": method}, {"loss": 1.0}, {}, start)
-
-    study = HistoryStudy([run("old", "cocondenser-passage", "cocondenser", 1),
-                          run("new", "cocondenser-passage", "cocondenser", 2),
-                          run("mae", "cotmae-passage", "cotmae", 3)])
-    study.histories = {("old", "loss"): [(1, 9.0)], ("new", "loss"): [(1, 4.0), (2, 3.0)],
-                       ("mae", "loss"): [(1, 12.0), (2, 11.0)]}
-    plot_pretrain_losses(study, tmp_path / "loss.png")
+    study = load_study(PARAMS, write_study(tmp_path))
+    plot_pretrain_losses(study, tmp_path / "loss.png", "title")
     (figure,) = drawn_figures
-    panels = {axis.get_title(): [list(line.get_ydata()) for line in axis.lines] for axis in figure.axes}
-    assert panels == {"coCondenser": [[4.0, 3.0]], "CoT-MAE": [[12.0, 11.0]]}
+    panels = {axis.get_title(): {line.get_label(): (list(line.get_ydata()), line.get_color()) for line in axis.lines}
+              for axis in figure.axes}
+    assert panels["CoT-MAE"] == {"passage": (LOSSES["cotmae-passage"], "tab:blue"),
+                                 "query C=4": (LOSSES["cotmae-query-q4"], "tab:orange")}
+    assert set(panels["coCondenser"]) == {"passage", "query C=1", "query C=4", "mixed C=4"}
+    assert panels["coCondenser"]["mixed C=4"] == (LOSSES["cocondenser-mixed"], "tab:green")
+
+
+def test_report_figures_are_titled_with_profile_and_commit(tmp_path, drawn_figures):
+    from qac.reporting.figures import draw_figures
+    from qac.reporting.lineage import load_study
+    from qac.reporting.tables import build_tables
+
+    study = load_study(PARAMS, write_study(tmp_path))
+    reasons = draw_figures(study, build_tables(study, PARAMS), tmp_path / "figures", PARAMS)
+    assert reasons == {"query_count.png": None, "zero_shot.png": None, "pretrain_loss.png": None}
+    titles = [figure._suptitle.get_text() for figure in drawn_figures]
+    assert len(titles) == 3 and all(f"smoke profile, runs at {COMMIT[:12]}" in title for title in titles)
+
+
+def test_missing_loss_files_say_why(tmp_path):
+    from qac.reporting.figures import draw_figures
+    from qac.reporting.lineage import load_study
+
+    data = write_study(tmp_path)
+    for path in (data / "pretrain").glob("*/losses.tsv"):
+        path.unlink()
+    reasons = draw_figures(load_study(PARAMS, data), [], tmp_path / "figures", PARAMS)
+    assert reasons["pretrain_loss.png"] == "no pretrain/<variant>/losses.tsv in the DVC outputs"

@@ -42,7 +42,7 @@ def test_pretrain_stage_writes_encoder_checkpoint_and_run(smoke_params, mlflow_s
 
     main(["--variant", "cotmae-query-q4"])
     out = tmp_path / "data" / "smoke" / "pretrain" / "cotmae-query-q4"
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "encoder", "mlflow_run.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "encoder", "losses.tsv", "mlflow_run.json"]
     assert AutoModel.from_pretrained(out / "encoder").config.model_type == "bert"
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3
     assert not (tmp_path / "data" / "smoke" / ".work" / "pretrain" / "cotmae-query-q4").exists()
@@ -61,6 +61,12 @@ def test_pretrain_stage_writes_encoder_checkpoint_and_run(smoke_params, mlflow_s
     client = mlflow.MlflowClient()
     for key in ("loss", "mlm", "decoder", "lr", "samples_per_second", "tokens_per_second"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
+    # losses.tsv holds the same per-step losses as MLflow (no throughput: it is not a loss).
+    lines = (out / "losses.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == ["step", "loss", "decoder", "mlm"]
+    logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss")}
+    assert {int(line.split("\t")[0]): float(line.split("\t")[1]) for line in lines[1:]} == pytest.approx(logged)
+    assert not (tmp_path / "data" / "smoke" / ".work" / "pretrain" / "cotmae-query-q4.losses.jsonl").exists()
 
 
 def test_method_none_exports_the_init_encoder(smoke_params, mlflow_store, tmp_path):

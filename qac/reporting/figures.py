@@ -1,28 +1,33 @@
-"""Figures of the report (matplotlib, Agg backend), drawn from the tables and MLflow runs.
+"""Figures of the report (matplotlib, Agg backend), drawn from the tables and the DVC outputs.
 
-- ``query_count.png``: Table 3's MRR@10 and R@50 against the number C of
-  generated queries per passage, one line per method;
-- ``zero_shot.png``: Table 2's per-dataset nDCG@10, without and with query context;
-- ``pretrain_loss.png``: each pre-training run's loss over steps, from its
-  MLflow metric history.
+- ``query_count.png``: Table 3's measures against the number C of generated
+  queries per passage, one line per method, the passage-context retriever as
+  a horizontal line and the paper's values as a dashed line;
+- ``zero_shot.png``: Table 2's per-dataset nDCG@10 without and with query
+  context, the paper's value marked on each bar it has one for;
+- ``pretrain_loss.png``: each variant's pre-training loss per step
+  (``pretrain/<variant>/losses.tsv``), a panel per method, coloured by context type.
 
-Each function returns the path it wrote, or None when the runs hold nothing to
-draw (the report then says so instead of showing an empty plot).
+Every figure is titled with the profile and the git commit(s) of the runs
+behind it, and keeps its legend outside the data. Each function returns the
+path it wrote, or None when there is nothing to draw (the report then says so
+instead of showing an empty plot).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from qac.reporting.runs import StudyRuns
+from qac.reporting.lineage import Study
 from qac.reporting.tables import Table
 
 QUERY_COUNT = "query_count.png"
 ZERO_SHOT = "zero_shot.png"
 PRETRAIN_LOSS = "pretrain_loss.png"
-DEFAULT_LOSS_METRICS = ("loss", "loss/total")
+CONTEXT_COLOURS = {"passage": "tab:blue", "query": "tab:orange", "mixed": "tab:green"}
+LEGEND_OUTSIDE = dict(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
 
 
 def _pyplot():
@@ -34,41 +39,68 @@ def _pyplot():
     return plt
 
 
-def plot_query_count(table3: Table, path: str | os.PathLike) -> Path | None:
-    """Table 3 as lines: one panel per measure, x = queries per passage."""
+def _save(figure, path: str | os.PathLike, title: str | None) -> Path:
+    plt = _pyplot()
+    if title:
+        # Above the panels' own titles; bbox_inches="tight" grows the image to keep it.
+        figure.suptitle(title, fontsize="medium", y=1.0, va="bottom")
+    # bbox_inches="tight" keeps the legends placed outside the axes inside the image.
+    figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
+    plt.close(figure)
+    return Path(path)
+
+
+def figure_title(what: str, profile: str, commits: Sequence[str]) -> str:
+    """``<what> — <profile> profile, runs at <commit>``: a figure is never taken for another profile's."""
+    at = ", ".join(commit[:12] for commit in commits) if commits else "commit not recorded"
+    return f"{what}\n{profile} profile, runs at {at}"
+
+
+def plot_query_count(table3: Table, path: str | os.PathLike, title: str | None = None) -> Path | None:
+    """Table 3 as lines: a panel per measure, x = queries per passage; passage context and paper as references."""
+    from qac.reporting.paper import METHOD_NAMES
+
     measures = [column for column in table3.columns if not column.startswith("Δ")]
     series: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    papers: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for row, info in table3.row_info.items():
         for column in measures:
             cell = table3.cell(row, column)
             if cell.value is not None:
                 series.setdefault(column, {}).setdefault(info["method"], []).append((info["query_count"], cell.value))
+            if cell.paper is not None:
+                papers.setdefault(column, {}).setdefault(info["method"], []).append((info["query_count"], cell.paper))
     if not series:
         return None
     plt = _pyplot()
-    figure, axes = plt.subplots(1, len(measures), figsize=(4.5 * len(measures), 3.5), squeeze=False)
-    from qac.reporting.paper import METHOD_NAMES
-
+    figure, axes = plt.subplots(1, len(measures), figsize=(5.0 * len(measures), 3.6), squeeze=False)
     counts = sorted({info["query_count"] for info in table3.row_info.values()})
+    colours = {"cocondenser": "tab:blue", "cotmae": "tab:red"}
     for axis, column in zip(axes[0], measures):
         for method, points in sorted(series.get(column, {}).items()):
             points.sort()
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=METHOD_NAMES.get(method, method))
+            name = METHOD_NAMES.get(method, method)
+            colour = colours.get(method)
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colour,
+                      label=f"{name} query context")
+            baseline = table3.baselines.get(method, {}).get(column)
+            if baseline is not None:
+                axis.axhline(baseline, color=colour, linestyle=":", label=f"{name} passage context")
+            paper_points = sorted(papers.get(column, {}).get(method, []))
+            if paper_points:
+                axis.plot([p[0] for p in paper_points], [p[1] for p in paper_points], marker="s", linestyle="--",
+                          color=colour, alpha=0.5, label=f"{name} paper (MS MARCO)")
         axis.set_xlabel("generated queries per passage (C)")
         axis.set_ylabel(column.split(" [")[0] + " (%)")
         axis.set_xscale("log")   # the paper's C = 1, 5, 10, 20 spread evenly
         axis.set_xticks(counts, [str(c) for c in counts])
         axis.minorticks_off()
-        axis.legend()
-    figure.suptitle("Retriever 1 against the number of generated queries (Table 3)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return Path(path)
+    axes[0][-1].legend(**LEGEND_OUTSIDE)
+    return _save(figure, path, title or "Retriever 1 against the number of generated queries (Table 3)")
 
 
-def plot_zero_shot(table2: Table, path: str | os.PathLike) -> Path | None:
-    """Table 2 as grouped bars: a group per dataset, a bar per (method, context)."""
+def plot_zero_shot(table2: Table, path: str | os.PathLike, title: str | None = None) -> Path | None:
+    """Table 2 as grouped bars: a group per dataset, a bar per (method, context); paper values as black ticks."""
     import numpy as np
 
     columns = [column for column in table2.columns if not column.endswith("Δ")]
@@ -79,86 +111,88 @@ def plot_zero_shot(table2: Table, path: str | os.PathLike) -> Path | None:
     figure, axis = plt.subplots(figsize=(max(5.0, 1.4 * len(datasets) + 2), 3.8))
     width = 0.8 / max(1, len(columns))
     positions = np.arange(len(datasets))
+    paper_marked = False
     for index, column in enumerate(columns):
         values = [table2.cell(d, column).value for d in datasets]
-        axis.bar(positions + index * width, [np.nan if v is None else v for v in values], width, label=column)
+        x = positions + index * width
+        axis.bar(x, [np.nan if v is None else v for v in values], width, label=column)
+        papers = [(xi, table2.cell(d, column).paper) for xi, d in zip(x, datasets)
+                  if table2.cell(d, column).paper is not None]
+        if papers:
+            axis.scatter([p[0] for p in papers], [p[1] for p in papers], marker="_", s=300, color="black",
+                         zorder=3, label=None if paper_marked else "paper (BEIR)")
+            paper_marked = True
     axis.set_xticks(positions + width * (len(columns) - 1) / 2, datasets, rotation=20, ha="right")
     axis.set_ylabel("nDCG@10")
-    axis.set_title("Zero-shot retrieval (Table 2)")
-    axis.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return Path(path)
+    axis.legend(**LEGEND_OUTSIDE)
+    return _save(figure, path, title or "Zero-shot retrieval (Table 2)")
 
 
-def loss_key(metrics: Sequence[str], candidates: Sequence[str] = DEFAULT_LOSS_METRICS) -> str | None:
-    """The total-loss metric a pre-training run logged.
-
-    The first of ``candidates`` present, else a key whose last part is
-    ``loss`` (``train/loss``), else one whose first part is (``loss/mlm``).
-    qac.train.pretrain reports the total as ``loss`` beside its parts.
-    """
-    for key in candidates:
-        if key in metrics:
-            return key
-    for matches in (lambda key: key.split("/")[-1] == "loss", lambda key: key.split("/")[0] == "loss"):
-        found = sorted(key for key in metrics if matches(key))
-        if found:
-            return found[0]
-    return None
-
-
-def plot_pretrain_losses(study: StudyRuns, path: str | os.PathLike,
-                         candidates: Sequence[str] = DEFAULT_LOSS_METRICS) -> Path | None:
-    """The loss curve of the latest pre-training run of every variant, a panel per method.
+def plot_pretrain_losses(study: Study, path: str | os.PathLike, title: str | None = None) -> Path | None:
+    """Every variant's total pre-training loss per step, a panel per method, a colour per context type.
 
     coCondenser (MLM + contrastive) and CoT-MAE (encoder + decoder MLM) losses
-    are on different scales, so each method gets its own axis.
+    are on different scales, so each method gets its own axis; within a
+    panel the query count C sets the line style.
     """
     from qac.reporting.paper import METHOD_NAMES
 
-    curves: dict[str, dict[str, tuple[str, list]]] = {}
-    seen = set()
-    for run in study.runs:   # newest first: the first run of a variant is its latest
-        if run.tags.get("qac.kind") != "pretrain":
-            continue
-        variant = run.tags.get("qac.variant", run.name)
-        key = loss_key(list(run.metrics), candidates)
-        if variant in seen or key is None:
-            continue
-        seen.add(variant)
-        history = study.metric_history(run, key)
-        if history:
-            curves.setdefault(run.tags.get("qac.method", "other"), {})[variant] = (key, history)
+    curves: dict[str, list[tuple[Any, list[dict[str, float]]]]] = {}
+    for variant in study.variants():
+        rows = study.pretrain_losses(variant.name)
+        if variant.method != "none" and rows and "loss" in rows[0]:
+            curves.setdefault(variant.method, []).append((variant, rows))
     if not curves:
         return None
     plt = _pyplot()
-    figure, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 4), squeeze=False)
-    for axis, (method, by_variant) in zip(axes[0], sorted(curves.items())):
-        for variant, (key, history) in sorted(by_variant.items()):
-            axis.plot([step for step, _ in history], [value for _, value in history], label=f"{variant} ({key})")
+    figure, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 3.8), squeeze=False)
+    from matplotlib.ticker import MaxNLocator
+
+    styles = ["--", "-.", ":"]
+    for axis, (method, found) in zip(axes[0], sorted(curves.items())):
+        # Passage context is solid; generated-query contexts get a dash pattern per C.
+        counts = sorted({variant.query_count or 0 for variant, _ in found if variant.context_type != "passage"})
+        for variant, rows in found:
+            style = "-" if variant.context_type == "passage" else \
+                styles[counts.index(variant.query_count or 0) % len(styles)]
+            label = variant.context_type if variant.context_type == "passage" else \
+                f"{variant.context_type} C={variant.query_count}"
+            axis.plot([row["step"] for row in rows], [row["loss"] for row in rows], linestyle=style,
+                      color=CONTEXT_COLOURS.get(variant.context_type or "", "grey"), label=label)
         axis.set_xlabel("step")
-        axis.set_ylabel("pre-training loss")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_ylabel("pre-training loss (total)")
         axis.set_title(METHOD_NAMES.get(method, method))
-        axis.legend(fontsize="x-small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return Path(path)
+        axis.legend(**LEGEND_OUTSIDE)
+    figure.subplots_adjust(wspace=0.6)
+    return _save(figure, path, title or "Pre-training loss by context type")
 
 
-def draw_figures(study: StudyRuns, tables: Sequence[Table], directory: str | os.PathLike,
-                 loss_metrics: Sequence[str] = DEFAULT_LOSS_METRICS) -> dict[str, str | None]:
+def draw_figures(study: Study, tables: Sequence[Table], directory: str | os.PathLike,
+                 params: Mapping[str, Any]) -> dict[str, str | None]:
     """Draw every figure into ``directory``; ``{file name: None or why it is missing}``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     by_key = {table.key: table for table in tables}
+    profile = params["profile"]
+
+    def title(what: str, keys: Sequence[str]) -> str:
+        runs = {run for key in keys if key in by_key for cell in by_key[key].cells.values()
+                for run in (cell.run_id, cell.compared_run_id) if run}
+        commits = sorted({commit for commit in study.run_commits(runs).values() if commit})
+        return figure_title(what, profile, commits)
+
+    loss_commits = sorted({(study.pretrain_record(v.name) or {}).get("git_commit") or "" for v in study.variants()}
+                          - {""})
     drawn = {
-        QUERY_COUNT: plot_query_count(by_key["table3"], directory / QUERY_COUNT) if "table3" in by_key else None,
-        ZERO_SHOT: plot_zero_shot(by_key["table2"], directory / ZERO_SHOT) if "table2" in by_key else None,
-        PRETRAIN_LOSS: plot_pretrain_losses(study, directory / PRETRAIN_LOSS, loss_metrics),
+        QUERY_COUNT: plot_query_count(by_key["table3"], directory / QUERY_COUNT,
+                                      title("Retriever 1 against the number of generated queries (Table 3)",
+                                            ["table3"])) if "table3" in by_key else None,
+        ZERO_SHOT: plot_zero_shot(by_key["table2"], directory / ZERO_SHOT,
+                                  title("Zero-shot nDCG@10 (Table 2)", ["table2"])) if "table2" in by_key else None,
+        PRETRAIN_LOSS: plot_pretrain_losses(study, directory / PRETRAIN_LOSS,
+                                            figure_title("Pre-training loss by context type", profile, loss_commits)),
     }
     reasons = {QUERY_COUNT: "no Table 3 values", ZERO_SHOT: "no Table 2 values",
-               PRETRAIN_LOSS: "no pre-training run logged a loss metric"}
+               PRETRAIN_LOSS: "no pretrain/<variant>/losses.tsv in the DVC outputs"}
     return {name: None if path else reasons[name] for name, path in drawn.items()}

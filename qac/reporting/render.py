@@ -1,24 +1,24 @@
 """Write tables as Markdown, CSV (one line per cell, with run ids) and LaTeX.
 
-Each table is preceded by a header block naming the profile, data, models,
-git commits and date, so a scaled-down table is never taken for the paper's.
-A displayed cell reads ``ours / paper``; a difference cell
-``+1.2 (p=0.031) / +0.4``; a missing value ``n/a`` with a numbered note
-saying why.
+Each table is preceded by a header block naming the profile, data, models
+and the git commits of the runs, so a scaled-down table is never taken for
+the paper's. A displayed cell reads ``ours / paper``; a difference cell
+``+1.2 (p=0.031; MDE 0.9) / +0.4``; a missing value ``n/a`` with a numbered
+note saying why. The CSV names, for every number, the DVC-tracked file it was
+computed from and the MLflow run id of that file's record.
 """
 
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import io
 from typing import Any, Iterable, Mapping
 
-from qac.reporting.runs import StudyRuns
-from qac.reporting.tables import FRACTION, Cell, Table
+from qac.reporting.lineage import Study
+from qac.reporting.tables import ALPHA, FRACTION, POWER, Cell, Table
 
-CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "n_queries", "run_id",
-              "compared_run_id", "metric", "paper_row", "note"]
+CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
+              "run_id", "compared_source", "compared_run_id", "metric", "paper_row", "note"]
 
 
 # ---------------------------------------------------------------- header block
@@ -53,36 +53,35 @@ def _data(params: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def header_block(params: Mapping[str, Any], study: StudyRuns, tables: Iterable[Table], experiment: str,
-                 tracking_uri: str | None = None, generated: _dt.datetime | None = None) -> list[tuple[str, str]]:
-    """``(field, text)`` lines that say what the tables were computed on."""
-    from qac.tracking import git_state
+def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table]) -> list[tuple[str, str]]:
+    """``(field, text)`` lines that say what the tables were computed on.
 
-    used = {cell.run_id for table in tables for cell in table.cells.values() if cell.run_id}
-    used |= {cell.compared_run_id for table in tables for cell in table.cells.values() if cell.compared_run_id}
-    commits = {}
-    for run_id in used:
-        run = study.get(run_id)
-        if run is not None:
-            commit = run.tags.get("qac.git_commit", "unknown")
-            dirty = run.tags.get("qac.git_dirty") == "true"
-            commits[commit] = commits.get(commit, False) or dirty
-    current, current_dirty = git_state()
+    Only what the inputs determine: the same DVC outputs give the same header
+    (no clock, no checkout state, no tracking URI), so the tables are
+    byte-identical when rebuilt.
+    """
+    tables = list(tables)
+    used = {run for table in tables for cell in table.cells.values()
+            for run in (cell.run_id, cell.compared_run_id) if run}
+    sources = {path for table in tables for cell in table.cells.values() if cell.value is not None
+               for path in (cell.source, cell.compared_source) if path}
+    commits = sorted({commit or "not recorded" for commit in study.run_commits(used).values()})
     profile = params["profile"]
     scale = ("the paper's scale (MS MARCO, BERT-base)" if profile == "paper"
              else "SCALED DOWN: small data and models; numbers are not comparable to the paper's")
-    generated = generated or _dt.datetime.now(_dt.timezone.utc)
     return [
         ("Profile", f"{profile} ({scale})"),
         ("Data", _data(params)),
         ("Models", _models(params)),
-        ("Runs", f"{len(used)} MLflow runs of experiment {experiment} at {tracking_uri or 'the default store'}"),
-        ("Git commits of the runs", ", ".join(f"{c[:12]}{' (dirty)' if d else ''}" for c, d in sorted(commits.items()))
-         or "none"),
-        ("Tables generated", f"{generated.strftime('%Y-%m-%d %H:%M UTC')} at commit {current[:12]}"
-                             f"{' (dirty)' if current_dirty else ''}"),
+        ("Source", f"{len(sources)} DVC-tracked output files under data/{profile}/ (per-query metrics, annotation "
+                   f"labels), produced by {len(used)} MLflow runs; each CSV row names its file and run id"),
+        ("Git commits of the runs", ", ".join(c[:12] for c in commits) or "none"),
         ("Measures", "R@k (hit rate) = share of queries with a relevant document in the top k (MS MARCO's "
                      "official R@k); R@k (recall) = standard recall; RR@10 = MRR@10. Cells read ours / paper."),
+        ("Differences", "Δ = with − without query context, mean over queries; p = paired randomization test "
+                        f"over the queries; MDE = the smallest true difference this test set detects at p<{ALPHA:g} "
+                        f"(two-sided) with {POWER:.0%} power, (z_0.975 + z_0.8) · sd(per-query Δ) / √n. "
+                        "A |Δ| below its MDE is one the test set cannot tell from noise, not evidence of no effect."),
     ]
 
 
@@ -109,7 +108,8 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
     else:
         ours = _number(cell.value, table, column, signed=cell.difference)
         if cell.difference and cell.p_value is not None:
-            ours += f" ({_p_text(cell.p_value)})"
+            mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column)}"
+            ours += f" ({_p_text(cell.p_value)}{mde})"
     theirs = "–" if cell.paper is None else _number(cell.paper, table, column, signed=cell.difference)
     return f"{ours} / {theirs}"
 
@@ -165,7 +165,9 @@ def to_csv(table: Table) -> str:
                 "paper": "" if cell.paper is None else repr(float(cell.paper)),
                 "unit": "count" if column in table.count_columns else table.unit,
                 "p_value": "" if cell.p_value is None else repr(cell.p_value),
+                "mde": "" if cell.mde is None else repr(float(cell.mde)),
                 "n_queries": "" if cell.n_queries is None else cell.n_queries,
+                "source": cell.source or "", "compared_source": cell.compared_source or "",
                 "run_id": cell.run_id or "", "compared_run_id": cell.compared_run_id or "",
                 "metric": cell.metric or "", "paper_row": table.paper_rows.get(row, ""),
                 "note": cell.text if cell.text is not None else (cell.note or ""),
@@ -182,18 +184,67 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_ESCAPES.get(char, char) for char in text)
 
 
+def _latex_cell(table: Table, column: str, cell: Cell, footnote: int | None) -> str:
+    """A compact cell: ``ours / paper``; a difference marked ``*`` when p < alpha (details in the CSV)."""
+    if cell.text is not None:
+        return latex_escape(cell.text)
+    if cell.value is None:
+        ours = f"n/a\\textsuperscript{{{footnote}}}" if footnote else "n/a"
+    else:
+        ours = latex_escape(_number(cell.value, table, column, signed=cell.difference))
+        if cell.difference and cell.p_value is not None and cell.p_value < ALPHA:
+            ours += "$^{*}$"
+    theirs = "--" if cell.paper is None else latex_escape(_number(cell.paper, table, column, signed=cell.difference))
+    return f"{ours} / {theirs}"
+
+
 def to_latex(table: Table, header: list[tuple[str, str]] | None = None) -> str:
-    """A ``table`` environment (booktabs rules) with the notes and the header block below it."""
-    grid, notes = _grid(table)
-    lines = [r"\begin{table}[t]", r"\centering", r"\scriptsize",
-             r"\begin{tabular}{l" + "c" * len(table.columns) + "}", r"\toprule",
-             " & ".join(["row"] + [latex_escape(column) for column in table.columns]) + r" \\", r"\midrule"]
-    lines += [" & ".join(latex_escape(cell) for cell in line) + r" \\" for line in grid]
+    """A booktabs ``table`` ready to paste: compact heads, ``ours / paper`` cells, notes as a footnote block.
+
+    Needs ``\\usepackage{booktabs}``. Long cell texts (Table 5's label source)
+    move to the notes; p-values and MDEs stay in ``tables.md`` and the CSV.
+    """
+    notes: list[str] = []
+    long_texts: list[str] = []
+    rows = []
+    for row in table.rows:
+        line = [latex_escape(row)]
+        for column in table.columns:
+            if (row, column) not in table.cells:
+                line.append("")
+                continue
+            cell = table.cells[(row, column)]
+            footnote = None
+            if cell.value is None and cell.text is None and cell.note:
+                if cell.note not in notes:
+                    notes.append(cell.note)
+                footnote = notes.index(cell.note) + 1
+            if cell.text is not None and len(cell.text) > 24:
+                if cell.text not in long_texts:
+                    long_texts.append(cell.text)
+                line.append(f"see note {chr(ord('a') + long_texts.index(cell.text))}")
+                continue
+            line.append(_latex_cell(table, column, cell, footnote))
+        rows.append(line)
+    heads = ["" ] + [latex_escape(table.short_columns.get(column, column)) for column in table.columns]
+    lines = [r"\begin{table}[t]", r"\centering", r"\small",
+             r"\begin{tabular}{@{}l" + "c" * len(table.columns) + "@{}}", r"\toprule",
+             " & ".join(heads) + r" \\", r"\midrule"]
+    for line in rows:
+        if line[0].startswith(r"$\Delta$"):
+            line[0] = r"\quad " + line[0]
+        lines.append(" & ".join(line) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    below = [f"[{number}] {note}" for number, note in enumerate(notes, start=1)] + list(table.notes)
-    below += [f"{name}: {text}" for name, text in header or []]
+    below = [f"{latex_escape(short)}: {latex_escape(what)}" for short, what in table.column_notes.items()]
+    if any(cell.difference and cell.p_value is not None for cell in table.cells.values()):
+        below.append(f"$\\Delta$: with minus without query context; $^{{*}}$ p $<$ {ALPHA:g} "
+                     "(paired randomization test over queries)")
+    below += [f"\\textsuperscript{{{number}}}{latex_escape(note)}" for number, note in enumerate(notes, start=1)]
+    below += [f"({chr(ord('a') + index)}) {latex_escape(text)}" for index, text in enumerate(long_texts)]
+    below += [latex_escape(note) for note in table.notes]
+    below += [f"{latex_escape(name)}: {latex_escape(text)}" for name, text in header or [] if name == "Profile"]
     if below:
-        lines.append(r"\par\smallskip\parbox{\linewidth}{\tiny " + r" \\ ".join(latex_escape(t) for t in below) + "}")
+        lines.append(r"\par\smallskip\parbox{\linewidth}{\footnotesize " + r" \\ ".join(below) + "}")
     lines += [r"\caption{" + latex_escape(table.title + " (cells: ours / paper)") + "}",
               r"\label{tab:" + table.key + "}", r"\end{table}"]
     return "\n".join(lines) + "\n"
@@ -203,10 +254,12 @@ def header_markdown(header: list[tuple[str, str]]) -> str:
     return "\n".join(f"- **{name}**: {text}" for name, text in header) + "\n"
 
 
-def report_markdown(tables: list[Table], header: list[tuple[str, str]], figures: Iterable[str] = ()) -> str:
-    """The whole ``tables.md``: header block, Tables 1-5, then the figures."""
+def report_markdown(tables: list[Table], header: list[tuple[str, str]], figures: Iterable[str] = (),
+                    sections: Iterable[str] = ()) -> str:
+    """The whole ``tables.md``: header block, Tables 1-5, further sections, then the figures."""
     parts = ["# Query-as-context pre-training: results", "", header_markdown(header)]
     parts += [to_markdown(table) for table in tables]
+    parts += list(sections)
     figures = list(figures)
     if figures:
         parts.append("### Figures\n\n" + "\n".join(f"![{name}](figures/{name})" for name in figures) + "\n")

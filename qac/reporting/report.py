@@ -1,9 +1,13 @@
-"""The whole report of a profile: MLflow runs in, ``reports/<profile>/`` out.
+"""The whole report of a profile: DVC outputs in, ``reports/<profile>/`` out.
 
 ``reports/<profile>/`` holds ``tables.md`` (header block, Tables 1-5,
-figures), ``table<N>.csv`` (one line per cell, with run ids) and
-``table<N>.tex`` per table, and ``figures/``. It is written into a temporary
-folder and renamed into place, so a failure leaves the previous report intact.
+figures), ``table<N>.csv`` (one line per cell, with its source file and run
+id), ``table<N>.tex`` per table, ``generator.csv`` (the query generator's
+quality, when its stages ran), ``figures/`` and ``plots/`` (the data series
+that dvc.yaml declares as DVC plots). It is written into a temporary folder
+and renamed into place, so a failure leaves the previous report intact. The
+same DVC outputs give byte-identical tables: nothing in them depends on the
+clock, the checkout or the MLflow store.
 """
 
 from __future__ import annotations
@@ -13,23 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from qac.reporting.runs import StudyRuns, load_runs
+from qac.reporting.lineage import Study, load_study
 from qac.reporting.tables import Table, build_tables
 
-
-def experiment_name(params: Mapping[str, Any]) -> str:
-    """``qac-<profile>`` unless params name another experiment (as :mod:`qac.tracking` does)."""
-    return (params.get("mlflow") or {}).get("experiment") or f"qac-{params['profile']}"
-
-
-def load_study(params: Mapping[str, Any], tracking_uri: str | None = None) -> StudyRuns:
-    """The finished runs of the profile's experiment, restricted to runs tagged with this profile."""
-    from qac.tracking import tracking_uri as default_uri
-
-    uri = tracking_uri or default_uri()
-    runs = [run for run in load_runs(experiment_name(params), uri)
-            if run.tags.get("qac.profile", params["profile"]) == params["profile"]]
-    return StudyRuns(runs, tracking_uri=uri)
+__all__ = ["Report", "load_study", "write_report", "log_to_study_run"]
 
 
 @dataclass
@@ -41,24 +32,23 @@ class Report:
 
 
 def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = None,
-                 tracking_uri: str | None = None) -> Report:
-    """Build Tables 1-5 and the figures from MLflow and write them to ``<out_dir>/<profile>/``."""
+                 data_root: str | os.PathLike | None = None) -> Report:
+    """Build Tables 1-5, figures and plot data from the DVC outputs and write them to ``<out_dir>/<profile>/``."""
     from qac.io import atomic_path
-    from qac.reporting import render
-    from qac.reporting.figures import DEFAULT_LOSS_METRICS, draw_figures
-    from qac.tracking import tracking_uri as default_uri
+    from qac.reporting import generator_report, plot_data, render
+    from qac.reporting.figures import draw_figures
 
-    uri = tracking_uri or default_uri()
     settings = params.get("tables", {})
     target = Path(out_dir or settings.get("out_dir", "reports")) / params["profile"]
-    study = load_study(params, uri)
+    study = load_study(params, data_root)
     tables = build_tables(study, params)
-    header = render.header_block(params, study, tables, experiment_name(params), uri)
+    header = render.header_block(params, study, tables)
     with atomic_path(target, directory=True) as tmp:
-        figures = draw_figures(study, tables, Path(tmp) / "figures",
-                               settings.get("loss_metrics") or DEFAULT_LOSS_METRICS)
+        figures = draw_figures(study, tables, Path(tmp) / "figures", params)
         drawn = [name for name, reason in figures.items() if reason is None]
-        text = render.report_markdown(tables, header, drawn)
+        generator = generator_report.generator_rows(study)
+        text = render.report_markdown(tables, header, drawn,
+                                      [generator_report.to_markdown(generator)] if generator else [])
         missing = [f"- {name}: not drawn ({reason})" for name, reason in figures.items() if reason]
         if missing:
             text += "\n" + "\n".join(missing) + "\n"
@@ -66,4 +56,63 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
         for table in tables:
             (Path(tmp) / f"{table.key}.csv").write_text(render.to_csv(table), encoding="utf-8")
             (Path(tmp) / f"{table.key}.tex").write_text(render.to_latex(table, header), encoding="utf-8")
+        if generator:
+            (Path(tmp) / "generator.csv").write_text(generator_report.to_csv(generator), encoding="utf-8")
+        plot_data.write_plot_data(study, tables, Path(tmp) / "plots")
     return Report(tables=tables, header=header, figures=figures, directory=target)
+
+
+def redacted_uri(uri: str) -> str:
+    """A tracking URI fit to print: scheme and host only (no credentials, no local paths)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme in ("", "file") or parts.scheme.startswith("sqlite"):
+        return f"{parts.scheme or 'file'} store"
+    return f"{parts.scheme}://{parts.hostname or ''}"
+
+
+def _study_runs(client, study: Study) -> list[str]:
+    """Study run ids found in the store by walking up from the runs the DVC records name."""
+    from mlflow.exceptions import MlflowException
+
+    found: list[str] = []
+    for record in study.records():
+        run_id = record.get("run_id") if isinstance(record, dict) else None
+        for _ in range(4):   # study -> pretrain -> finetune: the study run is at most three levels up
+            if not run_id:
+                break
+            try:
+                run = client.get_run(run_id)
+            except MlflowException:
+                break
+            if run.data.tags.get("qac.role") == "study":
+                if run_id not in found:
+                    found.append(run_id)
+                break
+            run_id = run.data.tags.get("mlflow.parentRunId")
+    return found
+
+
+def log_to_study_run(study: Study, directory: str | os.PathLike, tracking_uri: str | None = None) -> str:
+    """Log the report folder as artifacts of the study run(s) the records lead to; returns one line to print.
+
+    The tables never need the store: when it is absent or holds none of the
+    recorded runs (a fresh clone, another machine), the line says so and the
+    caller goes on.
+    """
+    from qac.tracking import tracking_uri as default_uri
+
+    uri = tracking_uri or default_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return f"tables: no MLflow store ({redacted_uri(uri)}): report not logged to MLflow"
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    runs = _study_runs(client, study)
+    if not runs:
+        return (f"tables: the MLflow store ({redacted_uri(uri)}) holds none of the runs the DVC records name: "
+                "report not logged to MLflow")
+    for run_id in runs:
+        client.log_artifacts(run_id, str(directory))
+    return f"tables: report logged to MLflow study run {', '.join(runs)}"

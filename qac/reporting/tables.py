@@ -1,10 +1,11 @@
-"""Tables 1-5 of the paper, rebuilt from the study's MLflow runs.
+"""Tables 1-5 of the paper, rebuilt from the study's DVC outputs (:mod:`qac.reporting.lineage`).
 
 Every cell holds our value, the paper's value for the row it maps to
-(:mod:`qac.reporting.paper`), the MLflow run it came from and, when it is
-missing, why. For each "with vs without query-as-context" pair a difference
-cell carries the difference and the p-value of a paired randomization test
-over the per-query metrics the evaluation stage logged as artifacts.
+(:mod:`qac.reporting.paper`), the file it came from, the MLflow run that
+produced that file and, when it is missing, why. For each "with vs without
+query-as-context" pair a difference cell carries the difference, the p-value
+of a paired randomization test over the per-query values the evaluation
+stage wrote, and the minimum detectable effect (MDE) of that comparison.
 
 Units follow the paper: percentages in Tables 1, 3, 4 and 5, fractions
 (nDCG@10) in Table 2.
@@ -12,11 +13,13 @@ Units follow the paper: percentages in Tables 1, 3, 4 and 5, fractions
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Mapping
 
 from qac.reporting import paper
-from qac.reporting.runs import RunRecord, StudyRuns, Variant
+from qac.reporting.lineage import Source, Study, Variant
 from qac.tracking import metric_key
 
 PERCENT = "percent"
@@ -46,6 +49,7 @@ class MetricColumn:
     measure: str | None = None
     paper: str | None = None
     missing: str | None = None
+    short: str | None = None     # the compact head of the LaTeX table (default: label)
 
     @property
     def header(self) -> str:
@@ -53,15 +57,22 @@ class MetricColumn:
             return f"{self.label} [paper: {PAPER_COLUMN_LABELS.get(self.paper, self.paper)}]"
         return self.label
 
+    @property
+    def short_header(self) -> str:
+        return self.short or self.label
+
 
 @dataclass
 class Cell:
     """One table cell. ``value`` and ``paper`` are in the table's unit.
 
-    A difference cell (``difference=True``) holds with minus without
-    query-as-context; ``run_id`` is the "with" run, ``compared_run_id`` the
-    "without" run, and ``p_value`` the paired randomization test over
-    ``n_queries`` queries.
+    ``source`` is the DVC-tracked file the value was computed from (relative
+    to ``data/<profile>/``) and ``run_id`` the MLflow run its record names. A
+    difference cell (``difference=True``) holds with minus without
+    query-as-context; ``run_id``/``source`` are the "with" side,
+    ``compared_run_id``/``compared_source`` the "without" side, ``p_value``
+    the paired randomization test over ``n_queries`` queries and ``mde`` the
+    smallest difference that test could detect (:func:`minimum_detectable_effect`).
     """
 
     value: float | None = None
@@ -74,6 +85,9 @@ class Cell:
     compared_run_id: str | None = None
     n_queries: int | None = None
     text: str | None = None  # a cell that holds words, not a number (Table 5's label source)
+    source: str | None = None
+    compared_source: str | None = None
+    mde: float | None = None
 
 
 @dataclass
@@ -88,6 +102,9 @@ class Table:
     paper_rows: dict[str, str] = field(default_factory=dict)   # our row -> the paper row it is compared with
     count_columns: set[str] = field(default_factory=set)       # columns of whole numbers
     row_info: dict[str, dict[str, Any]] = field(default_factory=dict)  # what a row is, for figures
+    short_columns: dict[str, str] = field(default_factory=dict)        # column -> compact LaTeX head
+    column_notes: dict[str, str] = field(default_factory=dict)         # compact head -> what it is
+    baselines: dict[str, dict[str, float | None]] = field(default_factory=dict)  # method -> {column: value}
 
     def put(self, row: str, column: str, cell: Cell, paper_row: str | None = None) -> None:
         if row not in self.rows:
@@ -107,7 +124,7 @@ def columns_from_params(params: Mapping[str, Any]) -> list[MetricColumn]:
         raise ValueError("params.yaml: tables.in_domain_columns is empty; Tables 1, 3 and 4 need at least one column")
     columns = []
     for index, spec in enumerate(specs):
-        unknown = set(spec) - {"label", "dataset", "split", "measure", "paper", "missing"}
+        unknown = set(spec) - {"label", "dataset", "split", "measure", "paper", "missing", "short"}
         if unknown or "label" not in spec:
             raise ValueError(f"params.yaml: tables.in_domain_columns[{index}]: needs 'label'; unknown keys {sorted(unknown)}")
         if not spec.get("missing") and not spec.get("measure"):
@@ -120,15 +137,46 @@ def columns_from_params(params: Mapping[str, Any]) -> list[MetricColumn]:
     return columns
 
 
-# ---------------------------------------------------------------- significance
+# ---------------------------------------------------------------- significance and power
 
-def paired_p_value(with_values: Mapping[str, float], without_values: Mapping[str, float],
-                   permutations: int = 10000, seed: int = 0) -> tuple[float | None, int, str | None]:
-    """p-value of the paired two-sided randomization test for per-query ``{qid: value}`` of two systems.
+# Two-sided test at alpha = 0.05 with power 0.8: z_0.975 + z_0.80 = 1.95996 + 0.84162.
+ALPHA = 0.05
+POWER = 0.8
+_MDE_Z = NormalDist().inv_cdf(1 - ALPHA / 2) + NormalDist().inv_cdf(POWER)
 
-    Returns ``(p, number of queries, note)``; the test is
-    :func:`qac.evaluation.significance.randomization_test`. Queries present
-    on one side only are left out, and the note says how many.
+
+def minimum_detectable_effect(differences: list[float]) -> float | None:
+    """The smallest mean difference a paired test on these queries detects at p<0.05 with 80% power.
+
+    ``MDE = (z_0.975 + z_0.8) * sd(d) / sqrt(n)`` over the per-query
+    differences ``d`` (sample standard deviation): the normal approximation
+    of the paired test's power, which the randomization test follows closely
+    at the test-set sizes of the tables. None below two queries.
+    """
+    n = len(differences)
+    if n < 2:
+        return None
+    mean = math.fsum(differences) / n
+    sd = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (n - 1))
+    return _MDE_Z * sd / math.sqrt(n)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paired test of two systems over the queries both were evaluated on."""
+
+    p_value: float | None
+    n_queries: int
+    mde: float | None
+    note: str | None
+
+
+def compare_paired(with_values: Mapping[str, float], without_values: Mapping[str, float],
+                   permutations: int = 10000, seed: int = 0) -> Comparison:
+    """Randomization-test p-value and MDE (in the values' unit) of ``with - without`` per query.
+
+    The test is :func:`qac.evaluation.significance.randomization_test`.
+    Queries present on one side only are left out, and the note says how many.
     """
     from qac.evaluation.significance import randomization_test
 
@@ -138,19 +186,27 @@ def paired_p_value(with_values: Mapping[str, float], without_values: Mapping[str
     if dropped:
         note = f"{dropped} queries evaluated for one system only were left out of the test"
     if len(shared) < 2:
-        return None, len(shared), "fewer than 2 shared queries: no test"
+        return Comparison(None, len(shared), None, "fewer than 2 shared queries: no test")
     p_value = randomization_test({qid: with_values[qid] for qid in shared},
                                  {qid: without_values[qid] for qid in shared}, trials=permutations, seed=seed)
-    return p_value, len(shared), note
+    mde = minimum_detectable_effect([with_values[qid] - without_values[qid] for qid in shared])
+    return Comparison(p_value, len(shared), mde, note)
+
+
+def paired_p_value(with_values: Mapping[str, float], without_values: Mapping[str, float],
+                   permutations: int = 10000, seed: int = 0) -> tuple[float | None, int, str | None]:
+    """``(p, number of queries, note)`` of :func:`compare_paired`."""
+    result = compare_paired(with_values, without_values, permutations, seed)
+    return result.p_value, result.n_queries, result.note
 
 
 # ---------------------------------------------------------------- cell builders
 
 @dataclass
 class TableContext:
-    """What every table builder needs: the runs, the profile's columns and the test settings."""
+    """What every table builder needs: the outputs, the profile's columns and the test settings."""
 
-    study: StudyRuns
+    study: Study
     columns: list[MetricColumn]
     profile: str
     main_query_count: int | None = None
@@ -160,7 +216,7 @@ class TableContext:
     seed: int = 0
 
     @classmethod
-    def from_params(cls, study: StudyRuns, params: Mapping[str, Any]) -> "TableContext":
+    def from_params(cls, study: Study, params: Mapping[str, Any]) -> "TableContext":
         tables = params.get("tables", {})
         return cls(study=study, columns=columns_from_params(params), profile=params["profile"],
                    main_query_count=tables.get("main_query_count"),
@@ -186,60 +242,61 @@ class TableContext:
         return max(candidates, key=lambda v: v.query_count or 0) if candidates else None
 
 
-def metric_cell(run: RunRecord | None, dataset: str | None, split: str | None, measure: str | None, unit: str,
+def metric_cell(source: Source | None, dataset: str | None, split: str | None, measure: str | None, unit: str,
                 paper_value: float | None, missing: str | None = None) -> Cell:
-    """Our value of ``dataset/split/measure`` in ``run`` (or why there is none) beside the paper's."""
+    """Our value of ``dataset/split/measure`` from ``source``'s per-query file (or why there is none)."""
     cell = Cell(paper=paper_value)
     if missing:
         cell.note = missing
         return cell
-    if run is None:
-        cell.note = "no run for this row in the MLflow experiment"
-        return cell
-    cell.run_id = run.run_id
     cell.metric = metric_key(dataset, split, measure)
-    value = run.metric(dataset, split, measure)
+    if source is None:
+        cell.note = "no evaluation output for this row in the profile's DVC outputs"
+        return cell
+    cell.run_id = source.run_id
+    cell.source = source.relative(dataset, split)
+    value = source.metric(dataset, split, measure)
     if value is None:
-        cell.note = f"run {run.run_id} ({run.name}) has no metric {cell.metric}"
+        cell.note = f"{source.name} was not evaluated with {measure} on {dataset} {split}"
     else:
         cell.value = value * _SCALE[unit]
+        cell.n_queries = len(source.per_query(dataset, split, measure))
     return cell
 
 
-def difference_cell(ctx: TableContext, with_run: RunRecord | None, without_run: RunRecord | None,
+def difference_cell(ctx: TableContext, with_source: Source | None, without_source: Source | None,
                     dataset: str | None, split: str | None, measure: str | None, unit: str,
                     paper_with: float | None, paper_without: float | None, missing: str | None = None) -> Cell:
-    """With minus without query-as-context, with the paired randomization p-value."""
+    """With minus without query-as-context, with the paired randomization p-value and the MDE."""
     cell = Cell(difference=True)
     if paper_with is not None and paper_without is not None:
         cell.paper = round(paper_with - paper_without, 6)
     if missing:
         cell.note = missing
         return cell
-    if with_run is None or without_run is None:
-        cell.note = "one of the two runs is missing"
+    if with_source is None or without_source is None:
+        cell.note = "one of the two systems has no evaluation output"
         return cell
-    cell.run_id, cell.compared_run_id = with_run.run_id, without_run.run_id
+    cell.run_id, cell.compared_run_id = with_source.run_id, without_source.run_id
+    cell.source, cell.compared_source = with_source.relative(dataset, split), without_source.relative(dataset, split)
     cell.metric = metric_key(dataset, split, measure)
-    a, b = with_run.metric(dataset, split, measure), without_run.metric(dataset, split, measure)
-    if a is None or b is None:
-        cell.note = f"metric {cell.metric} missing in one of the two runs"
+    per_query_with = with_source.per_query(dataset, split, measure)
+    per_query_without = without_source.per_query(dataset, split, measure)
+    if not per_query_with or not per_query_without:
+        cell.note = f"no per-query {measure} values for {dataset}/{split} in one of the two systems"
         return cell
-    cell.value = (a - b) * _SCALE[unit]
-    per_query_with = ctx.study.per_query(with_run, dataset, split, measure)
-    per_query_without = ctx.study.per_query(without_run, dataset, split, measure)
-    if per_query_with is None or per_query_without is None:
-        cell.note = f"no per-query {measure} artifact per_query/{dataset}/{split}.json: no significance test"
-        return cell
-    cell.p_value, cell.n_queries, cell.note = paired_p_value(per_query_with, per_query_without,
-                                                            ctx.permutations, ctx.seed)
+    scale = _SCALE[unit]
+    cell.value = (with_source.metric(dataset, split, measure) - without_source.metric(dataset, split, measure)) * scale
+    result = compare_paired(per_query_with, per_query_without, ctx.permutations, ctx.seed)
+    cell.p_value, cell.n_queries, cell.note = result.p_value, result.n_queries, result.note
+    cell.mde = None if result.mde is None else result.mde * scale
     return cell
 
 
-def _in_domain_cells(ctx: TableContext, table: Table, row: str, run: RunRecord | None, unit: str, paper_of,
+def _in_domain_cells(ctx: TableContext, table: Table, row: str, source: Source | None, unit: str, paper_of,
                      paper_row: str | None = None) -> None:
     for column in ctx.columns:
-        table.put(row, column.header, metric_cell(run, column.dataset, column.split, column.measure, unit,
+        table.put(row, column.header, metric_cell(source, column.dataset, column.split, column.measure, unit,
                                                   paper_of(column.paper), column.missing), paper_row)
 
 
@@ -247,33 +304,50 @@ def _retriever_row(variant: Variant, retriever: str) -> str:
     return f"{variant.label}, {RETRIEVER_LABELS[retriever]}"
 
 
+def _describe_columns(table: Table, columns: list[MetricColumn], prefix: str = "", short_prefix: str = "") -> None:
+    """Compact LaTeX heads for ``columns``, with what each one is (and the paper column beside it)."""
+    for column in columns:
+        short = short_prefix + column.short_header
+        table.short_columns[prefix + column.header] = short
+        if column.missing:
+            continue   # its cells' footnote says why it is empty
+        paper_column = f"; paper: {PAPER_COLUMN_LABELS.get(column.paper, column.paper)}" if column.paper else ""
+        table.column_notes[short] = f"{column.dataset} {column.split} {column.measure}{paper_column}"
+
+
+def _unshown_paper_columns(ctx: TableContext) -> list[str]:
+    shown = {column.paper for column in ctx.columns}
+    return [label for key, label in PAPER_COLUMN_LABELS.items() if key not in shown]
+
+
 # ---------------------------------------------------------------- Table 1
 
 def table1_in_domain(ctx: TableContext) -> Table:
     """Table 1: in-domain results of every retriever, baselines first."""
     table = Table("table1", "Table 1: in-domain retrieval", PERCENT, [c.header for c in ctx.columns])
-    bm25 = ctx.study.baseline("bm25")
-    _in_domain_cells(ctx, table, "BM25", bm25, PERCENT, lambda col: paper.table1_value("bm25", None, "bm25", col),
+    _describe_columns(table, ctx.columns)
+    _in_domain_cells(ctx, table, "BM25", ctx.study.baseline("bm25"), PERCENT,
+                     lambda col: paper.table1_value("bm25", None, "bm25", col),
                      paper.table1_paper_row("bm25", None, "bm25"))
-    if ctx.study.baseline("untuned") is not None:
-        _in_domain_cells(ctx, table, "start encoder, not fine-tuned", ctx.study.baseline("untuned"), PERCENT,
-                         lambda col: None)
+    untuned = ctx.study.baseline("untuned")
+    if untuned is not None:
+        _in_domain_cells(ctx, table, "start encoder, not fine-tuned", untuned, PERCENT, lambda col: None)
     for variant in ctx.study.variants():
         if variant.method == "none":
-            for retriever in ("r1", "r2"):
+            for retriever in RETRIEVER_LABELS:
                 _in_domain_cells(ctx, table, _retriever_row(variant, retriever),
                                  ctx.study.finetuned(variant.name, retriever), PERCENT, lambda col: None)
     for method in ("cocondenser", "cotmae"):
         passage, query = ctx.variant(method, "passage"), ctx.variant(method, "query")
         if passage is None and query is None:
             continue
-        for retriever in ("r1", "r2"):
-            runs = {}
+        for retriever in RETRIEVER_LABELS:
+            sources = {}
             for context, variant in (("passage", passage), ("query", query)):
                 if variant is None:
                     continue
-                runs[context] = ctx.study.finetuned(variant.name, retriever)
-                _in_domain_cells(ctx, table, _retriever_row(variant, retriever), runs[context], PERCENT,
+                sources[context] = ctx.study.finetuned(variant.name, retriever)
+                _in_domain_cells(ctx, table, _retriever_row(variant, retriever), sources[context], PERCENT,
                                  lambda col, c=context: paper.table1_value(method, c, retriever, col),
                                  paper.table1_paper_row(method, context, retriever))
             if passage is None or query is None:
@@ -281,60 +355,62 @@ def table1_in_domain(ctx: TableContext) -> Table:
             row = f"Δ {paper.METHOD_NAMES[method]} query − passage context, {RETRIEVER_LABELS[retriever]}"
             for column in ctx.columns:
                 table.put(row, column.header, difference_cell(
-                    ctx, runs["query"], runs["passage"], column.dataset, column.split, column.measure, PERCENT,
-                    paper.table1_value(method, "query", retriever, column.paper),
+                    ctx, sources["query"], sources["passage"], column.dataset, column.split, column.measure,
+                    PERCENT, paper.table1_value(method, "query", retriever, column.paper),
                     paper.table1_value(method, "passage", retriever, column.paper), column.missing))
     query_counts = {v.method: v.query_count for v in (ctx.query_variant("cocondenser"), ctx.query_variant("cotmae")) if v}
     table.notes.append(
         "Paper values are the paper's own reproductions (its rows 'coCondenser 120k' and 'CoT-MAE 50k'), "
         "trained with the same recipe as its QaC rows; its QaC rows equal its Table 3 rows for C=5. "
         f"Our QaC rows use C = {query_counts or 'n/a'} (tables.main_query_count).")
+    unshown = _unshown_paper_columns(ctx)
+    if unshown:
+        table.notes.append(f"The paper's columns {', '.join(unshown)} have no counterpart in this profile "
+                           "(tables.in_domain_columns).")
     return table
 
 
 # ---------------------------------------------------------------- Table 2
 
-def _zero_shot_split(run: RunRecord | None, dataset: str) -> str | None:
-    """The split a zero-shot dataset was evaluated on (``test`` when several)."""
-    if run is None:
-        return None
-    prefix = f"{metric_key(dataset)}/"
-    splits = sorted({key[len(prefix):].split("/")[0] for key in run.metrics if key.startswith(prefix)})
-    return "test" if "test" in splits else (splits[0] if splits else None)
+def _zero_shot_split(source: Source | None, dataset: str) -> str:
+    """The split a zero-shot dataset was evaluated on (``test`` when there are several)."""
+    splits = source.splits(dataset) if source is not None else []
+    return "test" if "test" in splits or not splits else splits[0]
 
 
 def table2_zero_shot(ctx: TableContext) -> Table:
     """Table 2: zero-shot nDCG@10 per dataset, without (passage) and with (query) context."""
     methods = [m for m in ("cocondenser", "cotmae") if ctx.variant(m, "passage") or ctx.variant(m, "query")]
     columns = []
-    for method in methods:
-        name = paper.METHOD_NAMES[method]
-        columns += [f"{name} w/o (passage)", f"{name} w/ (query)", f"{name} Δ"]
     retriever = ctx.zero_shot_retriever
     table = Table("table2", f"Table 2: zero-shot nDCG@10 ({RETRIEVER_LABELS.get(retriever, retriever)})",
                   FRACTION, columns)
+    for method in methods:
+        name = paper.METHOD_NAMES[method]
+        columns += [f"{name} w/o (passage)", f"{name} w/ (query)", f"{name} Δ"]
+        table.short_columns.update({f"{name} w/o (passage)": f"{name} w/o", f"{name} w/ (query)": f"{name} w/",
+                                    f"{name} Δ": "Δ"})
     sums: dict[str, list[float]] = {column: [] for column in columns}
     paper_average_rows = []
     for dataset in ctx.zero_shot_datasets:
         for method in methods:
             name = paper.METHOD_NAMES[method]
-            runs = {}
+            sources = {}
             for context, label in (("passage", f"{name} w/o (passage)"), ("query", f"{name} w/ (query)")):
                 variant = ctx.variant(method, context)
-                runs[context] = ctx.study.finetuned(variant.name, retriever) if variant else None
-                split = _zero_shot_split(runs[context], dataset) or "test"
-                cell = metric_cell(runs[context], dataset, split, "nDCG@10", FRACTION,
-                                   paper.table2_value(dataset, method, context),
+                sources[context] = ctx.study.finetuned(variant.name, retriever) if variant else None
+                cell = metric_cell(sources[context], dataset, _zero_shot_split(sources[context], dataset), "nDCG@10",
+                                   FRACTION, paper.table2_value(dataset, method, context),
                                    None if variant else f"no {context}-context {name} variant in this profile")
                 if cell.paper is None and cell.note is None:
                     cell.note = f"{dataset} is not in the paper's Table 2"
                 table.put(dataset, label, cell, dataset if cell.paper is not None else None)
                 if cell.value is not None:
                     sums[label].append(cell.value)
-            split = _zero_shot_split(runs["query"], dataset) or "test"
             table.put(dataset, f"{name} Δ", difference_cell(
-                ctx, runs["query"], runs["passage"], dataset, split, "nDCG@10", FRACTION,
-                paper.table2_value(dataset, method, "query"), paper.table2_value(dataset, method, "passage")))
+                ctx, sources["query"], sources["passage"], dataset, _zero_shot_split(sources["query"], dataset),
+                "nDCG@10", FRACTION, paper.table2_value(dataset, method, "query"),
+                paper.table2_value(dataset, method, "passage")))
         if paper.table2_value(dataset, "cocondenser", "query") is not None:
             paper_average_rows.append(dataset)
     if ctx.zero_shot_datasets:
@@ -343,7 +419,7 @@ def table2_zero_shot(ctx: TableContext) -> Table:
             for context, label in (("passage", f"{name} w/o (passage)"), ("query", f"{name} w/ (query)")):
                 complete = len(sums[label]) == len(ctx.zero_shot_datasets)
                 table.put("average", label, paper_row="average", cell=Cell(
-                    value=sum(sums[label]) / len(sums[label]) if complete else None,
+                    value=math.fsum(sums[label]) / len(sums[label]) if complete else None,
                     paper=paper.table2_value("average", method, context),
                     note=None if complete else "not every dataset has a value"))
             without, with_ = table.cell("average", f"{name} w/o (passage)"), table.cell("average", f"{name} w/ (query)")
@@ -366,22 +442,30 @@ def table3_query_count(ctx: TableContext) -> Table:
     measures = [column for column in measures if column is not None]
     columns = [column.header for column in measures] + [f"Δ {column.label} vs passage context" for column in measures]
     table = Table("table3", "Table 3: number of generated queries per passage (retriever 1)", PERCENT, columns)
+    _describe_columns(table, measures)
+    table.short_columns.update({f"Δ {column.label} vs passage context": f"Δ {column.short_header}"
+                                for column in measures})
     for method in ("cocondenser", "cotmae"):
         passage = ctx.variant(method, "passage")
-        passage_run = ctx.study.finetuned(passage.name, "r1") if passage else None
+        passage_source = ctx.study.finetuned(passage.name, "r1") if passage else None
+        if passage is not None:
+            table.baselines[method] = {
+                column.header: metric_cell(passage_source, column.dataset, column.split, column.measure, PERCENT,
+                                           paper.table1_value(method, "passage", "r1", column.paper)).value
+                for column in measures}
         variants = sorted((v for v in ctx.study.variants() if v.method == method and v.context_type == "query"),
                           key=lambda v: v.query_count or 0)
         for variant in variants:
             row = f"{paper.METHOD_NAMES[method]} C={variant.query_count}"
-            run = ctx.study.finetuned(variant.name, "r1")
+            source = ctx.study.finetuned(variant.name, "r1")
             table.row_info[row] = {"method": method, "query_count": variant.query_count, "variant": variant.name}
             for column in measures:
                 table.put(row, column.header, metric_cell(
-                    run, column.dataset, column.split, column.measure, PERCENT,
+                    source, column.dataset, column.split, column.measure, PERCENT,
                     paper.table3_value(method, variant.query_count, column.paper), column.missing),
                     paper.table3_row(method, variant.query_count))
                 table.put(row, f"Δ {column.label} vs passage context", difference_cell(
-                    ctx, run, passage_run, column.dataset, column.split, column.measure, PERCENT,
+                    ctx, source, passage_source, column.dataset, column.split, column.measure, PERCENT,
                     paper.table3_value(method, variant.query_count, column.paper),
                     paper.table1_value(method, "passage", "r1", column.paper), column.missing))
     if not measures:
@@ -397,27 +481,29 @@ def table4_mixed_context(ctx: TableContext) -> Table:
     specs = [(retriever, ctx.column(key), key) for retriever, key in wanted if ctx.column(key) is not None]
     headers = [f"{RETRIEVER_LABELS[retriever]} {column.header}" for retriever, column, _ in specs]
     table = Table("table4", "Table 4: mixed context", PERCENT, headers)
+    for retriever, column, _ in specs:
+        _describe_columns(table, [column], f"{RETRIEVER_LABELS[retriever]} ", f"R{retriever[1:]} ")
     for method in ("cocondenser", "cotmae"):
         variants = {context: ctx.variant(method, context) for context in ("passage", "query", "mixed")}
         if not any(variants.values()):
             continue
-        runs = {}
+        sources = {}
         for context, variant in variants.items():
             if variant is None:
                 continue
-            row = f"{variant.label}"
             for (retriever, column, key), header in zip(specs, headers):
-                runs[(context, retriever)] = run = ctx.study.finetuned(variant.name, retriever)
-                table.put(row, header, metric_cell(run, column.dataset, column.split, column.measure, PERCENT,
-                                                   paper.table4_value(method, context, retriever, key), column.missing),
-                          paper.table4_row(method, context))
+                sources[(context, retriever)] = source = ctx.study.finetuned(variant.name, retriever)
+                table.put(variant.label, header, metric_cell(
+                    source, column.dataset, column.split, column.measure, PERCENT,
+                    paper.table4_value(method, context, retriever, key), column.missing),
+                    paper.table4_row(method, context))
         for with_, without in (("mixed", "query"), ("mixed", "passage"), ("query", "passage")):
             if variants[with_] is None or variants[without] is None:
                 continue
             row = f"Δ {paper.METHOD_NAMES[method]} {with_} − {without} context"
             for (retriever, column, key), header in zip(specs, headers):
                 table.put(row, header, difference_cell(
-                    ctx, runs[(with_, retriever)], runs[(without, retriever)], column.dataset, column.split,
+                    ctx, sources[(with_, retriever)], sources[(without, retriever)], column.dataset, column.split,
                     column.measure, PERCENT, paper.table4_value(method, with_, retriever, key),
                     paper.table4_value(method, without, retriever, key), column.missing))
     table.notes.append("The paper's Table 4 has no passage-context row; its passage values come from its Table 1 "
@@ -429,52 +515,56 @@ def table4_mixed_context(ctx: TableContext) -> Table:
 
 def table5_annotation(ctx: TableContext) -> Table:
     """Table 5: share of highly correlated pairs, passage-passage vs passage-query."""
-    from qac.reporting import annotation
+    from qac.reporting import annotation as study_annotation
 
     table = Table("table5", "Table 5: pair correlation (annotation study)", PERCENT,
                   ["high correlation %", "pairs", "labels"], count_columns={"pairs"})
-    run = ctx.study.named(annotation.RUN_NAME)
-    labels = run.tags.get(annotation.LABELS_TAG, "unknown") if run else None
-    per_document: dict[str, dict[str, float]] = {}
-    if run is not None:
-        text = ctx.study.artifact_text(run, annotation.LABELS_FILE)
-        if text is not None:
-            per_document = annotation.labels_by_kind(text)
-    for kind in annotation.PAIR_KINDS:
-        share = run.metrics.get(annotation.share_metric(kind)) if run else None
-        count = run.metrics.get(annotation.count_metric(kind)) if run else None
-        note = None if run else f"no MLflow run {annotation.RUN_NAME}: run the annotation stage"
-        run_id = run.run_id if run else None
+    table.short_columns.update({"high correlation %": "high corr. (%)"})
+    found = ctx.study.annotation()
+    labels = found.summary.get("labels", "unknown") if found else None
+    per_document = study_annotation.labels_by_kind(found.labels_text) if found and found.labels_text else {}
+    note = None if found else "no annotation/summary.json: run the annotation stage"
+    run_id = found.run_id if found else None
+    source = found.relative if found else None
+    shares = (found.summary["shares"] if found else {})
+    for kind in study_annotation.PAIR_KINDS:
+        share = (shares.get(kind) or {}).get("share")
+        count = (shares.get(kind) or {}).get("pairs")
+        share = None if share is None or (isinstance(share, float) and math.isnan(share)) else float(share)
         table.put(kind, "high correlation %", Cell(value=None if share is None else share * 100,
-                                                   paper=paper.table5_value(kind), run_id=run_id,
-                                                   metric=annotation.share_metric(kind), note=note),
+                                                   paper=paper.table5_value(kind), run_id=run_id, source=source,
+                                                   metric=study_annotation.share_metric(kind), note=note,
+                                                   n_queries=None if share is None else count),
                   paper.table5_row(kind))
-        table.put(kind, "pairs", Cell(value=count, paper=200.0, run_id=run_id,
-                                      metric=annotation.count_metric(kind), note=note))
-        table.put(kind, "labels", Cell(run_id=run_id, text=labels, note=note))
+        table.put(kind, "pairs", Cell(value=None if count is None else float(count), paper=200.0, run_id=run_id,
+                                      source=source, metric=study_annotation.count_metric(kind), note=note))
+        table.put(kind, "labels", Cell(run_id=run_id, text=labels, note=note, source=source))
     row = "Δ passage-query − passage-passage"
     diff = Cell(difference=True, paper=round(paper.table5_value("passage-query") - paper.table5_value("passage-passage"), 6))
-    if run is not None:
-        shares = [run.metrics.get(annotation.share_metric(kind)) for kind in annotation.PAIR_KINDS]
-        diff.run_id = diff.compared_run_id = run.run_id
-        if None not in shares:
-            diff.value = (shares[1] - shares[0]) * 100
+    if found is not None:
+        values = [table.cell(kind, "high correlation %").value for kind in study_annotation.PAIR_KINDS]
+        diff.run_id = diff.compared_run_id = run_id
+        diff.source = diff.compared_source = "annotation/labels.csv" if found.labels_text else source
+        if None not in values:
+            diff.value = values[1] - values[0]
         pq, pp = per_document.get("passage-query"), per_document.get("passage-passage")
         if pq and pp:
-            diff.p_value, diff.n_queries, diff.note = paired_p_value(pq, pp, ctx.permutations, ctx.seed)
-            diff.note = "paired by document; " + (diff.note or f"{diff.n_queries} documents")
+            result = compare_paired(pq, pp, ctx.permutations, ctx.seed)
+            diff.p_value, diff.n_queries = result.p_value, result.n_queries
+            diff.mde = None if result.mde is None else result.mde * 100
+            diff.note = "paired by document; " + (result.note or f"{result.n_queries} documents")
         else:
-            diff.note = f"no {annotation.LABELS_FILE} artifact: no significance test"
+            diff.note = "no annotation/labels.csv: no significance test"
     else:
-        diff.note = f"no MLflow run {annotation.RUN_NAME}"
+        diff.note = "no annotation/summary.json: run the annotation stage"
     table.put(row, "high correlation %", diff)
     if labels:
         table.notes.append(f"Labels: {labels}. Paper: 3 human votes per pair (6 annotators in two groups), majority label.")
     return table
 
 
-def build_tables(study: StudyRuns, params: Mapping[str, Any]) -> list[Table]:
-    """Tables 1-5 for the profile in ``params`` from the runs in ``study``."""
+def build_tables(study: Study, params: Mapping[str, Any]) -> list[Table]:
+    """Tables 1-5 for the profile in ``params`` from the outputs in ``study``."""
     ctx = TableContext.from_params(study, params)
     return [table1_in_domain(ctx), table2_zero_shot(ctx), table3_query_count(ctx),
             table4_mixed_context(ctx), table5_annotation(ctx)]

@@ -110,10 +110,16 @@ def read_run_record(directory: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def write_run_record(directory: str | os.PathLike, run_id: str, **extra: Any) -> None:
-    """Leave the run id next to a stage's outputs so downstream stages can nest under it."""
+    """Leave the run id next to a stage's outputs so downstream stages can nest under it.
+
+    The git commit rides along so the reports can cite the code behind each
+    output from the DVC outputs alone, without the MLflow store.
+    """
     from qac.io import write_json
 
-    write_json(Path(directory) / RUN_RECORD, {"run_id": run_id, "tracking_uri": tracking_uri(), **extra})
+    commit, dirty = git_state()
+    write_json(Path(directory) / RUN_RECORD, {"run_id": run_id, "tracking_uri": tracking_uri(),
+                                              "git_commit": commit, "git_dirty": dirty, **extra})
 
 
 def flatten(prefix: str, value: Any) -> dict[str, Any]:

@@ -1,0 +1,69 @@
+"""Check the profile's results against its expected values (OK / FAIL per cell).
+
+Rebuilds Tables 1-5 from the DVC outputs under data/<profile>/ (no MLflow
+store needed) and compares every cell listed in the profile's expected file
+(params `check.expected`, e.g. profiles/expected/smoke.yaml) with its
+tolerance: two queries' worth of the per-query measure (see
+qac/reporting/check.py). Prints one line per cell and a summary line; exits
+0 when every cell is within tolerance, 1 when any is outside or missing.
+
+`qac check --record` writes the expected file from the current outputs (for
+the paper profile: from the paper's published values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default=None, help="params file (default: params.yaml or $QAC_PARAMS)")
+    parser.add_argument("--data", default=None, help="the profile's DVC outputs (default: data/<profile>)")
+    parser.add_argument("--expected", default=None, help="expected-values file (default: params check.expected)")
+    parser.add_argument("--record", action="store_true",
+                        help="write the expected file from the current outputs instead of checking")
+    parser.add_argument("--from-paper", action="store_true",
+                        help="with --record: the paper's values of the same cells (the paper profile's default)")
+    parser.add_argument("--failures-only", action="store_true", help="print only FAIL lines and the summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from qac.config import load_params
+    from qac.reporting import check
+    from qac.reporting.lineage import load_study
+    from qac.reporting.tables import build_tables
+
+    params = load_params(args.params)
+    path = Path(args.expected or (params.get("check") or {}).get("expected") or "")
+    if not args.expected and not (params.get("check") or {}).get("expected"):
+        print("qac check: params has no check.expected (the expected-values file of the profile)", file=sys.stderr)
+        return 2
+    if args.record:
+        from_paper = args.from_paper or params["profile"] == "paper"
+        tables = build_tables(load_study(params, args.data, declared_variants=from_paper), params)
+        document = check.record(tables, params["profile"], from_paper=from_paper)
+        if not document["cells"]:
+            print(f"qac check: no cells to record under {args.data or 'data/' + params['profile']}: "
+                  "run the pipeline first", file=sys.stderr)
+            return 1
+        check.write_expected(document, path)
+        print(f"qac check: recorded {len(document['cells'])} cells in {path.as_posix()}")
+        return 0
+    if not path.is_file():
+        print(f"qac check: no expected file {path.as_posix()}; record one with `qac check --record` "
+              "after a run you trust", file=sys.stderr)
+        return 2
+    profile, expected = check.load_expected(path)
+    if profile and profile != params["profile"]:
+        print(f"qac check: {path.as_posix()} holds profile {profile!r}, params are {params['profile']!r}",
+              file=sys.stderr)
+        return 2
+    outcomes = check.compare(build_tables(load_study(params, args.data), params), expected)
+    for outcome in outcomes:
+        if not (args.failures_only and outcome.ok):
+            print(outcome.line())
+    print(check.summary_line(outcomes, path))
+    return 0 if outcomes and all(outcome.ok for outcome in outcomes) else 1

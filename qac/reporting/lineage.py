@@ -1,0 +1,292 @@
+"""The study's results as DVC tracks them: per-query files and run records under ``data/<profile>/``.
+
+Every number of the report comes from a file a DVC stage wrote (see
+docs/architecture.md), never from the MLflow store:
+
+- ``eval/<variant>/<retriever>/<dataset>/<split>.per_query.json``
+  (``{measure: {qid: value}}``) for retrievers ``r1``, ``r2`` and ``untuned``;
+  the measure's value is the mean over the queries, as trec_eval reports it;
+- ``bm25/runs/<dataset>/<split>.per_query.json`` for the BM25 baseline;
+- ``annotation/summary.json`` and ``annotation/labels.csv`` for Table 5;
+- ``pretrain/<variant>/losses.tsv`` for the loss curves.
+
+The ``mlflow_run.json`` record beside each output (``finetune/<variant>/<r>/``,
+``eval/<variant>/untuned/``, ``bm25/``, ``annotation/``, ``pretrain/<variant>/``)
+names the MLflow run and git commit that produced it; the tables carry that
+run id beside each number as a link into MLflow, nothing more.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from qac.tracking import RUN_RECORD
+from qac.train.step_log import LOSSES_FILE
+
+PER_QUERY_SUFFIX = ".per_query.json"
+RETRIEVERS = ("r1", "r2")
+_METHOD_ORDER = {"none": 0, "cocondenser": 1, "cotmae": 2}
+_CONTEXT_ORDER = {"passage": 0, "query": 1, "mixed": 2}
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file, or a ValueError naming the file, line and column of the defect."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{error.lineno}:{error.colno}: malformed JSON ({error.msg})") from None
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """The ``mlflow_run.json`` a stage left in ``folder``, checked to name a run; None if absent."""
+    path = folder / RUN_RECORD
+    if not path.is_file():
+        return None
+    record = read_json(path)
+    if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
+        raise ValueError(f"{path}: field 'run_id' missing or not a string")
+    return record
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A pre-training condition: method, context type and query count C (from ``pretrain.variants``)."""
+
+    name: str
+    method: str
+    context_type: str | None
+    query_count: int | None
+
+    @property
+    def label(self) -> str:
+        from qac.reporting.paper import METHOD_NAMES
+
+        method = METHOD_NAMES.get(self.method, self.method)
+        if self.method == "none":
+            return method
+        if self.context_type == "query":
+            return f"{method}+QaC (C={self.query_count})"
+        if self.context_type == "mixed":
+            return f"{method} mixed context (C={self.query_count})"
+        return f"{method} passage context"
+
+    @classmethod
+    def from_params(cls, name: str, spec: Mapping[str, Any] | None) -> "Variant":
+        spec = spec or {}
+        method = spec.get("method")
+        if method is None:
+            raise ValueError(f"params: pretrain.variants.{name}: field 'method' missing")
+        if method == "none":
+            return cls(name, "none", None, None)
+        count = spec.get("query_count")
+        return cls(name, method, spec.get("context_type", "passage"), None if count is None else int(count))
+
+    @property
+    def order(self) -> tuple:
+        return (_METHOD_ORDER.get(self.method, 9), _CONTEXT_ORDER.get(self.context_type or "", -1),
+                self.query_count or 0, self.name)
+
+
+@dataclass
+class Source:
+    """One system's evaluation outputs and the MLflow run they belong to.
+
+    ``folder`` holds ``<dataset>/<split>.per_query.json``; ``record`` is the
+    ``mlflow_run.json`` of the run that produced the evaluated system (None if
+    the stage wrote none).
+    """
+
+    name: str
+    root: Path
+    folder: Path
+    record: dict[str, Any] | None = None
+    record_path: Path | None = None
+    _cache: dict[tuple[str, str], dict | None] = field(default_factory=dict, repr=False)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.record["run_id"] if self.record else None
+
+    @property
+    def git_commit(self) -> str | None:
+        return (self.record or {}).get("git_commit")
+
+    def path(self, dataset: str, split: str) -> Path:
+        return self.folder / dataset / f"{split}{PER_QUERY_SUFFIX}"
+
+    def relative(self, dataset: str, split: str) -> str:
+        """The per-query file's path under ``data/<profile>/``, as the CSV cites it."""
+        return self.path(dataset, split).relative_to(self.root).as_posix()
+
+    def _load(self, dataset: str, split: str) -> dict | None:
+        key = (dataset, split)
+        if key not in self._cache:
+            path = self.path(dataset, split)
+            values = read_json(path) if path.is_file() else None
+            if values is not None and not (isinstance(values, dict)
+                                           and all(isinstance(v, dict) for v in values.values())):
+                raise ValueError(f"{path}: expected {{measure: {{qid: value}}}}")
+            self._cache[key] = values
+        return self._cache[key]
+
+    def per_query(self, dataset: str, split: str, measure: str) -> dict[str, float] | None:
+        """``{qid: value}`` of ``measure``, or None when the stage did not evaluate it."""
+        values = self._load(dataset, split)
+        if values is None or measure not in values:
+            return None
+        try:
+            return {str(qid): float(value) for qid, value in values[measure].items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.path(dataset, split)}: {measure}: a value is not a number") from None
+
+    def metric(self, dataset: str, split: str, measure: str) -> float | None:
+        """The mean over queries (trec_eval's aggregate); ``math.fsum`` so file order cannot change it."""
+        values = self.per_query(dataset, split, measure)
+        if not values:
+            return None
+        return math.fsum(values.values()) / len(values)
+
+    def splits(self, dataset: str) -> list[str]:
+        folder = self.folder / dataset
+        if not folder.is_dir():
+            return []
+        return sorted(p.name[:-len(PER_QUERY_SUFFIX)] for p in folder.iterdir() if p.name.endswith(PER_QUERY_SUFFIX))
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """Table 5's outputs: ``annotation/summary.json``, ``labels.csv`` text and the run record."""
+
+    summary: dict[str, Any]
+    labels_text: str | None
+    record: dict[str, Any] | None
+    relative: str
+
+    @property
+    def run_id(self) -> str | None:
+        return self.record["run_id"] if self.record else None
+
+    @property
+    def git_commit(self) -> str | None:
+        return (self.record or {}).get("git_commit")
+
+
+class Study:
+    """The DVC outputs of one profile, indexed by what the tables ask for."""
+
+    def __init__(self, root: str | os.PathLike, variants: Mapping[str, Any], profile: str,
+                 declared_variants: bool = False):
+        self.root = Path(root)
+        self.profile = profile
+        self._variants = {name: Variant.from_params(name, spec) for name, spec in (variants or {}).items()}
+        self._sources: dict[str, Source | None] = {}
+        self.declared_variants = declared_variants   # rows for every declared variant, evaluated or not
+
+    def variants(self) -> list[Variant]:
+        """Every condition of ``pretrain.variants`` whose retrievers were evaluated, in a stable order."""
+        found = [v for v in self._variants.values() if self.declared_variants
+                 or any((self.root / "eval" / v.name / r).is_dir() for r in RETRIEVERS)]
+        return sorted(found, key=lambda v: v.order)
+
+    def variant(self, name: str) -> Variant | None:
+        return self._variants.get(name)
+
+    def _source(self, name: str, folder: Path, record_folder: Path) -> Source | None:
+        if name not in self._sources:
+            self._sources[name] = (Source(name, self.root, folder, read_record(record_folder),
+                                          record_folder / RUN_RECORD)
+                                   if folder.is_dir() else None)
+        return self._sources[name]
+
+    def finetuned(self, variant: str, retriever: str) -> Source | None:
+        """Retriever ``r1``/``r2`` of ``variant``: ``eval/<variant>/<r>/``, run from ``finetune/<variant>/<r>/``."""
+        return self._source(f"finetune/{retriever}/{variant}", self.root / "eval" / variant / retriever,
+                            self.root / "finetune" / variant / retriever)
+
+    def baseline(self, retriever: str) -> Source | None:
+        """``bm25`` (``bm25/runs/``) or ``untuned``: the start encoder of the no-pre-training variant."""
+        if retriever == "bm25":
+            return self._source("baseline/bm25", self.root / "bm25" / "runs", self.root / "bm25")
+        if retriever == "untuned":
+            for variant in sorted(self._variants.values(), key=lambda v: v.order):
+                folder = self.root / "eval" / variant.name / "untuned"
+                if variant.method == "none" and folder.is_dir():
+                    return self._source(f"eval/untuned/{variant.name}", folder, folder)
+            return None
+        raise ValueError(f"unknown baseline {retriever!r}: bm25 or untuned")
+
+    def pretrain_record(self, variant: str) -> dict[str, Any] | None:
+        return read_record(self.root / "pretrain" / variant)
+
+    def pretrain_losses(self, variant: str) -> list[dict[str, float]] | None:
+        """Rows of ``pretrain/<variant>/losses.tsv`` (``step`` and each loss), or None when absent."""
+        path = self.root / "pretrain" / variant / LOSSES_FILE
+        return read_losses(path) if path.is_file() else None
+
+    def annotation(self) -> Annotation | None:
+        folder = self.root / "annotation"
+        summary_path = folder / "summary.json"
+        if not summary_path.is_file():
+            return None
+        summary = read_json(summary_path)
+        if not isinstance(summary, dict) or not isinstance(summary.get("shares"), dict):
+            raise ValueError(f"{summary_path}: field 'shares' missing")
+        labels = folder / "labels.csv"
+        return Annotation(summary, labels.read_text(encoding="utf-8") if labels.is_file() else None,
+                          read_record(folder), summary_path.relative_to(self.root).as_posix())
+
+    def stage_metrics(self, stage: str) -> dict[str, Any] | None:
+        """``metrics/<stage>.json`` (a stage's DVC metrics), or None when the stage wrote none."""
+        path = self.root / "metrics" / f"{stage}.json"
+        if not path.is_file():
+            return None
+        metrics = read_json(path)
+        if not isinstance(metrics, dict):
+            raise ValueError(f"{path}: expected a JSON object of metrics")
+        return metrics
+
+    def run_commits(self, run_ids: set[str]) -> dict[str, str | None]:
+        """``{run id: git commit}`` of the records that name ``run_ids`` (those the tables used)."""
+        found: dict[str, str | None] = {}
+        for source in self._sources.values():
+            if source is not None and source.run_id in run_ids:
+                found[source.run_id] = source.git_commit
+        annotation = self.annotation()
+        if annotation is not None and annotation.run_id in run_ids:
+            found[annotation.run_id] = annotation.git_commit
+        return found
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every run record under the profile folder (for finding the study run in MLflow)."""
+        return [read_json(path) for path in sorted(self.root.glob(f"**/{RUN_RECORD}"))
+                if not any(part.startswith(".") for part in path.relative_to(self.root).parts)]
+
+
+def read_losses(path: str | os.PathLike) -> list[dict[str, float]]:
+    """A ``losses.tsv`` (header ``step<TAB>loss...``) as rows of floats; a bad cell names file and line."""
+    rows = []
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="\t")
+        if not reader.fieldnames or reader.fieldnames[0] != "step":
+            raise ValueError(f"{path}:1: header must start with 'step', got {reader.fieldnames}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                rows.append({key: float(value) for key, value in row.items()})
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}:{line}: a field is missing or not a number") from None
+    return rows
+
+
+def load_study(params: Mapping[str, Any], root: str | os.PathLike | None = None,
+               declared_variants: bool = False) -> Study:
+    """The DVC outputs of the profile in ``params`` (``data/<profile>/`` unless ``root`` is given)."""
+    from qac.config import profile_dir
+
+    return Study(root or profile_dir(dict(params)), (params.get("pretrain") or {}).get("variants") or {},
+                 params["profile"], declared_variants)

@@ -1,0 +1,148 @@
+"""`qac check`: expected cells with tolerances, recorded from a run and checked against the DVC outputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dvc_study import PARAMS, PROFILE, RR, write_study
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch):
+    """A working directory with data/smoke/ (tests/dvc_study.py) and a params file naming expected/smoke.yaml."""
+    write_study(tmp_path)
+    params_path = tmp_path / "params.yaml"
+    params_path.write_text(yaml.safe_dump(PARAMS), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def qac(*argv: str) -> int:
+    from qac.cli import main
+
+    return main(["check", "--params", "params.yaml", *argv])
+
+
+def test_recorded_values_pass_and_every_cell_is_printed(project, capsys):
+    assert qac("--record") == 0
+    document = yaml.safe_load((project / "expected" / "smoke.yaml").read_text())
+    assert document["profile"] == PROFILE
+    bm25 = next(c for c in document["cells"] if c["table"] == "table1" and c["row"] == "BM25" and c["column"] == RR)
+    # mean RR@10 0.25 over 4 queries; 2 queries' worth of a [0, 1] measure is 2/4, in percent 50 points.
+    assert bm25 == {"table": "table1", "row": "BM25", "column": RR, "value": pytest.approx(25.0), "unit": "percent",
+                    "n": 4, "tolerance": pytest.approx(50.0)}
+    pairs = next(c for c in document["cells"] if c["table"] == "table5" and c["column"] == "pairs")
+    assert pairs["unit"] == "count" and pairs["tolerance"] == 0.0
+    capsys.readouterr()
+
+    assert qac() == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(document["cells"]) + 1
+    assert all(line.startswith("OK   ") for line in lines[:-1])
+    assert lines[-1] == (f"check: reproduced: {len(document['cells'])} of {len(document['cells'])} cells within "
+                         "tolerance, 0 outside, 0 missing (expected/smoke.yaml)")
+
+
+def test_a_cell_moved_outside_its_tolerance_fails(project, capsys):
+    assert qac("--record") == 0
+    # coCondenser's query-context retriever 1: RR@10 0.3, 0.4, 0.5, 0.4 (mean 40) becomes 1.0 on every query:
+    # the mean moves by 2.4 queries' worth (60 points), beyond the tolerance of 2 queries' worth (50 points).
+    path = project / "data" / PROFILE / "eval" / "cocondenser-query-q4" / "r1" / "scifact" / "test.per_query.json"
+    values = json.loads(path.read_text())
+    values["RR@10"] = {qid: 1.0 for qid in values["RR@10"]}
+    path.write_text(json.dumps(values))
+    capsys.readouterr()
+    assert qac() == 1
+    lines = capsys.readouterr().out.splitlines()
+    failures = [line for line in lines if line.startswith("FAIL")]
+    # The same retriever's RR@10 is shown in Tables 1, 3 and 4; nothing else moved.
+    assert failures == [
+        f"FAIL table1 | coCondenser+QaC (C=4), retriever 1 | {RR}: 100 (expected 40 ± 50)",
+        f"FAIL table3 | coCondenser C=4 | {RR}: 100 (expected 40 ± 50)",
+        f"FAIL table4 | coCondenser+QaC (C=4) | retriever 1 {RR}: 100 (expected 40 ± 50)"]
+    assert lines[-1].startswith("check: NOT reproduced: ") and ", 3 outside, 0 missing" in lines[-1]
+
+
+def test_a_cell_within_its_tolerance_passes(project, capsys):
+    assert qac("--record") == 0
+    # One query of four changes by its whole range: 1/4 of the range, inside 2/4.
+    path = project / "data" / PROFILE / "bm25" / "runs" / "scifact" / "test.per_query.json"
+    values = json.loads(path.read_text())
+    values["RR@10"]["q1"] = 1.0
+    path.write_text(json.dumps(values))
+    assert qac("--failures-only") == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("check: reproduced")
+
+
+def test_a_missing_cell_fails(project, capsys):
+    assert qac("--record") == 0
+    shutil.rmtree(project / "data" / PROFILE / "eval" / "cotmae-passage" / "r2")
+    assert qac("--failures-only") == 1
+    out = capsys.readouterr().out
+    assert "FAIL table1 | CoT-MAE passage context, retriever 2 | " + RR + ": missing (no evaluation output" in out
+    # Table 1's RR@10 and R@50 of that retriever, and Table 4's retriever 2 RR@10
+    assert ", 0 outside, 3 missing" in out.splitlines()[-1]
+
+
+def test_without_an_expected_file_check_says_how_to_record_one(project, capsys):
+    assert qac() == 2
+    assert "record one with `qac check --record`" in capsys.readouterr().err
+
+
+def test_tolerance_is_two_queries_worth_of_the_measure():
+    from qac.reporting.check import tolerance
+
+    assert tolerance("percent", 300) == pytest.approx(2 * 100 / 300)    # SciFact test: 0.67 points
+    assert tolerance("fraction", 43) == pytest.approx(2 / 43)
+    assert tolerance("percent", 6980, rounding=0.05) == pytest.approx(0.05 + 200 / 6980)
+    assert tolerance("count", 10) == 0.0
+    assert tolerance("percent", None) is None
+
+
+def test_bad_expected_file_names_the_cell_and_field(tmp_path):
+    from qac.reporting.check import load_expected
+
+    path = tmp_path / "expected.yaml"
+    path.write_text(yaml.safe_dump({"profile": "smoke", "cells": [
+        {"table": "table1", "row": "BM25", "column": "x", "value": 1.0, "unit": "percent"},
+        {"table": "table1", "row": "BM25", "column": "y", "value": "high", "unit": "percent"}]}))
+    with pytest.raises(ValueError, match=r"expected.yaml: cells\[1\]: 'value', 'tolerance' and 'rounding' must be"):
+        load_expected(path)
+    path.write_text(yaml.safe_dump({"cells": [{"table": "table1", "row": "BM25", "value": 1.0, "unit": "percent"}]}))
+    with pytest.raises(ValueError, match=r"cells\[0\]: field 'column' missing"):
+        load_expected(path)
+
+
+def test_paper_profile_expects_the_papers_values():
+    """profiles/expected/paper.yaml is what `qac check --record` writes for the paper profile from the paper."""
+    from qac.config import render_profile
+    from qac.reporting.check import load_expected, record
+    from qac.reporting.lineage import load_study
+    from qac.reporting.tables import build_tables
+
+    params = render_profile("paper", REPO_ROOT / "profiles")
+    path = REPO_ROOT / params["check"]["expected"]
+    profile, cells = load_expected(path)
+    assert profile == "paper"
+    tables = build_tables(load_study(params, REPO_ROOT / "no-such-outputs", declared_variants=True), params)
+    recorded = record(tables, "paper", from_paper=True)["cells"]
+    assert [(c.table, c.row, c.column, c.value) for c in cells] == [
+        (c["table"], c["row"], c["column"], c["value"]) for c in recorded]
+    by_key = {(c.table, c.row): c for c in cells if c.column.startswith("MS MARCO dev MRR@10")}
+    # The paper's Table 1: coCondenser+QaC 120k retriever 1, MRR@10 37.4, printed to 0.1.
+    qac_r1 = by_key[("table1", "coCondenser+QaC (C=5), retriever 1")]
+    assert (qac_r1.value, qac_r1.rounding, qac_r1.tolerance) == (37.4, 0.05, None)
+
+
+def test_every_profile_names_its_expected_file():
+    from qac.config import render_profile
+
+    for name in ("smoke", "default", "paper"):
+        assert render_profile(name, REPO_ROOT / "profiles")["check"]["expected"] == f"profiles/expected/{name}.yaml"
