@@ -29,9 +29,11 @@ test: $(STAMP)
 # dvc.lock and reports/<name>/, and only when its results change.
 repro: $(STAMP)
 	$(BIN)/dvc repro profiles/default/dvc.yaml
+	QAC_PROFILE=default $(BIN)/qac check --failures-only
 
 smoke: $(STAMP)
 	$(BIN)/dvc repro profiles/smoke/dvc.yaml
+	QAC_PROFILE=smoke $(BIN)/qac check --failures-only
 
 # The paper's whole plan, every stage in run order, without its data present.
 paper-dry: $(STAMP)

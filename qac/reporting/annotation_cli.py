@@ -23,7 +23,8 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     export = commands.add_parser("export", help="write sheet.csv and key.csv for annotators")
-    export.add_argument("--params", default=None, help="params file (default: params.yaml or $QAC_PARAMS)")
+    export.add_argument("--params", default=None, help="params file (default: $QAC_PARAMS, else "
+                        "profiles/$QAC_PROFILE/params.yaml, else the default profile)")
     export.add_argument("--out", default=None, help="folder (default: data/<profile>/annotation)")
     imported = commands.add_parser("import", help="majority labels and agreement of filled sheets")
     imported.add_argument("sheets", nargs="+", help="filled sheets, one per annotator")

@@ -18,7 +18,8 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default=None, help="params file (default: params.yaml or $QAC_PARAMS)")
+    parser.add_argument("--params", default=None, help="params file (default: $QAC_PARAMS, else "
+                        "profiles/$QAC_PROFILE/params.yaml, else the default profile)")
     parser.add_argument("--data", default=None, help="the profile's DVC outputs (default: data/<profile>)")
     parser.add_argument("--expected", default=None, help="expected-values file (default: params check.expected)")
     parser.add_argument("--record", action="store_true",

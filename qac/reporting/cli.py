@@ -14,7 +14,8 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default=None, help="params file (default: params.yaml or $QAC_PARAMS)")
+    parser.add_argument("--params", default=None, help="params file (default: $QAC_PARAMS, else "
+                        "profiles/$QAC_PROFILE/params.yaml, else the default profile)")
     parser.add_argument("--out", default=None, help="report folder (default: params tables.out_dir)")
     parser.add_argument("--data", default=None, help="the profile's DVC outputs (default: data/<profile>)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the report to the MLflow study run")
