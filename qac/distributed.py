@@ -65,10 +65,13 @@ def cleanup() -> None:
 
 
 def autocast_dtype(setting: str, device) -> "object | None":
-    """Mixed-precision dtype for a ``dtype`` param: auto = bf16 (fp16 without bf16) on GPU, none on CPU."""
+    """Mixed-precision dtype for a ``dtype`` param: auto = bf16 (fp16 without bf16) on GPU, none on CPU.
+
+    ``fp64`` (a model held in float64, see qac.train.pretrain) uses no autocast either.
+    """
     import torch
 
-    if setting in ("fp32", "float32") or getattr(device, "type", "cpu") != "cuda":
+    if setting in ("fp32", "float32", "fp64", "float64") or getattr(device, "type", "cpu") != "cuda":
         return None
     if setting == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

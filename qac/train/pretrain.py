@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 METHODS = ("none", "cocondenser", "cotmae")
+DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64")
 LogFn = Callable[[int, dict[str, float]], None]
 
 
@@ -68,7 +69,7 @@ class PretrainSettings:
     dropout: float | None = None      # None: the init checkpoint's dropout; 0 for exactly repeatable runs
     checkpoint_every: int = 50
     log_every: int = 10
-    dtype: str = "auto"
+    dtype: str = "auto"               # auto, bf16, fp16, fp32; fp64 trains in float64 (repeatability checks)
     seed: int = 42
 
     @classmethod
@@ -95,6 +96,8 @@ class PretrainSettings:
     def validate(self, where: str) -> None:
         if self.method not in METHODS:
             raise ValueError(f"{where}: method must be one of {METHODS}, got {self.method!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.method == "none":
             return
         if self.batch_size % self.grad_accumulation:
@@ -181,6 +184,10 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     tokenizer = load_tokenizer(settings.init)
     model = build_pretraining_model(settings.to_dict(), seed=settings.seed,
                                     full_vocab_logits=full_vocab_logits).to(device)
+    if settings.dtype in ("fp64", "float64"):
+        # Float64 makes runs that compute the same mathematics agree to ~1e-12
+        # whatever the process count or BLAS (docs/architecture.md, "Repeatability").
+        model = model.double()
     corpus = load_pair_corpus(passages, queries, settings.context_type, passage_context=settings.passage_context,
                               query_count=settings.query_count)
     sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob)
