@@ -315,6 +315,7 @@ def read_dataset(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike
         dataset = Dataset(name=spec.name, corpus=corpus, queries=queries, qrels=qrels)
     dataset.name = spec.name
     dataset.meta = {
+        "qrels_files": _qrels_files(spec, source, mirror),
         "format": spec.format,
         "source": source.location,
         "rel_threshold": dict(spec.rel_threshold),
@@ -322,6 +323,15 @@ def read_dataset(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike
         "skipped": dict(skipped),
     }
     return dataset
+
+
+def _qrels_files(spec: DatasetSpec, source: Source, mirror) -> dict[str, str]:
+    """Where each split's judgements were read from, for errors about a split (not written to dataset.json)."""
+    if source.origin == "hub":
+        return {split: f"hf://{spec.hub_qrels or spec.hub + '-qrels'}/{split}" for split in spec.splits}
+    if spec.format in ("beir", "hf"):
+        return {split: str(source.directory / "qrels" / f"{split}.tsv") for split in spec.splits}
+    return {split: str(qrels) for split, (_, qrels) in split_file_paths(spec, source, mirror).items()}
 
 
 def _read_tsv_corpus(spec: DatasetSpec, directory: Path, min_text_chars: int, skipped: Counter) -> Corpus:
