@@ -57,6 +57,21 @@ def barrier() -> None:
         dist.barrier()
 
 
+def broadcast_object(compute):
+    """``compute()`` run on rank 0 only and its (picklable) result given to every process.
+
+    For work that every process needs the answer of but that should happen
+    once, such as hashing a corpus-sized input file.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return compute()
+    holder = [compute() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
 def cleanup() -> None:
     import torch.distributed as dist
 

@@ -2,6 +2,10 @@
 
 A stage that fails must leave nothing half-written behind, so every output is
 first written to a temporary sibling and renamed into place only on success.
+A process killed with SIGKILL cannot clean up, so the staging sibling
+(``.<name>.<pid>.<random>.tmp``) carries its writer's process id:
+:func:`remove_orphaned_staging` deletes those whose writer is gone, and
+:func:`atomic_path` calls it before writing. DVC ignores them (``.dvcignore``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,6 +22,54 @@ from typing import Iterable, Iterator
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # alive, another user's
+        return True
+    return True
+
+
+def remove_orphaned_staging(path: str | os.PathLike) -> list[Path]:
+    """Delete the staging siblings of ``path`` that a killed writer left behind; returns them.
+
+    A sibling is orphaned when the process named in it no longer runs (on this
+    machine: outputs are written by one process, rank 0), or when it has no
+    process id (written before ids were recorded). ``.<name>.old``, the previous
+    version kept for an instant while a directory is replaced, is orphaned
+    too when no writer of ``path`` is alive.
+    """
+    target = Path(path)
+    if not target.parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(?:(\d+)\.)?[^.]+\.tmp$")
+    removed, live_writer = [], False
+    for entry in target.parent.iterdir():
+        match = pattern.match(entry.name)
+        if not match:
+            continue
+        pid = int(match.group(1)) if match.group(1) else None
+        if pid is not None and (pid == os.getpid() or _process_alive(pid)):
+            live_writer = True
+            continue
+        _remove(entry)
+        removed.append(entry)
+    old = target.with_name(f".{target.name}.old")
+    if not live_writer and (old.exists() or old.is_symlink()):
+        _remove(old)
+        removed.append(old)
+    return removed
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -29,10 +82,12 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_staging(target)
+    prefix = f".{target.name}.{os.getpid()}."
     if directory:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=target.parent))
     else:
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
         os.close(fd)
         tmp = Path(name)
     # mkstemp/mkdtemp create private (0600/0700) entries; outputs get the
