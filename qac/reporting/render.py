@@ -14,6 +14,7 @@ import datetime as _dt
 import io
 from typing import Any, Iterable, Mapping
 
+from qac.redaction import redact_url
 from qac.reporting.runs import StudyRuns
 from qac.reporting.tables import FRACTION, Cell, Table
 
@@ -76,7 +77,7 @@ def header_block(params: Mapping[str, Any], study: StudyRuns, tables: Iterable[T
         ("Profile", f"{profile} ({scale})"),
         ("Data", _data(params)),
         ("Models", _models(params)),
-        ("Runs", f"{len(used)} MLflow runs of experiment {experiment} at {tracking_uri or 'the default store'}"),
+        ("Runs", f"{len(used)} MLflow runs of experiment {experiment} at {redact_url(tracking_uri or 'the default store')}"),
         ("Git commits of the runs", ", ".join(f"{c[:12]}{' (dirty)' if d else ''}" for c, d in sorted(commits.items()))
          or "none"),
         ("Tables generated", f"{generated.strftime('%Y-%m-%d %H:%M UTC')} at commit {current[:12]}"

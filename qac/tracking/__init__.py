@@ -112,8 +112,10 @@ def read_run_record(directory: str | os.PathLike) -> dict[str, Any] | None:
 def write_run_record(directory: str | os.PathLike, run_id: str, **extra: Any) -> None:
     """Leave the run id next to a stage's outputs so downstream stages can nest under it."""
     from qac.io import write_json
+    from qac.redaction import redact_url
 
-    write_json(Path(directory) / RUN_RECORD, {"run_id": run_id, "tracking_uri": tracking_uri(), **extra})
+    # A DVC output: the store's address without its credentials.
+    write_json(Path(directory) / RUN_RECORD, {"run_id": run_id, "tracking_uri": redact_url(tracking_uri()), **extra})
 
 
 def flatten(prefix: str, value: Any) -> dict[str, Any]:
@@ -169,7 +171,9 @@ def stage_run(
                           log_system_metrics=system_metrics) as run:
         if stage_params:
             flat = {k: v for k, v in flatten("", stage_params).items()}
-            mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
+            from qac.redaction import redact_url
+
+            mlflow.log_params({k: redact_url(str(v))[:6000] for k, v in flat.items()})
         yield run
 
 
