@@ -131,15 +131,14 @@ def write_json(path: str | os.PathLike, obj) -> None:
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    """Yield the records of a JSONL file; a bad line raises with file and line number."""
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number}: malformed JSON ({error.msg})") from None
+    """Yield the records (JSON objects) of a JSONL file; a bad line raises with file and line number.
+
+    Decoded by :func:`qac.data.textfile.iter_json_objects`, the path every input takes.
+    """
+    from qac.data.textfile import iter_json_objects
+
+    for _, record in iter_json_objects(path):
+        yield record
 
 
 def file_md5(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
