@@ -133,4 +133,4 @@ def test_two_processes_match_one_process(tmp_path):
         train_one_process(name, overrides)
         one, two = weights("one", name), weights("ddp", name)
         largest = max((two[key] - one[key]).abs().max().item() for key in one)
-        assert largest > 1e3 * tolerance, f"{name}: 1 and 2 processes agree ({largest:.3g}) despite dropout"
+        assert largest > 10 * tolerance, f"{name}: 1 and 2 processes agree ({largest:.3g}) despite dropout"
