@@ -3,9 +3,11 @@
 A stage that fails must leave nothing half-written behind, so every output is
 first written to a temporary sibling and renamed into place only on success.
 A process killed with SIGKILL cannot clean up, so the staging sibling
-(``.<name>.<pid>.<random>.tmp``) carries its writer's process id:
-:func:`remove_orphaned_staging` deletes those whose writer is gone, and
-:func:`atomic_path` calls it before writing. DVC ignores them (``.dvcignore``).
+(``.<name>.<pid>.<random>.tmp``) carries its writer's process id. A stage
+calls :func:`remove_orphaned_staging` on its outputs when it starts, and the
+first :func:`atomic_path` of a process in a folder removes the staging there
+whose writer is gone (once per folder, so writing thousands of files into one
+folder costs one listing). DVC ignores them meanwhile (``.dvcignore``).
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ def remove_orphaned_staging(path: str | os.PathLike) -> list[Path]:
     target = Path(path)
     if not target.parent.is_dir():
         return []
+    prefix = f".{target.name}."
     pattern = re.compile(rf"^\.{re.escape(target.name)}\.(?:(\d+)\.)?[^.]+\.tmp$")
     removed, live_writer = [], False
-    for entry in target.parent.iterdir():
+    with os.scandir(target.parent) as entries:
+        candidates = [Path(entry.path) for entry in entries if entry.name.startswith(prefix)]
+    for entry in candidates:
         match = pattern.match(entry.name)
         if not match:
             continue
@@ -63,6 +68,26 @@ def remove_orphaned_staging(path: str | os.PathLike) -> list[Path]:
         _remove(old)
         removed.append(old)
     return removed
+
+
+# .<name>.<pid>.<random>.tmp, as atomic_path names its staging (tempfile's random part has no dot).
+_STAGING = re.compile(r"^\..+\.(\d+)\.[a-z0-9_]+\.tmp$")
+_SWEPT: set[Path] = set()
+
+
+def _sweep_once(directory: Path) -> None:
+    """Remove staging of dead writers in ``directory``, the first time this process writes there."""
+    key = directory.resolve()
+    if key in _SWEPT:
+        return
+    _SWEPT.add(key)
+    with os.scandir(directory) as entries:
+        orphans = [Path(entry.path) for entry in entries
+                   if entry.name.startswith(".") and entry.name.endswith(".tmp")]
+    for entry in orphans:
+        match = _STAGING.match(entry.name)
+        if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
+            _remove(entry)
 
 
 def _remove(entry: Path) -> None:
@@ -82,7 +107,7 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    remove_orphaned_staging(target)
+    _sweep_once(target.parent)
     prefix = f".{target.name}.{os.getpid()}."
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=target.parent))
