@@ -1,6 +1,6 @@
 """Two processes under torchrun train like one process on the same global batch, where that is deterministic.
 
-Which layouts give identical weights (docs/architecture.md, "Repeatability"):
+Which layouts give identical weights (docs/architecture.md, "Resuming and repeatability"):
 
 - dropout 0 and float64: one process and two compute the same mathematics on
   the same global batch (DDP averages the gradients; the losses are written to

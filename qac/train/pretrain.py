@@ -235,7 +235,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
                                     full_vocab_logits=full_vocab_logits).to(device)
     if settings.dtype in ("fp64", "float64"):
         # Float64 makes runs that compute the same mathematics agree to ~1e-12
-        # whatever the process count or BLAS (docs/architecture.md, "Repeatability").
+        # whatever the process count or BLAS (docs/architecture.md, "Resuming and repeatability").
         model = model.double()
     corpus = load_pair_corpus(passages, queries, settings.context_type, passage_context=settings.passage_context,
                               query_count=settings.query_count)
