@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
     from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, pending_passages,
                                      work_dir_for)
+    from qac.redaction import redact_url
     from qac.tracking import log_metrics, read_run_record, stage_run, tracking_uri
 
     args = parse_args(argv)
@@ -94,7 +95,8 @@ def main(argv=None) -> int:
     generator_run = read_run_record(generator_dir) or {}
     sampling = {"model": generator_run.get("model", str(generator_dir)), **asdict(settings),
                 "batch_size": section["batch_size"], "chunk_size": section["chunk_size"], **compute}
-    parent = generator_run["run_id"] if generator_run.get("tracking_uri") == tracking_uri() else None
+    # The record holds the store's address without credentials (qac.redaction).
+    parent = generator_run["run_id"] if generator_run.get("tracking_uri") == redact_url(tracking_uri()) else None
     with stage_run(params, "generate_queries", "querygen/generate", kind="querygen", stage_params=sampling,
                    inputs={"passages": passages_path, "generator": generator_dir},
                    tags={"qac.world_size": ctx.world_size}, parent_run_id=parent) as run:

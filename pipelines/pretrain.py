@@ -5,8 +5,12 @@ Hugging Face folder fine-tuning starts from), ``checkpoint/`` (everything
 needed to resume), ``losses.tsv`` (the logged losses per step, for the
 report and ``dvc plots``) and ``mlflow_run.json``. The in-progress checkpoint
 lives in ``data/<profile>/.work/pretrain/<variant>/``, which DVC does not
-delete, so a rerun after an interruption resumes. Runs alone or under
-``torchrun``.
+delete, so a rerun after an interruption resumes, if the settings and the
+input files are unchanged (else it starts over; the log and the run's
+``qac.resume.*`` tags say why). A resumed run ends the killed run as KILLED,
+links to it and re-logs the loss history of the checkpoint
+(qac.tracking.interrupted). The work checkpoint is deleted only after the
+output folder is in place. Runs alone or under ``torchrun``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,8 +27,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(argv: list[str] | None = None) -> None:
     from qac.config import load_params, profile_dir
     from qac.distributed import cleanup, init_distributed
-    from qac.io import atomic_path, path_md5
+    from qac.io import atomic_path, path_md5, remove_orphaned_staging
     from qac.tracking import log_metrics, stage_run, write_run_record
+    from qac.tracking.interrupted import end_interrupted_run
     from qac.train.pretrain import PretrainSettings, pretrain
     from qac.train.step_log import LOSSES_FILE, StepLog
 
@@ -47,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
         log_metrics(metrics, step=step)
         step_log(step, metrics)
 
+    if dist.is_main:    # what an earlier run killed while writing left behind
+        for path in (out_dir, work_dir / "checkpoint"):
+            remove_orphaned_staging(path)
     tags = {"qac.variant": args.variant, "qac.method": settings.method,
             "qac.context_type": settings.context_type if settings.method != "none" else "none",
             "qac.query_count": settings.query_count if settings.method != "none" else 0,
@@ -59,8 +68,19 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with tracked as run, output as staging:
             staging = Path(staging)
+            run_id = run.info.run_id if dist.is_main else None
+
+            def on_resume(info: dict) -> None:
+                import mlflow
+
+                mlflow.set_tags({"qac.resume.from_step": info["resumed_from_step"],
+                                 "qac.resume.discarded_checkpoint": str(info["discarded_checkpoint"]).lower(),
+                                 "qac.resume.discard_reason": info["discard_reason"] or ""})
+                end_interrupted_run(info["previous_run_id"], run_id, resumed=not info["discarded_checkpoint"])
+
             summary = pretrain(settings, passages=inputs["passages"], queries=queries, work_dir=work_dir,
-                               out_dir=staging, log=log_step if dist.is_main else None)
+                               out_dir=staging, log=log_step if dist.is_main else None, run_id=run_id,
+                               on_resume=on_resume if dist.is_main else None, remove_work=False)
             if dist.is_main:
                 import mlflow
 
@@ -68,13 +88,16 @@ def main(argv: list[str] | None = None) -> None:
                 record = {"variant": args.variant, "method": settings.method}
                 for name, path in outputs.items():
                     if path.exists():
-                        final = out_dir / name
-                        mlflow.set_tags({f"qac.{name}": str(final), f"qac.{name}_md5": path_md5(path)})
-                        record[f"{name}_md5"] = path_md5(path)
+                        md5 = path_md5(path)
+                        mlflow.set_tags({f"qac.{name}": str(out_dir / name), f"qac.{name}_md5": md5})
+                        record[f"{name}_md5"] = md5
                 mlflow.log_dict(summary, "pretrain_summary.json")
                 if settings.method != "none":
                     step_log.write(staging / LOSSES_FILE, int(summary.get("resumed_from_step", 0)))
-                write_run_record(staging, run.info.run_id, **record)
+                write_run_record(staging, run_id, **record)
+        # The output is in place (renamed by atomic_path): only now may the work state go.
+        if dist.is_main:
+            shutil.rmtree(work_dir, ignore_errors=True)
     finally:
         cleanup()
 

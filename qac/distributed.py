@@ -57,6 +57,21 @@ def barrier() -> None:
         dist.barrier()
 
 
+def broadcast_object(compute):
+    """``compute()`` run on rank 0 only and its (picklable) result given to every process.
+
+    For work that every process needs the answer of but that should happen
+    once, such as hashing a corpus-sized input file.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return compute()
+    holder = [compute() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
 def cleanup() -> None:
     import torch.distributed as dist
 
@@ -65,10 +80,13 @@ def cleanup() -> None:
 
 
 def autocast_dtype(setting: str, device) -> "object | None":
-    """Mixed-precision dtype for a ``dtype`` param: auto = bf16 (fp16 without bf16) on GPU, none on CPU."""
+    """Mixed-precision dtype for a ``dtype`` param: auto = bf16 (fp16 without bf16) on GPU, none on CPU.
+
+    ``fp64`` (a model held in float64, see qac.train.pretrain) uses no autocast either.
+    """
     import torch
 
-    if setting in ("fp32", "float32") or getattr(device, "type", "cpu") != "cuda":
+    if setting in ("fp32", "float32", "fp64", "float64") or getattr(device, "type", "cpu") != "cuda":
         return None
     if setting == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

@@ -2,6 +2,12 @@
 
 A stage that fails must leave nothing half-written behind, so every output is
 first written to a temporary sibling and renamed into place only on success.
+A process killed with SIGKILL cannot clean up, so the staging sibling
+(``.<name>.<pid>.<random>.tmp``) carries its writer's process id. A stage
+calls :func:`remove_orphaned_staging` on its outputs when it starts, and the
+first :func:`atomic_path` of a process in a folder removes the staging there
+whose writer is gone (once per folder, so writing thousands of files into one
+folder costs one listing). DVC ignores them meanwhile (``.dvcignore``).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,6 +24,77 @@ from typing import Iterable, Iterator
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # alive, another user's
+        return True
+    return True
+
+
+def remove_orphaned_staging(path: str | os.PathLike) -> list[Path]:
+    """Delete the staging siblings of ``path`` that a killed writer left behind; returns them.
+
+    A sibling is orphaned when the process named in it no longer runs (on this
+    machine: outputs are written by one process, rank 0), or when it has no
+    process id (written before ids were recorded). ``.<name>.old``, the previous
+    version kept for an instant while a directory is replaced, is orphaned
+    too when no writer of ``path`` is alive.
+    """
+    target = Path(path)
+    if not target.parent.is_dir():
+        return []
+    prefix = f".{target.name}."
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(?:(\d+)\.)?[^.]+\.tmp$")
+    removed, live_writer = [], False
+    with os.scandir(target.parent) as entries:
+        candidates = [Path(entry.path) for entry in entries if entry.name.startswith(prefix)]
+    for entry in candidates:
+        match = pattern.match(entry.name)
+        if not match:
+            continue
+        pid = int(match.group(1)) if match.group(1) else None
+        if pid is not None and (pid == os.getpid() or _process_alive(pid)):
+            live_writer = True
+            continue
+        _remove(entry)
+        removed.append(entry)
+    old = target.with_name(f".{target.name}.old")
+    if not live_writer and (old.exists() or old.is_symlink()):
+        _remove(old)
+        removed.append(old)
+    return removed
+
+
+# .<name>.<pid>.<random>.tmp, as atomic_path names its staging (tempfile's random part has no dot).
+_STAGING = re.compile(r"^\..+\.(\d+)\.[a-z0-9_]+\.tmp$")
+_SWEPT: set[Path] = set()
+
+
+def _sweep_once(directory: Path) -> None:
+    """Remove staging of dead writers in ``directory``, the first time this process writes there."""
+    key = directory.resolve()
+    if key in _SWEPT:
+        return
+    _SWEPT.add(key)
+    with os.scandir(directory) as entries:
+        orphans = [Path(entry.path) for entry in entries
+                   if entry.name.startswith(".") and entry.name.endswith(".tmp")]
+    for entry in orphans:
+        match = _STAGING.match(entry.name)
+        if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
+            _remove(entry)
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -29,10 +107,12 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_once(target.parent)
+    prefix = f".{target.name}.{os.getpid()}."
     if directory:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=target.parent))
     else:
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
         os.close(fd)
         tmp = Path(name)
     # mkstemp/mkdtemp create private (0600/0700) entries; outputs get the
@@ -76,15 +156,14 @@ def write_json(path: str | os.PathLike, obj) -> None:
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    """Yield the records of a JSONL file; a bad line raises with file and line number."""
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number}: malformed JSON ({error.msg})") from None
+    """Yield the records (JSON objects) of a JSONL file; a bad line raises with file and line number.
+
+    Decoded by :func:`qac.data.textfile.iter_json_objects`, the path every input takes.
+    """
+    from qac.data.textfile import iter_json_objects
+
+    for _, record in iter_json_objects(path):
+        yield record
 
 
 def file_md5(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:

@@ -66,7 +66,9 @@ def test_empty_documents_are_skipped_and_counted(tmp_path):
     assert skipped == Counter({"corpus_empty_text": 2})
     # full texts: "t x" (3 characters) and "ab" (2)
     assert list(read_corpus_jsonl(path, min_text_chars=3)) == ["d1"]
-    assert list(read_corpus_jsonl(path, min_text_chars=4)) == []
+    # nothing left is an error, not an empty corpus that fails stages later
+    raises_at(lambda p: read_corpus_jsonl(p, min_text_chars=4), path, None, None,
+              "no documents: all 4 were skipped as unusable")
 
 
 def test_an_empty_query_is_an_error(tmp_path):

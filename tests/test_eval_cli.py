@@ -82,9 +82,9 @@ def test_failed_write_leaves_no_file(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("q1 0 d1\n", "expected 4 fields"),
+    ("q1 0 d1\n", "expected 4 whitespace-separated fields"),
     ("q1 0 d1 high\n", "field 'rel'"),
-    ("q1 0 d1 1\nq1 0 d1 0\n", "judged twice"),
+    ("q1 0 d1 1\nq1 0 d1 0\n", "judged 1 on line 1 and 0 here"),
 ])
 def test_trec_qrels_errors_name_the_line(tmp_path, content, message):
     path = tmp_path / "qrels.txt"
@@ -109,5 +109,5 @@ def test_beir_qrels_need_the_header_and_three_fields(tmp_path):
 def test_duplicate_run_entries_are_rejected(tmp_path):
     path = tmp_path / "run.trec"
     path.write_text("q1 Q0 d1 1 3.0 x\nq1 Q0 d1 2 2.0 x\n")
-    with pytest.raises(ValueError, match=":2: document 'd1' appears twice"):
+    with pytest.raises(ValueError, match=":2: field 'docid': document 'd1' appears twice"):
         read_run(path)

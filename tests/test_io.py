@@ -69,3 +69,67 @@ def test_outputs_get_ordinary_permissions(tmp_path):
         (tmp / "x").write_text("1")
     assert stat.S_IMODE((tmp_path / "f.jsonl").stat().st_mode) == 0o666 & ~umask
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o777 & ~umask
+
+
+def _killed_while_writing(target, directory: bool):
+    """A process that opens an atomic write of ``target`` and is killed with SIGKILL inside it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time\nfrom qac.io import atomic_path\n"
+              f"with atomic_path({str(target)!r}, directory={directory}) as tmp:\n"
+              "    print(tmp, flush=True)\n    time.sleep(60)\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    staging = process.stdout.readline().strip()
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    time.sleep(0.05)
+    return staging
+
+
+@pytest.mark.parametrize("directory", [False, True])
+def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path, directory):
+    from pathlib import Path
+
+    target = tmp_path / "out"
+    staging = Path(_killed_while_writing(target, directory))
+    assert staging.exists() and staging.name.startswith(".out.") and staging.name.endswith(".tmp")
+    with atomic_path(target, directory=directory) as tmp:
+        (tmp / "x").write_text("new") if directory else tmp.write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_only_orphaned_staging_is_removed(tmp_path):
+    import os
+
+    from qac.io import remove_orphaned_staging
+
+    live = tmp_path / f".out.{os.getppid()}.abcdefgh.tmp"       # the test runner's parent is alive
+    legacy = tmp_path / ".out.abcdefgh.tmp"                      # written before writers recorded their id
+    old = tmp_path / ".out.old"
+    other = tmp_path / ".other.1.abcdefgh.tmp"                   # another output's staging
+    for path in (live, legacy, other):
+        path.write_text("x")
+    old.mkdir()
+    assert sorted(p.name for p in remove_orphaned_staging(tmp_path / "out")) == [legacy.name]
+    assert live.exists() and old.exists() and other.exists()     # a live writer may still need .old
+    live.unlink()
+    assert remove_orphaned_staging(tmp_path / "out") == [old]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name]
+
+
+def test_dvc_ignores_staging_folders():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    dvc = str(Path(sys.executable).parent / "dvc")
+    for name in ("data/smoke/datasets/.scifact.4242.abcdefgh.tmp", "data/smoke/pretrain/.none.old"):
+        result = subprocess.run([dvc, "check-ignore", name], cwd=repo, capture_output=True, text=True)
+        assert result.returncode == 0, (name, result.stdout, result.stderr)
+    result = subprocess.run([dvc, "check-ignore", "data/smoke/passages.jsonl"], cwd=repo, capture_output=True)
+    assert result.returncode == 1

@@ -19,7 +19,9 @@ import yaml
 from qac.data.dataset import Dataset, Document
 from qac.data.errors import DataFormatError, DatasetUnavailableError
 from qac.data.prepared import load_prepared, prepare_dataset, select_documents, write_prepared
-from qac.data.sources import DatasetSpec, fetch_dataset, locate_dataset, read_dataset
+from qac.data.sources import (DOWNLOAD_RECORD, DatasetSpec, UnverifiedDownloadWarning, fetch_dataset,
+                              locate_dataset, read_dataset)
+from qac.io import file_md5
 
 REPO = Path(__file__).resolve().parent.parent
 UNREACHABLE = "http://127.0.0.1:9/x.zip"  # the discard port: nothing listens there
@@ -112,16 +114,70 @@ def test_download_of_a_beir_zip_from_a_local_server(tmp_path):
     (site / "tiny.zip").write_bytes(buffer.getvalue())
     downloads = tmp_path / "downloads"
     with serve(site) as base:
-        source = fetch_dataset(spec(url=f"{base}/tiny.zip"), tmp_path / "no-mirror", downloads)
+        source = fetch_dataset(spec(url=f"{base}/tiny.zip", md5=file_md5(site / "tiny.zip")), tmp_path / "no-mirror",
+                               downloads)
         assert (source.origin, source.directory, source.location) == ("download", downloads / "tiny", f"{base}/tiny.zip")
-        assert sorted(p.relative_to(source.directory).as_posix() for p in source.directory.rglob("*.*")) == \
-            sorted(beir_files())
+        assert sorted(p.relative_to(source.directory).as_posix() for p in source.directory.rglob("*.*")
+                      if p.name != DOWNLOAD_RECORD) == sorted(beir_files())
         dataset = read_dataset(spec(url=f"{base}/tiny.zip"), source, mirror=tmp_path / "no-mirror")
     assert list(dataset.corpus) == [r["_id"] for r in CORPUS]
     # The cached copy is used once the server is gone.
     again = fetch_dataset(spec(url=UNREACHABLE), tmp_path / "no-mirror", downloads)
     assert again.directory == downloads / "tiny"
     assert [p.name for p in downloads.iterdir()] == ["tiny"]
+
+
+def _beir_zip(site: Path, name: str = "tiny.zip") -> str:
+    """A BEIR-style zip served from ``site``; returns its MD5."""
+    import hashlib
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        for member, content in beir_files().items():
+            bundle.writestr(f"tiny/{member}", content)
+    site.mkdir(parents=True, exist_ok=True)
+    (site / name).write_bytes(buffer.getvalue())
+    return hashlib.md5(buffer.getvalue()).hexdigest()
+
+
+def test_a_download_is_verified_against_its_pinned_checksum(tmp_path):
+    md5 = _beir_zip(tmp_path / "site")
+    downloads = tmp_path / "downloads"
+    with serve(tmp_path / "site") as base:
+        with pytest.raises(DatasetUnavailableError) as caught:
+            fetch_dataset(spec(url=f"{base}/tiny.zip", md5="0" * 32), tmp_path / "no-mirror", downloads)
+        assert f"md5 of the download is {md5}, but {'0' * 32} is pinned" in str(caught.value)
+        assert list(downloads.iterdir()) == []                 # nothing unpacked, no staging left
+        source = fetch_dataset(spec(url=f"{base}/tiny.zip", md5=md5.upper()), tmp_path / "no-mirror", downloads)
+        assert (source.directory / "corpus.jsonl").is_file()
+        # Pinning another checksum makes the cached copy stale: it is downloaded (and checked) again.
+        with pytest.raises(DatasetUnavailableError, match="is pinned"):
+            fetch_dataset(spec(url=f"{base}/tiny.zip", md5="1" * 32), tmp_path / "no-mirror", downloads)
+    assert (source.directory / "corpus.jsonl").is_file()        # the verified copy is kept
+
+
+def test_a_download_without_a_pinned_checksum_warns(tmp_path):
+    _beir_zip(tmp_path / "site")
+    with serve(tmp_path / "site") as base:
+        with pytest.warns(UnverifiedDownloadWarning, match="'tiny'.*no pinned checksum"):
+            fetch_dataset(spec(url=f"{base}/tiny.zip"), tmp_path / "no-mirror", tmp_path / "downloads")
+
+
+def test_a_malformed_checksum_is_rejected():
+    with pytest.raises(ValueError, match=r"datasets.tiny.md5: expected 32 hexadecimal digits"):
+        spec(md5="5f7d1de6")
+    with pytest.raises(ValueError, match=r"datasets.tiny.sha256: expected 64 hexadecimal digits"):
+        spec(sha256="z" * 64)
+
+
+@pytest.mark.parametrize("profile", ["smoke", "default", "paper"])
+def test_every_public_download_of_a_profile_has_a_pinned_checksum(profile):
+    from qac.config import render_profile
+
+    for name, entry in render_profile(profile)["datasets"].items():
+        declared = DatasetSpec.from_params(name, entry)
+        if declared.url:
+            assert declared.checksum is not None, f"{profile}: datasets.{name} has a url but no md5/sha256"
 
 
 def test_download_of_an_msmarco_style_tar_gz_with_topics_from_the_mirror(tmp_path):
@@ -140,7 +196,9 @@ def test_download_of_an_msmarco_style_tar_gz_with_topics_from_the_mirror(tmp_pat
     entry = dict(format="msmarco-passage", mirror="msmarco-passage", splits=["train", "dl"],
                  topics={"dl": "trec/topics.dl.txt"}, qrels={"dl": "trec/qrels.dl.txt"}, rel_threshold={"dl": 2})
     with serve(site) as base:
-        passage_spec = DatasetSpec.from_params("msmarco-passage", {**entry, "url": f"{base}/collectionandqueries.tar.gz"})
+        passage_spec = DatasetSpec.from_params("msmarco-passage", {
+            **entry, "url": f"{base}/collectionandqueries.tar.gz",
+            "md5": file_md5(site / "collectionandqueries.tar.gz")})
         source = fetch_dataset(passage_spec, mirror, tmp_path / "downloads")
     dataset = read_dataset(passage_spec, source, mirror=mirror)
     assert dataset.corpus["2"] == Document("2", "", "Passage two.")

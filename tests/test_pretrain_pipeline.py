@@ -95,3 +95,75 @@ def test_unknown_variant_and_unknown_key_are_rejected(smoke_params):
     smoke_params["pretrain"]["variants"]["typo"] = {"method": "cocondenser", "lerning_rate": 1}
     with pytest.raises(ValueError, match="pretrain.variants.typo: unknown pre-training key.*lerning_rate"):
         PretrainSettings.from_params(smoke_params, "typo")
+
+
+def _longer(params, tmp_path, **pretrain):
+    from qac.config import write_params
+
+    params["pretrain"]["common"].update(pretrain)
+    write_params(params, tmp_path / "params.yaml")
+
+
+def test_a_kill_while_publishing_keeps_the_work_checkpoint(smoke_params, mlflow_store, tmp_path, monkeypatch):
+    import qac.tracking
+
+    root = tmp_path / "data" / "smoke"
+    work = root / ".work" / "pretrain" / "cotmae-query-q4"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while writing the output")
+    with monkeypatch.context() as patch:
+        patch.setattr(qac.tracking, "write_run_record", killed)
+        with pytest.raises(KeyboardInterrupt):
+            main(["--variant", "cotmae-query-q4"])
+    assert not (root / "pretrain" / "cotmae-query-q4").exists()
+    assert json.loads((work / "checkpoint" / "state.json").read_text())["step"] == 3   # nothing trained is lost
+    main(["--variant", "cotmae-query-q4"])
+    summary_run = json.loads((root / "pretrain" / "cotmae-query-q4" / "mlflow_run.json").read_text())["run_id"]
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_store)
+    assert mlflow.get_run(summary_run).data.tags["qac.resume.from_step"] == "3"
+    assert not work.exists()
+
+
+@pytest.mark.slow
+def test_a_killed_stage_ends_as_killed_and_the_resumed_run_has_the_whole_curve(smoke_params, mlflow_store,
+                                                                               tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import mlflow
+
+    steps = 12
+    _longer(smoke_params, tmp_path, steps=steps, checkpoint_every=2, log_every=1)
+    root = tmp_path / "data" / "smoke"
+    state_file = root / ".work" / "pretrain" / "cotmae-query-q4" / "checkpoint" / "state.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, str(REPO / "pipelines" / "pretrain.py"), "--variant",
+                                "cotmae-query-q4"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if state_file.exists() and json.loads(state_file.read_text())["step"] >= 2:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL, "the stage ended before it could be killed"
+    killed = json.loads(state_file.read_text())
+    mlflow.set_tracking_uri(mlflow_store)
+    assert mlflow.get_run(killed["mlflow_run_id"]).info.status == "RUNNING"
+
+    main(["--variant", "cotmae-query-q4"])
+    resumed = mlflow.get_run(json.loads((root / "pretrain" / "cotmae-query-q4" / "mlflow_run.json")
+                                        .read_text())["run_id"])
+    earlier = mlflow.get_run(killed["mlflow_run_id"])
+    assert earlier.info.status == "KILLED"
+    assert earlier.data.tags["qac.continued_by"] == resumed.info.run_id
+    assert resumed.data.tags["qac.resumes_run"] == earlier.info.run_id
+    assert resumed.data.tags["qac.resume.from_step"] == str(killed["step"])
+    history = mlflow.MlflowClient().get_metric_history(resumed.info.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, steps + 1))

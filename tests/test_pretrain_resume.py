@@ -98,3 +98,87 @@ def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path):
                        work_dir=work, out_dir=tmp_path / "out")
     assert summary["discarded_checkpoint"] and summary["resumed_from_step"] == 0
     assert (tmp_path / "out" / "encoder" / "model.safetensors").exists()
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "checkpoint" / "model.pt", weights_only=True)
+
+
+class Interrupt(Exception):
+    """Stands for a kill: raised from the log callback after a checkpoint was written."""
+
+
+def test_a_checkpoint_trained_on_other_inputs_is_not_resumed(tmp_path, capsys):
+    from qac.train.pretrain import PretrainSettings, pretrain
+
+    settings = PretrainSettings.from_mapping({**SETTINGS, "steps": 3, "checkpoint_every": 1})
+    old, new = tmp_path / "old", tmp_path / "new"
+    write_corpus(old, documents=3, spans=2, queries=2, seed=0)
+    write_corpus(new, documents=3, spans=2, queries=2, seed=0)
+    # The queries were regenerated (another top_k): same passages, other queries.
+    records = [json.loads(line) for line in (old / "queries.jsonl").read_text().splitlines()]
+    (new / "queries.jsonl").write_text("".join(
+        json.dumps({**record, "queries": [f"{query} again" for query in record["queries"]]}) + "\n"
+        for record in records))
+    work = tmp_path / "work"
+    pretrain(settings, passages=old / "passages.jsonl", queries=old / "queries.jsonl", work_dir=work,
+             out_dir=tmp_path / "out-old", remove_work=False)    # leaves the checkpoint of step 3 behind
+    notes = []
+    summary = pretrain(settings, passages=new / "passages.jsonl", queries=new / "queries.jsonl", work_dir=work,
+                       out_dir=tmp_path / "out-new", on_resume=notes.append)
+    assert summary["discarded_checkpoint"] and summary["resumed_from_step"] == 0
+    assert summary["discard_reason"].startswith("inputs changed: queries ")
+    assert "passages" not in summary["discard_reason"]
+    assert notes == [{"resumed_from_step": 0, "discarded_checkpoint": True,
+                      "discard_reason": summary["discard_reason"], "previous_run_id": None}]
+    assert "discarding the work checkpoint at step 3" in capsys.readouterr().err
+    clean = tmp_path / "out-clean"
+    pretrain(settings, passages=new / "passages.jsonl", queries=new / "queries.jsonl",
+             work_dir=tmp_path / "work-clean", out_dir=clean)
+    expected, actual = _weights(clean), _weights(tmp_path / "out-new")
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), key
+
+
+def test_a_resumed_run_logs_the_whole_loss_history_again(tmp_path):
+    from qac.train.pretrain import PretrainSettings, pretrain
+
+    settings = PretrainSettings.from_mapping({**SETTINGS, "steps": 4, "checkpoint_every": 2, "log_every": 1})
+    data = tmp_path / "data"
+    write_corpus(data, documents=3, spans=2, queries=2)
+    files = dict(passages=data / "passages.jsonl", queries=data / "queries.jsonl")
+    straight: dict[int, dict] = {}
+    pretrain(settings, **files, work_dir=tmp_path / "w1", out_dir=tmp_path / "o1", log=straight.__setitem__)
+
+    def killed_at_step_3(step, metrics):
+        if step == 3:
+            raise Interrupt
+    with pytest.raises(Interrupt):
+        pretrain(settings, **files, work_dir=tmp_path / "w2", out_dir=tmp_path / "o2", log=killed_at_step_3,
+                 run_id="first-run")
+    resumed: dict[int, dict] = {}
+    notes = []
+    summary = pretrain(settings, **files, work_dir=tmp_path / "w2", out_dir=tmp_path / "o2",
+                       log=resumed.__setitem__, on_resume=notes.append)
+    assert summary["resumed_from_step"] == 2
+    assert notes[0]["previous_run_id"] == "first-run" and not notes[0]["discarded_checkpoint"]
+    assert sorted(resumed) == sorted(straight) == [1, 2, 3, 4]
+    for step in (1, 2, 3, 4):
+        assert resumed[step]["loss"] == straight[step]["loss"], step
+
+
+def test_the_work_checkpoint_outlives_an_unpublished_output(tmp_path):
+    from qac.train.pretrain import PretrainSettings, pretrain
+
+    settings = PretrainSettings.from_mapping({**SETTINGS, "steps": 2, "checkpoint_every": 1})
+    data = tmp_path / "data"
+    write_corpus(data, documents=3, spans=2, queries=2)
+    work = tmp_path / "work"
+    pretrain(settings, passages=data / "passages.jsonl", queries=data / "queries.jsonl", work_dir=work,
+             out_dir=tmp_path / "staging", remove_work=False)
+    assert json.loads((work / "checkpoint" / "state.json").read_text())["step"] == 2
+    # Killed before the staged output was published: the rerun redoes no step.
+    summary = pretrain(settings, passages=data / "passages.jsonl", queries=data / "queries.jsonl", work_dir=work,
+                       out_dir=tmp_path / "out")
+    assert summary["resumed_from_step"] == 2 and not work.exists()
+    assert (tmp_path / "out" / "encoder" / "model.safetensors").exists()

@@ -21,16 +21,20 @@ from typing import Iterable, Iterator
 
 from qac.data.dataset import Corpus, Dataset, Document, Qrels, Queries, is_empty_text
 from qac.data.errors import DataFormatError
-from qac.data.textfile import (QrelsCollector, check_new_id, iter_json_objects, iter_rows, parse_int,
-                               required_id, required_text)
+from qac.data.textfile import (QrelsCollector, check_id, check_new_id, iter_json_objects, iter_rows, parse_int,
+                               require_rows, required_id, required_text)
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 
 
 def iter_corpus_jsonl(path: str | os.PathLike, *, min_text_chars: int = 1,
                       skipped: Counter | None = None) -> Iterator[Document]:
-    """Documents of a BEIR ``corpus.jsonl`` one at a time, for corpora too large for memory."""
+    """Documents of a BEIR ``corpus.jsonl`` one at a time, for corpora too large for memory.
+
+    A file that yields no document (empty, or only empty texts) is an error.
+    """
     seen: dict[str, int] = {}
+    kept = empty = 0
     for line, record in iter_json_objects(path):
         doc_id = required_id(record, "_id", path, line)
         check_new_id(seen, doc_id, "_id", path, line)
@@ -38,10 +42,13 @@ def iter_corpus_jsonl(path: str | os.PathLike, *, min_text_chars: int = 1,
         text = required_text(record, "text", path, line)
         document = Document(doc_id, title.strip(), text.strip())
         if is_empty_text(document.full_text, min_text_chars):
+            empty += 1
             if skipped is not None:
                 skipped["corpus_empty_text"] += 1
             continue
+        kept += 1
         yield document
+    require_rows(kept, path, "documents", skipped=empty)
 
 
 def read_corpus_jsonl(path: str | os.PathLike, *, min_text_chars: int = 1,
@@ -62,6 +69,7 @@ def read_queries_jsonl(path: str | os.PathLike) -> Queries:
         if not text:
             raise DataFormatError(path, line, "text", "empty query")
         queries[qid] = text
+    require_rows(len(queries), path, "queries")
     return queries
 
 
@@ -78,12 +86,9 @@ def read_qrels_tsv(path: str | os.PathLike, *, skipped: Counter | None = None) -
         if line == 1:
             raise DataFormatError(path, 1, None,
                                   f"expected the header {' '.join(QRELS_HEADER)!r}, found {qid} {doc_id} {score}")
-        qid, doc_id = qid.strip(), doc_id.strip()
-        if not qid:
-            raise DataFormatError(path, line, "query-id", "empty id")
-        if not doc_id:
-            raise DataFormatError(path, line, "corpus-id", "empty id")
+        qid, doc_id = check_id(qid, "query-id", path, line), check_id(doc_id, "corpus-id", path, line)
         collector.add(qid, doc_id, parse_int(score, "score", path, line), line)
+    require_rows(len(collector.qrels), path, "judgements")
     return collector.qrels
 
 

@@ -18,7 +18,7 @@ from typing import Iterable
 
 from qac.data.dataset import Dataset, Document, is_empty_text
 from qac.data.errors import DataFormatError, DatasetUnavailableError
-from qac.data.textfile import QrelsCollector, check_new_id, required_id, required_text
+from qac.data.textfile import QrelsCollector, check_new_id, require_rows, required_id, required_text
 
 
 def _load(name: str, config: str | None = None, split: str | None = None):
@@ -63,6 +63,7 @@ def read_hub_dataset(name: str, splits: Iterable[str], *, qrels_name: str | None
             skipped["corpus_empty_text"] += 1
             continue
         corpus[doc_id] = document
+    require_rows(len(corpus), f"{source}/corpus", "documents", skipped=skipped["corpus_empty_text"])
 
     queries: dict[str, str] = {}
     seen = {}
@@ -73,6 +74,7 @@ def read_hub_dataset(name: str, splits: Iterable[str], *, qrels_name: str | None
         if not text:
             raise DataFormatError(f"{source}/queries", row_number, "text", "empty query")
         queries[qid] = text
+    require_rows(len(queries), f"{source}/queries", "queries")
 
     qrels = {}
     for split, rows in qrels_rows.items():
@@ -85,5 +87,6 @@ def read_hub_dataset(name: str, splits: Iterable[str], *, qrels_name: str | None
             if isinstance(grade, bool) or not isinstance(grade, int):
                 raise DataFormatError(where, row_number, "score", f"expected an integer, found {grade!r}")
             collector.add(qid, doc_id, grade, row_number)
+        require_rows(len(collector.qrels), where, "judgements")
         qrels[split] = collector.qrels
     return Dataset(name=name, corpus=corpus, queries=queries, qrels=qrels, meta={"skipped": dict(skipped)})

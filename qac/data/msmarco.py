@@ -15,8 +15,7 @@ import os
 from collections import Counter
 
 from qac.data.dataset import Corpus, Document, is_empty_text
-from qac.data.errors import DataFormatError
-from qac.data.textfile import check_new_id, iter_rows
+from qac.data.textfile import check_id, check_new_id, iter_rows, require_rows
 
 DOCUMENT_FIELDS = ("docid", "url", "title", "body")
 PASSAGE_FIELDS = ("pid", "text")
@@ -27,15 +26,18 @@ def read_msmarco_documents(path: str | os.PathLike, *, min_text_chars: int = 1,
     """The MS MARCO document collection: doc id -> Document(title, body)."""
     corpus: Corpus = {}
     seen: dict[str, int] = {}
+    empty = 0
     for line, (doc_id, _url, title, body) in iter_rows(path, DOCUMENT_FIELDS):
-        doc_id = _checked_id(doc_id, "docid", path, line)
+        doc_id = check_id(doc_id, "docid", path, line)
         check_new_id(seen, doc_id, "docid", path, line)
         document = Document(doc_id, title.strip(), body.strip())
         if is_empty_text(document.full_text, min_text_chars):
+            empty += 1
             if skipped is not None:
                 skipped["corpus_empty_text"] += 1
             continue
         corpus[doc_id] = document
+    require_rows(len(corpus), path, "documents", skipped=empty)
     return corpus
 
 
@@ -44,19 +46,15 @@ def read_passage_collection(path: str | os.PathLike, *, min_text_chars: int = 1,
     """A passage collection (``pid<TAB>text``): pid -> Document with an empty title."""
     corpus: Corpus = {}
     seen: dict[str, int] = {}
+    empty = 0
     for line, (pid, text) in iter_rows(path, PASSAGE_FIELDS):
-        pid = _checked_id(pid, "pid", path, line)
+        pid = check_id(pid, "pid", path, line)
         check_new_id(seen, pid, "pid", path, line)
         if is_empty_text(text, min_text_chars):
+            empty += 1
             if skipped is not None:
                 skipped["corpus_empty_text"] += 1
             continue
         corpus[pid] = Document(pid, "", text.strip())
+    require_rows(len(corpus), path, "passages", skipped=empty)
     return corpus
-
-
-def _checked_id(value: str, field: str, path, line: int) -> str:
-    value = value.strip()
-    if not value:
-        raise DataFormatError(path, line, field, "empty id")
-    return value

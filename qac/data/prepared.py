@@ -83,12 +83,32 @@ def prepare_dataset(dataset: Dataset, *, max_documents: int | None = None,
                 else:
                     skipped[f"queries_without_qrels.{split}"] += 1
             dataset.qrels[split] = remaining
+    _require_queries_in_every_split(dataset, skipped)
     judged = {qid for qrels in dataset.qrels.values() for qid in qrels}
     skipped["queries_unjudged"] += sum(1 for qid in dataset.queries if qid not in judged)
     dataset.queries = {qid: text for qid, text in dataset.queries.items() if qid in judged}
     dataset.meta["skipped"] = dict(sorted((+skipped).items()))
     dataset.meta["subset"] = {"max_documents": max_documents, "keep_judged_documents": keep_judged_documents}
     return dataset
+
+
+def _require_queries_in_every_split(dataset: Dataset, skipped: Counter) -> None:
+    """A split left with no judged query (or a corpus left empty) is an error naming its file.
+
+    An empty split would be "evaluated" to a mean over nothing stages later;
+    it usually means the qrels name ids the corpus or queries file does not have.
+    """
+    files = dataset.meta.get("qrels_files", {})
+    if not dataset.corpus:
+        raise DataFormatError(f"dataset {dataset.name}", None, None,
+                              "no documents left after selecting the subset (prepare.max_documents)")
+    for split, qrels in dataset.qrels.items():
+        if not qrels:
+            counts = {reason: n for reason, n in skipped.items()
+                      if reason.startswith(("qrels_", "queries_without_qrels"))}
+            raise DataFormatError(files.get(split, f"dataset {dataset.name}, split {split}"), None, None,
+                                  f"split {split!r} has no judged query left (dropped: {counts or 'none'}); "
+                                  "do its query and document ids match the queries and corpus files?")
 
 
 def dataset_record(dataset: Dataset) -> dict[str, Any]:

@@ -11,7 +11,12 @@ and is looked for, in order:
    folder ``mirror``;
 2. in the download cache (``data/downloads/<name>``), from an earlier download;
 3. at ``url``: a BEIR ``.zip``, an MS MARCO ``.tar.gz`` or ``.tsv.gz``, downloaded
-   into the cache and unpacked there.
+   into the cache, checked against the pinned ``md5`` or ``sha256`` of the
+   entry (the checksum its publisher gives), and unpacked there. A download
+   whose checksum differs is discarded with an error; a ``url`` without a
+   pinned checksum is downloaded with a loud :class:`UnverifiedDownloadWarning`.
+   The cache remembers the checksum it was verified against, so pinning a new
+   one downloads again.
 
 :func:`locate_dataset` answers where the data is without downloading anything
 (it checks that the URL answers), so a stage can fail with a clear
@@ -35,11 +40,15 @@ mirror's ``trec-msmarco/`` folder).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import shutil
 import tarfile
 import urllib.error
 import urllib.request
+import warnings
 import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,6 +65,12 @@ from qac.io import atomic_path
 FORMATS = ("beir", "msmarco-docs", "msmarco-passage", "trec", "hf")
 MSMARCO_DOCUMENT_FILES = ("msmarco-docs.tsv", "msmarco-docs.tsv.gz")
 URL_TIMEOUT_S = 30
+CHECKSUMS = {"sha256": 64, "md5": 32}      # algorithm: hex digits; the first one declared is used
+DOWNLOAD_RECORD = ".download.json"         # in a download's cache folder: the URL and checksum verified
+
+
+class UnverifiedDownloadWarning(UserWarning):
+    """A dataset is downloaded from a URL that has no pinned checksum."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,8 @@ class DatasetSpec:
     qrels: dict[str, str] = field(default_factory=dict)
     hub: str | None = None
     hub_qrels: str | None = None
+    md5: str | None = None
+    sha256: str | None = None
     # Per-dataset overrides of prepare.max_documents / prepare.keep_judged_documents.
     max_documents: int | None = None
     keep_judged_documents: bool | None = None
@@ -98,13 +115,27 @@ class DatasetSpec:
             thresholds = {split: int(threshold) for split in splits}
         if fmt == "hf" and not entry.get("hub"):
             raise ValueError(f"{where}: format hf needs 'hub' (a Hugging Face dataset name such as BeIR/scifact)")
+        for algorithm, digits in CHECKSUMS.items():
+            value = entry.get(algorithm)
+            if value is not None and not re.fullmatch(rf"[0-9a-fA-F]{{{digits}}}", str(value)):
+                raise ValueError(f"{where}.{algorithm}: expected {digits} hexadecimal digits, got {value!r}")
         return cls(
             name=name, format=fmt, mirror=entry.get("mirror"), url=entry.get("url"), splits=splits,
             rel_threshold=thresholds, ignore_identical_ids=bool(entry.get("ignore_identical_ids", False)),
             collection=entry.get("collection") or "collection.tsv",
             topics=dict(entry.get("topics") or {}), qrels=dict(entry.get("qrels") or {}),
             hub=entry.get("hub"), hub_qrels=entry.get("hub_qrels"),
+            md5=str(entry["md5"]).lower() if entry.get("md5") else None,
+            sha256=str(entry["sha256"]).lower() if entry.get("sha256") else None,
         )
+
+    @property
+    def checksum(self) -> tuple[str, str] | None:
+        """``(algorithm, hex digest)`` the download must match, or None when none is pinned."""
+        for algorithm in CHECKSUMS:
+            if getattr(self, algorithm):
+                return algorithm, getattr(self, algorithm)
+        return None
 
     def corpus_files(self) -> list[tuple[str, ...]]:
         """The files (relative to the dataset folder) that must exist; each entry lists alternatives."""
@@ -177,7 +208,7 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
     else:
         tried.append("no mirror folder declared")
     cached = Path(downloads) / spec.name
-    if spec.format != "hf" and cached.is_dir() and not _missing(cached, spec.corpus_files()):
+    if spec.format != "hf" and _cache_is_current(cached, spec) and not _missing(cached, spec.corpus_files()):
         return Source("download", cached, spec.url or f"cache:{spec.name}")
     if spec.format == "hf":
         from qac.data.hub import check_hub_dataset
@@ -203,9 +234,13 @@ def fetch_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
                   downloads: str | os.PathLike = "data/downloads") -> Source:
     """:func:`locate_dataset`, then download and unpack into the cache if that is where it must come from."""
     source = locate_dataset(spec, mirror, downloads)
-    if source.origin == "download" and not source.directory.is_dir():
+    if source.origin == "download" and not _cache_is_current(source.directory, spec):
+        if spec.checksum is None:
+            warnings.warn(f"dataset {spec.name!r}: {spec.url} has no pinned checksum (md5 or sha256 in its "
+                          "datasets entry), so the download cannot be verified; pin the checksum its "
+                          "publisher gives", UnverifiedDownloadWarning, stacklevel=2)
         try:
-            download_and_unpack(spec.url, source.directory)
+            download_and_unpack(spec.url, source.directory, checksum=spec.checksum)
         except (OSError, ValueError, zipfile.BadZipFile, tarfile.TarError) as error:
             raise DatasetUnavailableError(
                 f"dataset {spec.name!r}: the download from {spec.url} into {source.directory} failed: {error}"
@@ -218,12 +253,29 @@ def fetch_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
     return source
 
 
-def download_and_unpack(url: str, target: str | os.PathLike) -> None:
+def _cache_is_current(directory: Path, spec: DatasetSpec) -> bool:
+    """Whether a download cache folder holds what ``spec`` pins (any complete one if nothing is pinned)."""
+    if not directory.is_dir():
+        return False
+    if spec.checksum is None:
+        return True
+    record = directory / DOWNLOAD_RECORD
+    try:
+        verified = json.loads(record.read_text(encoding="utf-8")).get("checksum")
+    except (OSError, ValueError):
+        return False
+    return verified == list(spec.checksum)
+
+
+def download_and_unpack(url: str, target: str | os.PathLike, checksum: tuple[str, str] | None = None) -> None:
     """Download ``url`` and unpack it into the directory ``target``, atomically.
 
-    ``.zip`` and ``.tar.gz``/``.tgz`` archives are unpacked (a single top-level
-    folder, as in BEIR's zips, is stripped); any other file, ``.tsv.gz``
-    included, is stored as is under its own name (readers decompress ``.gz``).
+    With ``checksum`` (``(algorithm, hex digest)``) the downloaded bytes are
+    checked before anything is unpacked; a mismatch raises ``ValueError`` and
+    leaves nothing behind. ``.zip`` and ``.tar.gz``/``.tgz`` archives are
+    unpacked (a single top-level folder, as in BEIR's zips, is stripped); any
+    other file, ``.tsv.gz`` included, is stored as is under its own name
+    (readers decompress ``.gz``).
     """
     from tqdm import tqdm
 
@@ -231,12 +283,19 @@ def download_and_unpack(url: str, target: str | os.PathLike) -> None:
     file_name = Path(urllib.request.urlparse(url).path).name or "download"
     with atomic_path(target, directory=True) as tmp:
         archive = tmp / file_name
+        digest = hashlib.new(checksum[0]) if checksum else None
         with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response, open(archive, "wb") as out:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {file_name}") as progress:
                 for chunk in iter(lambda: response.read(1 << 20), b""):
                     out.write(chunk)
+                    if digest is not None:
+                        digest.update(chunk)
                     progress.update(len(chunk))
+        if checksum and digest.hexdigest() != checksum[1]:
+            raise ValueError(f"{url}: {checksum[0]} of the download is {digest.hexdigest()}, but "
+                             f"{checksum[1]} is pinned; the file is corrupt or was changed at the source "
+                             "(the download was discarded)")
         if file_name.endswith(".zip"):
             unpacked = tmp / ".unpacked"
             with zipfile.ZipFile(archive) as bundle:
@@ -252,6 +311,8 @@ def download_and_unpack(url: str, target: str | os.PathLike) -> None:
                 bundle.extractall(unpacked, filter="data")
             archive.unlink()
             _move_contents(unpacked, tmp)
+        (tmp / DOWNLOAD_RECORD).write_text(
+            json.dumps({"url": url, "checksum": list(checksum) if checksum else None}) + "\n", encoding="utf-8")
 
 
 def _move_contents(unpacked: Path, destination: Path) -> None:
@@ -315,6 +376,7 @@ def read_dataset(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike
         dataset = Dataset(name=spec.name, corpus=corpus, queries=queries, qrels=qrels)
     dataset.name = spec.name
     dataset.meta = {
+        "qrels_files": _qrels_files(spec, source, mirror),
         "format": spec.format,
         "source": source.location,
         "rel_threshold": dict(spec.rel_threshold),
@@ -322,6 +384,15 @@ def read_dataset(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike
         "skipped": dict(skipped),
     }
     return dataset
+
+
+def _qrels_files(spec: DatasetSpec, source: Source, mirror) -> dict[str, str]:
+    """Where each split's judgements were read from, for errors about a split (not written to dataset.json)."""
+    if source.origin == "hub":
+        return {split: f"hf://{spec.hub_qrels or spec.hub + '-qrels'}/{split}" for split in spec.splits}
+    if spec.format in ("beir", "hf"):
+        return {split: str(source.directory / "qrels" / f"{split}.tsv") for split in spec.splits}
+    return {split: str(qrels) for split, (_, qrels) in split_file_paths(spec, source, mirror).items()}
 
 
 def _read_tsv_corpus(spec: DatasetSpec, directory: Path, min_text_chars: int, skipped: Counter) -> Corpus:

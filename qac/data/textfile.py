@@ -1,8 +1,19 @@
 """Line-by-line reading of JSONL and TSV files that reports where a problem is.
 
-Lines are read as bytes and decoded one at a time, so an undecodable byte is
-reported with its line number rather than as a bare ``UnicodeDecodeError``.
-Files ending in ``.gz`` are decompressed on the fly (MS MARCO ships them so).
+This is the one decoding path of every input reader (``prepare``'s readers,
+``qac eval``'s run and qrels files), in-memory or streaming:
+
+- lines are read as bytes and decoded one at a time, so an undecodable byte is
+  reported with its line number rather than as a bare ``UnicodeDecodeError``;
+- a leading byte order mark is dropped (editors on Windows write one);
+- files ending in ``.gz`` are decompressed on the fly (MS MARCO ships them so);
+  a truncated or non-gzip ``.gz`` is reported with the line it was reached at;
+- JSON text with a lone surrogate (``"\\ud800"``, which no UTF-8 file can hold)
+  is reported with its line;
+- :func:`check_id` rejects ids that a TREC run or qrels file cannot carry
+  (whitespace splits them; invisible characters make them unmatchable);
+- :func:`require_rows` turns an empty file (0 bytes, a header only, or nothing
+  left once unusable rows are skipped) into an error naming it.
 """
 
 from __future__ import annotations
@@ -10,6 +21,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,22 +40,50 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     """Yield ``(line_number, line)`` of a UTF-8 text file, without the line ending.
 
     A line that is not valid UTF-8 raises :class:`DataFormatError` naming the
-    line and the column of the first bad byte. A leading byte order mark is dropped.
+    line and the column of the first bad byte; so does a ``.gz`` file that is
+    truncated or not gzip at all. A leading byte order mark is dropped.
     """
     if not Path(path).is_file():
         raise DataFormatError(path, None, None, "file not found")
-    with open_binary(path) as handle:
-        for line_number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise DataFormatError(
-                    path, line_number, None,
-                    f"not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1})",
-                ) from None
-            if line_number == 1:
-                line = line.removeprefix("\ufeff")
-            yield line_number, line.rstrip("\r\n")
+    line_number = 0
+    try:
+        with open_binary(path) as handle:
+            for line_number, raw in enumerate(handle, start=1):
+                yield line_number, _decode(raw, path, line_number)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        # Raised while reading the line after the last one yielded.
+        problem = ("not a gzip file" if line_number == 0 and isinstance(error, gzip.BadGzipFile)
+                   else f"truncated or corrupt gzip data after line {line_number}")
+        raise DataFormatError(path, line_number + 1, None, f"{problem} ({error})") from None
+
+
+def _decode(raw: bytes, path, line_number: int) -> str:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        problem = f"not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1})"
+        if line_number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+            problem += "; the file is UTF-16 (it starts with a UTF-16 byte order mark): convert it to UTF-8"
+        elif line_number == 1 and raw.startswith(b"\x1f\x8b"):
+            problem += "; the file is gzip-compressed: name it *.gz or decompress it"
+        raise DataFormatError(path, line_number, None, problem) from None
+    if line_number == 1:
+        line = line.removeprefix("\ufeff")
+    return line.rstrip("\r\n")
+
+
+# A \u escape of a surrogate in JSON text (D800-DFFF); pairs are fine, lone ones are not.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _check_no_lone_surrogate(record: Any, path, line: int) -> None:
+    """Raise if a string of ``record`` holds a lone surrogate (it could never be written as UTF-8)."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = error.object[error.start:error.end]
+        raise DataFormatError(path, line, None,
+                              f"JSON text holds a lone surrogate \\u{ord(bad[0]):04x}, which is not a character") from None
 
 
 def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -58,6 +99,8 @@ def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, 
         if not isinstance(record, dict):
             raise DataFormatError(path, line_number, None,
                                   f"expected a JSON object, found {type(record).__name__}")
+        if _SURROGATE_ESCAPE.search(line):   # the cheap test first: this runs for every line
+            _check_no_lone_surrogate(record, path, line_number)
         yield line_number, record
 
 
@@ -89,10 +132,44 @@ def required_id(record: dict[str, Any], field: str, path, line: int) -> str:
     value = record[field]
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise DataFormatError(path, line, field, f"expected a string id, found {type(value).__name__}")
-    value = str(value).strip()
+    return check_id(str(value), field, path, line)
+
+
+def check_id(value: str, field: str, path, line: int | None) -> str:
+    """An id stripped of surrounding whitespace; raise if empty or not writable to a TREC file.
+
+    TREC runs and qrels are whitespace separated, so an id with a space (or a
+    tab, a no-break space, ...) would be split into two fields by trec_eval and
+    by our readers; invisible characters (a byte order mark in the middle of a
+    concatenated file, control characters) make ids that look equal and are not.
+    """
+    value = value.strip()
     if not value:
         raise DataFormatError(path, line, field, "empty id")
+    # isprintable() is False for every whitespace but the ASCII space and for
+    # control and format characters: two C-level tests, cheap on millions of ids.
+    if " " in value or not value.isprintable():
+        bad = next(ch for ch in value if ch == " " or not ch.isprintable())
+        raise DataFormatError(path, line, field,
+                              f"id {value!r} contains {_describe(bad)}; ids are written to "
+                              "whitespace-separated TREC files and must be one printable word")
     return value
+
+
+def _describe(ch: str) -> str:
+    import unicodedata
+
+    name = unicodedata.name(ch, f"U+{ord(ch):04X}")
+    return "whitespace" if ch.isspace() else f"the invisible character {name}"
+
+
+def require_rows(count: int, path, what: str, *, skipped: int = 0) -> None:
+    """Raise naming ``path`` when a reader found no ``what`` (an empty file gives an empty dataset otherwise)."""
+    if count:
+        return
+    detail = (f"all {skipped} were skipped as unusable" if skipped
+              else "the file is empty or holds only a header")
+    raise DataFormatError(path, None, None, f"no {what}: {detail}")
 
 
 def required_text(record: dict[str, Any], field: str, path, line: int, *, default: str | None = None) -> str:

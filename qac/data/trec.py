@@ -12,7 +12,7 @@ from collections import Counter
 
 from qac.data.dataset import Qrels, Queries
 from qac.data.errors import DataFormatError
-from qac.data.textfile import QrelsCollector, check_new_id, iter_rows, parse_int
+from qac.data.textfile import QrelsCollector, check_id, check_new_id, iter_rows, parse_int, require_rows
 
 TOPIC_FIELDS = ("qid", "text")
 QRELS_FIELDS = ("qid", "iter", "docid", "rel")
@@ -23,13 +23,12 @@ def read_topics(path: str | os.PathLike) -> Queries:
     queries: Queries = {}
     seen: dict[str, int] = {}
     for line, (qid, text) in iter_rows(path, TOPIC_FIELDS):
-        qid, text = qid.strip(), text.strip()
-        if not qid:
-            raise DataFormatError(path, line, "qid", "empty id")
+        qid, text = check_id(qid, "qid", path, line), text.strip()
         check_new_id(seen, qid, "qid", path, line)
         if not text:
             raise DataFormatError(path, line, "text", "empty query")
         queries[qid] = text
+    require_rows(len(queries), path, "topics")
     return queries
 
 
@@ -41,5 +40,7 @@ def read_trec_qrels(path: str | os.PathLike, *, skipped: Counter | None = None) 
     """
     collector = QrelsCollector(path, "rel", skipped)
     for line, (qid, _iteration, doc_id, rel) in iter_rows(path, QRELS_FIELDS, whitespace=True):
-        collector.add(qid, doc_id, parse_int(rel, "rel", path, line), line)
+        collector.add(check_id(qid, "qid", path, line), check_id(doc_id, "docid", path, line),
+                      parse_int(rel, "rel", path, line), line)
+    require_rows(len(collector.qrels), path, "judgements")
     return collector.qrels

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 
@@ -80,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     from qac.config import load_params, params_path, write_params
     from qac.hpo.report import log_report_to_mlflow, write_study_report
     from qac.hpo.space import SpaceError
-    from qac.hpo.study import (DEFAULT_JOB, HpoSettings, SettingsError, ensure_study_mlflow_run, make_pruner,
-                               open_study, storage_location, study_dir)
+    from qac.hpo.study import (DEFAULT_JOB, STORAGE_ENV, HpoSettings, SettingsError, ensure_study_mlflow_run,
+                               make_pruner, open_study, storage_location, study_dir)
+    from qac.redaction import redact_url, redact_values
     from qac.hpo.worker import run_worker_pool
 
     if args.workers < 1:
@@ -100,9 +102,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}")
         return 2
     # Workers read this copy, so an edit to params.yaml during the study cannot change it midway.
+    # It holds the storage URL without credentials; the workers get the full one in their
+    # environment (qac.hpo.study.storage_with_credentials).
     params_file = study_dir(params, settings) / "params.yaml"
-    write_params(params, params_file)
-    location = storage_location(params, settings)
+    write_params(redact_values(params), params_file)
+    if settings.storage:
+        os.environ[STORAGE_ENV] = settings.storage
+    location = redact_url(storage_location(params, settings))
     run_id = ensure_study_mlflow_run(params, study, settings)
     log.info("study %s (%s), MLflow run %s; live view: optuna-dashboard %s",
              settings.study_name, location, run_id, location)

@@ -21,6 +21,7 @@ Workers that die
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,7 @@ class HpoSettings:
         return cls(
             study_name=section.get("study_name") or f"{params['profile']}-{variant}",
             variant=variant,
-            storage=section.get("storage"),
+            storage=storage_with_credentials(section.get("storage")),
             n_trials=integer("n_trials", 20, 1),
             direction=direction,
             metric=metric,
@@ -152,6 +153,26 @@ def _dev_int(dev: Mapping[str, Any], key: str, default: int | None, where: str) 
 def study_dir(params: Mapping[str, Any], settings: HpoSettings) -> Path:
     """``data/<profile>/hpo/<study>``: the journal, the study's params and one folder per trial."""
     return profile_dir(params) / "hpo" / settings.study_name
+
+
+STORAGE_ENV = "QAC_HPO_STORAGE"
+
+
+def storage_with_credentials(value: str | None) -> str | None:
+    """``hpo.storage``, with the credentials that written copies of the params leave out.
+
+    `qac hpo` writes the study's params for its workers with the storage URL
+    redacted (qac.redaction) and hands the full URL to them in
+    ``QAC_HPO_STORAGE``; a worker takes it from there when its redacted form is
+    the one in the params. ``QAC_HPO_STORAGE`` is also how to give a database
+    password without writing it in a params file.
+    """
+    from qac.redaction import redact_url
+
+    full = os.environ.get(STORAGE_ENV)
+    if full and (not value or redact_url(full) == value):
+        return full
+    return value
 
 
 def storage_location(params: Mapping[str, Any], settings: HpoSettings) -> str:
@@ -373,7 +394,9 @@ def ensure_study_mlflow_run(params: Mapping[str, Any], study, settings: HpoSetti
                          "qac.hpo.storage": "database" if settings.storage and is_database_url(settings.storage) else "journal"}) as run:
         import mlflow
 
-        flat = {key: str(value)[:6000] for key, value in flatten("", {"hpo": dict(params["hpo"])}).items()}
+        from qac.redaction import redact_url
+
+        flat = {key: redact_url(str(value))[:6000] for key, value in flatten("", {"hpo": dict(params["hpo"])}).items()}
         mlflow.log_params(flat)
         run_id = run.info.run_id
     study.set_user_attr(MLFLOW_RUN_ATTR, run_id)

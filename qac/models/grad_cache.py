@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from qac.models.losses import all_reduce_sum, process_group
+from qac.models.losses import all_reduce_sum, at_least_fp32, process_group
 
 ScaleLoss = Callable[[torch.Tensor], torch.Tensor]
 
@@ -101,7 +101,7 @@ class GradCachedStep:
         with torch.no_grad(), _autocast(self.device, self.autocast_dtype):
             for side, chunk in chunks:
                 states.append(RngState(self.device))
-                vectors[side].append(self.model.encode_side(chunk).cls.float())
+                vectors[side].append(at_least_fp32(self.model.encode_side(chunk).cls))
         after_first_pass = RngState(self.device)
 
         # 2. Contrastive loss and its gradient with respect to the vectors.
@@ -115,8 +115,9 @@ class GradCachedStep:
         _, world_size = process_group()
         local_masked = sum(int((chunk["labels"] != -100).sum()) for _, chunk in chunks)
         masked = all_reduce_sum(torch.tensor(float(local_masked), device=self.device)).clamp(min=1)
-        mlm_sum = torch.zeros((), device=self.device)
-        head_sum = torch.zeros((), device=self.device)
+        # float64 sums: the logged values must not lose what a float64 model computes
+        mlm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        head_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         position = {"anchor": 0, "context": 0}
         for index, ((side, chunk), state) in enumerate(zip(chunks, states)):
             last = index == len(chunks) - 1
@@ -130,7 +131,7 @@ class GradCachedStep:
                 # The MLM terms are per-chunk sums over the global number of masked
                 # tokens, times W for DDP's averaging (qac.models.losses.mean_over_processes).
                 mlm_terms = (output.mlm_sum + output.head_mlm_sum) * world_size / masked
-                surrogate = (output.cls.float() * gradient).sum() + scale_loss(mlm_terms)
+                surrogate = (at_least_fp32(output.cls) * gradient).sum() + scale_loss(mlm_terms)
                 surrogate.backward()
             mlm_sum += output.mlm_sum.detach()
             head_sum += output.head_mlm_sum.detach()

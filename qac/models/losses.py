@@ -21,6 +21,16 @@ class LossTerm(NamedTuple):
     value: torch.Tensor      # global value of the term, detached
 
 
+def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in float32, or float64 if it is float64.
+
+    Losses are computed in float32 whatever autocast produced (half precision
+    overflows in softmax sums); a float64 model keeps float64 end to end, which
+    is what lets the tests compare gradients at rounding level.
+    """
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 def process_group() -> tuple[int, int]:
     """``(global rank, world size)`` of this process; ``(0, 1)`` outside torch.distributed."""
     import torch.distributed as dist
@@ -70,11 +80,11 @@ def masked_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor, labels: torch.
     selected = labels != IGNORE_INDEX
     if full_vocab_logits:
         logits = lm_head(hidden)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+        loss = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), labels.flatten(), ignore_index=IGNORE_INDEX,
                                reduction="sum")
     else:
         logits = lm_head(hidden[selected])
-        loss = F.cross_entropy(logits.float(), labels[selected], reduction="sum")
+        loss = F.cross_entropy(at_least_fp32(logits), labels[selected], reduction="sum")
     return loss, selected.sum()
 
 
@@ -116,7 +126,7 @@ class PairContrastiveLoss(torch.nn.Module):
     def scores_loss(self, anchors: torch.Tensor, contexts: torch.Tensor) -> torch.Tensor:
         """The loss over one set of N pairs held in one place."""
         n_pairs = anchors.shape[0]
-        reps = torch.cat([anchors, contexts], dim=0).float()
+        reps = at_least_fp32(torch.cat([anchors, contexts], dim=0))
         scores = reps @ reps.T / self.temperature
         scores = scores.masked_fill(torch.eye(2 * n_pairs, dtype=torch.bool, device=scores.device), float("-inf"))
         rows = torch.arange(2 * n_pairs, device=scores.device)

@@ -116,9 +116,11 @@ def write_run_record(directory: str | os.PathLike, run_id: str, **extra: Any) ->
     output from the DVC outputs alone, without the MLflow store.
     """
     from qac.io import write_json
+    from qac.redaction import redact_url
 
     commit, dirty = git_state()
-    write_json(Path(directory) / RUN_RECORD, {"run_id": run_id, "tracking_uri": tracking_uri(),
+    # A DVC output: the store's address without its credentials.
+    write_json(Path(directory) / RUN_RECORD, {"run_id": run_id, "tracking_uri": redact_url(tracking_uri()),
                                               "git_commit": commit, "git_dirty": dirty, **extra})
 
 
@@ -175,7 +177,9 @@ def stage_run(
                           log_system_metrics=system_metrics) as run:
         if stage_params:
             flat = {k: v for k, v in flatten("", stage_params).items()}
-            mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
+            from qac.redaction import redact_url
+
+            mlflow.log_params({k: redact_url(str(v))[:6000] for k, v in flat.items()})
         yield run
 
 

@@ -8,8 +8,10 @@ writing leaves the previous checkpoint intact):
   dropout continues exactly where it stopped;
 - ``state.json``: ``step`` (optimizer steps done), ``data_position`` (pairs
   consumed; batches are a function of the step, see qac.data.pairs),
-  ``world_size`` and ``fingerprint`` (hash of the settings that shape the
-  run; a checkpoint of different settings is never resumed).
+  ``world_size``, ``fingerprint`` (hash of the settings and the input files
+  that shape the run; a checkpoint of other settings or other data is never
+  resumed) and whatever the caller adds (``extra``: the inputs' hashes, the
+  logged loss history, the MLflow run that wrote it).
 
 Every process reads the same directory, so several nodes need a shared
 filesystem.
@@ -44,8 +46,12 @@ def _gather_objects(obj) -> list:
 
 
 def save_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler, scaler, step: int,
-                    data_position: int, fingerprint: str, device: torch.device, rank: int) -> None:
-    """Write the checkpoint of ``step``; every process must call this (RNG states are gathered)."""
+                    data_position: int, fingerprint: str, device: torch.device, rank: int,
+                    extra: dict | None = None) -> None:
+    """Write the checkpoint of ``step``; every process must call this (RNG states are gathered).
+
+    ``extra`` (JSON-serialisable) is stored in ``state.json`` beside the step.
+    """
     from qac.distributed import barrier
 
     rng_states = _gather_objects(_rng_state(device))
@@ -56,8 +62,8 @@ def save_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(scaler.state_dict(), tmp / "scaler.pt")
             torch.save(rng_states, tmp / "rng.pt")
-            state = {"step": step, "data_position": data_position, "world_size": len(rng_states),
-                     "fingerprint": fingerprint}
+            state = {**(extra or {}), "step": step, "data_position": data_position,
+                     "world_size": len(rng_states), "fingerprint": fingerprint}
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     barrier()
 

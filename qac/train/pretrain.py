@@ -11,9 +11,13 @@ losses are written so that the result equals one process on the whole batch
 (qac.models.losses).
 
 The in-progress checkpoint lives in ``work_dir`` (outside the DVC output,
-which DVC deletes before a stage runs); a rerun resumes from it when its
-settings match. At the end the final checkpoint and the exported encoder are
-written to ``out_dir`` and the work directory is removed.
+which DVC deletes before a stage runs); a rerun resumes from it only when the
+settings and the input files (their MD5) are those that produced it, and
+re-logs the loss history kept in it, so the resumed run's curve is complete.
+At the end the final checkpoint and the exported encoder are written to
+``out_dir``; the work directory is removed once the output is in its final
+place (by :func:`pretrain` itself, or by the caller with ``remove_work=False``
+after it has published a staged output), never before.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 METHODS = ("none", "cocondenser", "cotmae")
+DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64")
 LogFn = Callable[[int, dict[str, float]], None]
 
 
@@ -68,7 +74,7 @@ class PretrainSettings:
     dropout: float | None = None      # None: the init checkpoint's dropout; 0 for exactly repeatable runs
     checkpoint_every: int = 50
     log_every: int = 10
-    dtype: str = "auto"
+    dtype: str = "auto"               # auto, bf16, fp16, fp32; fp64 trains in float64 (repeatability checks)
     seed: int = 42
 
     @classmethod
@@ -95,6 +101,8 @@ class PretrainSettings:
     def validate(self, where: str) -> None:
         if self.method not in METHODS:
             raise ValueError(f"{where}: method must be one of {METHODS}, got {self.method!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.method == "none":
             return
         if self.batch_size % self.grad_accumulation:
@@ -107,9 +115,12 @@ class PretrainSettings:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def fingerprint(self) -> str:
-        """Hash of everything that shapes the weights (logging cadence left out)."""
+    def fingerprint(self, inputs_md5: Mapping[str, str] | None = None) -> str:
+        """Hash of everything that shapes the weights: the settings (logging cadence left
+        out) and the MD5 of each input file (``{"passages": ..., "queries": ...}``)."""
         shaping = {k: v for k, v in self.to_dict().items() if k not in ("log_every", "checkpoint_every")}
+        if inputs_md5:
+            shaping["inputs_md5"] = dict(inputs_md5)
         return hashlib.md5(json.dumps(shaping, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -132,6 +143,40 @@ def export_init_encoder(settings: PretrainSettings, path: str | Path) -> None:
         load_tokenizer(settings.init).save_pretrained(tmp)
 
 
+def inputs_md5(passages: str | Path, queries: str | Path | None) -> dict[str, str]:
+    """MD5 of the files a run reads (the hash DVC uses), computed once and shared by every process."""
+    from qac.distributed import broadcast_object
+    from qac.io import file_md5
+
+    def compute() -> dict[str, str]:
+        files = {"passages": passages, "queries": queries}
+        return {name: file_md5(path) for name, path in files.items() if path is not None}
+
+    return broadcast_object(compute)
+
+
+def resume_decision(state: Mapping[str, Any] | None, fingerprint: str,
+                    inputs: Mapping[str, str]) -> tuple[bool, str | None]:
+    """``(resume, why_not)`` for the work checkpoint ``state`` (None: there is none).
+
+    A checkpoint is resumed only when its fingerprint (settings and inputs) is
+    this run's; otherwise ``why_not`` says which inputs changed, or that the
+    settings did.
+    """
+    if state is None:
+        return False, None
+    if state.get("fingerprint") == fingerprint:
+        return True, None
+    before = state.get("inputs_md5")
+    if not before:
+        return False, "settings or inputs changed (the checkpoint records no input hashes)"
+    changed = [f"{name} {before.get(name, 'unknown')} -> {md5}" for name, md5 in inputs.items()
+               if before.get(name) != md5]
+    if changed:
+        return False, "inputs changed: " + ", ".join(changed)
+    return False, "settings changed"
+
+
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {side: {name: tensor.to(device, non_blocking=True) for name, tensor in tensors.items()}
             for side, tensors in batch.items()}
@@ -149,12 +194,19 @@ def build_step(module, model, settings: PretrainSettings, device, autocast_dtype
 
 def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str | Path | None,
              work_dir: str | Path, out_dir: str | Path, log: LogFn | None = None,
-             full_vocab_logits: bool = False) -> dict[str, Any]:
+             full_vocab_logits: bool = False, run_id: str | None = None,
+             on_resume: Callable[[dict[str, Any]], None] | None = None,
+             remove_work: bool = True) -> dict[str, Any]:
     """Run (or resume) one variant; writes ``out_dir/encoder`` and ``out_dir/checkpoint``.
 
     ``log(step, metrics)`` is called on the main process every ``log_every``
-    steps. Returns a summary: steps run, where training resumed, corpus counts,
-    the model's settings.
+    steps; on a resume it is first called again for every step the checkpoint
+    had logged. ``on_resume(info)`` is called once on the main process when a
+    work checkpoint was found: ``resumed_from_step``, ``discarded_checkpoint``,
+    ``discard_reason`` and ``previous_run_id`` (the ``run_id`` of the run that
+    wrote it). ``remove_work=False`` leaves the work directory for the caller
+    to remove once it has published ``out_dir``. Returns a summary: steps run,
+    where training resumed, corpus counts, the model's settings.
     """
     from qac.data.pairs import PairCollator, PairSampler, load_pair_corpus, shard
     from qac.distributed import autocast_dtype as pick_autocast, init_distributed
@@ -181,6 +233,10 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     tokenizer = load_tokenizer(settings.init)
     model = build_pretraining_model(settings.to_dict(), seed=settings.seed,
                                     full_vocab_logits=full_vocab_logits).to(device)
+    if settings.dtype in ("fp64", "float64"):
+        # Float64 makes runs that compute the same mathematics agree to ~1e-12
+        # whatever the process count or BLAS (docs/architecture.md, "Resuming and repeatability").
+        model = model.double()
     corpus = load_pair_corpus(passages, queries, settings.context_type, passage_context=settings.passage_context,
                               query_count=settings.query_count)
     sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob)
@@ -194,14 +250,31 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
 
     checkpoint_dir = work_dir / "checkpoint"
     start_step = 0
+    inputs = inputs_md5(passages, queries)
+    fingerprint = settings.fingerprint(inputs)
+    history: list[list] = []        # [step, metrics] of every logged step, kept in the checkpoint
     state = read_state(checkpoint_dir)
-    # A checkpoint of other settings (params changed since) is not resumed; the
+    # A checkpoint of other settings or other input data is not resumed; the
     # first checkpoint of this run replaces it.
-    discarded_checkpoint = state is not None and state["fingerprint"] != settings.fingerprint()
-    if state is not None and not discarded_checkpoint:
+    resume, discard_reason = resume_decision(state, fingerprint, inputs)
+    discarded_checkpoint = state is not None and not resume
+    if resume:
         state = load_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler,
                                 scaler=scaler, device=device, rank=dist.rank)
         start_step = state["step"]
+        history = list(state.get("history") or [])
+    if state is not None and dist.is_main:
+        if discarded_checkpoint:
+            print(f"pretrain: discarding the work checkpoint at step {state.get('step')} in {checkpoint_dir}: "
+                  f"{discard_reason}", file=sys.stderr)
+        else:
+            print(f"pretrain: resuming from step {start_step} ({checkpoint_dir})", file=sys.stderr)
+        if on_resume is not None:
+            on_resume({"resumed_from_step": start_step, "discarded_checkpoint": discarded_checkpoint,
+                       "discard_reason": discard_reason, "previous_run_id": state.get("mlflow_run_id")})
+    if log is not None and dist.is_main:
+        for logged_step, logged in history:      # the resumed run's curve starts at step 1 too
+            log(logged_step, logged)
 
     module = model
     if dist.enabled:
@@ -216,7 +289,8 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     def checkpoint(step: int) -> None:
         save_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                         step=step, data_position=step * settings.batch_size,
-                        fingerprint=settings.fingerprint(), device=device, rank=dist.rank)
+                        fingerprint=fingerprint, device=device, rank=dist.rank,
+                        extra={"inputs_md5": inputs, "history": history, "mlflow_run_id": run_id})
 
     model.train()
     window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
@@ -246,8 +320,10 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
             metrics = {name: value / window_steps for name, value in window_parts.items()}
             metrics.update(lr=learning_rate, samples_per_second=window_steps * settings.batch_size / elapsed,
                            tokens_per_second=tokens / elapsed)
-            if log is not None and dist.is_main:
-                log(done, metrics)
+            if dist.is_main:
+                history.append([done, metrics])
+                if log is not None:
+                    log(done, metrics)
             window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
             window_parts = defaultdict(float)
         if done % settings.checkpoint_every == 0 or done == settings.steps:
@@ -261,11 +337,13 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
         model.save_encoder(out_dir / "encoder", tokenizer)
         with atomic_path(out_dir / "checkpoint", directory=True) as tmp:
             shutil.copytree(checkpoint_dir, tmp, dirs_exist_ok=True)
-        shutil.rmtree(work_dir, ignore_errors=True)
     from qac.distributed import barrier
 
     barrier()
+    if remove_work and dist.is_main:
+        shutil.rmtree(work_dir, ignore_errors=True)     # only now is the output complete in out_dir
     return {"method": settings.method, "steps": settings.steps, "resumed_from_step": start_step,
-            "discarded_checkpoint": discarded_checkpoint,
+            "discarded_checkpoint": discarded_checkpoint, "discard_reason": discard_reason,
+            "inputs_md5": inputs,
             "grad_cache": type(step_fn).__name__ == "GradCachedStep", "corpus": corpus.stats(),
             "model": model.describe(), "world_size": world}

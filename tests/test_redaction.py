@@ -1,0 +1,82 @@
+"""No credentials in what we write or log: user:password in URLs is redacted (qac.redaction)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qac.config import render_profile
+from qac.redaction import redact_url, redact_values
+
+SECRET = "s3cr3t"
+
+
+@pytest.mark.parametrize("url, expected", [
+    (f"postgresql://optuna:{SECRET}@db:5432/optuna", "postgresql://***@db:5432/optuna"),
+    ("postgresql://optuna@db/optuna", "postgresql://***@db/optuna"),
+    (f"https://user:{SECRET}@mlflow.example.org/", "https://***@mlflow.example.org/"),
+    (f"mysql+pymysql://db/optuna?user=u&password={SECRET}", "mysql+pymysql://db/optuna?user=u&password=***"),
+    ("sqlite:////work/repo/mlflow.db", "sqlite:////work/repo/mlflow.db"),
+    ("https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/scifact.zip",
+     "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/scifact.zip"),
+    ("data/smoke/hpo/journal.log", "data/smoke/hpo/journal.log"),
+    (f"stored at https://u:{SECRET}@host/x, see there", "stored at https://***@host/x, see there"),
+])
+def test_redact_url(url, expected):
+    assert redact_url(url) == expected
+
+
+def test_nested_params_are_redacted_and_other_values_kept():
+    params = {"hpo": {"storage": f"postgresql://u:{SECRET}@db/optuna", "n_trials": 3, "list": [f"http://a:{SECRET}@b"]}}
+    redacted = redact_values(params)
+    assert SECRET not in json.dumps(redacted)
+    assert redacted["hpo"]["n_trials"] == 3 and params["hpo"]["storage"].endswith("@db/optuna")
+
+
+def test_the_run_record_holds_no_credentials(tmp_path, monkeypatch):
+    from qac.tracking import RUN_RECORD, write_run_record
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://user:{SECRET}@mlflow.example.org")
+    write_run_record(tmp_path, "abc")
+    record = json.loads((tmp_path / RUN_RECORD).read_text())
+    assert record == {"run_id": "abc", "tracking_uri": "https://***@mlflow.example.org"}
+
+
+def test_params_logged_to_mlflow_hold_no_credentials(mlflow_store):
+    import mlflow
+
+    from qac.tracking import stage_run
+
+    params = render_profile("smoke")
+    with stage_run(params, "hpo", "hpo/x", kind="hpo",
+                   stage_params={"storage": f"postgresql://u:{SECRET}@db/optuna"}) as run:
+        pass
+    mlflow.set_tracking_uri(mlflow_store)
+    assert mlflow.get_run(run.info.run_id).data.params["storage"] == "postgresql://***@db/optuna"
+
+
+def test_the_report_header_holds_no_credentials():
+    from qac.reporting.render import header_block
+    from qac.reporting.runs import StudyRuns
+
+    lines = dict(header_block(render_profile("smoke"), StudyRuns([]), [], "qac-smoke",
+                              tracking_uri=f"https://user:{SECRET}@mlflow.example.org"))
+    assert "https://***@mlflow.example.org" in lines["Runs"] and SECRET not in json.dumps(lines)
+
+
+def test_hpo_workers_get_the_storage_credentials_from_the_environment_not_the_params_copy(monkeypatch):
+    from qac.hpo.study import STORAGE_ENV, HpoSettings
+
+    full = f"postgresql://optuna:{SECRET}@db/optuna"
+    params = render_profile("smoke")
+    params["hpo"]["storage"] = full
+    copy = redact_values(params)                     # what `qac hpo` writes for its workers
+    assert SECRET not in json.dumps(copy)
+    monkeypatch.delenv(STORAGE_ENV, raising=False)
+    assert HpoSettings.from_params(copy).storage == "postgresql://***@db/optuna"
+    monkeypatch.setenv(STORAGE_ENV, full)
+    assert HpoSettings.from_params(copy).storage == full
+    other = render_profile("smoke")
+    other["hpo"]["storage"] = "postgresql://***@elsewhere/optuna"   # another database: not this password
+    assert HpoSettings.from_params(other).storage == "postgresql://***@elsewhere/optuna"
