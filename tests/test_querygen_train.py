@@ -133,8 +133,7 @@ def prefix_lm():
 
     torch.set_num_threads(1)
     model, tokenizer = build_prefix_lm("tiny:minilm", seed=0)
-    with torch.no_grad():
-        model.copy_weight.fill_(1.5)      # trained away from zero, so the copy path counts in the comparisons
+    assert model.copy_bonus() == pytest.approx(4.0)     # COPY_INIT
     return model.eval(), tokenizer
 
 
@@ -179,13 +178,14 @@ def test_prefix_lm_copy_bias_raises_exactly_the_passage_tokens(prefix_lm):
         with_copy = model(input_ids=source.input_ids, attention_mask=source.attention_mask,
                           decoder_input_ids=start).logits[0, 0]
         weight = model.copy_weight.item()
+        bonus = model.copy_bonus()
         model.copy_weight.zero_()
         without = model(input_ids=source.input_ids, attention_mask=source.attention_mask,
                         decoder_input_ids=start).logits[0, 0]
         model.copy_weight.fill_(weight)
     raised = set((with_copy - without).nonzero().flatten().tolist())
     words = set(tokenizer(["chaperones help proteins"], add_special_tokens=False)["input_ids"][0])
-    assert raised == words and torch.allclose((with_copy - without)[sorted(words)], torch.tensor(weight))
+    assert raised == words and torch.allclose((with_copy - without)[sorted(words)], torch.tensor(bonus))
 
 
 def test_prefix_lm_folder_loads_and_generates_the_same_queries_at_any_batch_size(prefix_lm, tmp_path):

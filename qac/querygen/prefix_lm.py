@@ -14,7 +14,10 @@ layer). Two small additions are trained from a neutral start:
   initialised to the identity, then LayerNorm), as BERT's MLM head has one;
 - a copy bias: a learned weight added to the logit of every token that occurs
   in the passage, a cheap pointer toward the passage's words (queries that
-  retrieve their passage share its rare words).
+  retrieve their passage share its rare words). It starts at ``COPY_INIT``:
+  the untrained model's logits have a spread of about 1 (the input token
+  itself aside), so +4 puts the passage's words at the top from the first
+  step, and training tunes it.
 
 Because passage tokens never attend to query tokens, the passage can be run
 once on its own (:meth:`PrefixLM.encode`) and the query decoded token by token
@@ -43,6 +46,10 @@ from torch import nn
 from torch.nn import functional as F
 
 ARCHITECTURE = "QacPrefixLM"
+COPY_INIT = 4.0
+# Adam moves a parameter by about lr per step whatever its gradient: a bias stored as value / COPY_SCALE
+# moves COPY_SCALE times faster, so a few hundred steps can retune it (a plain scalar would move by ~0.05).
+COPY_SCALE = 100.0
 WEIGHTS_FILE = "model.safetensors"
 SOURCE_SEGMENT, TARGET_SEGMENT = 0, 1
 
@@ -102,7 +109,7 @@ class PrefixLM(nn.Module):
             self.transform.weight.copy_(torch.eye(hidden))
             self.transform.bias.zero_()
         self.output_bias = nn.Parameter(torch.zeros(vocab))
-        self.copy_weight = nn.Parameter(torch.zeros(())) if copy_bias else None
+        self.copy_weight = nn.Parameter(torch.tensor(COPY_INIT / COPY_SCALE)) if copy_bias else None
         self.generation_config = SimpleNamespace()
         self._encoder = _SourceEncoder(self)
 
@@ -214,8 +221,12 @@ class PrefixLM(nn.Module):
         hidden = self.transform_norm(self.transform(hidden))
         logits = hidden @ self.bert.embeddings.word_embeddings.weight.t() + self.output_bias
         if self.copy_weight is not None:
-            logits = logits + self.copy_weight * self.source_presence(source_ids, source_mask, logits.shape[-1])[:, None]
+            logits = logits + COPY_SCALE * self.copy_weight * self.source_presence(source_ids, source_mask, logits.shape[-1])[:, None]
         return logits
+
+    def copy_bonus(self) -> float:
+        """The logit bonus of the passage's tokens (0 without a copy bias)."""
+        return COPY_SCALE * float(self.copy_weight) if self.copy_weight is not None else 0.0
 
     def source_presence(self, source_ids: torch.Tensor, source_mask: torch.Tensor, vocab: int) -> torch.Tensor:
         """``(B, vocab)``: 1 for each non-special token that occurs in the row's passage."""
