@@ -168,24 +168,39 @@ def test_prefix_lm_cached_decoding_equals_the_training_computation(prefix_lm):
     assert float(full.loss) == pytest.approx(-float(sum(picked)) / 6, rel=1e-5)
 
 
-def test_prefix_lm_copy_bias_raises_exactly_the_passage_tokens(prefix_lm):
+def test_prefix_lm_copy_bias_raises_the_passage_tokens_not_yet_emitted(prefix_lm):
     import torch
 
     model, tokenizer = prefix_lm
     source = tokenizer(["chaperones help proteins"], return_tensors="pt")
-    start = torch.tensor([[tokenizer.cls_token_id]])
+    words = tokenizer(["chaperones help proteins"], add_special_tokens=False)["input_ids"][0]
+    emitted = tokenizer.convert_tokens_to_ids("help")
+    decoder_ids = torch.tensor([[tokenizer.cls_token_id, emitted]])
+
+    def logits():
+        with torch.no_grad():
+            return model(input_ids=source.input_ids, attention_mask=source.attention_mask,
+                         decoder_input_ids=decoder_ids).logits[0]
+
+    with_copy = logits()
+    bonuses = {token: model.copy_bonus(pieces=tokenizer.convert_ids_to_tokens(token).startswith("##"))
+               for token in words}
+    saved = {name: p.detach().clone() for name, p in model.named_parameters() if "copy_weight" in name}
     with torch.no_grad():
-        with_copy = model(input_ids=source.input_ids, attention_mask=source.attention_mask,
-                          decoder_input_ids=start).logits[0, 0]
-        weight = model.copy_weight.item()
-        bonus = model.copy_bonus()
         model.copy_weight.zero_()
-        without = model(input_ids=source.input_ids, attention_mask=source.attention_mask,
-                        decoder_input_ids=start).logits[0, 0]
-        model.copy_weight.fill_(weight)
-    raised = set((with_copy - without).nonzero().flatten().tolist())
-    words = set(tokenizer(["chaperones help proteins"], add_special_tokens=False)["input_ids"][0])
-    assert raised == words and torch.allclose((with_copy - without)[sorted(words)], torch.tensor(bonus))
+        model.piece_copy_weight.zero_()
+    without = logits()
+    with torch.no_grad():
+        model.copy_weight.copy_(saved["copy_weight"])
+        model.piece_copy_weight.copy_(saved["piece_copy_weight"])
+    assert any(tokenizer.convert_ids_to_tokens(t).startswith("##") for t in words)   # both kinds are present
+    difference = with_copy - without
+    # position 0: every passage token gets its bonus (word start or ## piece); position 1: "help" was emitted
+    assert set(difference[0].nonzero().flatten().tolist()) == set(words)
+    assert set(difference[1].nonzero().flatten().tolist()) == set(words) - {emitted}
+    for token, bonus in bonuses.items():
+        assert difference[0, token].item() == pytest.approx(bonus, rel=1e-5)
+    assert bonuses[emitted] == pytest.approx(4.0) and min(bonuses.values()) == pytest.approx(1.0)
 
 
 def test_prefix_lm_folder_loads_and_generates_the_same_queries_at_any_batch_size(prefix_lm, tmp_path):

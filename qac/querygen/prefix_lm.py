@@ -12,12 +12,16 @@ layer). Two small additions are trained from a neutral start:
 
 - a transform of the last hidden state before the tied projection (linear,
   initialised to the identity, then LayerNorm), as BERT's MLM head has one;
-- a copy bias: a learned weight added to the logit of every token that occurs
-  in the passage, a cheap pointer toward the passage's words (queries that
-  retrieve their passage share its rare words). It starts at ``COPY_INIT``:
-  the untrained model's logits have a spread of about 1 (the input token
-  itself aside), so +4 puts the passage's words at the top from the first
-  step, and training tunes it.
+- a copy bias: a learned bonus added to the logit of every token that occurs
+  in the passage and has not been emitted yet in this query, a cheap pointer
+  toward the passage's words (queries that retrieve their passage share its
+  rare words). Word-initial tokens and ``##`` word pieces have separate
+  bonuses: a piece only fits after the right word start, and a bonus on every
+  piece of the passage turns samples into made-up words. Emitted tokens lose
+  the bonus so that it does not feed repetitions. The word bonus starts at
+  ``COPY_INIT``: the untrained model's logits have a spread of about 1 (the
+  input token itself aside), so +4 puts the passage's words at the top from
+  the first step; the piece bonus starts at ``PIECE_COPY_INIT``.
 
 Because passage tokens never attend to query tokens, the passage can be run
 once on its own (:meth:`PrefixLM.encode`) and the query decoded token by token
@@ -47,6 +51,7 @@ from torch.nn import functional as F
 
 ARCHITECTURE = "QacPrefixLM"
 COPY_INIT = 4.0
+PIECE_COPY_INIT = 1.0
 # Adam moves a parameter by about lr per step whatever its gradient: a bias stored as value / COPY_SCALE
 # moves COPY_SCALE times faster, so a few hundred steps can retune it (a plain scalar would move by ~0.05).
 COPY_SCALE = 100.0
@@ -60,6 +65,7 @@ class PrefixCache:
     def __init__(self):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.emitted: torch.Tensor | None = None    # (B, vocab) bool: tokens fed as decoder input so far
 
     def __len__(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0
@@ -77,6 +83,8 @@ class PrefixCache:
         """Keep rows ``indices`` (the generator prunes finished rows this way)."""
         self.keys = [k[indices] for k in self.keys]
         self.values = [v[indices] for v in self.values]
+        if self.emitted is not None:
+            self.emitted = self.emitted[indices]
 
 
 class _SourceEncoder(nn.Module):
@@ -110,6 +118,9 @@ class PrefixLM(nn.Module):
             self.transform.bias.zero_()
         self.output_bias = nn.Parameter(torch.zeros(vocab))
         self.copy_weight = nn.Parameter(torch.tensor(COPY_INIT / COPY_SCALE)) if copy_bias else None
+        self.piece_copy_weight = nn.Parameter(torch.tensor(PIECE_COPY_INIT / COPY_SCALE)) if copy_bias else None
+        # 1 for "##" word pieces (set from the tokenizer; saved with the weights)
+        self.register_buffer("word_pieces", torch.zeros(vocab, dtype=torch.bool))
         self.generation_config = SimpleNamespace()
         self._encoder = _SourceEncoder(self)
 
@@ -122,6 +133,9 @@ class PrefixLM(nn.Module):
             raise ValueError(f"tokenizer {tokenizer.name_or_path!r} lacks [CLS]/[SEP]/[PAD] tokens")
         for key, value in ids.items():
             setattr(self.config, key, value)
+        pieces = [i for token, i in tokenizer.get_vocab().items() if token.startswith("##") and i < len(self.word_pieces)]
+        self.word_pieces.zero_()
+        self.word_pieces[pieces] = True
         self.config.prefix_lm_special_ids = sorted({tokenizer.cls_token_id, tokenizer.sep_token_id,
                                                      tokenizer.pad_token_id, tokenizer.unk_token_id or 0,
                                                      tokenizer.mask_token_id or 0})
@@ -221,12 +235,28 @@ class PrefixLM(nn.Module):
         hidden = self.transform_norm(self.transform(hidden))
         logits = hidden @ self.bert.embeddings.word_embeddings.weight.t() + self.output_bias
         if self.copy_weight is not None:
-            logits = logits + COPY_SCALE * self.copy_weight * self.source_presence(source_ids, source_mask, logits.shape[-1])[:, None]
+            vocab = logits.shape[-1]
+            bonus = COPY_SCALE * torch.where(self.word_pieces[:vocab], self.piece_copy_weight, self.copy_weight)
+            fresh = ~self.emitted_tokens(decoder_input_ids, cache, vocab)
+            logits = logits + bonus * self.source_presence(source_ids, source_mask, vocab)[:, None] * fresh
         return logits
 
-    def copy_bonus(self) -> float:
-        """The logit bonus of the passage's tokens (0 without a copy bias)."""
-        return COPY_SCALE * float(self.copy_weight) if self.copy_weight is not None else 0.0
+    @staticmethod
+    def emitted_tokens(decoder_input_ids: torch.Tensor, cache: PrefixCache, vocab: int) -> torch.Tensor:
+        """``(B, T, vocab)`` bool: the tokens fed at or before each position (and before, from ``cache``)."""
+        batch, steps = decoder_input_ids.shape
+        fed = torch.zeros(batch, steps, vocab, dtype=torch.bool, device=decoder_input_ids.device)
+        fed.scatter_(2, decoder_input_ids[..., None], True)
+        fed = fed.to(torch.uint8).cummax(dim=1).values.bool() if steps > 1 else fed
+        if cache.emitted is not None:
+            fed |= cache.emitted[:, None]
+        cache.emitted = fed[:, -1]
+        return fed
+
+    def copy_bonus(self, pieces: bool = False) -> float:
+        """The logit bonus of the passage's word-initial tokens (``pieces``: of its ``##`` pieces); 0 without."""
+        weight = self.piece_copy_weight if pieces else self.copy_weight
+        return COPY_SCALE * float(weight.detach()) if weight is not None else 0.0
 
     def source_presence(self, source_ids: torch.Tensor, source_mask: torch.Tensor, vocab: int) -> torch.Tensor:
         """``(B, vocab)``: 1 for each non-special token that occurs in the row's passage."""
