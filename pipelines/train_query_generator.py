@@ -1,8 +1,10 @@
 """DVC stage query_generator: the seq2seq query generator -> data/<profile>/generator/.
 
-mode train:      fine-tune a bert2bert generator warm-started from query_generator.model
+mode train:      fine-tune a generator built from query_generator.model (architecture prefix_lm or
+                 bert2bert), stopping early on the loss of validation pairs
 mode pretrained: save query_generator.model (e.g. doc2query T5) as a versioned folder
-Both report ROUGE-L and self-retrieval of generated queries on held-out pairs.
+Both report the quality of generated queries on held-out pairs and documents (qac.querygen.quality)
+to MLflow, data/<profile>/metrics/query_generator.json and reports/query_generator/<profile>.md.
 """
 
 from __future__ import annotations
@@ -16,39 +18,82 @@ from qac.config import load_params, profile_dir
 
 def quality_index(datasets_dir, corpora, heldout, max_documents, seed):
     """BM25 over the documents of ``corpora`` (the held-out sources always in, capped at ``max_documents``)."""
-    from qac.data.prepared import load_prepared
-    from qac.querygen.pairs import corpus_texts
     from qac.querygen.quality import SelfRetrieval
     from qac.retrieval import document_text
 
-    documents = {}
-    for name in dict.fromkeys(corpora):
-        for doc_id, (title, text) in corpus_texts(load_prepared(datasets_dir / name)).items():
-            documents[f"{name}/{doc_id}"] = document_text(title, text)
+    documents = corpus_documents(datasets_dir, corpora)
     if max_documents and len(documents) > max_documents:
         required = {f"{pair.dataset}/{pair.doc_id}" for pair in heldout}
         others = sorted(set(documents) - required)
         keep = required | set(random.Random(seed).sample(others, max(0, int(max_documents) - len(required))))
         documents = {key: documents[key] for key in sorted(keep)}
-    return SelfRetrieval(list(documents), list(documents.values()))
+    return SelfRetrieval(list(documents), [document_text(title, text) for title, text in documents.values()])
+
+
+def corpus_documents(datasets_dir, corpora) -> dict[str, tuple[str, str]]:
+    """``"<dataset>/<doc id>" -> (title, text)`` over ``corpora``."""
+    from qac.data.prepared import load_prepared
+    from qac.querygen.pairs import corpus_texts
+
+    return {f"{name}/{doc_id}": entry for name in dict.fromkeys(corpora)
+            for doc_id, entry in corpus_texts(load_prepared(datasets_dir / name)).items()}
+
+
+def generate(model, tokenizer, settings, dtype, texts, candidates, batch_size):
+    """``candidates`` sampled queries per text, as generate_queries samples them."""
+    import torch
+
+    from qac.querygen.generate import QueryGenerator
+
+    sampling = settings.__class__(**{**settings.__dict__, "queries_per_passage": candidates})
+    generator = QueryGenerator(model, tokenizer, sampling, autocast_dtype=dtype, batch_invariant=False)
+    with torch.inference_mode():
+        generated, _ = generator.generate_candidates([(f"quality-{i}", text) for i, text in enumerate(texts)],
+                                                     batch_size)
+    return generated
+
+
+def judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dtype, batch_size, seed):
+    """Table 5's automatic judge on held-out documents: high-correlation shares of query and passage pairs."""
+    from qac.data.prepared import load_prepared
+    from qac.querygen.quality import judge_anchors, judge_shares
+    from qac.reporting.annotation import EncoderCosineJudge, calibration_pairs
+
+    section, annotation = params["query_generator"], params["annotation"]
+    train_dataset = params["train_dataset"]
+    documents = corpus_documents(datasets_dir, [train_dataset])
+    keys = sorted({f"{p.dataset}/{p.doc_id}" for p in heldout if p.dataset == train_dataset})
+    anchors = judge_anchors([(key, *documents[key]) for key in keys], int(section.get("judge_anchors", 40)), seed)
+    if not anchors:
+        return {}
+    queries = [texts[0] if texts else "" for texts in
+               generate(model, tokenizer, sampling, dtype, [a.anchor for a in anchors], 1, batch_size)]
+    judge = EncoderCosineJudge(annotation["judge_model"], max_length=int(annotation.get("judge_max_len", 256)))
+    split = annotation.get("calibration_split", "train")
+    positives, negatives = calibration_pairs(
+        datasets_dir / train_dataset, split, int(section.get("judge_calibration_pairs") or annotation["calibration_pairs"]),
+        seed, load_prepared(datasets_dir / train_dataset).rel_threshold(split))
+    calibration = judge.calibrate(positives, negatives)
+    return {**judge_shares(judge, calibration.threshold, anchors, queries), "judge/calibration_accuracy":
+            calibration.accuracy}
 
 
 def main() -> int:
-    import torch
-
     from qac.distributed import autocast_dtype, init_distributed
     from qac.io import atomic_path
-    from qac.reporting.dvc_metrics import write_stage_metrics
-    from qac.querygen.generate import QueryGenerator, SamplingSettings
+    from qac.reporting.dvc_metrics import is_timing, write_stage_metrics
+    from qac.querygen.generate import SamplingSettings
     from qac.querygen.pairs import build_pairs, cap_training_pairs, split_heldout
     from qac.querygen.quality import evaluate_queries
-    from qac.querygen.train_generator import (TrainSettings, build_bert2bert, load_pretrained_generator,
+    from qac.querygen.report import quality_table
+    from qac.querygen.train_generator import (TrainSettings, build_generator, load_pretrained_generator,
                                               save_generator, train_generator)
     from qac.tracking import log_metrics, stage_run, write_run_record
 
     params = load_params()
     section = params["query_generator"]
     mode, spec, seed = section["mode"], section["model"], int(params.get("seed", 42))
+    architecture = section.get("architecture", "bert2bert")
     if mode not in ("train", "pretrained"):
         raise ValueError(f"query_generator.mode must be train or pretrained, got {mode!r}")
     data = profile_dir(params)
@@ -58,11 +103,18 @@ def main() -> int:
     ctx = init_distributed()
     settings = TrainSettings.from_params(params)
     dtype = autocast_dtype(str(section.get("dtype", "auto")), ctx.device)
+    # Held-out candidates are sampled as generate_queries samples them (its top-k/top-p and lengths).
+    sampling = SamplingSettings.from_params(params)
+    sampling = SamplingSettings(**{**sampling.__dict__, "prefix": settings.prefix,
+                                   "max_source_len": settings.max_source_len})
+    candidates = int(section.get("quality_candidates") or sampling.queries_per_passage)
 
     pairs = build_pairs(datasets_dir, train_dataset, corpora, bool(section.get("use_titles", True)))
     train_pairs, heldout = split_heldout(pairs, section["heldout_fraction"], section["max_heldout"], seed)
+    validation_count = int(section.get("validation_pairs") or 0)
+    train_pairs, validation = split_heldout(train_pairs, 1.0, validation_count, seed + 1)
     train_pairs = cap_training_pairs(train_pairs, section.get("max_train_pairs"), seed)
-    counts = {"pairs/train": len(train_pairs), "pairs/heldout": len(heldout),
+    counts = {"pairs/train": len(train_pairs), "pairs/validation": len(validation), "pairs/heldout": len(heldout),
               "pairs/query": sum(p.kind == "query" for p in pairs), "pairs/title": sum(p.kind == "title" for p in pairs)}
 
     inputs = {name: datasets_dir / name for name in corpora}
@@ -71,32 +123,41 @@ def main() -> int:
                    inputs=inputs, tags={"qac.generator_mode": mode}) as run:
         log_metrics(counts)
         started = time.perf_counter()
+        figures = {}
         if mode == "train":
-            model, tokenizer = build_bert2bert(spec, seed=seed)
-            train_generator(model, tokenizer, train_pairs, settings, ctx.device, dtype, log=log_metrics)
+            model, tokenizer = build_generator(architecture, spec, seed=seed,
+                                               copy_bias=bool(section.get("copy_bias", True)))
+            figures = train_generator(model, tokenizer, train_pairs, settings, ctx.device, dtype, log=log_metrics,
+                                      validation=validation)
         else:
             model, tokenizer = load_pretrained_generator(spec)
         model.to(ctx.device).eval()
         train_seconds = time.perf_counter() - started
 
-        metrics = {**counts, "train_seconds": train_seconds}
+        metrics = {**counts, **figures, "train_seconds": train_seconds}
+        started = time.perf_counter()
         if heldout:
-            sampling = SamplingSettings(prefix=settings.prefix, queries_per_passage=1,
-                                        max_new_tokens=settings.max_target_len,
-                                        max_source_len=settings.max_source_len, seed=seed)
-            generator = QueryGenerator(model, tokenizer, sampling, autocast_dtype=dtype, batch_invariant=False)
-            with torch.inference_mode():
-                generated, _ = generator.generate_candidates(
-                    [(f"heldout-{i}", pair.source) for i, pair in enumerate(heldout)], settings.batch_size)
+            generated = generate(model, tokenizer, sampling, dtype, [p.source for p in heldout], candidates,
+                                 settings.batch_size)
             index = quality_index(datasets_dir, corpora, heldout, section.get("quality_max_documents"), seed)
-            metrics.update(evaluate_queries(heldout, [g[0] for g in generated], index, seed))
+            metrics.update(evaluate_queries(heldout, generated, index, seed))
+            if section.get("judge_anchors"):
+                metrics.update(judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dtype,
+                                             settings.batch_size, seed))
+        metrics["quality_seconds"] = time.perf_counter() - started
         log_metrics(metrics)
 
         with atomic_path(data / "generator", directory=True) as tmp:
             save_generator(model, tokenizer, tmp)
             write_run_record(tmp, run.info.run_id, model=spec, mode=mode)
-        write_stage_metrics(data / "metrics", "query_generator", {**metrics, "mode": mode, "model": spec,
+        described = {"mode": mode, "model": spec, "architecture": architecture if mode == "train" else "pretrained"}
+        write_stage_metrics(data / "metrics", "query_generator", {**metrics, **described,
                                                                    "mlflow_run_id": run.info.run_id})
+        # A tracked report: the same inputs give the same file, so no wall-clock figures in it.
+        results = {key: value for key, value in metrics.items() if not is_timing(key)}
+        with atomic_path(f"reports/query_generator/{params['profile']}.md") as tmp:
+            tmp.write_text(quality_table({**results, **described},
+                                         f"Query generator quality ({params['profile']} profile, held-out pairs)"))
     print(f"wrote {data / 'generator'} ({mode} {spec}): {metrics}", file=sys.stderr)
     return 0
 

@@ -1,5 +1,5 @@
-"""The query_generator stage: training pairs without test queries, a loadable bert2bert folder,
-quality metrics in MLflow."""
+"""The query_generator stage: training pairs without test queries, a prefix-LM generator whose cached
+decoding equals its training-time computation, a loadable folder, quality metrics in MLflow."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from qac.querygen.pairs import Pair, build_pairs, cap_training_pairs, split_heldout
-from qac.querygen.quality import SelfRetrieval, random_sentence, rouge_l
+from qac.querygen.quality import (JudgeAnchor, SelfRetrieval, candidate_shares, judge_anchors, judge_shares,
+                                  random_sentence, rouge_l)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -84,46 +85,197 @@ def test_training_pair_cap_keeps_queries_before_titles():
 def test_rouge_l_and_self_retrieval_by_hand():
     # LCS("cell growth in yeast", "yeast cell growth rate") = "cell growth": P = R = 2/4
     assert rouge_l(["cell growth in yeast"], ["yeast cell growth rate"]) == pytest.approx(0.5)
-    index = SelfRetrieval(["a", "b", "c"], ["cats purr softly", "dogs bark loudly", "fish swim quietly"])
-    # "dogs bark" finds b; "the" (a stop word) scores nothing: a miss; "purr" finds a, not c
-    assert index.first_rate(["dogs bark", "the", "purr"], ["b", "a", "c"]) == pytest.approx(1 / 3)
+    texts = ["cats purr softly", "dogs bark loudly", "fish swim quietly", "dogs and cats play together outside"]
+    index = SelfRetrieval(["a", "b", "c", "d"], texts)
+    # "dogs bark" ranks b first; "the" (a stop word) scores nothing: a miss at any depth;
+    # "cats" ranks a and d (a first: the shorter document); asked for d it is found at depth 10 but not first
+    queries, expected = ["dogs bark", "the", "cats", "cats"], ["b", "a", "a", "d"]
+    assert index.hit_rates(queries, expected, depth=10) == pytest.approx((2 / 4, 3 / 4))
+    assert index.first_rate(queries, expected) == pytest.approx(2 / 4)
     text = "First claim here. Second claim there! Third?"
     assert random_sentence(text, random.Random(0)) in {"First claim here.", "Second claim there!", "Third?"}
 
 
-def test_training_lowers_the_loss_on_its_pairs():
+def test_candidate_shares_count_empty_and_repeated_candidates():
+    # passage 1: one empty, one repeat (spacing ignored); passage 2: the same text again is no repeat there
+    shares = candidate_shares([["a b", "", "a  b", "c"], ["a b", "d"]])
+    assert shares == {"candidates": 6, "empty_share": pytest.approx(1 / 6), "duplicate_share": pytest.approx(1 / 6)}
+
+
+class WordOverlapJudge:
+    """A judge with EncoderCosineJudge's interface: the Jaccard overlap of the two texts' words."""
+
+    def scores(self, pairs):
+        return [len(set(a.lower().split()) & set(b.lower().split())) / len(set(a.lower().split()) |
+                                                                           set(b.lower().split())) for a, b in pairs]
+
+
+def test_judge_anchors_cut_documents_in_two_and_shares_count_high_pairs():
+    documents = [("x/1", "Yeast", "Chaperones fold proteins. Heat raises them. Cells adapt."),
+                 ("x/2", "One", "A single sentence only."),
+                 ("x/3", "", "Rivers deposit sediment. Tides move it.")]
+    anchors = judge_anchors(documents, maximum=5, seed=0)
+    assert anchors == [JudgeAnchor("x/1", "Yeast Chaperones fold proteins. Heat raises them.", "Cells adapt."),
+                       JudgeAnchor("x/3", "Rivers deposit sediment.", "Tides move it.")]
+    assert len(judge_anchors(documents, maximum=1, seed=0)) == 1
+    # overlaps: query 1 -> 3/7, query 2 empty (low whatever its score); passages: 0/8, 0/5
+    shares = judge_shares(WordOverlapJudge(), 0.2, anchors, ["heat raises yeast chaperones", ""])
+    assert shares["judge/high_share/passage-query"] == pytest.approx(1 / 2)
+    assert shares["judge/high_share/passage-passage"] == 0.0
+    assert shares["judge/anchors"] == 2
+
+
+@pytest.fixture(scope="module")
+def prefix_lm():
     import torch
 
-    from qac.querygen.train_generator import TrainSettings, build_bert2bert, encode_pairs, train_generator
+    from qac.querygen.prefix_lm import build_prefix_lm
 
     torch.set_num_threads(1)
-    model, tokenizer = build_bert2bert("tiny:minilm", seed=0)
-    pairs = [Pair(text, title, "title", "x", d) for d, (title, text) in DOCS.items() if title]
-    settings = TrainSettings(max_source_len=24, max_target_len=6, epochs=12, batch_size=5, lr=5e-3, warmup_ratio=0.0)
+    model, tokenizer = build_prefix_lm("tiny:minilm", seed=0)
+    assert model.copy_bonus() == pytest.approx(4.0)     # COPY_INIT
+    return model.eval(), tokenizer
 
-    def loss():
+
+def test_prefix_lm_cached_decoding_equals_the_training_computation(prefix_lm):
+    import torch
+
+    from qac.querygen.prefix_lm import PrefixCache
+
+    model, tokenizer = prefix_lm
+    source = tokenizer(["chaperones help proteins fold in yeast", "deltas grow"], padding=True, return_tensors="pt")
+    labels = torch.tensor([[2000, 2001, 2002, 102], [2003, 102, -100, -100]])
+    with torch.no_grad():
+        full = model(input_ids=source.input_ids, attention_mask=source.attention_mask, labels=labels)
+        packed = model.get_encoder()(input_ids=source.input_ids, attention_mask=source.attention_mask)
+        decoder_ids, cache, steps = model.shift_labels(labels), PrefixCache(), []
+        for t in range(decoder_ids.shape[1]):
+            out = model(encoder_outputs=packed, attention_mask=source.attention_mask,
+                        decoder_input_ids=decoder_ids[:, t:t + 1], past_key_values=cache)
+            cache = out.past_key_values
+            steps.append(out.logits)
+        alone = tokenizer(["deltas grow"], return_tensors="pt")
+        unpadded = model(input_ids=alone.input_ids, attention_mask=alone.attention_mask,
+                         decoder_input_ids=decoder_ids[1:2, :2]).logits
+    scale = full.logits.abs().max().item()
+    eps = torch.finfo(torch.float32).eps
+    assert torch.allclose(torch.cat(steps, dim=1), full.logits, atol=64 * eps * scale, rtol=0)
+    # the padding of a shorter passage changes nothing for its real tokens
+    assert torch.allclose(unpadded[0], full.logits[1, :2], atol=64 * eps * scale, rtol=0)
+    # the loss is the mean cross-entropy over the 6 real label tokens
+    log_probs = torch.log_softmax(full.logits, dim=-1)
+    picked = [log_probs[r, c, labels[r, c]] for r in range(2) for c in range(4) if labels[r, c] != -100]
+    assert float(full.loss) == pytest.approx(-float(sum(picked)) / 6, rel=1e-5)
+
+
+def test_prefix_lm_copy_bias_raises_the_passage_tokens_not_yet_emitted(prefix_lm):
+    import torch
+
+    model, tokenizer = prefix_lm
+    source = tokenizer(["chaperones help proteins"], return_tensors="pt")
+    words = tokenizer(["chaperones help proteins"], add_special_tokens=False)["input_ids"][0]
+    emitted = tokenizer.convert_tokens_to_ids("help")
+    decoder_ids = torch.tensor([[tokenizer.cls_token_id, emitted]])
+
+    def logits():
         with torch.no_grad():
-            return float(model.eval()(**encode_pairs(tokenizer, pairs, settings)).loss)
+            return model(input_ids=source.input_ids, attention_mask=source.attention_mask,
+                         decoder_input_ids=decoder_ids).logits[0]
 
-    before = loss()
-    train_generator(model, tokenizer, pairs, settings, "cpu")
-    assert loss() < 0.8 * before   # 10.4 -> 6.7 when measured
+    with_copy = logits()
+    bonuses = {token: model.copy_bonus(pieces=tokenizer.convert_ids_to_tokens(token).startswith("##"))
+               for token in words}
+    saved = {name: p.detach().clone() for name, p in model.named_parameters() if "copy_weight" in name}
+    with torch.no_grad():
+        model.copy_weight.zero_()
+        model.piece_copy_weight.zero_()
+    without = logits()
+    with torch.no_grad():
+        model.copy_weight.copy_(saved["copy_weight"])
+        model.piece_copy_weight.copy_(saved["piece_copy_weight"])
+    assert any(tokenizer.convert_ids_to_tokens(t).startswith("##") for t in words)   # both kinds are present
+    difference = with_copy - without
+    # position 0: every passage token gets its bonus (word start or ## piece); position 1: "help" was emitted
+    assert set(difference[0].nonzero().flatten().tolist()) == set(words)
+    assert set(difference[1].nonzero().flatten().tolist()) == set(words) - {emitted}
+    for token, bonus in bonuses.items():
+        assert difference[0, token].item() == pytest.approx(bonus, rel=1e-5)
+    assert bonuses[emitted] == pytest.approx(4.0) and min(bonuses.values()) == pytest.approx(1.0)
 
 
-def test_stage_saves_a_seq2seq_folder_and_logs_quality(tmp_path, monkeypatch, mlflow_store):
+def test_prefix_lm_folder_loads_and_generates_the_same_queries_at_any_batch_size(prefix_lm, tmp_path):
+    import torch
+
+    from qac.querygen.generate import QueryGenerator, SamplingSettings, load_generator
+    from qac.querygen.prefix_lm import PrefixLM
+    from qac.querygen.train_generator import save_generator
+
+    model, tokenizer = prefix_lm
+    save_generator(model, tokenizer, tmp_path / "generator")
+    loaded, loaded_tokenizer = load_generator(str(tmp_path / "generator"))
+    assert isinstance(loaded, PrefixLM)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    passages = [(f"d{i}#0", text) for i, (_, text) in enumerate(DOCS.values())]
+    settings = SamplingSettings(queries_per_passage=3, max_new_tokens=6, max_source_len=24, seed=3)
+    one, stats = QueryGenerator(loaded, loaded_tokenizer, settings).generate_candidates(passages, 1)
+    four, _ = QueryGenerator(loaded, loaded_tokenizer, settings).generate_candidates(passages, 4)
+    assert one == four and len(one) == len(DOCS) and all(len(c) == 3 for c in one)
+    assert stats.decisions > 0
+
+
+@pytest.mark.parametrize("architecture", ["prefix_lm", "bert2bert"])
+def test_training_lowers_the_loss_and_keeps_the_best_validated_weights(architecture):
+    import torch
+
+    from qac.querygen.train_generator import TrainSettings, build_generator, train_generator, validation_loss
+
+    torch.set_num_threads(1)
+    model, tokenizer = build_generator(architecture, "tiny:minilm", seed=0)
+    pairs = [Pair(text, title, "title", "x", d) for d, (title, text) in DOCS.items() if title]
+    settings = TrainSettings(max_source_len=24, max_target_len=6, epochs=12, batch_size=5, lr=5e-3, warmup_ratio=0.0,
+                             eval_every=3)
+    before = validation_loss(model, tokenizer, pairs, settings, "cpu")
+    figures = train_generator(model, tokenizer, pairs, settings, "cpu", validation=pairs)
+    after = validation_loss(model, tokenizer, pairs, settings, "cpu")
+    assert after < 0.8 * before   # 10.4 -> ~6.7 when measured
+    assert after == pytest.approx(figures["validation/best_loss"], rel=1e-6)    # the best weights were kept
+    assert figures["train/steps"] == 12 and figures["validation/best_step"] % 3 == 0
+
+
+def test_patience_stops_training_early():
+    import torch
+
+    from qac.querygen.train_generator import TrainSettings, build_generator, train_generator
+
+    torch.set_num_threads(1)
+    model, tokenizer = build_generator("prefix_lm", "tiny:minilm", seed=0)
+    pairs = [Pair(text, title, "title", "x", d) for d, (title, text) in DOCS.items() if title]
+    # validation targets unrelated to training: the validation loss rises as training fits the titles
+    unrelated = [Pair(text, "zebra quantum harbour", "title", "x", d) for d, (_, text) in DOCS.items()]
+    settings = TrainSettings(max_source_len=24, max_target_len=6, epochs=20, batch_size=5, lr=5e-3, warmup_ratio=0.0,
+                             eval_every=1, patience=2)
+    figures = train_generator(model, tokenizer, pairs, settings, "cpu", validation=unrelated)
+    assert figures["train/steps"] == figures["validation/best_step"] + 2 < 20
+
+
+def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, mlflow_store):
     import mlflow
     import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
 
     import qac.querygen.train_generator as train_module
     from qac.config import render_profile
-    from qac.querygen.generate import QueryGenerator, SamplingSettings
+    from qac.querygen.generate import QueryGenerator, SamplingSettings, load_generator
+    from qac.querygen.prefix_lm import PrefixLM
 
     torch.set_num_threads(1)
+    monkeypatch.chdir(tmp_path)
     params = render_profile("smoke")
     params.update(data_dir=str(tmp_path / "data"), train_dataset="tinyset", pretrain_corpus="tinyset")
-    params["query_generator"].update(model="tiny:minilm", max_source_len=24, max_target_len=6, batch_size=2,
-                                     heldout_fraction=0.5, max_heldout=3, log_every=1)
+    params["query_generator"].update(model="tiny:minilm", architecture="prefix_lm", max_source_len=24,
+                                     max_target_len=6, batch_size=2, heldout_fraction=0.5, max_heldout=3, log_every=1,
+                                     validation_pairs=1, eval_every=1, quality_candidates=2, judge_anchors=5,
+                                     judge_calibration_pairs=3)
+    params["annotation"].update(judge_model="tiny:minilm")
     write_dataset(tmp_path / "data" / "smoke" / "datasets")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
@@ -142,23 +294,26 @@ def test_stage_saves_a_seq2seq_folder_and_logs_quality(tmp_path, monkeypatch, ml
     assert trained_on and not any(p.target.lower() in {QUERIES[q].lower() for q, _, _ in TEST_QRELS}
                                   for p in trained_on)
     folder = tmp_path / "data" / "smoke" / "generator"
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    assert isinstance(model, EncoderDecoderModel)
+    model, tokenizer = load_generator(str(folder))
+    assert isinstance(model, PrefixLM)
     assert (model.config.decoder_start_token_id, model.config.eos_token_id, model.config.pad_token_id) == (101, 102, 0)
-    assert model.generation_config.decoder_start_token_id == 101
     queries, _ = QueryGenerator(model, tokenizer, SamplingSettings(queries_per_passage=2, max_new_tokens=4)
                                 ).generate([("d1#0", DOCS["d1"][1])], 1)
     assert len(queries) == 1
 
     metrics = json.loads((tmp_path / "data" / "smoke" / "metrics" / "query_generator.json").read_text())
     record = json.loads((folder / "mlflow_run.json").read_text())
-    assert record["run_id"] == metrics["mlflow_run_id"]
+    assert record["run_id"] == metrics["mlflow_run_id"] and metrics["architecture"] == "prefix_lm"
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(record["run_id"])
     assert run.info.run_name == "query_generator/train" and run.data.tags["qac.kind"] == "query_generator"
-    for key in ("rougeL", "self_retrieval/generated", "self_retrieval/random_sentence", "self_retrieval/reference",
-                "pairs/train", "pairs/heldout", "train/loss"):
+    for key in ("rougeL", "self_retrieval/generated/top10", "self_retrieval/generated/top1",
+                "self_retrieval/random_sentence/top10", "self_retrieval/reference/top10", "empty_share", "duplicate_share",
+                "judge/high_share/passage-query", "judge/high_share/passage-passage", "pairs/train",
+                "pairs/heldout", "pairs/validation", "train/loss", "validation/loss"):
         assert key in run.data.metrics, key
     assert run.data.metrics["pairs/heldout"] == 3   # min(max_heldout 3, 0.5 * 8 pairs)
+    assert run.data.metrics["candidates"] == 3 * 2
     assert 0.0 <= run.data.metrics["rougeL"] <= 1.0
+    report = (tmp_path / "reports" / "query_generator" / "smoke.md").read_text()
+    assert "| BM25 self-retrieval @10, generated queries |" in report

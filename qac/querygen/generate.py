@@ -2,7 +2,8 @@
 
 The paper feeds ``prefix + passage`` to doc2query T5 and samples with
 ``top_p=0.95, top_k=25``; any Hugging Face seq2seq model works here (T5, a
-bert2bert ``EncoderDecoderModel``). Decoding is our own loop rather than
+bert2bert ``EncoderDecoderModel``), and so does the prefix-LM of
+:mod:`qac.querygen.prefix_lm`, which offers the same interface. Decoding is our own loop rather than
 ``generate`` so that every passage draws from its own random stream
 (:mod:`qac.querygen.sampling`): the encoder runs once per batch, the decoder
 one token per step with its key/value cache, and finished rows leave the
@@ -163,15 +164,23 @@ def clean_candidates(candidates: Sequence[str], drop_duplicates: bool, drop_empt
 
 
 def load_generator(source: str, device: torch.device | str = "cpu"):
-    """Load a seq2seq model and its tokenizer by hub name or local folder, in eval mode."""
+    """Load a generator and its tokenizer by hub name or local folder, in eval mode.
+
+    A folder saved by :class:`qac.querygen.prefix_lm.PrefixLM` loads as one;
+    anything else as a Hugging Face seq2seq model (T5, bert2bert).
+    """
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from qac.config import resolve_model_name
+    from qac.querygen.prefix_lm import PrefixLM, is_prefix_lm_folder
 
     path = resolve_model_name(source)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSeq2SeqLM.from_pretrained(path).to(device).eval()
-    return model, tokenizer
+    if is_prefix_lm_folder(path):
+        model = PrefixLM.from_pretrained(path)
+    else:
+        model = AutoModelForSeq2SeqLM.from_pretrained(path)
+    return model.to(device).eval(), tokenizer
 
 
 def _special_ids(model, tokenizer) -> tuple[int, int, int]:

@@ -1,18 +1,29 @@
-"""How good are generated queries? ROUGE-L and self-retrieval on held-out pairs.
+"""How good are generated queries? Measured on held-out pairs and held-out documents.
 
-- ROUGE-L (F-measure, Porter stemming; the ``rouge-score`` package) of a
-  generated query against the held-out reference (a real query or a title).
-- Self-retrieval rate: the share of held-out sources whose document BM25
-  (``bm25s``, English stop words) ranks first, strictly (a tie for first place
-  counts as a miss), for the generated query. The same rate for a random
-  sentence of the source is the floor a useful query must beat; the rate for the
-  reference text is a ceiling of sorts.
+- ROUGE-L (F-measure, Porter stemming; the ``rouge-score`` package) of each
+  generated candidate against the held-out reference (a real query or a
+  title), averaged over candidates.
+- Self-retrieval: the share of candidates whose own document BM25 (``bm25s``,
+  English stop words) ranks within the top ``depth`` (10 by default) with a
+  positive score, and the share ranked first strictly (a tie for first place
+  counts as a miss). The same rates for a random sentence of the source and
+  for the reference text frame the figure: a sentence copied from the passage
+  is an easy query for BM25, a real query a harder one.
+- Empty and duplicate candidates: shares of all candidates (a duplicate repeats
+  an earlier candidate of the same passage), as :func:`clean_candidates`
+  counts them.
+- Table 5 on held-out documents (:func:`judge_pairs`): an anchor (the title
+  and the first half of the document's sentences), a passage context (the
+  other half) and a query generated from the anchor; the share of each kind of
+  pair the automatic judge of :mod:`qac.reporting.annotation` calls highly
+  correlated, on the same anchors.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 from typing import Sequence
 
 from qac.querygen.pairs import Pair
@@ -30,14 +41,19 @@ def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:
     return sum(scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)) / len(predictions)
 
 
+def sentences(text: str) -> list[str]:
+    """``text`` split after ``.``, ``!`` or ``?`` followed by white space."""
+    return [s for s in _SENTENCE_END.split(text.strip()) if s.strip()]
+
+
 def random_sentence(text: str, rng: random.Random) -> str:
-    """One sentence of ``text`` (split after ``.``, ``!`` or ``?``), drawn with ``rng``."""
-    sentences = [s for s in _SENTENCE_END.split(text.strip()) if s.strip()]
-    return rng.choice(sentences) if sentences else ""
+    """One sentence of ``text``, drawn with ``rng``."""
+    found = sentences(text)
+    return rng.choice(found) if found else ""
 
 
 class SelfRetrieval:
-    """A BM25 index over documents that answers: is this document ranked first for that query?"""
+    """A BM25 index over documents that answers: where does this query rank its own document?"""
 
     def __init__(self, doc_ids: Sequence[str], texts: Sequence[str]):
         import bm25s
@@ -49,21 +65,50 @@ class SelfRetrieval:
         self.retriever = bm25s.BM25()
         self.retriever.index(bm25s.tokenize(list(texts), stopwords="en", show_progress=False), show_progress=False)
 
+    def hit_rates(self, queries: Sequence[str], doc_ids: Sequence[str], depth: int = 10) -> tuple[float, float]:
+        """Shares of ``queries`` whose document ``doc_ids[i]`` is (strictly first, within the top ``depth``).
+
+        A document counts only with a positive score: a query of stop words
+        ranks documents arbitrarily and finds nothing.
+        """
+        if not queries:
+            return 0.0, 0.0
+        depth = max(2, min(int(depth), len(self.doc_ids)))
+        tokens = self._bm25s.tokenize([q if q.strip() else "" for q in queries], stopwords="en", show_progress=False)
+        results, scores = self.retriever.retrieve(tokens, k=depth, show_progress=False)
+        first = within = 0
+        for i, expected in enumerate(doc_ids):
+            ranked = [self.doc_ids[int(d)] for d in results[i]]
+            if expected in ranked and float(scores[i][ranked.index(expected)]) > 0:
+                within += 1
+                first += ranked[0] == expected and float(scores[i][0]) > float(scores[i][1])
+        return first / len(queries), within / len(queries)
+
     def first_rate(self, queries: Sequence[str], doc_ids: Sequence[str]) -> float:
         """Share of ``queries`` whose document ``doc_ids[i]`` is strictly first."""
-        if not queries:
-            return 0.0
-        tokens = self._bm25s.tokenize([q if q.strip() else "" for q in queries], stopwords="en", show_progress=False)
-        results, scores = self.retriever.retrieve(tokens, k=2, show_progress=False)
-        hits = 0
-        for i, expected in enumerate(doc_ids):
-            top, best, second = int(results[i][0]), float(scores[i][0]), float(scores[i][1])
-            hits += self.doc_ids[top] == expected and best > 0 and best > second
-        return hits / len(queries)
+        return self.hit_rates(queries, doc_ids, 2)[0]
 
 
-def evaluate_queries(heldout: Sequence[Pair], generated: Sequence[str], index: SelfRetrieval, seed: int) -> dict[str, float]:
-    """ROUGE-L and self-retrieval of ``generated[i]`` for ``heldout[i]``, overall and per pair kind."""
+def candidate_shares(candidates: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Shares of empty and of duplicate candidates among all candidates (see :func:`clean_candidates`)."""
+    from qac.querygen.generate import clean_candidates
+
+    total = empty = duplicates = 0
+    for texts in candidates:
+        _, stats = clean_candidates(texts, drop_duplicates=True, drop_empty=True)
+        total, empty, duplicates = total + stats.candidates, empty + stats.empty, duplicates + stats.duplicates
+    return {"candidates": total, "empty_share": empty / total if total else 0.0,
+            "duplicate_share": duplicates / total if total else 0.0}
+
+
+def evaluate_queries(heldout: Sequence[Pair], candidates: Sequence[Sequence[str]], index: SelfRetrieval, seed: int,
+                     depth: int = 10) -> dict[str, float]:
+    """Quality of ``candidates[i]`` (C generated queries) for ``heldout[i]``, overall and per pair kind.
+
+    Keys (prefixed ``<kind>/`` per kind): ``rougeL``, ``self_retrieval/<query>/top1`` and
+    ``/top<depth>`` for the generated candidates, a random sentence and the
+    reference, ``empty_share``, ``duplicate_share`` and counts.
+    """
     rng = random.Random(seed)
     baseline = [random_sentence(pair.source, rng) for pair in heldout]
     metrics: dict[str, float] = {}
@@ -71,12 +116,64 @@ def evaluate_queries(heldout: Sequence[Pair], generated: Sequence[str], index: S
     for kind in sorted({pair.kind for pair in heldout}):
         groups[kind] = [i for i, pair in enumerate(heldout) if pair.kind == kind]
     for name, members in groups.items():
-        keys = [f"{heldout[i].dataset}/{heldout[i].doc_id}" for i in members]
         prefix = "" if name == "all" else f"{name}/"
+        flat = [(i, text) for i in members for text in candidates[i]]
+        keys = {i: f"{heldout[i].dataset}/{heldout[i].doc_id}" for i in members}
         metrics[f"{prefix}heldout_pairs"] = len(members)
-        metrics[f"{prefix}rougeL"] = rouge_l([generated[i] for i in members], [heldout[i].target for i in members])
-        metrics[f"{prefix}self_retrieval/generated"] = index.first_rate([generated[i] for i in members], keys)
-        metrics[f"{prefix}self_retrieval/random_sentence"] = index.first_rate([baseline[i] for i in members], keys)
-        metrics[f"{prefix}self_retrieval/reference"] = index.first_rate([heldout[i].target for i in members], keys)
-        metrics[f"{prefix}empty_generated"] = sum(not generated[i].strip() for i in members)
+        metrics[f"{prefix}rougeL"] = rouge_l([text for _, text in flat], [heldout[i].target for i, _ in flat])
+        rated = {"generated": ([text for _, text in flat], [keys[i] for i, _ in flat]),
+                 "random_sentence": ([baseline[i] for i in members], [keys[i] for i in members]),
+                 "reference": ([heldout[i].target for i in members], [keys[i] for i in members])}
+        for label, (queries, expected) in rated.items():
+            first, within = index.hit_rates(queries, expected, depth)
+            metrics[f"{prefix}self_retrieval/{label}/top1"] = first
+            metrics[f"{prefix}self_retrieval/{label}/top{depth}"] = within
+        shares = candidate_shares([candidates[i] for i in members])
+        metrics[f"{prefix}candidates"] = shares["candidates"]
+        metrics[f"{prefix}empty_share"] = shares["empty_share"]
+        metrics[f"{prefix}duplicate_share"] = shares["duplicate_share"]
     return metrics
+
+
+@dataclass(frozen=True)
+class JudgeAnchor:
+    """A held-out document cut in two: the anchor passage and its passage context."""
+
+    key: str
+    anchor: str
+    passage: str
+
+
+def judge_anchors(documents: Sequence[tuple[str, str, str]], maximum: int, seed: int) -> list[JudgeAnchor]:
+    """Up to ``maximum`` anchors from ``(key, title, text)`` documents with at least two sentences, seeded.
+
+    The anchor is the title and the first half of the sentences (rounded up),
+    the passage context the rest: two passages of one document, as in Table 5.
+    """
+    anchors = []
+    for key, title, text in documents:
+        found = sentences(text)
+        if len(found) < 2:
+            continue
+        half = (len(found) + 1) // 2
+        anchors.append(JudgeAnchor(key, " ".join([title.strip(), *found[:half]]).strip(), " ".join(found[half:])))
+    random.Random(seed).shuffle(anchors)
+    return sorted(anchors[:maximum], key=lambda a: a.key)
+
+
+def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor], queries: Sequence[str]) -> dict[str, float]:
+    """High-correlation shares of (anchor, query) and (anchor, passage) pairs, by ``judge`` at ``threshold``.
+
+    ``queries[i]`` was generated from ``anchors[i].anchor``; an empty query is a low pair.
+    """
+    from qac.reporting.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY
+
+    if not anchors:
+        return {}
+    query_scores = judge.scores([(a.anchor, q) for a, q in zip(anchors, queries)])
+    passage_scores = judge.scores([(a.anchor, a.passage) for a in anchors])
+    query_high = sum(score >= threshold and q.strip() != "" for score, q in zip(query_scores, queries))
+    passage_high = sum(score >= threshold for score in passage_scores)
+    return {"judge/anchors": len(anchors), "judge/threshold": threshold,
+            f"judge/high_share/{PASSAGE_QUERY}": query_high / len(anchors),
+            f"judge/high_share/{PASSAGE_PASSAGE}": passage_high / len(anchors)}

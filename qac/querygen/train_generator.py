@@ -1,12 +1,21 @@
-"""A query generator for the scaled-down profiles: bert2bert fine-tuned on offline pairs.
+"""A query generator for the scaled-down profiles, fine-tuned on offline pairs.
 
 The paper uses doc2query T5 (``doc2query/all-with_prefix-t5-base-v1``), which
 needs the hub; mode ``pretrained`` saves such a model unchanged. Mode
-``train`` builds a bert2bert ``EncoderDecoderModel`` warm-started from the
-encoder named by ``query_generator.model`` on both sides (the decoder gains
-randomly initialised cross-attention) and fine-tunes it on
-:mod:`qac.querygen.pairs`. Either way the result is an ordinary Hugging Face
-folder that ``AutoModelForSeq2SeqLM`` loads exactly as it loads doc2query.
+``train`` fine-tunes on :mod:`qac.querygen.pairs` one of two architectures
+built from the encoder named by ``query_generator.model``
+(``query_generator.architecture``):
+
+- ``prefix_lm``: the encoder itself as a prefix language model
+  (:mod:`qac.querygen.prefix_lm`), every weight pretrained, with a copy bias;
+- ``bert2bert``: an ``EncoderDecoderModel`` warm-started on both sides (the
+  decoder gains randomly initialised cross-attention).
+
+Training can stop early: every ``eval_every`` steps the mean loss on
+validation pairs (never the pairs of the quality report) is measured, the
+best weights are kept, and training ends after ``patience`` evaluations
+without improvement. Every result is a folder that
+:func:`qac.querygen.generate.load_generator` loads.
 """
 
 from __future__ import annotations
@@ -34,6 +43,9 @@ class TrainSettings:
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     log_every: int = 10
+    eval_every: int = 0           # steps between validation losses (0: no validation, no early stopping)
+    patience: int = 0             # evaluations without improvement before stopping (0: never stop early)
+    max_steps: int | None = None  # cap on optimizer steps (the schedule decays to zero at the cap)
     seed: int = 42
 
     @classmethod
@@ -44,7 +56,24 @@ class TrainSettings:
                    batch_size=int(section["batch_size"]), lr=float(section["lr"]),
                    warmup_ratio=float(section["warmup_ratio"]),
                    weight_decay=float(section.get("weight_decay", 0.01)),
-                   log_every=int(section.get("log_every", 10)), seed=int(params.get("seed", 42)))
+                   log_every=int(section.get("log_every", 10)), eval_every=int(section.get("eval_every") or 0),
+                   patience=int(section.get("patience") or 0),
+                   max_steps=int(section["max_steps"]) if section.get("max_steps") else None,
+                   seed=int(params.get("seed", 42)))
+
+
+ARCHITECTURES = ("prefix_lm", "bert2bert")
+
+
+def build_generator(architecture: str, spec: str, seed: int = 0, copy_bias: bool = True):
+    """A trainable generator and its tokenizer (see the module docstring for the architectures)."""
+    if architecture == "prefix_lm":
+        from qac.querygen.prefix_lm import build_prefix_lm
+
+        return build_prefix_lm(spec, seed=seed, copy_bias=copy_bias)
+    if architecture == "bert2bert":
+        return build_bert2bert(spec, seed=seed)
+    raise ValueError(f"query_generator.architecture must be one of {', '.join(ARCHITECTURES)}, got {architecture!r}")
 
 
 def build_bert2bert(spec: str, seed: int = 0):
@@ -97,34 +126,62 @@ def encode_pairs(tokenizer, pairs: Sequence[Pair], settings: TrainSettings) -> d
     return {"input_ids": sources["input_ids"], "attention_mask": sources["attention_mask"], "labels": labels}
 
 
+def validation_loss(model, tokenizer, pairs: Sequence[Pair], settings: TrainSettings, device,
+                    autocast_dtype: torch.dtype | None = None) -> float:
+    """Mean per-token cross-entropy of ``pairs`` (model in eval mode, no gradient)."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    with torch.no_grad(), _autocast(device, autocast_dtype):
+        for start in range(0, len(pairs), settings.batch_size):
+            batch = encode_pairs(tokenizer, pairs[start:start + settings.batch_size], settings)
+            batch = {key: value.to(device) for key, value in batch.items()}
+            count = int((batch["labels"] != -100).sum())
+            total += float(model(**batch).loss) * count
+            tokens += count
+    model.train(was_training)
+    return total / tokens if tokens else float("nan")
+
+
+def _autocast(device, dtype):
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+
 def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSettings, device,
                     autocast_dtype: torch.dtype | None = None,
-                    log: Callable[[dict[str, float], int], None] | None = None) -> dict[str, float]:
-    """Fine-tune ``model`` on ``pairs`` (cross-entropy of the target given the source); the final figures."""
+                    log: Callable[[dict[str, float], int], None] | None = None,
+                    validation: Sequence[Pair] = ()) -> dict[str, float]:
+    """Fine-tune ``model`` on ``pairs`` (cross-entropy of the target given the source); the final figures.
+
+    With ``validation`` pairs and ``settings.eval_every``, the weights with the
+    lowest validation loss are the ones left in ``model``.
+    """
     from tqdm import tqdm
     from transformers import get_linear_schedule_with_warmup
 
     model.to(device).train()
     steps_per_epoch = math.ceil(len(pairs) / settings.batch_size)
     total_steps = steps_per_epoch * settings.epochs
+    if settings.max_steps:
+        total_steps = min(total_steps, settings.max_steps)
     decay = [p for n, p in model.named_parameters() if p.ndim > 1]
     no_decay = [p for n, p in model.named_parameters() if p.ndim <= 1]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(settings.warmup_ratio * total_steps), total_steps)
-    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype) if autocast_dtype
-                else contextlib.nullcontext())
+    evaluate = bool(validation) and settings.eval_every > 0
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)    # dropout
-    step, recent = 0, []
+    step, recent, best, best_step, stale, best_state = 0, [], float("inf"), 0, 0, None
     bar = tqdm(total=total_steps, unit="step", desc="query generator")
+    stop = False
     for epoch in range(settings.epochs):
         order = list(range(len(pairs)))
         rng.shuffle(order)
         for start in range(0, len(order), settings.batch_size):
             batch = encode_pairs(tokenizer, [pairs[i] for i in order[start:start + settings.batch_size]], settings)
             batch = {key: value.to(device) for key, value in batch.items()}
-            with autocast:
+            with _autocast(device, autocast_dtype):
                 # labels alone: the model shifts them right behind decoder_start_token_id
                 loss = model(**batch).loss
             loss.backward()
@@ -140,9 +197,29 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
                 log({"train/loss": sum(recent) / len(recent), "train/lr": scheduler.get_last_lr()[0],
                      "train/epoch": epoch + start / len(order)}, step)
                 recent = []
+            if evaluate and (step % settings.eval_every == 0 or step == total_steps):
+                current = validation_loss(model, tokenizer, validation, settings, device, autocast_dtype)
+                if log:
+                    log({"validation/loss": current}, step)
+                if current < best:
+                    best, best_step, stale = current, step, 0
+                    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                else:
+                    stale += 1
+                    stop = settings.patience > 0 and stale >= settings.patience
+            if stop or step >= total_steps:
+                stop = True
+                break
+        if stop:
+            break
     bar.close()
+    if best_state is not None:
+        model.load_state_dict(best_state)
     model.eval()
-    return {"train/steps": step}
+    figures = {"train/steps": step}
+    if evaluate:
+        figures.update({"validation/best_loss": best, "validation/best_step": best_step})
+    return figures
 
 
 def load_pretrained_generator(name: str):

@@ -1,0 +1,319 @@
+"""A prefix-LM query generator on one BERT encoder: every weight starts pretrained.
+
+A bert2bert model warm-started from a sentence encoder gains randomly
+initialised cross-attention and needs far more training than the default
+profile can afford. Here the encoder itself generates (UniLM's seq-to-seq
+language model): the sequence is ``[CLS] passage [SEP]`` followed by
+``[CLS] query [SEP]``; passage tokens attend to each other in both directions
+(segment 0), query tokens attend to the whole passage and to the query tokens
+before them (segment 1, positions continuing after the passage), and the next
+token is read off the last layer through the word embeddings (tied output
+layer). Two small additions are trained from a neutral start:
+
+- a transform of the last hidden state before the tied projection (linear,
+  initialised to the identity, then LayerNorm), as BERT's MLM head has one;
+- a copy bias: a learned bonus added to the logit of every token that occurs
+  in the passage and has not been emitted yet in this query, a cheap pointer
+  toward the passage's words (queries that retrieve their passage share its
+  rare words). Word-initial tokens and ``##`` word pieces have separate
+  bonuses: a piece only fits after the right word start, and a bonus on every
+  piece of the passage turns samples into made-up words. Emitted tokens lose
+  the bonus so that it does not feed repetitions. The word bonus starts at
+  ``COPY_INIT``: the untrained model's logits have a spread of about 1 (the
+  input token itself aside), so +4 puts the passage's words at the top from
+  the first step; the piece bonus starts at ``PIECE_COPY_INIT``.
+
+Because passage tokens never attend to query tokens, the passage can be run
+once on its own (:meth:`PrefixLM.encode`) and the query decoded token by token
+against the passage's keys and values plus a cache of the query's own. To fit
+the seq2seq interface :class:`qac.querygen.generate.QueryGenerator` drives
+(``get_encoder()``, then ``model(encoder_outputs=..., attention_mask=...,
+decoder_input_ids=..., past_key_values=...)``), the "encoder output" is the
+passage's per-layer keys and values packed along the feature axis together
+with its token ids; batch operations on it (repeat, select, pad) are
+row operations, so the generator treats it like any encoder's hidden states.
+
+Saved as a Hugging Face style folder: ``config.json`` (the BERT configuration,
+``architectures: [QacPrefixLM]``), ``model.safetensors`` and the tokenizer;
+:func:`is_prefix_lm_folder` tells :func:`qac.querygen.generate.load_generator`
+which class to load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+ARCHITECTURE = "QacPrefixLM"
+COPY_INIT = 4.0
+PIECE_COPY_INIT = 1.0
+# Adam moves a parameter by about lr per step whatever its gradient: a bias stored as value / COPY_SCALE
+# moves COPY_SCALE times faster, so a few hundred steps can retune it (a plain scalar would move by ~0.05).
+COPY_SCALE = 100.0
+WEIGHTS_FILE = "model.safetensors"
+SOURCE_SEGMENT, TARGET_SEGMENT = 0, 1
+
+
+class PrefixCache:
+    """Keys and values of the query tokens decoded so far, per layer; rows can be dropped."""
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.emitted: torch.Tensor | None = None    # (B, vocab) bool: tokens fed as decoder input so far
+
+    def __len__(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer == len(self.keys):
+            self.keys.append(keys)
+            self.values.append(values)
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], keys], dim=2)
+            self.values[layer] = torch.cat([self.values[layer], values], dim=2)
+        return self.keys[layer], self.values[layer]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep rows ``indices`` (the generator prunes finished rows this way)."""
+        self.keys = [k[indices] for k in self.keys]
+        self.values = [v[indices] for v in self.values]
+        if self.emitted is not None:
+            self.emitted = self.emitted[indices]
+
+
+class _SourceEncoder(nn.Module):
+    """``get_encoder()`` of the generator interface: the passage's packed keys, values and ids."""
+
+    def __init__(self, owner: "PrefixLM"):
+        super().__init__()
+        self._owner = [owner]     # a list, so the owner is not registered as a submodule (no cycle)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        from transformers.modeling_outputs import BaseModelOutput
+
+        return BaseModelOutput(last_hidden_state=self._owner[0].encode(input_ids, attention_mask))
+
+
+class PrefixLM(nn.Module):
+    """BERT as a prefix language model: ``P(query | passage)``; see the module docstring."""
+
+    def __init__(self, bert, copy_bias: bool = True):
+        super().__init__()
+        bert.pooler = None           # the pooler plays no part in generation
+        self.bert = bert
+        self.config = bert.config
+        self.config.architectures = [ARCHITECTURE]
+        self.config.prefix_lm_copy_bias = bool(copy_bias)
+        hidden, vocab = self.config.hidden_size, self.config.vocab_size
+        self.transform = nn.Linear(hidden, hidden)
+        self.transform_norm = nn.LayerNorm(hidden, eps=self.config.layer_norm_eps)
+        with torch.no_grad():
+            self.transform.weight.copy_(torch.eye(hidden))
+            self.transform.bias.zero_()
+        self.output_bias = nn.Parameter(torch.zeros(vocab))
+        self.copy_weight = nn.Parameter(torch.tensor(COPY_INIT / COPY_SCALE)) if copy_bias else None
+        self.piece_copy_weight = nn.Parameter(torch.tensor(PIECE_COPY_INIT / COPY_SCALE)) if copy_bias else None
+        # 1 for "##" word pieces (set from the tokenizer; saved with the weights)
+        self.register_buffer("word_pieces", torch.zeros(vocab, dtype=torch.bool))
+        self.generation_config = SimpleNamespace()
+        self._encoder = _SourceEncoder(self)
+
+    # -- special tokens ---------------------------------------------------
+    def set_special_tokens(self, tokenizer) -> None:
+        """The query starts at [CLS] and ends at [SEP]; [PAD] pads (the ids bert2bert uses too)."""
+        ids = {"decoder_start_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id,
+               "pad_token_id": tokenizer.pad_token_id}
+        if None in ids.values():
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} lacks [CLS]/[SEP]/[PAD] tokens")
+        for key, value in ids.items():
+            setattr(self.config, key, value)
+        pieces = [i for token, i in tokenizer.get_vocab().items() if token.startswith("##") and i < len(self.word_pieces)]
+        self.word_pieces.zero_()
+        self.word_pieces[pieces] = True
+        self.config.prefix_lm_special_ids = sorted({tokenizer.cls_token_id, tokenizer.sep_token_id,
+                                                     tokenizer.pad_token_id, tokenizer.unk_token_id or 0,
+                                                     tokenizer.mask_token_id or 0})
+
+    # -- the generator interface ---------------------------------------------
+    def get_encoder(self) -> nn.Module:
+        return self._encoder
+
+    def get_output_embeddings(self):
+        return None      # the tied projection is a function of the word embeddings, not a module
+
+    def forward(self, encoder_outputs=None, attention_mask=None, decoder_input_ids=None, past_key_values=None,
+                use_cache: bool = True, input_ids=None, labels=None, **_):
+        """Logits of the next query token at each position of ``decoder_input_ids``.
+
+        Pass ``input_ids``/``attention_mask`` (the passage) or a packed
+        ``encoder_outputs`` from :meth:`get_encoder`. With ``labels`` (query
+        tokens then [SEP], -100 for padding) and no ``decoder_input_ids``, the
+        decoder input is ``[CLS]`` + labels shifted right and the loss is the
+        mean cross-entropy, as in Hugging Face seq2seq models.
+        """
+        if encoder_outputs is None:
+            encoder_outputs = self.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        packed = encoder_outputs.last_hidden_state
+        if decoder_input_ids is None:
+            if labels is None:
+                raise ValueError("PrefixLM needs decoder_input_ids or labels")
+            decoder_input_ids = self.shift_labels(labels)
+        cache = past_key_values if past_key_values is not None else PrefixCache()
+        logits = self.decode(packed, attention_mask, decoder_input_ids, cache)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return SimpleNamespace(logits=logits, past_key_values=cache if use_cache else None, loss=loss)
+
+    def shift_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        start = labels.new_full((labels.shape[0], 1), self.config.decoder_start_token_id)
+        shifted = torch.cat([start, labels[:, :-1]], dim=1)
+        return shifted.masked_fill(shifted == -100, self.config.pad_token_id)
+
+    # -- computation ----------------------------------------------------------
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        heads = self.config.num_attention_heads
+        return x.view(batch, length, heads, -1).transpose(1, 2)
+
+    def _layer(self, layer, hidden, prefix_keys, prefix_values, mask, cache: PrefixCache | None, index: int):
+        """One BERT layer over ``hidden``, attending to ``prefix`` keys/values (and cached ones) as ``mask`` says."""
+        attention = layer.attention.self
+        query, key, value = (self._heads(attention.query(hidden)), self._heads(attention.key(hidden)),
+                             self._heads(attention.value(hidden)))
+        own_keys, own_values = key, value
+        if cache is not None:
+            key, value = cache.update(index, key, value)
+        if prefix_keys is not None:
+            key, value = torch.cat([prefix_keys, key], dim=2), torch.cat([prefix_values, value], dim=2)
+        context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                                 dropout_p=attention.dropout.p if self.training else 0.0)
+        context = context.transpose(1, 2).flatten(2)
+        hidden = layer.attention.output(context, hidden)
+        return layer.output(layer.intermediate(hidden), hidden), own_keys, own_values
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The passage, bidirectionally: ``(B, L, 2 * layers * hidden + 1)`` packed keys, values, token ids."""
+        embeddings = self.bert.embeddings(input_ids=input_ids, token_type_ids=torch.full_like(input_ids, SOURCE_SEGMENT))
+        mask = attention_mask.bool()[:, None, None, :]        # every valid passage token sees every other
+        hidden, packed = embeddings, []
+        for layer in self.bert.encoder.layer:
+            hidden, keys, values = self._layer(layer, hidden, None, None, mask, None, 0)
+            packed += [keys.transpose(1, 2).flatten(2), values.transpose(1, 2).flatten(2)]
+        packed.append(input_ids[..., None])
+        return torch.cat([p.float() for p in packed], dim=-1)
+
+    def _unpack(self, packed: torch.Tensor):
+        width = self.config.hidden_size
+        layers = len(self.bert.encoder.layer)
+        states = [self._heads(packed[..., i * width:(i + 1) * width]) for i in range(2 * layers)]
+        return states[0::2], states[1::2], packed[..., -1].long()
+
+    def decode(self, packed: torch.Tensor, attention_mask: torch.Tensor, decoder_input_ids: torch.Tensor,
+               cache: PrefixCache) -> torch.Tensor:
+        """Logits ``(B, T, vocab)`` for query tokens ``decoder_input_ids`` following those in ``cache``."""
+        keys, values, source_ids = self._unpack(packed)
+        batch, steps = decoder_input_ids.shape
+        past = len(cache)
+        source_mask = attention_mask.bool()
+        positions = source_mask.sum(-1, keepdim=True) + past + torch.arange(steps, device=packed.device)
+        embeddings = self.bert.embeddings(input_ids=decoder_input_ids, position_ids=positions,
+                                          token_type_ids=torch.full_like(decoder_input_ids, TARGET_SEGMENT))
+        causal = torch.ones(steps, past + steps, dtype=torch.bool, device=packed.device).tril(past)
+        mask = torch.cat([source_mask[:, None, :].expand(batch, steps, -1), causal.expand(batch, -1, -1)], dim=-1)
+        hidden = embeddings
+        dtype = embeddings.dtype if not torch.is_autocast_enabled() else torch.get_autocast_dtype(packed.device.type)
+        for index, layer in enumerate(self.bert.encoder.layer):
+            hidden, _, _ = self._layer(layer, hidden, keys[index].to(dtype), values[index].to(dtype),
+                                       mask[:, None], cache, index)
+        hidden = self.transform_norm(self.transform(hidden))
+        logits = hidden @ self.bert.embeddings.word_embeddings.weight.t() + self.output_bias
+        if self.copy_weight is not None:
+            vocab = logits.shape[-1]
+            bonus = COPY_SCALE * torch.where(self.word_pieces[:vocab], self.piece_copy_weight, self.copy_weight)
+            fresh = ~self.emitted_tokens(decoder_input_ids, cache, vocab)
+            logits = logits + bonus * self.source_presence(source_ids, source_mask, vocab)[:, None] * fresh
+        return logits
+
+    @staticmethod
+    def emitted_tokens(decoder_input_ids: torch.Tensor, cache: PrefixCache, vocab: int) -> torch.Tensor:
+        """``(B, T, vocab)`` bool: the tokens fed at or before each position (and before, from ``cache``)."""
+        batch, steps = decoder_input_ids.shape
+        fed = torch.zeros(batch, steps, vocab, dtype=torch.bool, device=decoder_input_ids.device)
+        fed.scatter_(2, decoder_input_ids[..., None], True)
+        fed = fed.to(torch.uint8).cummax(dim=1).values.bool() if steps > 1 else fed
+        if cache.emitted is not None:
+            fed |= cache.emitted[:, None]
+        cache.emitted = fed[:, -1]
+        return fed
+
+    def copy_bonus(self, pieces: bool = False) -> float:
+        """The logit bonus of the passage's word-initial tokens (``pieces``: of its ``##`` pieces); 0 without."""
+        weight = self.piece_copy_weight if pieces else self.copy_weight
+        return COPY_SCALE * float(weight.detach()) if weight is not None else 0.0
+
+    def source_presence(self, source_ids: torch.Tensor, source_mask: torch.Tensor, vocab: int) -> torch.Tensor:
+        """``(B, vocab)``: 1 for each non-special token that occurs in the row's passage."""
+        presence = torch.zeros(source_ids.shape[0], vocab, device=source_ids.device)
+        presence.scatter_(1, source_ids * source_mask, source_mask.float())
+        special = torch.tensor(getattr(self.config, "prefix_lm_special_ids", [0]), device=source_ids.device)
+        presence[:, special] = 0.0
+        return presence
+
+    # -- saving ---------------------------------------------------------------
+    def save_pretrained(self, directory: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.config.save_pretrained(directory)
+        save_file({name: tensor.detach().contiguous().cpu() for name, tensor in self.state_dict().items()},
+                  directory / WEIGHTS_FILE)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "PrefixLM":
+        from safetensors.torch import load_file
+        from transformers import BertConfig, BertModel
+
+        directory = Path(directory)
+        config = BertConfig.from_pretrained(directory)
+        model = cls(BertModel(config, add_pooling_layer=False),
+                    copy_bias=bool(getattr(config, "prefix_lm_copy_bias", True)))
+        state = load_file(directory / WEIGHTS_FILE)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [name for name in missing if not name.endswith("position_ids") and "token_type_ids" not in name]
+        if missing or unexpected:
+            raise ValueError(f"{directory / WEIGHTS_FILE}: missing weights {missing}, unexpected {unexpected}")
+        return model.eval()
+
+
+def is_prefix_lm_folder(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a saved :class:`PrefixLM` (its config names the architecture)."""
+    config = Path(directory) / "config.json"
+    if not config.is_file():
+        return False
+    return ARCHITECTURE in (json.loads(config.read_text(encoding="utf-8")).get("architectures") or [])
+
+
+def build_prefix_lm(spec: str, seed: int = 0, copy_bias: bool = True):
+    """A :class:`PrefixLM` and tokenizer from a model spec (pretrained weights, or ``tiny:``/``scratch:``)."""
+    from transformers import AutoModel
+
+    from qac.models.loading import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(spec)
+    bert = load_model(spec, AutoModel, seed=seed)
+    if bert.config.model_type != "bert":
+        raise ValueError(f"query_generator.model {spec!r} is a {bert.config.model_type} model; "
+                         "architecture prefix_lm needs a BERT encoder")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = PrefixLM(bert, copy_bias=copy_bias)
+    model.set_special_tokens(tokenizer)
+    return model, tokenizer

@@ -1,0 +1,39 @@
+"""The generator's quality as a small Markdown table, from the stage's metrics (one place for its wording)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+# (metric key, label, target the default study needs or "")
+_ROWS = (
+    ("query/rougeL", "ROUGE-L vs held-out real queries (SciFact claims)", ">= 0.20"),
+    ("title/rougeL", "ROUGE-L vs held-out titles", ""),
+    ("self_retrieval/generated/top10", "BM25 self-retrieval @10, generated queries", ">= 0.50"),
+    ("self_retrieval/generated/top1", "BM25 self-retrieval @1, generated queries", ""),
+    ("self_retrieval/random_sentence/top10", "BM25 self-retrieval @10, a random sentence of the source", ""),
+    ("self_retrieval/reference/top10", "BM25 self-retrieval @10, the held-out reference", ""),
+    ("empty_share", "empty candidates (share)", ""),
+    ("duplicate_share", "duplicate candidates (share)", ""),
+    ("judge/high_share/passage-query", "Table 5 judge: high correlation, passage-query pairs", ">= passage-passage"),
+    ("judge/high_share/passage-passage", "Table 5 judge: high correlation, passage-passage pairs", ""),
+    ("train_seconds", "training time (s)", ""),
+    ("quality_seconds", "quality measurement time (s)", ""),
+)
+
+
+def quality_table(metrics: Mapping[str, object], title: str) -> str:
+    """``| measure | value | target |`` rows for the metrics present, then the counts behind them."""
+    lines = [f"# {title}", "", "| measure | value | target |", "|---|---|---|"]
+    for key, label, target in _ROWS:
+        if key in metrics:
+            value = metrics[key]
+            shown = f"{value:.3f}" if isinstance(value, float) and not key.endswith("seconds") else f"{value:.0f}" \
+                if isinstance(value, float) else str(value)
+            lines.append(f"| {label} | {shown} | {target} |")
+    counts = ", ".join(f"{key} {metrics[key]:.0f}" for key in ("pairs/train", "pairs/validation", "pairs/heldout",
+                                                                 "candidates", "judge/anchors", "train/steps")
+                       if key in metrics)
+    lines += ["", f"Counts: {counts}." if counts else "",
+              f"Generator: {metrics.get('architecture', metrics.get('mode', ''))} from {metrics.get('model', '')}; "
+              f"candidates sampled as in generate_queries (top-k/top-p, seeded per passage)."]
+    return "\n".join(lines).rstrip() + "\n"
