@@ -32,83 +32,172 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
+from qac.data.arrowstore import open_passages, open_queries
+from qac.data.errors import DataFormatError
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask
-from qac.io import iter_jsonl
 
 CONTEXT_TYPES = ("passage", "query", "mixed")
 PASSAGE_CONTEXTS = ("random_sampled", "nearby", "overlap")
+# Rows checked at a time when the corpus is loaded: bounds the memory of the scan.
+_SCAN_ROWS = 1 << 16
 
 
 @dataclass
 class PairCorpus:
-    """Anchors with their candidate contexts, restricted to what ``context_type`` needs."""
+    """Anchors with their candidate contexts, restricted to what ``context_type`` needs.
 
-    pids: list[str]
-    texts: list[str]
-    passage_contexts: list[list[str]]     # candidate passage-context texts per anchor
-    queries: list[list[str]]              # the first ``query_count`` queries per anchor
+    Texts stay in the memory-mapped Arrow tables; the corpus holds only the
+    row numbers of its anchors (8 bytes per anchor), so a process's memory
+    does not grow with the corpus's texts, and the processes of one machine
+    share the mapped pages.
+    """
+
+    passages: pa.Table                    # passages.arrow, memory-mapped
+    queries: pa.Table | None              # queries.arrow, memory-mapped; row i belongs to passage row i
+    anchors: np.ndarray                   # passage rows usable as anchors, ascending
+    passage_context: str
+    query_count: int
+    path: Path
     total_passages: int = 0
     skipped_no_passage_context: int = 0
     skipped_no_query: int = 0
 
     def __len__(self) -> int:
-        return len(self.pids)
+        return len(self.anchors)
 
     def stats(self) -> dict[str, int]:
         return {"anchors": len(self), "passages": self.total_passages,
                 "skipped_no_passage_context": self.skipped_no_passage_context,
                 "skipped_no_query": self.skipped_no_query}
 
+    def rows(self, indices) -> list[dict]:
+        """``pid``, ``doc_id``, ``position``, ``text`` and ``contexts`` of anchors ``indices`` (with ``row``)."""
+        rows = self.anchors[np.asarray(indices, dtype=np.int64)]
+        records = self.passages.take(pa.array(rows)).to_pylist()
+        for record, row in zip(records, rows.tolist()):
+            record["row"] = row
+        return records
 
-def _field(record: dict, name: str, kind, path, line: int):
-    if name not in record:
-        raise ValueError(f"{path}:{line}: missing field {name!r}")
-    value = record[name]
-    if not isinstance(value, kind):
-        raise ValueError(f"{path}:{line}: field {name!r} must be {getattr(kind, '__name__', kind)}, "
-                         f"got {type(value).__name__}")
-    return value
+    def pid(self, index: int) -> str:
+        return self.rows([index])[0]["pid"]
+
+    def text(self, index: int) -> str:
+        return self.rows([index])[0]["text"]
+
+    def passage_candidates(self, record: dict) -> list:
+        """Candidates of a passage context: the overlap text, or the context passages' rows."""
+        contexts = record["contexts"]
+        if self.passage_context == "overlap":
+            overlap = contexts["overlap"].strip()
+            return [overlap] if overlap else []
+        return [self._context_row(record, pid) for pid in contexts[self.passage_context]]
+
+    def _context_row(self, record: dict, pid: str) -> int:
+        """Row of ``pid``, a passage of the anchor's document: passages of a document are stored
+        consecutively by position, and ``pid`` is ``<doc_id>#<position>`` (see docs/architecture.md)."""
+        prefix, _, position = pid.rpartition("#")
+        row = record["row"] - record["position"] + int(position) if position.isdigit() else -1
+        if prefix != record["doc_id"] or not 0 <= row < self.passages.num_rows or \
+                self.passages.column("pid")[row].as_py() != pid:
+            raise DataFormatError(self.path, record["row"] + 1, f"contexts.{self.passage_context}",
+                                  f"{pid!r} is not a passage of document {record['doc_id']!r}")
+        return row
+
+    def passage_contexts(self, index: int) -> list[str]:
+        """Candidate passage-context texts of anchor ``index``."""
+        candidates = self.passage_candidates(self.rows([index])[0])
+        if self.passage_context == "overlap":
+            return candidates
+        return self.texts_of(candidates)
+
+    def query_candidates(self, row: int) -> list[str]:
+        """The first ``query_count`` non-blank queries of passage ``row``."""
+        values = self.queries.column("queries")[row].as_py() if row < self.queries.num_rows else []
+        return [query for query in values[:self.query_count] if query.strip()]
+
+    def queries_of(self, index: int) -> list[str]:
+        return self.query_candidates(int(self.anchors[index]))
+
+    def texts_of(self, rows: list[int]) -> list[str]:
+        if not rows:
+            return []
+        return self.passages.column("text").take(pa.array(rows, type=pa.int64())).to_pylist()
 
 
-def _read_passages(path: Path) -> tuple[list[str], list[str], list[dict]]:
-    pids, texts, contexts = [], [], []
-    seen: set[str] = set()
-    for line, record in enumerate(iter_jsonl(path), start=1):
-        pid = _field(record, "pid", str, path, line)
-        if pid in seen:
-            raise ValueError(f"{path}:{line}: duplicate pid {pid!r}")
-        seen.add(pid)
-        pids.append(pid)
-        texts.append(_field(record, "text", str, path, line))
-        context = _field(record, "contexts", dict, path, line)
-        for name in ("nearby", "random_sampled"):
-            if not isinstance(context.get(name, []), list):
-                raise ValueError(f"{path}:{line}: field 'contexts.{name}' must be a list of pids")
-        if not isinstance(context.get("overlap", ""), (str, type(None))):
-            raise ValueError(f"{path}:{line}: field 'contexts.overlap' must be text")
-        contexts.append(context)
-    return pids, texts, contexts
+def _check_passage_order(table: pa.Table, path: Path) -> None:
+    """Every pid is ``<doc_id>#<position>`` and a document's passages are consecutive, positions 0, 1, ...
+
+    Checked a slice at a time with Arrow kernels (no Python loop over rows):
+    the pair sampler finds context passages by this layout.
+    """
+    previous_doc, previous_position = None, -1
+    for offset in range(0, table.num_rows, _SCAN_ROWS):
+        part = table.slice(offset, _SCAN_ROWS)
+        expected = pc.binary_join_element_wise(part.column("doc_id"), pc.cast(part.column("position"), pa.string()),
+                                               "#")
+        bad_pid = pc.invert(pc.equal(part.column("pid"), expected))
+        doc_ids = part.column("doc_id").to_numpy(zero_copy_only=False)
+        positions = part.column("position").to_numpy()
+        before_doc = np.concatenate([[previous_doc], doc_ids[:-1]])
+        before_position = np.concatenate([[previous_position], positions[:-1]])
+        continues = (doc_ids == before_doc) & (positions == before_position + 1)
+        bad_order = ~((positions == 0) | continues)
+        bad = np.flatnonzero(bad_pid.to_numpy(zero_copy_only=False) | bad_order)
+        if len(bad):
+            row = offset + int(bad[0])
+            record = table.slice(row, 1).to_pylist()[0]
+            raise DataFormatError(path, row + 1, "pid",
+                                  f"{record['pid']!r} (document {record['doc_id']!r}, position {record['position']}) "
+                                  "breaks the layout: pid must be <doc_id>#<position>, a document's passages "
+                                  "consecutive from position 0")
+        previous_doc, previous_position = doc_ids[-1], positions[-1]
 
 
-def _read_queries(path: Path, known_pids: set[str], query_count: int) -> dict[str, list[str]]:
-    queries: dict[str, list[str]] = {}
-    for line, record in enumerate(iter_jsonl(path), start=1):
-        pid = _field(record, "pid", str, path, line)
-        if pid not in known_pids:
-            raise ValueError(f"{path}:{line}: pid {pid!r} is not in the passages file")
-        candidates = _field(record, "queries", list, path, line)
-        if not all(isinstance(query, str) for query in candidates):
-            raise ValueError(f"{path}:{line}: field 'queries' must be a list of strings")
-        queries[pid] = [query for query in candidates[:query_count] if query.strip()]
-    return queries
+def _check_query_rows(passages: pa.Table, queries: pa.Table, path: Path) -> None:
+    """Row i of the queries file belongs to passage row i (the generate_queries stage writes them so)."""
+    if queries.num_rows > passages.num_rows:
+        raise DataFormatError(path, passages.num_rows + 1, "pid",
+                              f"{queries.num_rows} rows for {passages.num_rows} passages")
+    for offset in range(0, queries.num_rows, _SCAN_ROWS):
+        ours = queries.column("pid").slice(offset, _SCAN_ROWS)
+        theirs = passages.column("pid").slice(offset, len(ours))
+        mismatch = np.flatnonzero(~pc.equal(ours, theirs).to_numpy(zero_copy_only=False))
+        if len(mismatch):
+            row = offset + int(mismatch[0])
+            raise DataFormatError(path, row + 1, "pid", f"{ours[int(mismatch[0])].as_py()!r} is not the passage "
+                                  f"of the same row in the passages file ({theirs[int(mismatch[0])].as_py()!r})")
+
+
+def _has_passage_context(part: pa.Table, passage_context: str) -> np.ndarray:
+    contexts = part.column("contexts").combine_chunks()
+    if passage_context == "overlap":
+        overlap = pc.struct_field(contexts, "overlap")
+        return pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(overlap)), 0).to_numpy(zero_copy_only=False)
+    return pc.greater(pc.list_value_length(pc.struct_field(contexts, passage_context)), 0).to_numpy(
+        zero_copy_only=False)
+
+
+def _has_query(queries: pa.Table, offset: int, rows: int, query_count: int) -> np.ndarray:
+    """Per passage row ``offset..offset+rows``: at least one non-blank query among the first ``query_count``."""
+    found = np.zeros(rows, dtype=bool)
+    available = max(0, min(rows, queries.num_rows - offset))
+    if available:
+        lists = queries.column("queries").slice(offset, available).combine_chunks()
+        first = pc.list_slice(lists, 0, query_count)
+        non_blank = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(pc.list_flatten(first))), 0)
+        parents = pc.list_parent_indices(first).to_numpy()
+        found[np.unique(parents[non_blank.to_numpy(zero_copy_only=False)])] = True
+    return found
 
 
 def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.PathLike | None,
                      context_type: str, *, passage_context: str = "random_sampled",
                      query_count: int = 1) -> PairCorpus:
-    """Read ``passages.jsonl`` (and ``queries.jsonl``) into the anchors ``context_type`` can use."""
+    """Map ``passages.arrow`` (and ``queries.arrow``) and index the anchors ``context_type`` can use."""
     if context_type not in CONTEXT_TYPES:
         raise ValueError(f"context_type must be one of {CONTEXT_TYPES}, got {context_type!r}")
     if passage_context not in PASSAGE_CONTEXTS:
@@ -116,43 +205,35 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
     if query_count < 1:
         raise ValueError(f"query_count must be at least 1, got {query_count}")
     passages_path = Path(passages_path)
-    pids, texts, contexts = _read_passages(passages_path)
-    text_of = dict(zip(pids, texts))
-
-    def passage_candidates(line: int, context: dict) -> list[str]:
-        if passage_context == "overlap":
-            overlap = (context.get("overlap") or "").strip()
-            return [overlap] if overlap else []
-        linked = context.get(passage_context) or []
-        missing = [pid for pid in linked if pid not in text_of]
-        if missing:
-            raise ValueError(f"{passages_path}:{line}: contexts.{passage_context} names unknown pid {missing[0]!r}")
-        return [text_of[pid] for pid in linked if text_of[pid].strip()]
-
+    passages = open_passages(passages_path)
+    _check_passage_order(passages, passages_path)
     needs_queries = context_type in ("query", "mixed")
-    queries: dict[str, list[str]] = {}
+    queries = None
     if needs_queries:
         if queries_path is None:
             raise ValueError(f"context_type {context_type!r} needs a queries file")
-        queries = _read_queries(Path(queries_path), set(pids), query_count)
+        queries = open_queries(queries_path)
+        _check_query_rows(passages, queries, Path(queries_path))
 
-    corpus = PairCorpus(pids=[], texts=[], passage_contexts=[], queries=[], total_passages=len(pids))
-    for line, (pid, text, context) in enumerate(zip(pids, texts, contexts), start=1):
-        candidates = passage_candidates(line, context) if context_type != "query" else []
-        own_queries = queries.get(pid, []) if needs_queries else []
-        if context_type in ("passage", "mixed") and not candidates:
-            corpus.skipped_no_passage_context += 1
-            continue
-        if needs_queries and not own_queries:
-            corpus.skipped_no_query += 1
-            continue
-        corpus.pids.append(pid)
-        corpus.texts.append(text)
-        corpus.passage_contexts.append(candidates)
-        corpus.queries.append(own_queries)
-    if not corpus.pids:
-        raise ValueError(f"{passages_path}: no passage has a {context_type} context "
-                         f"({corpus.stats()})")
+    anchors, no_context, no_query = [], 0, 0
+    for offset in range(0, passages.num_rows, _SCAN_ROWS):
+        part = passages.slice(offset, _SCAN_ROWS)
+        keep = np.ones(part.num_rows, dtype=bool)
+        if context_type in ("passage", "mixed"):
+            keep = _has_passage_context(part, passage_context)
+            no_context += int((~keep).sum())
+        if needs_queries:
+            has_query = _has_query(queries, offset, part.num_rows, query_count)
+            no_query += int((keep & ~has_query).sum())
+            keep &= has_query
+        anchors.append(offset + np.flatnonzero(keep))
+    corpus = PairCorpus(passages=passages, queries=queries,
+                        anchors=np.concatenate(anchors) if anchors else np.zeros(0, dtype=np.int64),
+                        passage_context=passage_context, query_count=query_count, path=passages_path,
+                        total_passages=passages.num_rows, skipped_no_passage_context=no_context,
+                        skipped_no_query=no_query)
+    if not len(corpus):
+        raise ValueError(f"{passages_path}: no passage has a {context_type} context ({corpus.stats()})")
     return corpus
 
 
@@ -188,15 +269,25 @@ class PairSampler:
 
     def batch(self, step: int, batch_size: int) -> list[Pair]:
         rng = np.random.default_rng([self.seed, 1, step])
-        pairs = []
-        for index, anchor in enumerate(self.anchors(step, batch_size)):
+        records = self.corpus.rows(self.anchors(step, batch_size))
+        drawn = []          # per pair: (kind, query text or passage-context row or overlap text)
+        for record in records:
             if self.context_type == "mixed":
                 kind = "query" if rng.random() < self.mixed_query_prob else "passage"
             else:
                 kind = self.context_type
-            candidates = self.corpus.queries[anchor] if kind == "query" else self.corpus.passage_contexts[anchor]
-            context = candidates[int(rng.integers(len(candidates)))]
-            pairs.append(Pair(index=index, anchor=self.corpus.texts[anchor], context=context, context_kind=kind))
+            if kind == "query":
+                candidates = self.corpus.query_candidates(record["row"])
+            else:
+                candidates = self.corpus.passage_candidates(record)
+            drawn.append((kind, candidates[int(rng.integers(len(candidates)))]))
+        # Passage contexts named by row are read in one gather from the mapped table.
+        wanted = [choice for kind, choice in drawn if kind == "passage" and isinstance(choice, int)]
+        texts = iter(self.corpus.texts_of(wanted))
+        pairs = []
+        for index, (record, (kind, choice)) in enumerate(zip(records, drawn)):
+            context = next(texts) if kind == "passage" and isinstance(choice, int) else choice
+            pairs.append(Pair(index=index, anchor=record["text"], context=context, context_kind=kind))
         return pairs
 
 
