@@ -2,7 +2,7 @@
 
 CPU part (always): the default profile's generator (data/default/generator, or
 else bert2bert warm-started from MiniLM without training) on 2 CPU threads,
-C = 5 candidates, fp32, on SciFact passages (data/default/passages.jsonl if
+C = 5 candidates, fp32, on SciFact passages (data/default/passages.arrow if
 the split stage has run, else the mirror's SciFact documents). Rows: our
 batched loop with batch-size invariance on (the default in fp32) and off, the
 same loop one passage at a time, and Hugging Face ``generate`` on the same
@@ -35,15 +35,16 @@ from qac.querygen.generate import QueryGenerator, SamplingSettings
 
 
 def load_passages(count: int) -> list[tuple[str, str]]:
-    split = Path("data/default/passages.jsonl")
+    split = Path("data/default/passages.arrow")
     passages = []
     if split.exists():
-        with open(split, encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                passages.append((record["pid"], record["text"]))
-                if len(passages) == count:
-                    return passages
+        from qac.data.arrowstore import PASSAGES_SCHEMA, iter_records
+
+        records = iter_records(split, PASSAGES_SCHEMA, columns=["pid", "text"], stop=count)
+        passages = [(record["pid"], record["text"]) for record in records]
+        if len(passages) == count:
+            return passages
+        passages = []
     with open(data_mirror() / "scifact" / "corpus.jsonl", encoding="utf-8") as handle:
         for line in handle:
             record = json.loads(line)
