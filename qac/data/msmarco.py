@@ -5,7 +5,9 @@
   joined with a space by :attr:`Document.full_text`, as the paper does.
 - Passages (``collection.tsv``, 8.8M rows): ``pid<TAB>text``.
 
-Both may be gzip-compressed (``.gz``). Rows whose text is empty are skipped and
+Both are read one row at a time (:func:`iter_msmarco_documents`); the prepare
+stage keeps them in their file (:func:`stream_tsv_corpus`). Both may be
+gzip-compressed (``.gz``). Rows whose text is empty are skipped and
 counted (``corpus_empty_text``); a repeated id is an error.
 """
 
@@ -13,19 +15,24 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from typing import Iterator
 
 from qac.data.dataset import Corpus, Document, is_empty_text
 from qac.data.errors import DataFormatError
+from qac.data.streamed import StreamedCorpus
 from qac.data.textfile import check_new_id, iter_rows
 
 DOCUMENT_FIELDS = ("docid", "url", "title", "body")
 PASSAGE_FIELDS = ("pid", "text")
 
 
-def read_msmarco_documents(path: str | os.PathLike, *, min_text_chars: int = 1,
-                           skipped: Counter | None = None) -> Corpus:
-    """The MS MARCO document collection: doc id -> Document(title, body)."""
-    corpus: Corpus = {}
+def iter_msmarco_documents(path: str | os.PathLike, *, min_text_chars: int = 1,
+                           skipped: Counter | None = None) -> Iterator[Document]:
+    """The MS MARCO document collection, one :class:`Document` at a time, in file order.
+
+    Checks repeated ids with a dict of the ids seen (memory grows with the
+    number of documents, not with their texts).
+    """
     seen: dict[str, int] = {}
     for line, (doc_id, _url, title, body) in iter_rows(path, DOCUMENT_FIELDS):
         doc_id = _checked_id(doc_id, "docid", path, line)
@@ -35,14 +42,12 @@ def read_msmarco_documents(path: str | os.PathLike, *, min_text_chars: int = 1,
             if skipped is not None:
                 skipped["corpus_empty_text"] += 1
             continue
-        corpus[doc_id] = document
-    return corpus
+        yield document
 
 
-def read_passage_collection(path: str | os.PathLike, *, min_text_chars: int = 1,
-                            skipped: Counter | None = None) -> Corpus:
-    """A passage collection (``pid<TAB>text``): pid -> Document with an empty title."""
-    corpus: Corpus = {}
+def iter_passage_collection(path: str | os.PathLike, *, min_text_chars: int = 1,
+                            skipped: Counter | None = None) -> Iterator[Document]:
+    """A passage collection (``pid<TAB>text``), one Document (empty title) at a time."""
     seen: dict[str, int] = {}
     for line, (pid, text) in iter_rows(path, PASSAGE_FIELDS):
         pid = _checked_id(pid, "pid", path, line)
@@ -51,8 +56,33 @@ def read_passage_collection(path: str | os.PathLike, *, min_text_chars: int = 1,
             if skipped is not None:
                 skipped["corpus_empty_text"] += 1
             continue
-        corpus[pid] = Document(pid, "", text.strip())
-    return corpus
+        yield Document(pid, "", text.strip())
+
+
+def read_msmarco_documents(path: str | os.PathLike, *, min_text_chars: int = 1,
+                           skipped: Counter | None = None) -> Corpus:
+    """The MS MARCO document collection in memory: doc id -> Document(title, body)."""
+    return {document.doc_id: document
+            for document in iter_msmarco_documents(path, min_text_chars=min_text_chars, skipped=skipped)}
+
+
+def read_passage_collection(path: str | os.PathLike, *, min_text_chars: int = 1,
+                            skipped: Counter | None = None) -> Corpus:
+    """A passage collection (``pid<TAB>text``) in memory: pid -> Document with an empty title."""
+    return {document.doc_id: document
+            for document in iter_passage_collection(path, min_text_chars=min_text_chars, skipped=skipped)}
+
+
+def stream_tsv_corpus(path: str | os.PathLike, documents: bool, *, min_text_chars: int = 1,
+                      skipped: Counter | None = None) -> StreamedCorpus:
+    """A TSV collection as a :class:`StreamedCorpus`: ids read now, texts read when iterated.
+
+    ``documents``: the MS MARCO documents format (docid, url, title, body);
+    otherwise a passage collection (pid, text).
+    """
+    reader = iter_msmarco_documents if documents else iter_passage_collection
+    return StreamedCorpus(lambda counts: reader(path, min_text_chars=min_text_chars, skipped=counts),
+                          skipped=skipped)
 
 
 def _checked_id(value: str, field: str, path, line: int) -> str:
