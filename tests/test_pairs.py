@@ -104,6 +104,23 @@ def test_the_corpus_keeps_row_numbers_not_texts(tmp_path):
     assert corpus.text(3) == _texts(passages)[corpus.pid(3)]
 
 
+def test_the_scan_does_not_depend_on_how_the_files_are_batched(tmp_path, monkeypatch):
+    passages, queries = write_corpus(tmp_path, documents=5, spans=3, single_span_documents=2)
+    records = list(iter_records(queries, QUERIES_SCHEMA))
+    records[4]["queries"] = ["", ""] + records[4]["queries"][2:]      # d1#1: no query among the first 2
+    write_queries(queries, records)
+    whole = load_pair_corpus(passages, queries, "mixed", query_count=2)
+    monkeypatch.setattr("qac.data.arrowstore.ROWS_PER_BATCH", 3)
+    write_passages(tmp_path / "p3.arrow", iter_records(passages, PASSAGES_SCHEMA))
+    monkeypatch.setattr("qac.data.arrowstore.ROWS_PER_BATCH", 5)
+    write_queries(tmp_path / "q5.arrow", records[:-3])                 # the last passages have no queries
+    monkeypatch.setattr("qac.data.pairs._SCAN_ROWS", 4)
+    sliced = load_pair_corpus(tmp_path / "p3.arrow", tmp_path / "q5.arrow", "mixed", query_count=2)
+    assert whole.anchors.tolist() == [i for i in range(15) if i != 4]  # 5 x 3 spans; single spans have no context
+    assert sliced.anchors.tolist() == [i for i in range(14) if i != 4]  # row 14 (d4#2) lost its queries
+    assert sliced.stats() == {"anchors": 13, "passages": 17, "skipped_no_passage_context": 2, "skipped_no_query": 2}
+
+
 def test_query_count_keeps_the_first_c_queries(tmp_path):
     passages, queries = write_corpus(tmp_path, documents=2, spans=2, queries=5)
     first = next(iter_records(queries, QUERIES_SCHEMA))
@@ -136,11 +153,6 @@ def test_bad_files_name_file_row_and_field(tmp_path):
     del records[1]["text"]
     with pytest.raises(DataFormatError, match=r"passages.arrow:2: field 'text': missing"):
         write_passages(passages, records)
-    records = list(iter_records(passages, PASSAGES_SCHEMA))
-    records[1]["position"] = 2                        # d0#1 stored as position 2: the layout is broken
-    write_passages(tmp_path / "gap.arrow", records)
-    with pytest.raises(DataFormatError, match=r"gap.arrow:2: field 'pid': 'd0#1'"):
-        load_pair_corpus(tmp_path / "gap.arrow", None, "passage")
     write_queries(queries, [{"pid": "d0#1", "queries": ["q"]}])
     with pytest.raises(DataFormatError, match=r"queries.arrow:1: field 'pid': 'd0#1' is not the passage"):
         load_pair_corpus(passages, queries, "query")
@@ -154,11 +166,14 @@ def test_a_context_outside_the_anchors_document_is_an_error(tmp_path):
     passages, _ = write_corpus(tmp_path, documents=2, spans=2, single_span_documents=0)
     records = list(iter_records(passages, PASSAGES_SCHEMA))
     records[0]["contexts"]["random_sampled"] = ["d1#0"]
+    records[3]["position"] = 3                # d1#1 stored at position 3: its context d1#0 is not found
     write_passages(passages, records)
     corpus = load_pair_corpus(passages, None, "passage")
     with pytest.raises(DataFormatError, match=r"passages.arrow:1: field 'contexts.random_sampled': 'd1#0' is not a "
                                               r"passage of document 'd0'"):
         corpus.passage_contexts(0)
+    with pytest.raises(DataFormatError, match=r"passages.arrow:4: field 'contexts.random_sampled': 'd1#0'"):
+        corpus.passage_contexts(3)
 
 
 # --- sampling -------------------------------------------------------------------

@@ -191,6 +191,29 @@ def iter_records(path: str | os.PathLike, schema: pa.Schema, columns: list[str] 
         yield from table.slice(offset, min(ROWS_PER_BATCH, stop - offset)).to_pylist()
 
 
+def scan_tables(path: str | os.PathLike, schema: pa.Schema, rows: int) -> Iterator[pa.Table]:
+    """The file as consecutive tables of ``rows`` rows (the last may be shorter), read, not mapped.
+
+    For one pass over a whole file: each table is read into the process and
+    released after use, so the pass leaves no mapped pages resident in the
+    process (a mapped scan would count the whole file in its resident memory).
+    """
+    open_table(path, schema)   # checks the schema, naming the file
+    pending: list[pa.RecordBatch] = []
+    buffered = 0
+    with pa.OSFile(str(path), "rb") as source:
+        for batch in pa.ipc.open_stream(source):
+            pending.append(batch)
+            buffered += batch.num_rows
+            while buffered >= rows:
+                table = pa.Table.from_batches(pending, schema=batch.schema)
+                yield table.slice(0, rows)
+                rest = table.slice(rows)
+                pending, buffered = rest.to_batches(), rest.num_rows
+        if buffered:
+            yield pa.Table.from_batches(pending, schema=pending[0].schema)
+
+
 def open_passages(path: str | os.PathLike) -> pa.Table:
     return open_table(path, PASSAGES_SCHEMA)
 

@@ -36,14 +36,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from qac.data.arrowstore import open_passages, open_queries
+from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, open_passages, open_queries, scan_tables
 from qac.data.errors import DataFormatError
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask
 
 CONTEXT_TYPES = ("passage", "query", "mixed")
 PASSAGE_CONTEXTS = ("random_sampled", "nearby", "overlap")
 # Rows checked at a time when the corpus is loaded: bounds the memory of the scan.
-_SCAN_ROWS = 1 << 16
+_SCAN_ROWS = 1 << 13
 
 
 @dataclass
@@ -128,52 +128,8 @@ class PairCorpus:
         return self.passages.column("text").take(pa.array(rows, type=pa.int64())).to_pylist()
 
 
-def _check_passage_order(table: pa.Table, path: Path) -> None:
-    """Every pid is ``<doc_id>#<position>`` and a document's passages are consecutive, positions 0, 1, ...
-
-    Checked a slice at a time with Arrow kernels (no Python loop over rows):
-    the pair sampler finds context passages by this layout.
-    """
-    previous_doc, previous_position = None, -1
-    for offset in range(0, table.num_rows, _SCAN_ROWS):
-        part = table.slice(offset, _SCAN_ROWS)
-        expected = pc.binary_join_element_wise(part.column("doc_id"), pc.cast(part.column("position"), pa.string()),
-                                               "#")
-        bad_pid = pc.invert(pc.equal(part.column("pid"), expected))
-        doc_ids = part.column("doc_id").to_numpy(zero_copy_only=False)
-        positions = part.column("position").to_numpy()
-        before_doc = np.concatenate([[previous_doc], doc_ids[:-1]])
-        before_position = np.concatenate([[previous_position], positions[:-1]])
-        continues = (doc_ids == before_doc) & (positions == before_position + 1)
-        bad_order = ~((positions == 0) | continues)
-        bad = np.flatnonzero(bad_pid.to_numpy(zero_copy_only=False) | bad_order)
-        if len(bad):
-            row = offset + int(bad[0])
-            record = table.slice(row, 1).to_pylist()[0]
-            raise DataFormatError(path, row + 1, "pid",
-                                  f"{record['pid']!r} (document {record['doc_id']!r}, position {record['position']}) "
-                                  "breaks the layout: pid must be <doc_id>#<position>, a document's passages "
-                                  "consecutive from position 0")
-        previous_doc, previous_position = doc_ids[-1], positions[-1]
-
-
-def _check_query_rows(passages: pa.Table, queries: pa.Table, path: Path) -> None:
-    """Row i of the queries file belongs to passage row i (the generate_queries stage writes them so)."""
-    if queries.num_rows > passages.num_rows:
-        raise DataFormatError(path, passages.num_rows + 1, "pid",
-                              f"{queries.num_rows} rows for {passages.num_rows} passages")
-    for offset in range(0, queries.num_rows, _SCAN_ROWS):
-        ours = queries.column("pid").slice(offset, _SCAN_ROWS)
-        theirs = passages.column("pid").slice(offset, len(ours))
-        mismatch = np.flatnonzero(~pc.equal(ours, theirs).to_numpy(zero_copy_only=False))
-        if len(mismatch):
-            row = offset + int(mismatch[0])
-            raise DataFormatError(path, row + 1, "pid", f"{ours[int(mismatch[0])].as_py()!r} is not the passage "
-                                  f"of the same row in the passages file ({theirs[int(mismatch[0])].as_py()!r})")
-
-
 def _has_passage_context(part: pa.Table, passage_context: str) -> np.ndarray:
-    contexts = part.column("contexts").combine_chunks()
+    contexts = part.column("contexts")
     if passage_context == "overlap":
         overlap = pc.struct_field(contexts, "overlap")
         return pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(overlap)), 0).to_numpy(zero_copy_only=False)
@@ -181,17 +137,27 @@ def _has_passage_context(part: pa.Table, passage_context: str) -> np.ndarray:
         zero_copy_only=False)
 
 
-def _has_query(queries: pa.Table, offset: int, rows: int, query_count: int) -> np.ndarray:
-    """Per passage row ``offset..offset+rows``: at least one non-blank query among the first ``query_count``."""
+def _has_query(part: pa.Table | None, rows: int, query_count: int) -> np.ndarray:
+    """Per passage row of a slice: at least one non-blank query among the first ``query_count``."""
     found = np.zeros(rows, dtype=bool)
-    available = max(0, min(rows, queries.num_rows - offset))
-    if available:
-        lists = queries.column("queries").slice(offset, available).combine_chunks()
+    if part is not None and part.num_rows:
+        lists = part.column("queries").combine_chunks()
         first = pc.list_slice(lists, 0, query_count)
         non_blank = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(pc.list_flatten(first))), 0)
         parents = pc.list_parent_indices(first).to_numpy()
         found[np.unique(parents[non_blank.to_numpy(zero_copy_only=False)])] = True
     return found
+
+
+def _check_query_rows(passages: pa.Table, queries: pa.Table, offset: int, path: Path) -> None:
+    """Row i of the queries file belongs to passage row i (the generate_queries stage writes them so)."""
+    theirs = passages.column("pid").slice(0, queries.num_rows)
+    mismatch = np.flatnonzero(~pc.equal(queries.column("pid"), theirs).to_numpy(zero_copy_only=False))
+    if len(mismatch):
+        row = int(mismatch[0])
+        raise DataFormatError(path, offset + row + 1, "pid",
+                              f"{queries.column('pid')[row].as_py()!r} is not the passage of the same row "
+                              f"in the passages file ({theirs[row].as_py()!r})")
 
 
 def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.PathLike | None,
@@ -206,27 +172,34 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
         raise ValueError(f"query_count must be at least 1, got {query_count}")
     passages_path = Path(passages_path)
     passages = open_passages(passages_path)
-    _check_passage_order(passages, passages_path)
     needs_queries = context_type in ("query", "mixed")
-    queries = None
+    queries, query_parts = None, iter(())
     if needs_queries:
         if queries_path is None:
             raise ValueError(f"context_type {context_type!r} needs a queries file")
         queries = open_queries(queries_path)
-        _check_query_rows(passages, queries, Path(queries_path))
+        if queries.num_rows > passages.num_rows:
+            raise DataFormatError(queries_path, passages.num_rows + 1, "pid",
+                                  f"{queries.num_rows} rows for {passages.num_rows} passages")
+        query_parts = scan_tables(queries_path, QUERIES_SCHEMA, _SCAN_ROWS)
 
-    anchors, no_context, no_query = [], 0, 0
-    for offset in range(0, passages.num_rows, _SCAN_ROWS):
-        part = passages.slice(offset, _SCAN_ROWS)
+    # One pass over both files, a slice at a time, read rather than mapped: the
+    # corpus keeps row numbers only, and the scan leaves no pages resident.
+    anchors, no_context, no_query, offset = [], 0, 0, 0
+    for part in scan_tables(passages_path, PASSAGES_SCHEMA, _SCAN_ROWS):
         keep = np.ones(part.num_rows, dtype=bool)
         if context_type in ("passage", "mixed"):
             keep = _has_passage_context(part, passage_context)
             no_context += int((~keep).sum())
         if needs_queries:
-            has_query = _has_query(queries, offset, part.num_rows, query_count)
+            query_part = next(query_parts, None)
+            if query_part is not None:
+                _check_query_rows(part, query_part, offset, Path(queries_path))
+            has_query = _has_query(query_part, part.num_rows, query_count)
             no_query += int((keep & ~has_query).sum())
             keep &= has_query
         anchors.append(offset + np.flatnonzero(keep))
+        offset += part.num_rows
     corpus = PairCorpus(passages=passages, queries=queries,
                         anchors=np.concatenate(anchors) if anchors else np.zeros(0, dtype=np.int64),
                         passage_context=passage_context, query_count=query_count, path=passages_path,
