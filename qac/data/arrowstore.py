@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from qac.data.errors import DataFormatError
@@ -189,6 +190,37 @@ def iter_records(path: str | os.PathLike, schema: pa.Schema, columns: list[str] 
     stop = table.num_rows if stop is None else min(stop, table.num_rows)
     for offset in range(start, stop, ROWS_PER_BATCH):
         yield from table.slice(offset, min(ROWS_PER_BATCH, stop - offset)).to_pylist()
+
+
+class RowGather:
+    """Rows of a (memory-mapped) table by row number, touching only their record batches.
+
+    ``Table.take`` concatenates every chunk of a column first, a copy of the
+    whole file per call; here each requested row is looked up in its own
+    record batch, so a batch of pairs costs what its rows weigh.
+    """
+
+    def __init__(self, table: pa.Table):
+        self.batches = table.to_batches()
+        self.starts = np.cumsum([0] + [batch.num_rows for batch in self.batches])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.starts[-1])
+
+    def rows(self, rows, columns: list[str] | None = None) -> list[dict[str, Any]]:
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.num_rows):
+            raise IndexError(f"row out of range 0..{self.num_rows - 1}")
+        which = np.searchsorted(self.starts, rows, side="right") - 1
+        found: list[Any] = [None] * len(rows)
+        for index in np.unique(which).tolist():
+            positions = np.flatnonzero(which == index)
+            batch = self.batches[index] if columns is None else self.batches[index].select(columns)
+            for position, record in zip(positions.tolist(),
+                                        batch.take(pa.array(rows[positions] - self.starts[index])).to_pylist()):
+                found[position] = record
+        return found
 
 
 def scan_tables(path: str | os.PathLike, schema: pa.Schema, rows: int) -> Iterator[pa.Table]:

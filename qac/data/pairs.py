@@ -36,7 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, open_passages, open_queries, scan_tables
+from qac.data.arrowstore import (PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_passages, open_queries,
+                                 scan_tables)
 from qac.data.errors import DataFormatError
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask
 
@@ -74,10 +75,14 @@ class PairCorpus:
                 "skipped_no_passage_context": self.skipped_no_passage_context,
                 "skipped_no_query": self.skipped_no_query}
 
+    def __post_init__(self):
+        self._passage_rows = RowGather(self.passages)
+        self._query_rows = RowGather(self.queries) if self.queries is not None else None
+
     def rows(self, indices) -> list[dict]:
         """``pid``, ``doc_id``, ``position``, ``text`` and ``contexts`` of anchors ``indices`` (with ``row``)."""
         rows = self.anchors[np.asarray(indices, dtype=np.int64)]
-        records = self.passages.take(pa.array(rows)).to_pylist()
+        records = self._passage_rows.rows(rows)
         for record, row in zip(records, rows.tolist()):
             record["row"] = row
         return records
@@ -102,7 +107,7 @@ class PairCorpus:
         prefix, _, position = pid.rpartition("#")
         row = record["row"] - record["position"] + int(position) if position.isdigit() else -1
         if prefix != record["doc_id"] or not 0 <= row < self.passages.num_rows or \
-                self.passages.column("pid")[row].as_py() != pid:
+                self._passage_rows.rows([row], ["pid"])[0]["pid"] != pid:
             raise DataFormatError(self.path, record["row"] + 1, f"contexts.{self.passage_context}",
                                   f"{pid!r} is not a passage of document {record['doc_id']!r}")
         return row
@@ -116,7 +121,7 @@ class PairCorpus:
 
     def query_candidates(self, row: int) -> list[str]:
         """The first ``query_count`` non-blank queries of passage ``row``."""
-        values = self.queries.column("queries")[row].as_py() if row < self.queries.num_rows else []
+        values = self._query_rows.rows([row], ["queries"])[0]["queries"] if row < self.queries.num_rows else []
         return [query for query in values[:self.query_count] if query.strip()]
 
     def queries_of(self, index: int) -> list[str]:
@@ -125,7 +130,7 @@ class PairCorpus:
     def texts_of(self, rows: list[int]) -> list[str]:
         if not rows:
             return []
-        return self.passages.column("text").take(pa.array(rows, type=pa.int64())).to_pylist()
+        return [record["text"] for record in self._passage_rows.rows(rows, ["text"])]
 
 
 def _has_passage_context(part: pa.Table, passage_context: str) -> np.ndarray:
