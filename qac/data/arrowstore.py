@@ -71,12 +71,6 @@ class ArrowRecordWriter:
         if len(self._pending) == ROWS_PER_BATCH:
             self._flush()
 
-    def write_batch(self, batch: pa.RecordBatch) -> None:
-        """Append ready-made rows (same schema), keeping the fixed batch boundaries."""
-        self._pending.extend(batch.to_pylist())
-        while len(self._pending) >= ROWS_PER_BATCH:
-            self._flush()
-
     def _flush(self) -> None:
         rows, self._pending = self._pending[:ROWS_PER_BATCH], self._pending[ROWS_PER_BATCH:]
         self._writer.write_batch(to_record_batch(rows, self.schema, self.path, first_row=self.rows))
