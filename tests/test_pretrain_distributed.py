@@ -85,5 +85,7 @@ def test_two_processes_match_one_process(tmp_path):
         two = torch.load(tmp_path / "ddp" / name / "checkpoint" / "model.pt", weights_only=True)
         for key in one:
             # Adam divides by the root of tiny second moments, so float-level differences
-            # in near-zero gradients move a few weights by a fraction of one step (lr 1e-3)
-            torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-4, msg=f"{name}: {key}")
+            # in near-zero gradients move a few weights by a fraction of one step: an Adam
+            # step moves a weight by at most about lr, so that is the bound (measured: 1.9e-4
+            # with one thread per process, on this code and on the JSONL-based code before it)
+            torch.testing.assert_close(two[key], one[key], rtol=0, atol=COMMON["lr"], msg=f"{name}: {key}")
