@@ -9,7 +9,7 @@ per second, for coCondenser and CoT-MAE on the default profile's encoder
   padding to 144 tokens (the paper's max length);
 - query contexts vs passage contexts (the paper says query pairs are cheaper).
 
-Pairs come from ``data/<profile>/passages.jsonl`` and ``queries.jsonl`` when
+Pairs come from ``data/<profile>/passages.arrow`` and ``queries.arrow`` when
 they exist, otherwise from the SciFact mirror: a passage is ~110 words of an
 abstract (about 144 word-pieces), its passage context the next ~110 words of
 the same abstract, its query context a SciFact claim (real queries of typical
@@ -70,25 +70,13 @@ def scifact_pairs(count: int, words: int = 110) -> list[tuple[str, str, str]]:
 
 
 def corpus_pairs(passages: Path, queries: Path, count: int) -> list[tuple[str, str, str]]:
-    """The same triples from the pipeline's own files."""
-    text = {}
-    records = []
-    for line in open(passages, encoding="utf-8"):
-        record = json.loads(line)
-        text[record["pid"]] = record["text"]
-        records.append(record)
-    first_query = {}
-    for line in open(queries, encoding="utf-8"):
-        record = json.loads(line)
-        if record["queries"]:
-            first_query[record["pid"]] = record["queries"][0]
+    """The same triples from the pipeline's own files (anchor, its first random_sampled passage, its first query)."""
+    from qac.data.pairs import load_pair_corpus
+
+    corpus = load_pair_corpus(passages, queries, "mixed", passage_context="random_sampled")
     triples = []
-    for record in records:
-        linked = record["contexts"].get("random_sampled") or []
-        if linked and record["pid"] in first_query:
-            triples.append((record["text"], text[linked[0]], first_query[record["pid"]]))
-        if len(triples) == count:
-            break
+    for index in range(min(count, len(corpus))):
+        triples.append((corpus.text(index), corpus.passage_contexts(index)[0], corpus.queries_of(index)[0]))
     return triples
 
 
@@ -273,8 +261,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after 1 warm-up)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--passages", help="passages.jsonl to draw pairs from (default: SciFact mirror)")
-    parser.add_argument("--queries", help="queries.jsonl beside --passages")
+    parser.add_argument("--passages", help="passages.arrow to draw pairs from (default: SciFact mirror)")
+    parser.add_argument("--queries", help="queries.arrow beside --passages")
     parser.add_argument("--gpu", action="store_true", help="also time BERT-base on the GPU")
     parser.add_argument("--gpu-batch-size", type=int, default=128)
     parser.add_argument("--report", default="reports/benchmarks.md")

@@ -2,7 +2,7 @@
 
 CPU part (always): the default profile's generator (data/default/generator, or
 else bert2bert warm-started from MiniLM without training) on 2 CPU threads,
-C = 5 candidates, fp32, on SciFact passages (data/default/passages.jsonl if
+C = 5 candidates, fp32, on SciFact passages (data/default/passages.arrow if
 the split stage has run, else the mirror's SciFact documents). Rows: our
 batched loop with batch-size invariance on (the default in fp32) and off, the
 same loop one passage at a time, and Hugging Face ``generate`` on the same
@@ -11,13 +11,21 @@ a Hugging Face seq2seq model (the prefix-LM is not).
 
 GPU part (``--gpu``, needs CUDA): a T5-base-sized model built from its
 configuration (random weights), C = 20 as the paper's release, bf16 autocast
-over a batch-size sweep against fp32 at batch 64.
+(with the decoder's key/value cache) over a batch-size sweep against fp32 at
+batch 64, and Hugging Face ``generate`` at the release's settings (fp32,
+batch 64).
+
+Stage path (``--tiny``, CPU or GPU): the code the generate_queries stage runs
+(chunks of a ``passages.arrow``, the resumable shard store, the merge into
+``queries.arrow``) with a tiny T5 built from a config, fp32 and, on a GPU,
+bf16.
 
 Untrained generators rarely emit the end token, so every candidate runs to
 ``max_new_tokens``: the figures are for the longest possible queries. The
 report gives the mean generated length beside each row.
 
     python benchmarks/bench_querygen.py [--passages 32] [--gpu]
+    python benchmarks/bench_querygen.py --tiny [--tiny-passages 64] [--max-new-tokens 16]
 """
 
 from __future__ import annotations
@@ -36,15 +44,16 @@ from qac.querygen.generate import QueryGenerator, SamplingSettings
 
 
 def load_passages(count: int) -> list[tuple[str, str]]:
-    split = Path("data/default/passages.jsonl")
+    split = Path("data/default/passages.arrow")
     passages = []
     if split.exists():
-        with open(split, encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                passages.append((record["pid"], record["text"]))
-                if len(passages) == count:
-                    return passages
+        from qac.data.arrowstore import PASSAGES_SCHEMA, iter_records
+
+        records = iter_records(split, PASSAGES_SCHEMA, columns=["pid", "text"], stop=count)
+        passages = [(record["pid"], record["text"]) for record in records]
+        if len(passages) == count:
+            return passages
+        passages = []
     with open(data_mirror() / "scifact" / "corpus.jsonl", encoding="utf-8") as handle:
         for line in handle:
             record = json.loads(line)
@@ -149,11 +158,61 @@ def gpu_part(args) -> str:
             row = time_ours(generator, passages, batch_size)
         rows.append({"setting": f"ours, {label}, batch {batch_size}", **row})
         print(rows[-1], flush=True)
-    rows.append({"setting": "HF generate, bf16, batch 64 (reference)",
-                 **time_hf_generate(model, tokenizer, passages, settings, 64, device, torch.bfloat16)})
+    rows.append({"setting": "HF generate, fp32, batch 64 (the release's settings)",
+                 **time_hf_generate(model, tokenizer, passages, settings, 64, device)})
     columns = ["setting", "passages", "seconds", "passages/s", "mean tokens/query", "recomputed decisions"]
     return (f"### GPU: T5-base-sized (random weights), C = {args.gpu_candidates}, "
             f"max_new_tokens = {args.max_new_tokens}\n\n" + markdown_table(rows, columns))
+
+
+def tiny_part(args) -> str:
+    """The stage's own path (chunks of passages.arrow, shard store, merge) with a tiny T5 built from a config."""
+    import tempfile
+
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from qac.data.arrowstore import write_passages
+    from qac.models.loading import load_tokenizer
+    from qac.querygen.shards import ChunkStore, ShardSpec, build_manifest, generate_chunks
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer("minilm")
+    config = T5Config(vocab_size=tokenizer.vocab_size, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                      num_decoder_layers=2, num_heads=4, pad_token_id=0, eos_token_id=tokenizer.sep_token_id,
+                      decoder_start_token_id=0)
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(config).to(device).eval()
+    settings = SamplingSettings(queries_per_passage=args.tiny_candidates, max_new_tokens=args.max_new_tokens,
+                                max_source_len=144)
+    passages = load_passages(args.tiny_passages)
+    runs = [("fp32", None)] + ([("bf16", torch.bfloat16)] if device.type == "cuda" else [])
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        passages_path = Path(work) / "passages.arrow"
+        write_passages(passages_path, ({"pid": pid, "doc_id": pid.rpartition("#")[0], "position": 0, "text": text,
+                                        "n_tokens": 0, "contexts": {"nearby": [], "random_sampled": [], "overlap": ""}}
+                                       for pid, text in passages))
+        for label, dtype in runs:
+            generator = QueryGenerator(model, tokenizer, settings, autocast_dtype=dtype, batch_invariant=dtype is None)
+            manifest = build_manifest(passages_path, "tiny-t5", settings, args.tiny_chunk_size,
+                                      {"dtype": label, "batch_size": args.batch_size})
+            store = ChunkStore(Path(work) / f".queries-{label}.work", manifest)
+            store.prepare()
+            started = time.perf_counter()
+            with torch.inference_mode():
+                stats = generate_chunks(store, generator, passages_path, ShardSpec(), args.batch_size)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+            store.merge(Path(work) / f"queries-{label}.arrow")
+            rows.append({"setting": f"stage path, {label}, batch {args.batch_size}, chunks of {args.tiny_chunk_size}",
+                         "passages": stats.passages, "seconds": seconds, "passages/s": stats.passages / seconds,
+                         "mean tokens/query": stats.tokens / stats.candidates if stats.candidates else 0.0,
+                         "recomputed decisions": stats.recomputed / stats.decisions if stats.decisions else 0.0})
+            print(rows[-1], flush=True)
+    columns = ["setting", "passages", "seconds", "passages/s", "mean tokens/query", "recomputed decisions"]
+    return (f"### Stage path on {device.type}: tiny T5 from a config (2+2 layers, width 64, random weights), "
+            f"C = {args.tiny_candidates}, max_new_tokens = {args.max_new_tokens}\n\n" + markdown_table(rows, columns))
 
 
 def main(argv=None) -> int:
@@ -166,10 +225,20 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-passages", type=int, default=1024)
     parser.add_argument("--gpu-candidates", type=int, default=20)
     parser.add_argument("--gpu-batch-sizes", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--tiny", action="store_true",
+                        help="only the stage path (passages.arrow chunks, shard store, merge) with a tiny T5")
+    parser.add_argument("--tiny-passages", type=int, default=64)
+    parser.add_argument("--tiny-candidates", type=int, default=20)
+    parser.add_argument("--tiny-chunk-size", type=int, default=32)
     parser.add_argument("--report", default="reports/benchmarks.md")
     args = parser.parse_args(argv)
 
     load_before = os.getloadavg()[0]
+    if args.tiny:
+        body = tiny_part(args)
+        write_section("querygen-tiny", body, args.report)
+        print(body)
+        return 0
     parts = [cpu_part(args)]
     if args.gpu:
         if not torch.cuda.is_available():

@@ -1,6 +1,6 @@
 """Stage `annotation`: the Table 5 annotation study (sheet for people, labels, MLflow run).
 
-Reads data/<profile>/passages.jsonl and queries.jsonl, writes
+Reads data/<profile>/passages.arrow and queries.arrow, writes
 data/<profile>/annotation/ (sheet.csv, key.csv, labels.csv, summary.json,
 mlflow_run.json) and logs the MLflow run `annotation/table5`. Labels come from
 the automatic judge until `annotation.human_sheets` lists filled sheets.
@@ -32,13 +32,13 @@ def main() -> int:
         rel_threshold = int(json.loads(dataset_meta.read_text(encoding="utf-8")).get("rel_threshold", {}).get(split, 1))
     with atomic_path(data / "annotation", directory=True) as out:
         summary = annotation.run_study(
-            data / "passages.jsonl", data / "queries.jsonl", dataset_dir, out,
+            data / "passages.arrow", data / "queries.arrow", dataset_dir, out,
             documents=int(settings["documents"]), seed=int(params["seed"]), judge_model=settings["judge_model"],
             calibration_split=split, calibration_pairs_max=int(settings.get("calibration_pairs", 500)),
             rel_threshold=rel_threshold, human_sheets=settings.get("human_sheets") or [],
             judge_max_length=int(settings.get("judge_max_len", 256)))
         with stage_run(params, "annotation", annotation.RUN_NAME, kind="annotation", stage_params=settings,
-                       inputs={"passages": data / "passages.jsonl", "queries": data / "queries.jsonl",
+                       inputs={"passages": data / "passages.arrow", "queries": data / "queries.arrow",
                                "calibration_dataset": dataset_dir},
                        tags={annotation.LABELS_TAG: summary["labels"],
                              "qac.annotation.label_source": summary["label_source"]}) as run:

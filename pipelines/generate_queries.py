@@ -1,4 +1,4 @@
-"""DVC stage generate_queries: C sampled queries per passage -> data/<profile>/queries.jsonl.
+"""DVC stage generate_queries: C sampled queries per passage -> data/<profile>/queries.arrow.
 
 Single process:       python pipelines/generate_queries.py
 One machine, N GPUs:  torchrun --nproc_per_node N pipelines/generate_queries.py
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     params = load_params()
     section = params["querygen"]
     data = profile_dir(params)
-    passages_path, generator_dir, output = data / "passages.jsonl", data / "generator", data / "queries.jsonl"
+    passages_path, generator_dir, output = data / "passages.arrow", data / "generator", data / "queries.arrow"
     for needed in (passages_path, generator_dir):
         if not needed.exists():
             raise FileNotFoundError(f"{needed} not found: run the upstream stage first")

@@ -3,7 +3,9 @@
 Finds ``datasets.<name>`` in the mirror or downloads it (failing before any work
 when neither is possible), reads and validates it, keeps the subset that
 ``prepare`` asks for, and writes data/<profile>/datasets/<name>/ (BEIR layout
-plus dataset.json) atomically. Logs the MLflow run `prepare/<name>`.
+plus dataset.json) atomically. Logs the MLflow run `prepare/<name>`. A TSV
+collection (MS MARCO documents, 22 GB) is streamed from its file: memory holds
+its document ids, not its texts (``qac.data.streamed``).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     root = profile_dir(params)
     out_dir = root / "pretrain" / args.variant
     work_dir = root / ".work" / "pretrain" / args.variant
-    inputs = {"passages": root / "passages.jsonl", "queries": root / "queries.jsonl"}
+    inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
     queries = inputs["queries"] if settings.context_type in ("query", "mixed") else None
 
     dist = init_distributed()

@@ -1,7 +1,7 @@
 """Stage `split_passages`: the pre-training corpus cut into passages of at most `split.max_len` tokens.
 
 Reads data/<profile>/datasets/<pretrain_corpus>/corpus.jsonl, writes
-data/<profile>/passages.jsonl, data/<profile>/punkt/ (the Punkt model used) and
+data/<profile>/passages.arrow, data/<profile>/punkt/ (the Punkt model used) and
 data/<profile>/metrics/split.json. Logs the MLflow run `split_passages`.
 """
 
@@ -24,7 +24,7 @@ def main() -> int:
     corpus = data / "datasets" / params["pretrain_corpus"] / "corpus.jsonl"
     if not corpus.is_file():
         raise FileNotFoundError(f"{corpus}: run the prepare stage for {params['pretrain_corpus']!r} first")
-    passages = data / "passages.jsonl"
+    passages = data / "passages.arrow"
 
     with stage_run(params, "split_passages", "split_passages", kind="split",
                    stage_params={"split": split, "seed": params["seed"], "pretrain_corpus": params["pretrain_corpus"]},

@@ -46,10 +46,13 @@ def write_jsonl(path: Path, records) -> Path:
 
 @pytest.fixture()
 def study_inputs(tmp_path):
-    passages = write_jsonl(tmp_path / "passages.jsonl", [
+    from qac.data.arrowstore import write_passages, write_queries
+
+    passages, queries = tmp_path / "passages.arrow", tmp_path / "queries.arrow"
+    write_passages(passages, [
         {"pid": pid, "doc_id": doc, "position": pos, "text": text, "n_tokens": len(text.split()),
          "contexts": {"nearby": [], "random_sampled": [], "overlap": ""}} for pid, doc, pos, text in PASSAGES])
-    queries = write_jsonl(tmp_path / "queries.jsonl", [{"pid": pid, "queries": qs} for pid, qs in QUERIES.items()])
+    write_queries(queries, [{"pid": pid, "queries": qs} for pid, qs in QUERIES.items()])
     return passages, queries
 
 
@@ -101,10 +104,10 @@ def test_sample_depends_only_on_the_seed(study_inputs):
     assert len(seeds) > 1
 
 
-def test_bad_passages_file_names_line_and_field(tmp_path):
-    path = tmp_path / "passages.jsonl"
-    path.write_text('{"pid": "a#0", "doc_id": "a", "text": "x"}\n{"pid": "a#1", "text": "y"}\n', encoding="utf-8")
-    with pytest.raises(DataFormatError, match=r"passages.jsonl:2: field 'doc_id': missing"):
+def test_a_passages_file_of_another_format_names_file_and_field(tmp_path):
+    path = tmp_path / "passages.arrow"
+    path.write_text('{"pid": "a#0", "doc_id": "a", "text": "x"}\n', encoding="utf-8")   # JSON lines, not Arrow
+    with pytest.raises(DataFormatError, match=r"passages.arrow: not an Arrow stream file"):
         annotation.read_passages(path)
 
 
@@ -296,7 +299,7 @@ def test_annotation_stage_logs_table5_run(study_inputs, beir_dataset, tiny_bert_
     (data / "datasets").mkdir(parents=True)
     passages, queries = study_inputs
     for source in (passages, queries):
-        (data / source.name).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+        (data / source.name).write_bytes(source.read_bytes())
     beir_dataset.rename(data / "datasets" / "scifact")
     params = {"profile": "smoke", "seed": 1, "data_dir": "data", "train_dataset": "scifact",
               "mlflow": {"experiment": None, "system_metrics": False},
@@ -332,7 +335,7 @@ def test_annotate_cli_export_and_import(study_inputs, tmp_path, monkeypatch, cap
     work = tmp_path / "work"
     (work / "data" / "smoke").mkdir(parents=True)
     for source in study_inputs:
-        (work / "data" / "smoke" / source.name).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+        (work / "data" / "smoke" / source.name).write_bytes(source.read_bytes())
     (work / "params.yaml").write_text(yaml.safe_dump({"profile": "smoke", "seed": 1, "data_dir": "data",
                                                       "annotation": {"documents": 2}}), encoding="utf-8")
     monkeypatch.chdir(work)

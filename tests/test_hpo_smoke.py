@@ -34,7 +34,8 @@ def _words(text: str) -> list[str]:
 
 
 def build_trial_inputs(shared_data: Path, root: Path) -> None:
-    """data/smoke/{datasets/scifact, passages.jsonl, queries.jsonl, bm25/negatives.jsonl} under ``root``."""
+    """data/smoke/{datasets/scifact, passages.arrow, queries.arrow, bm25/negatives.jsonl} under ``root``."""
+    from qac.data.arrowstore import write_passages, write_queries
     from qac.data.beir import read_corpus_jsonl
     from qac.data.dataset import Dataset, Document
     from qac.data.prepared import write_prepared
@@ -61,8 +62,8 @@ def build_trial_inputs(shared_data: Path, root: Path) -> None:
             span_words = text.split()
             pretrain_queries.append({"pid": pids[k], "queries": [" ".join(span_words[i:i + 8])
                                                                  for i in range(0, 32, 8) if span_words[i:i + 8]]})
-    write_jsonl(root / "passages.jsonl", passages)
-    write_jsonl(root / "queries.jsonl", pretrain_queries)
+    write_passages(root / "passages.arrow", passages)
+    write_queries(root / "queries.arrow", pretrain_queries)
 
     # Negatives: the documents sharing the most words with the query, positives removed.
     doc_words = {doc_id: set(_words(doc.full_text)) for doc_id, doc in corpus.items()}

@@ -90,7 +90,7 @@ def test_the_command_names_missing_inputs_and_the_stage_that_writes_them(tmp_pat
     out = capsys.readouterr().out
     root = tmp_path / "data" / "smoke"
     for path, stage in ((root / "datasets" / "scifact", "prepare@scifact"), (root / "bm25" / "negatives.jsonl", "bm25"),
-                        (root / "passages.jsonl", "split_passages"), (root / "queries.jsonl", "generate_queries")):
+                        (root / "passages.arrow", "split_passages"), (root / "queries.arrow", "generate_queries")):
         assert f"  {path}: missing (written by the DVC stage {stage}" in out
 
 

@@ -131,5 +131,5 @@ def test_dvc_ignores_staging_folders():
     for name in ("data/smoke/datasets/.scifact.4242.abcdefgh.tmp", "data/smoke/pretrain/.none.old"):
         result = subprocess.run([dvc, "check-ignore", name], cwd=repo, capture_output=True, text=True)
         assert result.returncode == 0, (name, result.stdout, result.stderr)
-    result = subprocess.run([dvc, "check-ignore", "data/smoke/passages.jsonl"], cwd=repo, capture_output=True)
+    result = subprocess.run([dvc, "check-ignore", "data/smoke/passages.arrow"], cwd=repo, capture_output=True)
     assert result.returncode == 1

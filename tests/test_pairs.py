@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
+from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, iter_records, write_passages, write_queries
+from qac.data.errors import DataFormatError
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask, word_spans
 from qac.data.pairs import Pair, PairCollator, PairSampler, load_pair_corpus, shard
 from test_pretrain_corpus import write_corpus
@@ -76,23 +77,68 @@ def test_masking_is_a_function_of_the_generator_seed(tokenizer, vocab):
 
 # --- corpus -------------------------------------------------------------------
 
+def _texts(passages) -> dict[str, str]:
+    return {record["pid"]: record["text"] for record in iter_records(passages, PASSAGES_SCHEMA)}
+
+
+def _index(corpus, pid: str) -> int:
+    return [corpus.pid(i) for i in range(len(corpus))].index(pid)
+
+
 def test_passage_context_skips_and_counts_passages_without_one(tmp_path):
     passages, queries = write_corpus(tmp_path, documents=3, spans=2, single_span_documents=2)
     corpus = load_pair_corpus(passages, None, "passage", passage_context="random_sampled")
     assert corpus.stats() == {"anchors": 6, "passages": 8, "skipped_no_passage_context": 2, "skipped_no_query": 0}
-    texts = {json.loads(line)["pid"]: json.loads(line)["text"] for line in passages.read_text().splitlines()}
+    texts = _texts(passages)
     # d0#0's random_sampled context is d0#1
-    assert corpus.passage_contexts[corpus.pids.index("d0#0")] == [texts["d0#1"]]
+    assert corpus.passage_contexts(_index(corpus, "d0#0")) == [texts["d0#1"]]
     nearby = load_pair_corpus(passages, None, "passage", passage_context="nearby")
-    assert nearby.passage_contexts[nearby.pids.index("d1#1")] == [texts["d1#0"]]
+    assert nearby.passage_contexts(_index(nearby, "d1#1")) == [texts["d1#0"]]
+
+
+def test_the_corpus_keeps_row_numbers_not_texts(tmp_path):
+    passages, queries = write_corpus(tmp_path, documents=3, spans=2, single_span_documents=1)
+    corpus = load_pair_corpus(passages, queries, "query")
+    # Every field of the corpus is either the mapped tables or an integer index of anchors.
+    assert corpus.anchors.dtype == np.int64 and corpus.anchors.tolist() == list(range(7))
+    assert corpus.text(3) == _texts(passages)[corpus.pid(3)]
+
+
+def test_the_scan_does_not_depend_on_how_the_files_are_batched(tmp_path, monkeypatch):
+    passages, queries = write_corpus(tmp_path, documents=5, spans=3, single_span_documents=2)
+    records = list(iter_records(queries, QUERIES_SCHEMA))
+    records[4]["queries"] = ["", ""] + records[4]["queries"][2:]      # d1#1: no query among the first 2
+    write_queries(queries, records)
+    whole = load_pair_corpus(passages, queries, "mixed", query_count=2)
+    monkeypatch.setattr("qac.data.arrowstore.ROWS_PER_BATCH", 3)
+    write_passages(tmp_path / "p3.arrow", iter_records(passages, PASSAGES_SCHEMA))
+    monkeypatch.setattr("qac.data.arrowstore.ROWS_PER_BATCH", 5)
+    write_queries(tmp_path / "q5.arrow", records[:-3])                 # the last passages have no queries
+    monkeypatch.setattr("qac.data.pairs._SCAN_ROWS", 4)
+    sliced = load_pair_corpus(tmp_path / "p3.arrow", tmp_path / "q5.arrow", "mixed", query_count=2)
+    assert whole.anchors.tolist() == [i for i in range(15) if i != 4]  # 5 x 3 spans; single spans have no context
+    assert sliced.anchors.tolist() == [i for i in range(14) if i != 4]  # row 14 (d4#2) lost its queries
+    assert sliced.stats() == {"anchors": 13, "passages": 17, "skipped_no_passage_context": 2, "skipped_no_query": 2}
 
 
 def test_query_count_keeps_the_first_c_queries(tmp_path):
     passages, queries = write_corpus(tmp_path, documents=2, spans=2, queries=5)
-    first = json.loads(queries.read_text().splitlines()[0])
+    first = next(iter_records(queries, QUERIES_SCHEMA))
     corpus = load_pair_corpus(passages, queries, "query", query_count=2)
-    assert corpus.queries[0] == first["queries"][:2]
+    assert corpus.queries_of(0) == first["queries"][:2]
     assert len(corpus) == 5 and corpus.skipped_no_query == 0   # single-span passages have queries
+
+
+def test_blank_queries_do_not_count_and_passages_beyond_the_queries_file_have_none(tmp_path):
+    passages, _ = write_corpus(tmp_path, documents=2, spans=2, single_span_documents=0)
+    queries = tmp_path / "partial.arrow"
+    write_queries(queries, [{"pid": "d0#0", "queries": [" ", "real query"]},
+                            {"pid": "d0#1", "queries": ["  ", "later"]}])
+    corpus = load_pair_corpus(passages, queries, "query", query_count=2)
+    assert [corpus.pid(i) for i in range(len(corpus))] == ["d0#0", "d0#1"]
+    assert corpus.queries_of(0) == ["real query"]
+    with pytest.raises(ValueError, match="no passage has a query context"):
+        load_pair_corpus(passages, queries, "query", query_count=1)    # only blank first queries
 
 
 def test_mixed_needs_both_kinds(tmp_path):
@@ -101,20 +147,33 @@ def test_mixed_needs_both_kinds(tmp_path):
     assert len(corpus) == 4 and corpus.skipped_no_passage_context == 1
 
 
-def test_bad_records_name_file_line_and_field(tmp_path):
+def test_bad_files_name_file_row_and_field(tmp_path):
     passages, queries = write_corpus(tmp_path, documents=1, spans=2, single_span_documents=0)
-    lines = passages.read_text().splitlines()
-    broken = json.loads(lines[1])
-    del broken["text"]
-    passages.write_text(lines[0] + "\n" + json.dumps(broken) + "\n")
-    with pytest.raises(ValueError, match=r"passages.jsonl:2: missing field 'text'"):
-        load_pair_corpus(passages, None, "passage")
-    write_corpus(tmp_path, documents=1, spans=2, single_span_documents=0)
-    queries.write_text(json.dumps({"pid": "d0#0", "queries": "not a list"}) + "\n")
-    with pytest.raises(ValueError, match=r"queries.jsonl:1: field 'queries' must be list"):
+    records = list(iter_records(passages, PASSAGES_SCHEMA))
+    del records[1]["text"]
+    with pytest.raises(DataFormatError, match=r"passages.arrow:2: field 'text': missing"):
+        write_passages(passages, records)
+    write_queries(queries, [{"pid": "d0#1", "queries": ["q"]}])
+    with pytest.raises(DataFormatError, match=r"queries.arrow:1: field 'pid': 'd0#1' is not the passage"):
         load_pair_corpus(passages, queries, "query")
+    with pytest.raises(DataFormatError, match=r"passages.arrow: field 'queries': column missing"):
+        load_pair_corpus(passages, passages, "query")           # a passages file given as queries
     with pytest.raises(ValueError, match="context_type"):
         load_pair_corpus(passages, queries, "document")
+
+
+def test_a_context_outside_the_anchors_document_is_an_error(tmp_path):
+    passages, _ = write_corpus(tmp_path, documents=2, spans=2, single_span_documents=0)
+    records = list(iter_records(passages, PASSAGES_SCHEMA))
+    records[0]["contexts"]["random_sampled"] = ["d1#0"]
+    records[3]["position"] = 3                # d1#1 stored at position 3: its context d1#0 is not found
+    write_passages(passages, records)
+    corpus = load_pair_corpus(passages, None, "passage")
+    with pytest.raises(DataFormatError, match=r"passages.arrow:1: field 'contexts.random_sampled': 'd1#0' is not a "
+                                              r"passage of document 'd0'"):
+        corpus.passage_contexts(0)
+    with pytest.raises(DataFormatError, match=r"passages.arrow:4: field 'contexts.random_sampled': 'd1#0'"):
+        corpus.passage_contexts(3)
 
 
 # --- sampling -------------------------------------------------------------------
@@ -151,8 +210,8 @@ def test_query_context_is_drawn_among_the_first_c(query_corpus):
     seen = Counter()
     for step in range(60):
         for pair in sampler.batch(step, 4):
-            anchor = corpus.texts.index(pair.anchor)
-            seen[corpus.queries[anchor].index(pair.context)] += 1
+            anchor = [corpus.text(i) for i in range(len(corpus))].index(pair.anchor)
+            seen[corpus.queries_of(anchor).index(pair.context)] += 1
             assert pair.context_kind == "query"
     assert set(seen) == {0, 1, 2} and min(seen.values()) > 40
 

@@ -49,7 +49,7 @@ def test_every_stage_ran_and_wrote_its_outputs(smoke_study):
     work, _, first = smoke_study
     params = yaml.safe_load((work / PARAMS).read_text())
     out = work / "data" / "smoke"
-    assert (out / "passages.jsonl").exists() and (out / "queries.jsonl").exists()
+    assert (out / "passages.arrow").exists() and (out / "queries.arrow").exists()
     for variant in params["pretrain"]["variants"]:
         assert (out / "pretrain" / variant / "encoder" / "config.json").exists()
         for retriever in ("r1", "r2"):
@@ -63,8 +63,10 @@ def test_every_stage_ran_and_wrote_its_outputs(smoke_study):
 
 def test_queries_cover_every_passage(smoke_study):
     work, _, _ = smoke_study
-    passages = [json.loads(line)["pid"] for line in (work / "data/smoke/passages.jsonl").open()]
-    queries = [json.loads(line) for line in (work / "data/smoke/queries.jsonl").open()]
+    from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, iter_records
+
+    passages = [record["pid"] for record in iter_records(work / "data/smoke/passages.arrow", PASSAGES_SCHEMA)]
+    queries = list(iter_records(work / "data/smoke/queries.arrow", QUERIES_SCHEMA))
     assert [q["pid"] for q in queries] == passages
     assert all(q["queries"] for q in queries)
 

@@ -343,3 +343,23 @@ def test_write_prepared_replaces_an_existing_folder_atomically(tmp_path):
     assert list(load_prepared(out).corpus) == ["d1", "d2"]
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny"]
     assert load_prepared(out).meta["counts"]["qrels"] == {"test": 1, "train": 1}
+
+
+def test_msmarco_documents_are_prepared_from_their_file_without_loading_texts(tmp_path):
+    from qac.data.streamed import StreamedCorpus
+
+    rows = ["D1\thttp://a\tTitle one\tBody one.", "D2\thttp://b\t \t ", "D3\thttp://c\tTitle three\tBody three.",
+            "D4\thttp://d\tTitle four\tBody four."]
+    write_tree(tmp_path / "mirror" / "docs", {"msmarco-docs.tsv": "\n".join(rows) + "\n",
+                                              "queries.dev.tsv": "q1\tfirst\n", "qrels.dev.tsv": "q1 0 D3 1\n"})
+    docs = DatasetSpec.from_params("docs", {"format": "msmarco-docs", "mirror": "docs", "splits": ["dev"]})
+    source = fetch_dataset(docs, tmp_path / "mirror", tmp_path / "downloads")
+    dataset = read_dataset(docs, source, mirror=tmp_path / "mirror")
+    assert isinstance(dataset.corpus, StreamedCorpus) and list(dataset.corpus) == ["D1", "D3", "D4"]
+    prepare_dataset(dataset, max_documents=2, keep_judged_documents=True)
+    write_prepared(dataset, tmp_path / "out")
+    prepared = load_prepared(tmp_path / "out")
+    assert prepared.corpus == {"D1": Document("D1", "Title one", "Body one."),
+                               "D3": Document("D3", "Title three", "Body three.")}
+    assert prepared.meta["skipped"] == {"corpus_empty_text": 1, "documents_outside_subset": 1}
+    assert prepared.meta["counts"]["documents"] == 2 and prepared.qrels == {"dev": {"q1": {"D3": 1}}}

@@ -1,4 +1,4 @@
-"""A small passages.jsonl / queries.jsonl pair in the formats of docs/architecture.md.
+"""A small passages.arrow / queries.arrow pair in the formats of docs/architecture.md.
 
 ``write_corpus`` is imported by the other pre-training tests; the tests here
 check that the fixture means what they assume.
@@ -6,10 +6,11 @@ check that the fixture means what they assume.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+
+from qac.data.arrowstore import iter_records, write_passages, write_queries, PASSAGES_SCHEMA, QUERIES_SCHEMA
 
 WORDS = ("protein cell membrane receptor binding signal pathway gene expression tumour growth factor "
          "immune response vaccine trial patient dose effect study cohort risk mortality infection virus "
@@ -40,17 +41,17 @@ def write_corpus(directory: Path, documents: int = 6, spans: int = 3, queries: i
             query_records.append({"pid": pid, "queries": [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 7))))
                                                           for _ in range(queries)]})
     directory.mkdir(parents=True, exist_ok=True)
-    passages_path, queries_path = directory / "passages.jsonl", directory / "queries.jsonl"
-    passages_path.write_text("".join(json.dumps(r) + "\n" for r in passages), encoding="utf-8")
-    queries_path.write_text("".join(json.dumps(r) + "\n" for r in query_records), encoding="utf-8")
+    passages_path, queries_path = directory / "passages.arrow", directory / "queries.arrow"
+    write_passages(passages_path, passages)
+    write_queries(queries_path, query_records)
     return passages_path, queries_path
 
 
 def test_fixture_has_single_span_documents_without_passage_context(tmp_path):
     passages_path, queries_path = write_corpus(tmp_path, documents=2, spans=3, queries=2)
-    records = [json.loads(line) for line in passages_path.read_text().splitlines()]
+    records = list(iter_records(passages_path, PASSAGES_SCHEMA))
     assert len(records) == 2 * 3 + 1
     single = records[-1]
     assert single["contexts"] == {"nearby": [], "random_sampled": [], "overlap": ""}
     assert records[1]["contexts"]["nearby"] == ["d0#0", "d0#2"]
-    assert all(len(json.loads(line)["queries"]) == 2 for line in queries_path.read_text().splitlines())
+    assert all(len(record["queries"]) == 2 for record in iter_records(queries_path, QUERIES_SCHEMA))

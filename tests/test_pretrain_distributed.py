@@ -74,7 +74,7 @@ WORKER = textwrap.dedent("""
     for name, overrides in configs.items():
         losses = {{}}
         settings = PretrainSettings.from_mapping({{**common, **overrides}})
-        pretrain(settings, passages=f"{{data}}/passages.jsonl", queries=f"{{data}}/queries.jsonl",
+        pretrain(settings, passages=f"{{data}}/passages.arrow", queries=f"{{data}}/queries.arrow",
                  work_dir=f"{{out}}/{{name}}/work", out_dir=f"{{out}}/{{name}}",
                  log=lambda step, metrics: losses.__setitem__(step, metrics))
         if dist.is_main:
@@ -105,7 +105,7 @@ def test_two_processes_match_one_process(tmp_path):
     def train_one_process(name: str, overrides: dict) -> dict[str, dict]:
         losses: dict[str, dict] = {}
         settings = PretrainSettings.from_mapping({**COMMON, **overrides})
-        pretrain(settings, passages=data / "passages.jsonl", queries=data / "queries.jsonl",
+        pretrain(settings, passages=data / "passages.arrow", queries=data / "queries.arrow",
                  work_dir=tmp_path / "one" / name / "work", out_dir=tmp_path / "one" / name,
                  log=lambda step, metrics: losses.__setitem__(str(step), metrics))
         return losses

@@ -29,8 +29,8 @@ WORKER = textwrap.dedent("""
     from qac.train.pretrain import PretrainSettings, pretrain
     torch.set_num_threads(1)
     settings, data, work, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    summary = pretrain(PretrainSettings.from_mapping(settings), passages=f"{data}/passages.jsonl",
-                       queries=f"{data}/queries.jsonl", work_dir=work, out_dir=out)
+    summary = pretrain(PretrainSettings.from_mapping(settings), passages=f"{data}/passages.arrow",
+                       queries=f"{data}/queries.arrow", work_dir=work, out_dir=out)
     print(json.dumps(summary))
 """)
 
@@ -94,7 +94,7 @@ def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path):
     work = tmp_path / "work"
     work.joinpath("checkpoint").mkdir(parents=True)
     work.joinpath("checkpoint", "state.json").write_text(json.dumps({"step": 1, "fingerprint": "other"}))
-    summary = pretrain(settings, passages=data / "passages.jsonl", queries=data / "queries.jsonl",
+    summary = pretrain(settings, passages=data / "passages.arrow", queries=data / "queries.arrow",
                        work_dir=work, out_dir=tmp_path / "out")
     assert summary["discarded_checkpoint"] and summary["resumed_from_step"] == 0
     assert (tmp_path / "out" / "encoder" / "model.safetensors").exists()

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from qac.data.arrowstore import write_passages
+
 REPO = Path(__file__).resolve().parent.parent
 STAGE = REPO / "pipelines" / "generate_queries.py"
 PYTHON = REPO / ".venv" / "bin" / "python"
@@ -37,23 +39,26 @@ def t5_dir(tmp_path_factory) -> Path:
     return path
 
 
-def write_passages(path: Path, n: int) -> list[str]:
+def passage_records(n: int) -> list[dict]:
     topics = ["protein folding", "river delta sediment", "neural spike timing", "tax policy", "coral bleaching"]
-    pids = []
-    with open(path, "w", encoding="utf-8") as handle:
-        for i in range(n):
-            doc, position = f"d{i // 3}", i % 3
-            pid = f"{doc}#{position}"
-            text = f"{topics[i % 5].capitalize()} study {i}. " + "Results were measured twice. " * (i % 4)
-            handle.write(json.dumps({"pid": pid, "doc_id": doc, "position": position, "text": text,
-                                     "n_tokens": len(text.split()), "contexts": {"nearby": [], "random_sampled": [],
-                                                                                  "overlap": ""}}) + "\n")
-            pids.append(pid)
-    return pids
+    records = []
+    for i in range(n):
+        doc, position = f"d{i // 3}", i % 3
+        text = f"{topics[i % 5].capitalize()} study {i}. " + "Results were measured twice. " * (i % 4)
+        records.append({"pid": f"{doc}#{position}", "doc_id": doc, "position": position, "text": text,
+                        "n_tokens": len(text.split()), "contexts": {"nearby": [], "random_sampled": [], "overlap": ""}})
+    return records
+
+
+def arrow_records(data: bytes) -> list[dict]:
+    """The rows of an Arrow stream file's bytes."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.BufferReader(data)).read_all().to_pylist()
 
 
 def make_project(root: Path, t5_dir: Path, n_passages: int = 14, **querygen) -> Path:
-    """A params file whose profile directory holds passages.jsonl and the generator."""
+    """A params file whose profile directory holds passages.arrow and the generator."""
     from qac.config import render_profile
 
     params = render_profile("smoke")
@@ -62,7 +67,7 @@ def make_project(root: Path, t5_dir: Path, n_passages: int = 14, **querygen) -> 
                                    chunk_size=3), **querygen)
     data = root / "data" / "smoke"
     data.mkdir(parents=True)
-    write_passages(data / "passages.jsonl", n_passages)
+    write_passages(data / "passages.arrow", passage_records(n_passages))
     shutil.copytree(t5_dir, data / "generator")
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     return root / "params.yaml"
@@ -76,7 +81,7 @@ def run_stage(params_path: Path, monkeypatch, *args: str) -> Path:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(list(args)) == 0
-    return params_path.parent / "data" / "smoke" / "queries.jsonl"
+    return params_path.parent / "data" / "smoke" / "queries.arrow"
 
 
 def set_querygen(params_path: Path, **values) -> None:
@@ -93,7 +98,7 @@ def subprocess_env(params_path: Path, mlflow_uri: str) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, t5_dir) -> bytes:
-    """queries.jsonl of one uninterrupted single-process run of the default test project."""
+    """queries.arrow of one uninterrupted single-process run of the default test project."""
     root = tmp_path_factory.mktemp("reference")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
@@ -105,8 +110,8 @@ def test_stage_writes_queries_metrics_and_mlflow_run(tmp_path, t5_dir, monkeypat
 
     params = make_project(tmp_path, t5_dir)
     output = run_stage(params, monkeypatch)
-    pids = [json.loads(line)["pid"] for line in (output.parent / "passages.jsonl").open()]
-    records = [json.loads(line) for line in output.open()]
+    pids = [record["pid"] for record in passage_records(14)]
+    records = arrow_records(output.read_bytes())
     assert [r["pid"] for r in records] == pids
     assert all(set(r) == {"pid", "queries"} and 1 <= len(r["queries"]) <= 3 for r in records)
     assert not (output.parent / ".queries.work").exists()   # the work directory is cleaned up
@@ -128,7 +133,7 @@ def test_batch_size_and_shards_give_identical_bytes(tmp_path, t5_dir, monkeypatc
 
     params = make_project(tmp_path / "shards", t5_dir)
     run_stage(params, monkeypatch, "--shard", "1/2")
-    output = params.parent / "data" / "smoke" / "queries.jsonl"
+    output = params.parent / "data" / "smoke" / "queries.arrow"
     assert not output.exists()
     with pytest.raises(RuntimeError, match="chunks not generated yet"):
         run_stage(params, monkeypatch, "--merge-only")
@@ -139,8 +144,7 @@ def test_batch_size_and_shards_give_identical_bytes(tmp_path, t5_dir, monkeypatc
 
 def test_max_passages_gives_a_prefix_of_the_full_output(tmp_path, t5_dir, monkeypatch, mlflow_store, reference):
     params = make_project(tmp_path, t5_dir, max_passages=5)
-    lines = run_stage(params, monkeypatch).read_bytes().splitlines(keepends=True)
-    assert b"".join(lines) == b"".join(reference.splitlines(keepends=True)[:5])
+    assert arrow_records(run_stage(params, monkeypatch).read_bytes()) == arrow_records(reference)[:5]
 
 
 def test_changed_settings_do_not_reuse_stale_chunks(tmp_path, t5_dir, monkeypatch, mlflow_store):
@@ -159,7 +163,7 @@ def test_torchrun_two_processes_match_a_single_process(tmp_path, t5_dir, referen
                             cwd=tmp_path, env=subprocess_env(params, mlflow_store), capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "data" / "smoke" / "queries.jsonl").read_bytes() == reference
+    assert (tmp_path / "data" / "smoke" / "queries.arrow").read_bytes() == reference
 
 
 @pytest.mark.slow
@@ -182,19 +186,21 @@ def test_kill_nine_then_rerun_is_byte_identical(tmp_path, t5_dir, monkeypatch, m
         process.wait()
     committed = len(list(data.glob(".queries.work/*/chunks/*.json")))
     assert 2 <= committed < 12, "the run must be killed between chunks"
-    assert not (data / "queries.jsonl").exists()
+    assert not (data / "queries.arrow").exists()
 
     resumed = run_stage(params, monkeypatch).read_bytes()
     uninterrupted = run_stage(make_project(tmp_path / "whole", t5_dir, n_passages=24, **settings), monkeypatch)
     assert resumed == uninterrupted.read_bytes()
 
 
-def test_malformed_passage_names_file_and_line(tmp_path, t5_dir, monkeypatch, mlflow_store):
+def test_a_passages_file_without_texts_names_file_and_field(tmp_path, t5_dir, monkeypatch, mlflow_store):
+    import pyarrow as pa
+
     params = make_project(tmp_path, t5_dir)
-    passages = params.parent / "data" / "smoke" / "passages.jsonl"
-    lines = passages.read_text().splitlines()
-    lines[4] = json.dumps({"pid": "d9#9", "doc_id": "d9"})
-    passages.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"passages.jsonl:5: field 'text' missing"):
+    passages = params.parent / "data" / "smoke" / "passages.arrow"
+    table = pa.Table.from_pylist([{"pid": "d0#0", "doc_id": "d0"}])
+    with pa.OSFile(str(passages), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(ValueError, match=r"passages.arrow: field 'position': column missing"):
         run_stage(params, monkeypatch)
-    assert not (passages.parent / "queries.jsonl").exists()
+    assert not (passages.parent / "queries.arrow").exists()

@@ -17,7 +17,7 @@ from qac.data.beir import iter_corpus_jsonl
 from qac.data.punkt import PRETRAINED, TRAINED, load_sentence_splitter, prepare_punkt, train_parameters
 from qac.data.splitting import (SplitSettings, TokenCounter, cut_to_fit, document_rng, draw_targets,
                                 group_units, overlap_range, split_corpus_file, split_documents)
-from qac.io import iter_jsonl
+from qac.data.arrowstore import PASSAGES_SCHEMA, iter_records
 
 
 @pytest.fixture(scope="module")
@@ -216,20 +216,22 @@ def test_output_does_not_depend_on_chunking(scifact_documents, scifact_punkt):
 
 
 @pytest.mark.slow  # starts worker processes
-def test_output_is_identical_with_one_or_two_workers(shared_data, scifact_documents, scifact_punkt, tmp_path):
+def test_output_is_identical_with_one_or_two_workers(shared_data, scifact_documents, scifact_punkt, tmp_path,
+                                                     monkeypatch):
+    monkeypatch.setattr("qac.data.arrowstore.ROWS_PER_BATCH", 16)   # several record batches in the file
     corpus = tmp_path / "corpus.jsonl"
     with open(shared_data / "scifact" / "corpus.jsonl", encoding="utf-8") as source:
         corpus.write_text("".join(itertools.islice(source, 60)), encoding="utf-8")
     punkt = tmp_path / "punkt"
     common = dict(tokenizer_spec="minilm", settings=settings(max_len=64, short_span_prob=0.15),
                   punkt="trained", progress=False)
-    one, _ = split_corpus_file(corpus, tmp_path / "one.jsonl", punkt, workers=1, chunk_size=64, **common)
+    one, _ = split_corpus_file(corpus, tmp_path / "one.arrow", punkt, workers=1, chunk_size=64, **common)
     trained = {path.name: path.read_bytes() for path in punkt.iterdir()}
-    two, model = split_corpus_file(corpus, tmp_path / "two.jsonl", punkt, workers=2, chunk_size=7, **common)
+    two, model = split_corpus_file(corpus, tmp_path / "two.arrow", punkt, workers=2, chunk_size=7, **common)
     assert model == TRAINED
     assert {path.name: path.read_bytes() for path in punkt.iterdir()} == trained  # reused, not retrained
-    assert (tmp_path / "one.jsonl").read_bytes() == (tmp_path / "two.jsonl").read_bytes()
-    assert one == two and one.documents == 60 and one.max_tokens <= 64
+    assert (tmp_path / "one.arrow").read_bytes() == (tmp_path / "two.arrow").read_bytes()
+    assert one == two and one.documents == 60 and one.max_tokens <= 64 and one.passages > 16
     assert not list(tmp_path.glob(".*.tmp"))
 
 
@@ -321,7 +323,7 @@ def test_split_stage_writes_passages_punkt_and_metrics(shared_data, tmp_path, mo
     assert stage.main() == 0
 
     out = tmp_path / "data" / "smoke"
-    passages = list(iter_jsonl(out / "passages.jsonl"))
+    passages = list(iter_records(out / "passages.arrow", PASSAGES_SCHEMA))
     assert [p["doc_id"] for p in passages][0] == next(iter(dataset.corpus))
     assert max(p["n_tokens"] for p in passages) <= 48
     metrics = json.loads((out / "metrics" / "split.json").read_text())

@@ -32,83 +32,143 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
+from qac.data.arrowstore import (PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_passages, open_queries,
+                                 scan_tables)
+from qac.data.errors import DataFormatError
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask
-from qac.io import iter_jsonl
 
 CONTEXT_TYPES = ("passage", "query", "mixed")
 PASSAGE_CONTEXTS = ("random_sampled", "nearby", "overlap")
+# Rows checked at a time when the corpus is loaded: bounds the memory of the scan.
+_SCAN_ROWS = 1 << 13
 
 
 @dataclass
 class PairCorpus:
-    """Anchors with their candidate contexts, restricted to what ``context_type`` needs."""
+    """Anchors with their candidate contexts, restricted to what ``context_type`` needs.
 
-    pids: list[str]
-    texts: list[str]
-    passage_contexts: list[list[str]]     # candidate passage-context texts per anchor
-    queries: list[list[str]]              # the first ``query_count`` queries per anchor
+    Texts stay in the memory-mapped Arrow tables; the corpus holds only the
+    row numbers of its anchors (8 bytes per anchor), so a process's memory
+    does not grow with the corpus's texts, and the processes of one machine
+    share the mapped pages.
+    """
+
+    passages: pa.Table                    # passages.arrow, memory-mapped
+    queries: pa.Table | None              # queries.arrow, memory-mapped; row i belongs to passage row i
+    anchors: np.ndarray                   # passage rows usable as anchors, ascending
+    passage_context: str
+    query_count: int
+    path: Path
     total_passages: int = 0
     skipped_no_passage_context: int = 0
     skipped_no_query: int = 0
 
     def __len__(self) -> int:
-        return len(self.pids)
+        return len(self.anchors)
 
     def stats(self) -> dict[str, int]:
         return {"anchors": len(self), "passages": self.total_passages,
                 "skipped_no_passage_context": self.skipped_no_passage_context,
                 "skipped_no_query": self.skipped_no_query}
 
+    def __post_init__(self):
+        self._passage_rows = RowGather(self.passages)
+        self._query_rows = RowGather(self.queries) if self.queries is not None else None
 
-def _field(record: dict, name: str, kind, path, line: int):
-    if name not in record:
-        raise ValueError(f"{path}:{line}: missing field {name!r}")
-    value = record[name]
-    if not isinstance(value, kind):
-        raise ValueError(f"{path}:{line}: field {name!r} must be {getattr(kind, '__name__', kind)}, "
-                         f"got {type(value).__name__}")
-    return value
+    def rows(self, indices) -> list[dict]:
+        """``pid``, ``doc_id``, ``position``, ``text`` and ``contexts`` of anchors ``indices`` (with ``row``)."""
+        rows = self.anchors[np.asarray(indices, dtype=np.int64)]
+        records = self._passage_rows.rows(rows)
+        for record, row in zip(records, rows.tolist()):
+            record["row"] = row
+        return records
+
+    def pid(self, index: int) -> str:
+        return self.rows([index])[0]["pid"]
+
+    def text(self, index: int) -> str:
+        return self.rows([index])[0]["text"]
+
+    def passage_candidates(self, record: dict) -> list:
+        """Candidates of a passage context: the overlap text, or the context passages' rows."""
+        contexts = record["contexts"]
+        if self.passage_context == "overlap":
+            overlap = contexts["overlap"].strip()
+            return [overlap] if overlap else []
+        return [self._context_row(record, pid) for pid in contexts[self.passage_context]]
+
+    def _context_row(self, record: dict, pid: str) -> int:
+        """Row of ``pid``, a passage of the anchor's document: passages of a document are stored
+        consecutively by position, and ``pid`` is ``<doc_id>#<position>`` (see docs/architecture.md)."""
+        prefix, _, position = pid.rpartition("#")
+        row = record["row"] - record["position"] + int(position) if position.isdigit() else -1
+        if prefix != record["doc_id"] or not 0 <= row < self.passages.num_rows or \
+                self._passage_rows.rows([row], ["pid"])[0]["pid"] != pid:
+            raise DataFormatError(self.path, record["row"] + 1, f"contexts.{self.passage_context}",
+                                  f"{pid!r} is not a passage of document {record['doc_id']!r}")
+        return row
+
+    def passage_contexts(self, index: int) -> list[str]:
+        """Candidate passage-context texts of anchor ``index``."""
+        candidates = self.passage_candidates(self.rows([index])[0])
+        if self.passage_context == "overlap":
+            return candidates
+        return self.texts_of(candidates)
+
+    def query_candidates(self, row: int) -> list[str]:
+        """The first ``query_count`` non-blank queries of passage ``row``."""
+        values = self._query_rows.rows([row], ["queries"])[0]["queries"] if row < self.queries.num_rows else []
+        return [query for query in values[:self.query_count] if query.strip()]
+
+    def queries_of(self, index: int) -> list[str]:
+        return self.query_candidates(int(self.anchors[index]))
+
+    def texts_of(self, rows: list[int]) -> list[str]:
+        if not rows:
+            return []
+        return [record["text"] for record in self._passage_rows.rows(rows, ["text"])]
 
 
-def _read_passages(path: Path) -> tuple[list[str], list[str], list[dict]]:
-    pids, texts, contexts = [], [], []
-    seen: set[str] = set()
-    for line, record in enumerate(iter_jsonl(path), start=1):
-        pid = _field(record, "pid", str, path, line)
-        if pid in seen:
-            raise ValueError(f"{path}:{line}: duplicate pid {pid!r}")
-        seen.add(pid)
-        pids.append(pid)
-        texts.append(_field(record, "text", str, path, line))
-        context = _field(record, "contexts", dict, path, line)
-        for name in ("nearby", "random_sampled"):
-            if not isinstance(context.get(name, []), list):
-                raise ValueError(f"{path}:{line}: field 'contexts.{name}' must be a list of pids")
-        if not isinstance(context.get("overlap", ""), (str, type(None))):
-            raise ValueError(f"{path}:{line}: field 'contexts.overlap' must be text")
-        contexts.append(context)
-    return pids, texts, contexts
+def _has_passage_context(part: pa.Table, passage_context: str) -> np.ndarray:
+    contexts = part.column("contexts")
+    if passage_context == "overlap":
+        overlap = pc.struct_field(contexts, "overlap")
+        return pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(overlap)), 0).to_numpy(zero_copy_only=False)
+    return pc.greater(pc.list_value_length(pc.struct_field(contexts, passage_context)), 0).to_numpy(
+        zero_copy_only=False)
 
 
-def _read_queries(path: Path, known_pids: set[str], query_count: int) -> dict[str, list[str]]:
-    queries: dict[str, list[str]] = {}
-    for line, record in enumerate(iter_jsonl(path), start=1):
-        pid = _field(record, "pid", str, path, line)
-        if pid not in known_pids:
-            raise ValueError(f"{path}:{line}: pid {pid!r} is not in the passages file")
-        candidates = _field(record, "queries", list, path, line)
-        if not all(isinstance(query, str) for query in candidates):
-            raise ValueError(f"{path}:{line}: field 'queries' must be a list of strings")
-        queries[pid] = [query for query in candidates[:query_count] if query.strip()]
-    return queries
+def _has_query(part: pa.Table | None, rows: int, query_count: int) -> np.ndarray:
+    """Per passage row of a slice: at least one non-blank query among the first ``query_count``."""
+    found = np.zeros(rows, dtype=bool)
+    if part is not None and part.num_rows:
+        lists = part.column("queries").combine_chunks()
+        first = pc.list_slice(lists, 0, query_count)
+        non_blank = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(pc.list_flatten(first))), 0)
+        parents = pc.list_parent_indices(first).to_numpy()
+        found[np.unique(parents[non_blank.to_numpy(zero_copy_only=False)])] = True
+    return found
+
+
+def _check_query_rows(passages: pa.Table, queries: pa.Table, offset: int, path: Path) -> None:
+    """Row i of the queries file belongs to passage row i (the generate_queries stage writes them so)."""
+    theirs = passages.column("pid").slice(0, queries.num_rows)
+    mismatch = np.flatnonzero(~pc.equal(queries.column("pid"), theirs).to_numpy(zero_copy_only=False))
+    if len(mismatch):
+        row = int(mismatch[0])
+        raise DataFormatError(path, offset + row + 1, "pid",
+                              f"{queries.column('pid')[row].as_py()!r} is not the passage of the same row "
+                              f"in the passages file ({theirs[row].as_py()!r})")
 
 
 def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.PathLike | None,
                      context_type: str, *, passage_context: str = "random_sampled",
                      query_count: int = 1) -> PairCorpus:
-    """Read ``passages.jsonl`` (and ``queries.jsonl``) into the anchors ``context_type`` can use."""
+    """Map ``passages.arrow`` (and ``queries.arrow``) and index the anchors ``context_type`` can use."""
     if context_type not in CONTEXT_TYPES:
         raise ValueError(f"context_type must be one of {CONTEXT_TYPES}, got {context_type!r}")
     if passage_context not in PASSAGE_CONTEXTS:
@@ -116,43 +176,42 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
     if query_count < 1:
         raise ValueError(f"query_count must be at least 1, got {query_count}")
     passages_path = Path(passages_path)
-    pids, texts, contexts = _read_passages(passages_path)
-    text_of = dict(zip(pids, texts))
-
-    def passage_candidates(line: int, context: dict) -> list[str]:
-        if passage_context == "overlap":
-            overlap = (context.get("overlap") or "").strip()
-            return [overlap] if overlap else []
-        linked = context.get(passage_context) or []
-        missing = [pid for pid in linked if pid not in text_of]
-        if missing:
-            raise ValueError(f"{passages_path}:{line}: contexts.{passage_context} names unknown pid {missing[0]!r}")
-        return [text_of[pid] for pid in linked if text_of[pid].strip()]
-
+    passages = open_passages(passages_path)
     needs_queries = context_type in ("query", "mixed")
-    queries: dict[str, list[str]] = {}
+    queries, query_parts = None, iter(())
     if needs_queries:
         if queries_path is None:
             raise ValueError(f"context_type {context_type!r} needs a queries file")
-        queries = _read_queries(Path(queries_path), set(pids), query_count)
+        queries = open_queries(queries_path)
+        if queries.num_rows > passages.num_rows:
+            raise DataFormatError(queries_path, passages.num_rows + 1, "pid",
+                                  f"{queries.num_rows} rows for {passages.num_rows} passages")
+        query_parts = scan_tables(queries_path, QUERIES_SCHEMA, _SCAN_ROWS)
 
-    corpus = PairCorpus(pids=[], texts=[], passage_contexts=[], queries=[], total_passages=len(pids))
-    for line, (pid, text, context) in enumerate(zip(pids, texts, contexts), start=1):
-        candidates = passage_candidates(line, context) if context_type != "query" else []
-        own_queries = queries.get(pid, []) if needs_queries else []
-        if context_type in ("passage", "mixed") and not candidates:
-            corpus.skipped_no_passage_context += 1
-            continue
-        if needs_queries and not own_queries:
-            corpus.skipped_no_query += 1
-            continue
-        corpus.pids.append(pid)
-        corpus.texts.append(text)
-        corpus.passage_contexts.append(candidates)
-        corpus.queries.append(own_queries)
-    if not corpus.pids:
-        raise ValueError(f"{passages_path}: no passage has a {context_type} context "
-                         f"({corpus.stats()})")
+    # One pass over both files, a slice at a time, read rather than mapped: the
+    # corpus keeps row numbers only, and the scan leaves no pages resident.
+    anchors, no_context, no_query, offset = [], 0, 0, 0
+    for part in scan_tables(passages_path, PASSAGES_SCHEMA, _SCAN_ROWS):
+        keep = np.ones(part.num_rows, dtype=bool)
+        if context_type in ("passage", "mixed"):
+            keep = _has_passage_context(part, passage_context)
+            no_context += int((~keep).sum())
+        if needs_queries:
+            query_part = next(query_parts, None)
+            if query_part is not None:
+                _check_query_rows(part, query_part, offset, Path(queries_path))
+            has_query = _has_query(query_part, part.num_rows, query_count)
+            no_query += int((keep & ~has_query).sum())
+            keep &= has_query
+        anchors.append(offset + np.flatnonzero(keep))
+        offset += part.num_rows
+    corpus = PairCorpus(passages=passages, queries=queries,
+                        anchors=np.concatenate(anchors) if anchors else np.zeros(0, dtype=np.int64),
+                        passage_context=passage_context, query_count=query_count, path=passages_path,
+                        total_passages=passages.num_rows, skipped_no_passage_context=no_context,
+                        skipped_no_query=no_query)
+    if not len(corpus):
+        raise ValueError(f"{passages_path}: no passage has a {context_type} context ({corpus.stats()})")
     return corpus
 
 
@@ -188,15 +247,25 @@ class PairSampler:
 
     def batch(self, step: int, batch_size: int) -> list[Pair]:
         rng = np.random.default_rng([self.seed, 1, step])
-        pairs = []
-        for index, anchor in enumerate(self.anchors(step, batch_size)):
+        records = self.corpus.rows(self.anchors(step, batch_size))
+        drawn = []          # per pair: (kind, query text or passage-context row or overlap text)
+        for record in records:
             if self.context_type == "mixed":
                 kind = "query" if rng.random() < self.mixed_query_prob else "passage"
             else:
                 kind = self.context_type
-            candidates = self.corpus.queries[anchor] if kind == "query" else self.corpus.passage_contexts[anchor]
-            context = candidates[int(rng.integers(len(candidates)))]
-            pairs.append(Pair(index=index, anchor=self.corpus.texts[anchor], context=context, context_kind=kind))
+            if kind == "query":
+                candidates = self.corpus.query_candidates(record["row"])
+            else:
+                candidates = self.corpus.passage_candidates(record)
+            drawn.append((kind, candidates[int(rng.integers(len(candidates)))]))
+        # Passage contexts named by row are read in one gather from the mapped table.
+        wanted = [choice for kind, choice in drawn if kind == "passage" and isinstance(choice, int)]
+        texts = iter(self.corpus.texts_of(wanted))
+        pairs = []
+        for index, (record, (kind, choice)) in enumerate(zip(records, drawn)):
+            context = next(texts) if kind == "passage" and isinstance(choice, int) else choice
+            pairs.append(Pair(index=index, anchor=record["text"], context=context, context_kind=kind))
         return pairs
 
 

@@ -11,6 +11,11 @@ atomically as ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv`` and
 queries, judgements and queries per split), ``skipped`` (rows dropped, by
 reason) and ``subset`` (the settings that made it). It contains no time stamps
 or local paths, so the same input gives the same bytes (and DVC hash).
+
+A corpus read from a TSV collection (MS MARCO) is a
+:class:`qac.data.streamed.StreamedCorpus`: only its ids are in memory, and
+writing streams the documents from the source file, so preparing the 3.2M
+MS MARCO documents needs memory for their ids, not their texts.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 from qac.data.beir import read_beir, write_beir
 from qac.data.dataset import Dataset, drop_unknown_judgements
 from qac.data.errors import DataFormatError
+from qac.data.streamed import restrict_corpus
 from qac.io import atomic_path
 
 DATASET_JSON = "dataset.json"
@@ -72,7 +78,7 @@ def prepare_dataset(dataset: Dataset, *, max_documents: int | None = None,
     kept = select_documents(dataset, max_documents, keep_judged_documents)
     if len(kept) < len(dataset.corpus):
         skipped["documents_outside_subset"] += len(dataset.corpus) - len(kept)
-        dataset.corpus = {doc_id: dataset.corpus[doc_id] for doc_id in kept}
+        dataset.corpus = restrict_corpus(dataset.corpus, kept)
         for split, qrels in dataset.qrels.items():
             remaining = {}
             for qid, judgements in qrels.items():

@@ -58,7 +58,7 @@ from typing import Any, Mapping
 from qac.data.beir import read_beir
 from qac.data.dataset import Corpus, Dataset, Qrels, Queries
 from qac.data.errors import DataFormatError, DatasetUnavailableError
-from qac.data.msmarco import read_msmarco_documents, read_passage_collection
+from qac.data.msmarco import stream_tsv_corpus
 from qac.data.trec import read_topics, read_trec_qrels
 from qac.io import atomic_path
 
@@ -396,8 +396,7 @@ def _qrels_files(spec: DatasetSpec, source: Source, mirror) -> dict[str, str]:
 
 
 def _read_tsv_corpus(spec: DatasetSpec, directory: Path, min_text_chars: int, skipped: Counter) -> Corpus:
+    """The TSV collection, streamed from its file (MS MARCO documents do not fit in memory)."""
     names = spec.corpus_files()[0]
     path = next(directory / name for name in names if (directory / name).is_file())
-    if spec.format == "msmarco-docs":
-        return read_msmarco_documents(path, min_text_chars=min_text_chars, skipped=skipped)
-    return read_passage_collection(path, min_text_chars=min_text_chars, skipped=skipped)
+    return stream_tsv_corpus(path, spec.format == "msmarco-docs", min_text_chars=min_text_chars, skipped=skipped)

@@ -35,7 +35,10 @@ Determinism: a document's random draws come from a generator seeded with a
 stable hash of ``(seed, doc_id)``, and chunks of documents are processed in
 parallel but written in corpus order (``Pool.imap``), so the output bytes
 depend on the corpus, the settings and the seed only, not on the number of
-processes. Tokenization is batched: one tokenizer call per chunk and check,
+processes. Memory stays bounded: documents are read one at a time, a few
+chunks per worker are in flight, and passages are written in batches of a
+fixed number of rows (so the Arrow file's bytes do not depend on the number
+of processes either). Tokenization is batched: one tokenizer call per chunk and check,
 not one per sentence.
 """
 
@@ -49,7 +52,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
-from qac.io import write_jsonl
+from qac.data.arrowstore import write_passages
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,7 @@ def overlap_range(start: int, end: int, lengths: Sequence[int], settings: SplitS
 
 def passage_records(doc_id: str, texts: list[str], n_tokens: list[int], overlaps: list[str],
                     window: int) -> list[dict[str, Any]]:
-    """The ``passages.jsonl`` records of one document (format in docs/architecture.md)."""
+    """The ``passages.arrow`` rows of one document (format in docs/architecture.md)."""
     pids = [f"{doc_id}#{k}" for k in range(len(texts))]
     records = []
     for k, pid in enumerate(pids):
@@ -462,7 +465,7 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
                       punkt: str = "auto", punkt_train_documents: int | None = None, workers: int = 1,
                       chunk_size: int = 64, batched: bool = True, progress: bool = True,
                       max_documents: int | None = None) -> tuple[SplitStats, str]:
-    """Split a BEIR ``corpus.jsonl`` into ``passages.jsonl`` (written atomically).
+    """Split a BEIR ``corpus.jsonl`` into ``passages.arrow`` (:mod:`qac.data.arrowstore`, written atomically).
 
     ``max_documents`` splits only the first N documents in file order (a
     scaled-down pre-training corpus); Punkt still learns from the whole corpus.
@@ -495,5 +498,5 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
             stats.add(split)
             yield from split.passages
 
-    write_jsonl(passages_path, records())
+    write_passages(passages_path, records())
     return stats, punkt_model

@@ -199,9 +199,9 @@ def required_inputs(params: Mapping[str, Any], variant: str) -> dict[Path, str]:
     inputs = {root / "datasets" / str(params.get("train_dataset")): f"prepare@{params.get('train_dataset')}",
               root / "bm25" / "negatives.jsonl": "bm25"}
     if variant_settings.get("method", "none") != "none":
-        inputs[root / "passages.jsonl"] = "split_passages"
+        inputs[root / "passages.arrow"] = "split_passages"
         if variant_settings.get("context_type") in ("query", "mixed"):
-            inputs[root / "queries.jsonl"] = "generate_queries"
+            inputs[root / "queries.arrow"] = "generate_queries"
     return inputs
 
 
@@ -249,8 +249,8 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     def log_pretrain(step: int, values: dict[str, float]) -> None:
         print(f"pretrain step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items()), flush=True)
 
-    pretrain(pretrain_settings, passages=root / "passages.jsonl",
-             queries=root / "queries.jsonl" if uses_queries else None,
+    pretrain(pretrain_settings, passages=root / "passages.arrow",
+             queries=root / "queries.arrow" if uses_queries else None,
              work_dir=work / "pretrain-work", out_dir=work / "pretrain", log=log_pretrain)
     barrier()
     start = work / "pretrain" / "encoder"

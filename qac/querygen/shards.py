@@ -1,7 +1,7 @@
 """Resumable, sharded query generation over a passages file.
 
-The unit of work is a *chunk*: ``chunk_size`` consecutive passages of
-``passages.jsonl``. Chunk ``k`` belongs to shard ``k mod n``, so any number of
+The unit of work is a *chunk*: ``chunk_size`` consecutive rows of
+``passages.arrow`` (memory-mapped: a shard reads only its own chunks' rows). Chunk ``k`` belongs to shard ``k mod n``, so any number of
 processes (torchrun ranks, or separate machines with ``--shard i/n``) split the
 corpus without talking to each other, and a chunk's batches are the same
 whichever process runs it. Each finished chunk is committed atomically to a
@@ -10,21 +10,22 @@ work directory beside the output:
 ```
 data/<profile>/.queries.work/<fingerprint>/
     manifest.json            what the chunks were generated from (inputs, settings)
-    chunks/000012.jsonl      the chunk's output lines, exactly as in queries.jsonl
+    chunks/000012.jsonl      the chunk's output records, one JSON line per passage
     chunks/000012.json       commit marker: md5 and line count of the .jsonl, counts
 ```
 
 The fingerprint hashes the inputs (passages and generator MD5) and every
 setting that changes the output, so a changed configuration never picks up
 stale chunks. A rerun after a crash (even ``kill -9``) skips committed chunks;
-the merge concatenates the chunks in order into ``queries.jsonl``, so the
-result is byte-identical to an uninterrupted run.
+the merge streams the chunks in order into ``queries.arrow``
+(:mod:`qac.data.arrowstore`, fixed batch boundaries), so the result is
+byte-identical to an uninterrupted run.
 
-``queries.jsonl``: one line per passage, in the order of ``passages.jsonl``
-(the first ``querygen.max_passages`` of them when that is set):
-``{"pid": "<doc_id>#<k>", "queries": ["...", ...]}`` with the queries in
-generation order (candidate 0 first), after dropping empty and repeated
-candidates when configured.
+``queries.arrow``: one row per passage, row i for row i of ``passages.arrow``
+(the first ``querygen.max_passages`` of them when that is set): ``pid``
+(``<doc_id>#<k>``) and ``queries`` (list of strings) in generation order
+(candidate 0 first), after dropping empty and repeated candidates when
+configured.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from qac.data.arrowstore import QUERIES_SCHEMA, ArrowRecordWriter, open_passages
+from qac.data.errors import DataFormatError
 from qac.io import atomic_path, file_md5, write_json
 from qac.querygen.generate import GenerationStats, QueryGenerator, SamplingSettings
 
@@ -73,7 +76,7 @@ class ShardSpec:
 
 
 def work_dir_for(output: str | os.PathLike) -> Path:
-    """``data/<profile>/.queries.work`` for ``data/<profile>/queries.jsonl``: not a DVC output."""
+    """``data/<profile>/.queries.work`` for ``data/<profile>/queries.arrow``: not a DVC output."""
     output = Path(output)
     return output.parent / f".{output.stem}.work"
 
@@ -83,52 +86,29 @@ def fingerprint(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
-def _parse_passage(line: str, path: Path, line_number: int) -> tuple[str, str]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{line_number}: malformed JSON ({error.msg})") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{path}:{line_number}: expected a JSON object")
-    for name in ("pid", "text"):
-        if not isinstance(record.get(name), str):
-            raise ValueError(f"{path}:{line_number}: field {name!r} missing or not a string")
-    if not record["pid"]:
-        raise ValueError(f"{path}:{line_number}: field 'pid' is empty")
-    return record["pid"], record["text"]
-
-
 def count_passages(path: str | os.PathLike) -> int:
-    """Number of non-blank lines of a passages file."""
-    with open(path, "rb") as handle:
-        return sum(1 for line in handle if line.strip())
+    """Number of rows of a passages file."""
+    return open_passages(path).num_rows
 
 
 def iter_chunks(path: str | os.PathLike, chunk_size: int, wanted: Callable[[int], bool],
                 limit: int | None = None) -> Iterator[tuple[int, list[tuple[str, str]]]]:
     """Yield ``(chunk index, [(pid, text), ...])`` for the chunks ``wanted`` accepts.
 
-    Lines of other chunks are counted but not parsed, so a shard reads the
-    whole file cheaply. ``limit`` stops after that many passages.
+    Other chunks are skipped without reading them (the file is memory-mapped).
+    ``limit`` stops after that many passages.
     """
-    path = Path(path)
-    chunk, position, current, seen = 0, 0, [], 0
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            if limit is not None and seen == limit:
-                break
-            seen += 1
-            if wanted(chunk):
-                current.append(_parse_passage(line, path, line_number))
-            position += 1
-            if position == chunk_size:
-                if wanted(chunk):
-                    yield chunk, current
-                chunk, position, current = chunk + 1, 0, []
-    if position and wanted(chunk):
-        yield chunk, current
+    table = open_passages(path).select(["pid", "text"])
+    total = table.num_rows if limit is None else min(limit, table.num_rows)
+    for chunk, start in enumerate(range(0, total, chunk_size)):
+        if not wanted(chunk):
+            continue
+        part = table.slice(start, min(chunk_size, total - start))
+        passages = list(zip(part.column("pid").to_pylist(), part.column("text").to_pylist()))
+        for offset, (pid, _) in enumerate(passages):
+            if not pid:
+                raise DataFormatError(path, start + offset + 1, "pid", "empty")
+        yield chunk, passages
 
 
 def _query_line(pid: str, queries: list[str]) -> str:
@@ -200,14 +180,15 @@ class ChunkStore:
             raise RuntimeError(f"{self.root}: {len(missing)} of {n_chunks} chunks not generated yet ({shown}); "
                                "run the remaining shards before merging")
         total = GenerationStats()
-        with atomic_path(output) as tmp, open(tmp, "wb") as out:
+        with ArrowRecordWriter(output, QUERIES_SCHEMA) as out:
             for chunk in range(n_chunks):
                 marker = self.marker(chunk)
                 expected = min(chunk_size, self.manifest["passages"] - chunk * chunk_size)
                 if marker["passages"] != expected:
                     raise RuntimeError(f"{self._paths(chunk)[1]}: {marker['passages']} passages, expected {expected}")
-                with open(self._paths(chunk)[0], "rb") as handle:
-                    shutil.copyfileobj(handle, out)
+                with open(self._paths(chunk)[0], encoding="utf-8") as handle:
+                    for line in handle:
+                        out.write(json.loads(line))
                 total.add(GenerationStats.from_dict(marker["stats"]))
         return total
 

@@ -76,30 +76,21 @@ class AnnotationPair:
 
 
 def read_passages(path: str | os.PathLike) -> dict[str, list[dict]]:
-    """``passages.jsonl`` grouped by document: ``{doc_id: [{pid, position, text}, ...]}`` in file order."""
-    from qac.data.textfile import iter_json_objects, required_id, required_text
+    """``passages.arrow`` grouped by document: ``{doc_id: [{pid, position, text}, ...]}`` in file order."""
+    from qac.data.arrowstore import PASSAGES_SCHEMA, iter_records
 
     documents: dict[str, list[dict]] = defaultdict(list)
-    for line, record in iter_json_objects(path):
-        pid = required_id(record, "pid", path, line)
-        doc_id = required_id(record, "doc_id", path, line)
-        text = required_text(record, "text", path, line)
-        documents[doc_id].append({"pid": pid, "position": record.get("position"), "text": text})
+    for record in iter_records(path, PASSAGES_SCHEMA, columns=["pid", "doc_id", "position", "text"]):
+        documents[record["doc_id"]].append({"pid": record["pid"], "position": record["position"],
+                                            "text": record["text"]})
     return dict(documents)
 
 
 def read_queries(path: str | os.PathLike) -> dict[str, list[str]]:
-    """``queries.jsonl`` as ``{pid: [query, ...]}`` (generation order)."""
-    from qac.data.textfile import iter_json_objects, required_id
+    """``queries.arrow`` as ``{pid: [query, ...]}`` (generation order)."""
+    from qac.data.arrowstore import QUERIES_SCHEMA, iter_records
 
-    queries: dict[str, list[str]] = {}
-    for line, record in iter_json_objects(path):
-        pid = required_id(record, "pid", path, line)
-        values = record.get("queries")
-        if not isinstance(values, list) or not all(isinstance(query, str) for query in values):
-            raise DataFormatError(path, line, "queries", "expected a list of strings")
-        queries[pid] = values
-    return queries
+    return {record["pid"]: record["queries"] for record in iter_records(path, QUERIES_SCHEMA)}
 
 
 def sample_items(documents: Mapping[str, list[dict]], queries: Mapping[str, list[str]], n_documents: int,

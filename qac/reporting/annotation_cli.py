@@ -43,8 +43,8 @@ def _export(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     data = profile_dir(params)
     out = Path(args.out) if args.out else data / "annotation"
-    pairs = annotation.sample_items(annotation.read_passages(data / "passages.jsonl"),
-                                    annotation.read_queries(data / "queries.jsonl"),
+    pairs = annotation.sample_items(annotation.read_passages(data / "passages.arrow"),
+                                    annotation.read_queries(data / "queries.arrow"),
                                     int(params["annotation"]["documents"]), int(params["seed"]))
     count = annotation.export_sheet(pairs, out / "sheet.csv", out / "key.csv", int(params["seed"]))
     print(f"wrote {count} pairs from {count // 2} documents to {out / 'sheet.csv'} (key: {out / 'key.csv'})")

@@ -1,0 +1,256 @@
+"""Arrow files between stages: passages and generated queries, memory-mapped.
+
+The files that grow with the corpus (``passages.arrow``, ``queries.arrow``) are
+Arrow IPC *stream* files, the format of Hugging Face ``datasets`` cache files:
+``datasets.Dataset.from_file(path)`` opens one as a dataset, and
+:func:`open_table` maps it into memory without reading it. Mapped pages live
+in the operating system's page cache, so the processes of a ``torchrun`` job
+share one copy of the texts instead of each holding its own.
+
+Writing is streaming (record batches of :data:`ROWS_PER_BATCH` rows, never
+the whole table) and atomic (:func:`qac.io.atomic_path`). A batch boundary
+depends only on the row count, so the same rows always give the same bytes,
+whatever produced them in how many processes. The schemas are documented in
+docs/architecture.md ("Files between stages").
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from qac.data.errors import DataFormatError
+from qac.io import atomic_path
+
+ROWS_PER_BATCH = 1024
+
+PASSAGES_SCHEMA = pa.schema([
+    pa.field("pid", pa.string(), nullable=False),
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("position", pa.int32(), nullable=False),
+    pa.field("text", pa.string(), nullable=False),
+    pa.field("n_tokens", pa.int32(), nullable=False),
+    pa.field("contexts", pa.struct([
+        pa.field("nearby", pa.list_(pa.string()), nullable=False),
+        pa.field("random_sampled", pa.list_(pa.string()), nullable=False),
+        pa.field("overlap", pa.string(), nullable=False),
+    ]), nullable=False),
+])
+
+QUERIES_SCHEMA = pa.schema([
+    pa.field("pid", pa.string(), nullable=False),
+    pa.field("queries", pa.list_(pa.string()), nullable=False),
+])
+
+
+class ArrowRecordWriter:
+    """Append records (dicts) to an Arrow stream file in batches of ``ROWS_PER_BATCH`` rows.
+
+    Use as a context manager: the file appears at ``path`` when the block ends
+    without an error, and not at all otherwise.
+    """
+
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema):
+        self.path, self.schema = Path(path), schema
+        self.rows = 0
+        self._pending: list[dict[str, Any]] = []
+
+    def __enter__(self) -> "ArrowRecordWriter":
+        self._atomic = atomic_path(self.path)
+        tmp = self._atomic.__enter__()
+        self._sink = pa.OSFile(str(tmp), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self.schema)
+        return self
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._pending.append(record)
+        if len(self._pending) == ROWS_PER_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows, self._pending = self._pending[:ROWS_PER_BATCH], self._pending[ROWS_PER_BATCH:]
+        self._writer.write_batch(to_record_batch(rows, self.schema, self.path, first_row=self.rows))
+        self.rows += len(rows)
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        try:
+            if kind is None:
+                while self._pending:
+                    self._flush()
+            self._writer.close()
+            self._sink.close()
+        except BaseException as failure:
+            self._atomic.__exit__(type(failure), failure, failure.__traceback__)
+            raise
+        return bool(self._atomic.__exit__(kind, error, traceback))
+
+
+def to_record_batch(rows: list[dict[str, Any]], schema: pa.Schema, path, first_row: int = 0) -> pa.RecordBatch:
+    """Rows as a record batch of ``schema``; a bad row raises naming the file, row and field."""
+    batch = None
+    if _lists_are_lists(rows, schema):   # Arrow would take a string as a list of characters
+        try:
+            batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+        except (pa.ArrowException, TypeError, ValueError):
+            pass
+    missing = [] if batch is None else [schema.field(i).name for i in range(len(schema))
+                                        if batch.column(i).null_count]
+    if batch is None or missing:
+        for offset, row in enumerate(rows):
+            _check_row(row, schema, path, first_row + offset)
+        raise DataFormatError(path, None, missing[0] if missing else None, "cannot be stored as Arrow")
+    return batch
+
+
+def _list_fields(schema) -> list[tuple[str, ...]]:
+    paths = []
+    for field in schema:
+        if pa.types.is_list(field.type):
+            paths.append((field.name,))
+        elif pa.types.is_struct(field.type):
+            paths.extend((field.name, child.name) for child in field.type if pa.types.is_list(child.type))
+    return paths
+
+
+def _value(row: dict, path: tuple[str, ...]):
+    for name in path:
+        row = row.get(name) if isinstance(row, dict) else None
+    return row
+
+
+def _lists_are_lists(rows: list[dict[str, Any]], schema: pa.Schema) -> bool:
+    paths = _list_fields(schema)
+    return all(isinstance(_value(row, path), list) for row in rows for path in paths)
+
+
+def _check_row(row: dict[str, Any], schema: pa.Schema, path, index: int) -> None:
+    """Raise on the first field of ``row`` that ``schema`` cannot hold (``index`` counts from 1 in messages)."""
+    for field in schema:
+        if row.get(field.name) is None:
+            raise DataFormatError(path, index + 1, field.name, "missing")
+        try:
+            pa.array([row[field.name]], type=field.type)
+        except (pa.ArrowException, TypeError, ValueError) as error:
+            raise DataFormatError(path, index + 1, field.name, f"expected {field.type} ({error})") from None
+        if pa.types.is_struct(field.type):
+            for child in field.type:
+                if not isinstance(row[field.name], dict) or row[field.name].get(child.name) is None:
+                    raise DataFormatError(path, index + 1, f"{field.name}.{child.name}", "missing")
+    for list_path in _list_fields(schema):
+        if not isinstance(_value(row, list_path), list):
+            raise DataFormatError(path, index + 1, ".".join(list_path), "expected a list")
+
+
+def write_records(path: str | os.PathLike, schema: pa.Schema, records: Iterable[dict[str, Any]]) -> int:
+    """Write ``records`` as an Arrow stream file, atomically; the number of rows."""
+    with ArrowRecordWriter(path, schema) as writer:
+        for record in records:
+            writer.write(record)
+    return writer.rows
+
+
+def open_table(path: str | os.PathLike, schema: pa.Schema) -> pa.Table:
+    """The memory-mapped table of an Arrow stream file, checked against ``schema``.
+
+    Reading costs no memory for the data itself: columns point into the
+    mapping, and pages are loaded (and shared between processes) on access.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(path, None, None, "file not found")
+    try:
+        table = pa.ipc.open_stream(pa.memory_map(str(path), "r")).read_all()
+    except pa.ArrowInvalid as error:
+        raise DataFormatError(path, None, None, f"not an Arrow stream file ({error})") from None
+    for field in schema:
+        if field.name not in table.schema.names:
+            raise DataFormatError(path, None, field.name, "column missing")
+        found = table.schema.field(field.name).type
+        if not found.equals(field.type):
+            raise DataFormatError(path, None, field.name, f"expected {field.type}, found {found}")
+    return table
+
+
+def iter_records(path: str | os.PathLike, schema: pa.Schema, columns: list[str] | None = None,
+                 start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+    """Rows ``start..stop`` of an Arrow stream file as dicts, decoded one batch at a time."""
+    table = open_table(path, schema)
+    if columns is not None:
+        table = table.select(columns)
+    stop = table.num_rows if stop is None else min(stop, table.num_rows)
+    for offset in range(start, stop, ROWS_PER_BATCH):
+        yield from table.slice(offset, min(ROWS_PER_BATCH, stop - offset)).to_pylist()
+
+
+class RowGather:
+    """Rows of a (memory-mapped) table by row number, touching only their record batches.
+
+    ``Table.take`` concatenates every chunk of a column first, a copy of the
+    whole file per call; here each requested row is looked up in its own
+    record batch, so a batch of pairs costs what its rows weigh.
+    """
+
+    def __init__(self, table: pa.Table):
+        self.batches = table.to_batches()
+        self.starts = np.cumsum([0] + [batch.num_rows for batch in self.batches])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.starts[-1])
+
+    def rows(self, rows, columns: list[str] | None = None) -> list[dict[str, Any]]:
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.num_rows):
+            raise IndexError(f"row out of range 0..{self.num_rows - 1}")
+        which = np.searchsorted(self.starts, rows, side="right") - 1
+        found: list[Any] = [None] * len(rows)
+        for index in np.unique(which).tolist():
+            positions = np.flatnonzero(which == index)
+            batch = self.batches[index] if columns is None else self.batches[index].select(columns)
+            for position, record in zip(positions.tolist(),
+                                        batch.take(pa.array(rows[positions] - self.starts[index])).to_pylist()):
+                found[position] = record
+        return found
+
+
+def scan_tables(path: str | os.PathLike, schema: pa.Schema, rows: int) -> Iterator[pa.Table]:
+    """The file as consecutive tables of ``rows`` rows (the last may be shorter), read, not mapped.
+
+    For one pass over a whole file: each table is read into the process and
+    released after use, so the pass leaves no mapped pages resident in the
+    process (a mapped scan would count the whole file in its resident memory).
+    """
+    open_table(path, schema)   # checks the schema, naming the file
+    pending: list[pa.RecordBatch] = []
+    buffered = 0
+    with pa.OSFile(str(path), "rb") as source:
+        for batch in pa.ipc.open_stream(source):
+            pending.append(batch)
+            buffered += batch.num_rows
+            while buffered >= rows:
+                table = pa.Table.from_batches(pending, schema=batch.schema)
+                yield table.slice(0, rows)
+                rest = table.slice(rows)
+                pending, buffered = rest.to_batches(), rest.num_rows
+        if buffered:
+            yield pa.Table.from_batches(pending, schema=pending[0].schema)
+
+
+def open_passages(path: str | os.PathLike) -> pa.Table:
+    return open_table(path, PASSAGES_SCHEMA)
+
+
+def open_queries(path: str | os.PathLike) -> pa.Table:
+    return open_table(path, QUERIES_SCHEMA)
+
+
+def write_passages(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
+    return write_records(path, PASSAGES_SCHEMA, records)
+
+
+def write_queries(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
+    return write_records(path, QUERIES_SCHEMA, records)
