@@ -29,7 +29,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     import torch
-    from tqdm import tqdm
+
+    from qac.console import progress
 
     from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed
     from qac.io import write_json
@@ -69,8 +70,9 @@ def main(argv=None) -> int:
     if not args.merge_only:
         generator = generator_from_settings(str(generator_dir), settings, ctx.device,
                                             str(section.get("dtype", "auto")), invariant)
-        bar = tqdm(total=pending_passages(store, shard), unit="passage", desc=f"queries shard {shard.index}/{shard.count}",
-                   disable=False, position=ctx.rank)
+        # One bar per process (each generates its own shard), each on its own line.
+        bar = progress(total=pending_passages(store, shard), unit="passage", main_only=False,
+                       desc=f"queries shard {shard.index}/{shard.count}", position=ctx.rank)
         with torch.inference_mode():
             stats = generate_chunks(store, generator, passages_path, shard, int(section["batch_size"]), bar.update)
         bar.close()

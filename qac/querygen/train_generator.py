@@ -101,8 +101,9 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
                     autocast_dtype: torch.dtype | None = None,
                     log: Callable[[dict[str, float], int], None] | None = None) -> dict[str, float]:
     """Fine-tune ``model`` on ``pairs`` (cross-entropy of the target given the source); the final figures."""
-    from tqdm import tqdm
     from transformers import get_linear_schedule_with_warmup
+
+    from qac.console import progress
 
     model.to(device).train()
     steps_per_epoch = math.ceil(len(pairs) / settings.batch_size)
@@ -117,7 +118,7 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)    # dropout
     step, recent = 0, []
-    bar = tqdm(total=total_steps, unit="step", desc="query generator")
+    bar = progress(total=total_steps, unit="step", desc="query generator")
     for epoch in range(settings.epochs):
         order = list(range(len(pairs)))
         rng.shuffle(order)

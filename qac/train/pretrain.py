@@ -218,9 +218,13 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
                         step=step, data_position=step * settings.batch_size,
                         fingerprint=settings.fingerprint(), device=device, rank=dist.rank)
 
+    from qac.console import progress
+
     model.train()
     window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
     window_parts: dict[str, float] = defaultdict(float)
+    last_metrics: dict[str, float] = {}
+    bar = progress(total=settings.steps, initial=start_step, desc=f"pretrain {settings.method}", unit="step")
     for step in range(start_step, settings.steps):
         pairs = sampler.batch(step, settings.batch_size)
         for micro in range(accumulation):
@@ -248,12 +252,17 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
                            tokens_per_second=tokens / elapsed)
             if log is not None and dist.is_main:
                 log(done, metrics)
+            last_metrics = metrics
+            bar.set_postfix({name: f"{value:.3f}" for name, value in metrics.items() if name.startswith("loss")},
+                            refresh=False)
             window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
             window_parts = defaultdict(float)
         if done % settings.checkpoint_every == 0 or done == settings.steps:
             paused = time.perf_counter()
             checkpoint(done)
             window_start += time.perf_counter() - paused    # throughput leaves checkpoint writing out
+        bar.update(1)
+    bar.close()
 
     if dist.is_main:
         from qac.io import atomic_path
@@ -268,4 +277,4 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     return {"method": settings.method, "steps": settings.steps, "resumed_from_step": start_step,
             "discarded_checkpoint": discarded_checkpoint,
             "grad_cache": type(step_fn).__name__ == "GradCachedStep", "corpus": corpus.stats(),
-            "model": model.describe(), "world_size": world}
+            "model": model.describe(), "world_size": world, "final_metrics": last_metrics}
