@@ -2,8 +2,8 @@
 
 By default a stage prints a progress bar per long loop (on a terminal, rank 0
 only) and one summary line with its key result; the libraries' chatter is
-silenced: transformers' load reports ("LOAD REPORT ... MISSING") and
-warnings, MLflow's INFO lines (system metrics, run links), Hugging Face Hub
+silenced: transformers' load reports ("LOAD REPORT ... MISSING"), warnings and
+weight-loading bars, MLflow's INFO lines (system metrics, run links), Hugging Face Hub
 and datasets messages, and Python warnings from torch and friends. ``-v`` on a
 stage script, or ``QAC_VERBOSE=1`` in the environment (which reaches stages
 run by ``dvc repro`` and ``torchrun``), brings all of it back.
@@ -53,6 +53,8 @@ def setup_console(verbose: bool = False) -> bool:
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     os.environ.setdefault("DATASETS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # transformers' own bars ("Loading weights", "Writing model shards") follow the Hub's switch.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # MLflow sets its loggers' level from this variable when it is imported, after this function ran.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")   # inherited by subprocesses
@@ -64,6 +66,7 @@ def setup_console(verbose: bool = False) -> bool:
         import transformers
 
         transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
     except ImportError:   # transformers is a dependency; an import failure surfaces where it is used
         pass
     return False
