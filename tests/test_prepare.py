@@ -98,7 +98,7 @@ def test_an_incomplete_mirror_folder_says_what_is_missing(tmp_path):
     files = beir_files()
     del files["qrels/train.tsv"]
     write_tree(tmp_path / "mirror" / "tiny", files)
-    with pytest.raises(DatasetUnavailableError, match=r"missing qrels/train.tsv.*no url"):
+    with pytest.raises(DatasetUnavailableError, match=r"missing qrels/train.tsv.*no public URL"):
         locate_dataset(spec(), tmp_path / "mirror", tmp_path / "downloads")
 
 
@@ -251,7 +251,7 @@ def test_prepare_stage_writes_a_normalised_dataset(project, mlflow_store):
 
     run = mlflow.search_runs(experiment_names=["qac-smoke"], filter_string="tags.`qac.kind` = 'prepare'",
                              output_format="list")[0]
-    assert run.info.run_name == "prepare/tiny"
+    assert run.info.run_name == "tiny · prepare" and run.data.tags["qac.stage"] == "prepare@tiny"
     assert run.data.metrics["documents"] == 4 and run.data.metrics["skipped/qrels_unknown_document"] == 1
 
 
@@ -267,7 +267,7 @@ def test_a_failing_prepare_leaves_nothing_behind(project, tmp_path):
 
 
 def test_an_unavailable_dataset_fails_before_any_work(project, mlflow_store):
-    with pytest.raises(DatasetUnavailableError, match=UNREACHABLE):
+    with pytest.raises(SystemExit, match=UNREACHABLE):   # the message alone, no traceback
         load_stage().main(["--dataset", "elsewhere"])
     assert not (project / "data").exists()
     assert not Path(mlflow_store.removeprefix("sqlite:///")).exists()  # no run was even opened

@@ -156,7 +156,7 @@ def test_stage_saves_a_seq2seq_folder_and_logs_quality(tmp_path, monkeypatch, ml
     assert record["run_id"] == metrics["mlflow_run_id"]
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(record["run_id"])
-    assert run.info.run_name == "query_generator/train" and run.data.tags["qac.kind"] == "query_generator"
+    assert run.info.run_name == "query_generator" and run.data.tags["qac.kind"] == "query_generator"
     for key in ("rougeL", "self_retrieval/generated", "self_retrieval/random_sentence", "self_retrieval/reference",
                 "pairs/train", "pairs/heldout", "train/loss"):
         assert key in run.data.metrics, key
