@@ -126,6 +126,13 @@ def test_the_study_run_says_what_it_studies(evaluated_study):
     assert study.info.run_name.startswith("study · smoke · ")
 
 
+def test_the_experiment_opens_on_its_training_runs(evaluated_study):
+    _, _, client, _, _ = evaluated_study
+    experiment = client.get_experiment_by_name("qac-smoke")
+    # Without this tag MLflow 3 opens the experiment on its GenAI overview.
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
 def test_run_names_lead_with_what_differs():
     from qac.tracking.naming import baseline_description, variant_label, variant_run_name
 

@@ -75,6 +75,9 @@ def _setup(params: Mapping[str, Any]):
         except Exception:  # created concurrently by another stage
             pass
         experiment = mlflow.get_experiment_by_name(name)
+    from qac.tracking.record import mark_training_experiment
+
+    mark_training_experiment(mlflow.MlflowClient(), experiment)
     mlflow.set_experiment(experiment_id=experiment.experiment_id)
     return mlflow, experiment
 

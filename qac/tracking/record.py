@@ -7,6 +7,9 @@
   any stage file, named and digested by the file's MD5 (the hash DVC uses).
   They are metadata datasets: nothing is loaded into memory or copied.
 - :func:`describe_study_run`: the study run's parameters (profile, commit).
+- :func:`mark_training_experiment`: MLflow 3 opens an experiment of unknown
+  kind on its GenAI overview; the tag ``mlflow.experimentKind`` makes it open
+  on the table of training runs instead.
 - :func:`reopened_run`: log more into a finished run without moving its end
   time, so a run's duration stays the duration of the work it describes.
 - :func:`models_requested` / :func:`log_encoder`: trained encoders as run
@@ -44,6 +47,16 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(child) for child in value]
     return value
+
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"   # shown as "Machine learning" in the UI's experiment type selector
+
+
+def mark_training_experiment(client, experiment) -> None:
+    """Tag ``experiment`` as a model-training one, unless someone chose its kind already."""
+    if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
 
 
 def describe_study_run(client, run_id: str, params: Mapping[str, Any], commit: str, dirty: bool) -> None:
