@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from qac.config import load_params
-from qac.console import StageClock, add_verbose_flag, print_summary, setup_console, profile_dir
+from qac.config import load_params, profile_dir
+from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 from qac.io import atomic_path
 from qac.reporting import annotation
 from qac.tracking import log_metrics, stage_run, write_run_record
