@@ -9,16 +9,21 @@ the automatic judge until `annotation.human_sheets` lists filled sheets.
 from __future__ import annotations
 
 import json
+import argparse
 import sys
 from pathlib import Path
 
 from qac.config import load_params, profile_dir
+from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 from qac.io import atomic_path
 from qac.reporting import annotation
 from qac.tracking import log_metrics, stage_run, write_run_record
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    clock = StageClock()
     params = load_params()
     settings = params["annotation"]
     if settings.get("judge", "encoder_cosine") != "encoder_cosine":
@@ -58,10 +63,11 @@ def main() -> int:
             mlflow.log_artifact(str(Path(out) / "summary.json"))
         write_run_record(out, run.info.run_id)
     shares = summary["shares"]
-    print(f"annotation: {summary['documents']} documents; high correlation "
-          + ", ".join(f"{kind} {value['share']:.1%}" for kind, value in shares.items()) + f" ({summary['labels']})")
+    print_summary("annotation", f"{summary['documents']} documents",
+                  "high correlation " + ", ".join(f"{kind} {value['share']:.1%}" for kind, value in shares.items()),
+                  f"labels: {summary['labels']}", seconds=clock.seconds)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

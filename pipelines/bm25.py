@@ -9,15 +9,18 @@ Outputs under data/<profile>/bm25/:
                                (all but `train`) of `train_dataset` and the `zero_shot` datasets
   runs/<dataset>/<split>.per_query.json  {measure: {qid: value}} of each run (the tables' source)
   metrics.json                 {dataset: {split: {measure: value}}}
-  mlflow_run.json              the MLflow run `baseline/bm25`
+  mlflow_run.json              the MLflow run `bm25 · baseline` (params method=bm25, retriever=bm25)
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import sys
 from pathlib import Path
 
 from qac.config import load_params, profile_dir
+from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 from qac.data.prepared import load_prepared
 from qac.evaluation.report import TRAIN_SPLIT, evaluate_and_log, evaluation_splits
 from qac.evaluation.trec_io import write_run
@@ -25,12 +28,16 @@ from qac.io import atomic_path, write_json, write_jsonl
 from qac.retrieval.bm25 import BM25Index, BM25Settings
 from qac.retrieval.mining import negatives_records
 from qac.tracking import stage_run, write_run_record
+from qac.tracking.naming import baseline_description, run_name
+from qac.tracking.record import log_dataset_inputs
 
 log = logging.getLogger("bm25")
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+def main(argv: list[str] | None = None) -> None:
+    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    clock = StageClock()
     params = load_params()
     root = profile_dir(params)
     train_name = params["train_dataset"]
@@ -40,15 +47,16 @@ def main() -> None:
     negatives_depth = int(params["finetune"]["bm25_depth"])
     settings = BM25Settings(**params.get("bm25", {}))
     stage_params = {"train_dataset": train_name, "zero_shot": names[1:], "depth": depth, "measures": measures,
-                    "bm25_depth": negatives_depth, "bm25": vars(settings)}
+                    "bm25_depth": negatives_depth, "bm25": vars(settings), **baseline_description("bm25")}
 
     with atomic_path(root / "bm25", directory=True) as out:
-        with stage_run(params, "bm25", "baseline/bm25", kind="baseline", stage_params=stage_params,
+        with stage_run(params, "bm25", run_name("bm25", "baseline"), kind="baseline", stage_params=stage_params,
                        inputs={name: root / "datasets" / name for name in names},
                        tags={"qac.retriever": "bm25"}) as mlflow_run:
             summary = {}
             for name in names:
                 dataset = load_prepared(root / "datasets" / name)
+                log_dataset_inputs(root / "datasets" / name, "evaluation", splits=evaluation_splits(dataset))
                 texts = [document.full_text for document in dataset.corpus.values()]   # title + " " + text
                 index = BM25Index(list(dataset.corpus), texts, settings)
                 if name == train_name:
@@ -69,7 +77,11 @@ def main() -> None:
                     log.info("%s/%s: %s", name, split, result.aggregate)
             write_json(Path(out) / "metrics.json", summary)
             write_run_record(out, mlflow_run.info.run_id)
+    measure = measures[0]
+    facts = [f"{name}/{split} {measure} {values[measure]:.3f}"
+             for name, by_split in summary.items() for split, values in list(by_split.items())[:1]]
+    print_summary("bm25", f"negatives for {count} training queries", *facts, seconds=clock.seconds)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -9,9 +9,11 @@ as one unit, ``data/<profile>/eval/<variant>/<retriever>/<dataset>/<split>.trec`
 and ``<split>.per_query.json``, plus ``metrics/eval/<variant>.json``. Metrics
 go into the retriever's fine-tuning run as ``<dataset>/<split>/<measure>``
 with the per-query values as the artifact ``per_query/<dataset>/<split>.json``;
-the untuned encoder gets its own run ``eval/untuned/<variant>`` under the
-pre-training run. Graded sets count labels >= the split's ``rel_threshold``
-(``dataset.json``) as relevant in binary measures.
+the untuned encoder gets its own run ``none · untuned`` under the pre-training
+run. Fine-tuning runs keep their end time, so their duration stays the
+training's; each run gets ``eval/seconds`` and the evaluated datasets as MLflow
+inputs (context ``evaluation``). Graded sets count labels >= the split's
+``rel_threshold`` (``dataset.json``) as relevant in binary measures.
 """
 
 from __future__ import annotations
@@ -73,12 +75,12 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
     doc_ids = list(dataset.corpus)
     doc_vectors = encode_texts(model.encoder, tokenizer,
                                [document_text(dataset.corpus[d].title, dataset.corpus[d].text) for d in doc_ids],
-                               max_length=passage_max_len, **options)
+                               max_length=passage_max_len, desc=f"encode {dataset.name} corpus", **options)
     results = {}
     for split in evaluation_splits(dataset):
         queries = dataset.split_queries(split)
         query_vectors = encode_texts(model.encoder, tokenizer, list(queries.values()), max_length=query_max_len,
-                                     **options)
+                                     desc=f"encode {dataset.name}/{split} queries", **options)
         run = dense_search(list(queries), query_vectors, doc_ids, doc_vectors, k=settings["depth"])
         write_run(out_dir / f"{split}.trec", run, tag=out_dir.parent.name)
         result = evaluate_split(dataset, split, run, settings["metrics"])
@@ -87,7 +89,32 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
     return results
 
 
+def headline(params: dict, results: dict[str, dict[str, dict]]) -> list[str]:
+    """The summary line's facts: each retriever's first measure on the in-domain set's first split."""
+    measure = params["evaluate"]["metrics"][0]
+    facts = []
+    for name, by_dataset in results.items():
+        by_split = by_dataset.get(params["train_dataset"]) or {}
+        if by_split:
+            split, result = next(iter(by_split.items()))
+            facts.append(f"{name} {params['train_dataset']}/{split} {measure} {result.aggregate[measure]:.3f}")
+    zero_shot = sum(len(by_dataset) - (params["train_dataset"] in by_dataset) for by_dataset in results.values())
+    if zero_shot:
+        facts.append(f"{zero_shot} zero-shot evaluations")
+    return facts
+
+
 def main(argv: list[str] | None = None) -> None:
+    from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
+    args = add_verbose_flag(parser).parse_args(argv)
+    setup_console(args.verbose)
+    clock = StageClock()
+
+    import time
+
     import mlflow
 
     from qac.config import checked_variant, load_params, profile_dir
@@ -96,12 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     from qac.evaluation.report import log_evaluation
     from qac.io import atomic_path, write_json
     from qac.models.loading import load_tokenizer
-    from qac.tracking import read_run_record, stage_run, tracking_uri, write_run_record
+    from qac.tracking import log_metrics, read_run_record, stage_run, tracking_uri, write_run_record
+    from qac.tracking.naming import variant_description, variant_run_name
+    from qac.tracking.record import log_dataset_inputs, reopened_run
     from qac.train.biencoder import BiEncoder
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
-    args = parser.parse_args(argv)
 
     params = load_params()
     variant = checked_variant(params, args.variant)
@@ -113,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     device = init_distributed().device
     out_dir = root / "eval" / variant
     results: dict[str, dict[str, dict]] = {name: {} for name, _, _ in retrievers}
+    seconds: dict[str, float] = {name: 0.0 for name, _, _ in retrievers}
     with atomic_path(out_dir, directory=True) as staging:
         # Datasets outside, retrievers inside: each corpus is read once.
         for dataset_name in evaluation_datasets(params):
@@ -120,25 +146,32 @@ def main(argv: list[str] | None = None) -> None:
             for name, folder, _ in retrievers:
                 if dataset_name != params["train_dataset"] and not evaluates_zero_shot(params, variant, name):
                     continue
+                started = time.perf_counter()
                 model = BiEncoder.from_pretrained(folder, pooling=params["finetune"].get("pooling", "cls"))
                 results[name][dataset_name] = evaluate_retriever_on(
                     model.to(device), load_tokenizer(str(folder)), dataset, settings=settings, lengths=lengths,
                     device=device, out_dir=Path(staging) / name / dataset_name)
+                seconds[name] += time.perf_counter() - started
 
-        # Metrics go into each fine-tuning run (reopened by id); the untuned
+        # Metrics go into each fine-tuning run, reopened by id without moving
+        # its end time (its duration stays the training's); the untuned
         # encoder has no fine-tuning run, so it gets its own beside them.
         mlflow.set_tracking_uri(tracking_uri())
+        description = variant_description(params, variant)
         for name, folder, run_id in retrievers:
             if run_id is None:
-                opened = stage_run(params, f"evaluate@{variant}", f"eval/{name}/{variant}", kind="baseline",
-                                   stage_params={"encoder": str(folder), **settings},
+                opened = stage_run(params, f"evaluate@{variant}", variant_run_name(description, name),
+                                   kind="baseline",
+                                   stage_params={"encoder": str(folder), **settings, **description, "retriever": name},
                                    tags={"qac.retriever": name, "qac.variant": variant},
                                    parent_run_id=parent["run_id"] if parent else None)
             else:
-                opened = mlflow.start_run(run_id=run_id)
+                opened = reopened_run(run_id)
             with opened as run:
                 mlflow.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings["depth"]})
+                log_metrics({"eval/seconds": seconds[name]})
                 for dataset_name, by_split in results[name].items():
+                    log_dataset_inputs(root / "datasets" / dataset_name, "evaluation", splits=list(by_split))
                     for split, result in by_split.items():
                         log_evaluation(result, dataset_name, split)
                 if run_id is None:
@@ -147,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
                       for dataset_name, by_split in by_dataset.items()}
                for name, by_dataset in results.items()}
     write_json(root / "metrics" / "eval" / f"{variant}.json", summary)
+    print_summary(f"evaluate@{variant}", *headline(params, results), seconds=clock.seconds)
 
 
 if __name__ == "__main__":

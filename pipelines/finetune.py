@@ -10,8 +10,11 @@ mined negatives (plus the BM25 ones with ``r2_use_bm25_negatives``).
 Writes ``data/<profile>/finetune/<variant>/`` as one unit: ``r1/``, ``r2/``
 (Hugging Face encoder folders with tokenizer and ``mlflow_run.json``) and
 ``mined_negatives.jsonl``. Each retriever is an MLflow run
-``finetune/<r1|r2>/<variant>`` nested under the pre-training run. Only the
-train split of ``train_dataset`` is read. Runs alone or under ``torchrun``.
+``<method> · <context> · C=<count> · r1|r2`` nested under the pre-training run,
+with the variant's parameters (method, context_type, query_count, retriever)
+and the training dataset as its input; ``--log-models`` (or
+``mlflow.log_models``) adds the encoder as an artifact. Only the train split
+of ``train_dataset`` is read. Runs alone or under ``torchrun``.
 """
 
 from __future__ import annotations
@@ -36,9 +39,14 @@ def broadcast_path(path: Path | None, dist) -> Path:
 
 
 def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, settings, dataset, passage_text,
-                    start: Path, parent_run_id: str, staging: Path, dist, inputs: dict):
-    """Fine-tune one retriever from ``start``, save it to ``staging/<name>``; returns the model and the queries."""
+                    start: Path, parent_run_id: str, staging: Path, dist, inputs: dict, log_models: bool = False):
+    """Fine-tune one retriever from ``start``, save it to ``staging/<name>``.
+
+    Returns the model, the tokenizer, the training queries and the per-step losses.
+    """
     from qac.tracking import log_metrics, stage_run, write_run_record
+    from qac.tracking.naming import variant_description, variant_run_name
+    from qac.tracking.record import log_dataset_inputs, log_encoder
     from qac.train.finetune import fine_tune_retriever
     from qac.train.groups import negative_pool_stats, training_queries
 
@@ -47,13 +55,16 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
                                rel_threshold=dataset.rel_threshold("train"),
                                max_queries=section.get("max_train_queries"), seed=params["seed"],
                                corpus_ids=dataset.corpus)
-    tracked = (stage_run(params, f"finetune@{variant}", f"finetune/{name}/{variant}", kind="finetune",
-                         stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"]},
+    description = {**variant_description(params, variant), "retriever": name}
+    tracked = (stage_run(params, f"finetune@{variant}", variant_run_name(description, name), kind="finetune",
+                         stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"],
+                                       **description},
                          inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant},
                          parent_run_id=parent_run_id)
                if dist.is_main else contextlib.nullcontext())
     with tracked as run:
         if dist.is_main:
+            log_dataset_inputs(inputs["dataset"], "training", splits=["train"])
             stats = negative_pool_stats(queries, settings.n_negatives)
             log_metrics({f"train_queries/{key}": value for key, value in stats.items()})
         model, tokenizer, losses = fine_tune_retriever(
@@ -62,25 +73,42 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
             on_step=(lambda step, values: log_metrics(values, step=step)) if dist.is_main else None)
         if dist.is_main:
             model.save(staging / name, tokenizer)
+            if log_models:
+                log_encoder(staging / name, "encoder")
             write_run_record(staging / name, run.info.run_id, variant=variant, retriever=name,
                              start=str(start), steps=len(losses))
-    return model, tokenizer, queries
+    return model, tokenizer, queries, losses
+
+
+def loss_fact(name: str, losses: list[float]) -> str:
+    """``r1 40 steps, final loss 1.234`` (the mean of the last tenth of the steps, less noisy than one step)."""
+    if not losses:
+        return f"{name} 0 steps"
+    tail = losses[-max(1, len(losses) // 10):]
+    return f"{name} {len(losses)} steps, final loss {sum(tail) / len(tail):.3f}"
 
 
 def main(argv: list[str] | None = None) -> None:
+    from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
+    parser.add_argument("--log-models", action="store_true",
+                        help="log r1 and r2 to MLflow as artifacts (also mlflow.log_models in params)")
+    args = add_verbose_flag(parser).parse_args(argv)
+    setup_console(args.verbose)
+    clock = StageClock()
+
     from qac.config import checked_variant, load_params, profile_dir
     from qac.data.prepared import load_prepared
     from qac.distributed import barrier, cleanup, init_distributed
     from qac.io import atomic_path, write_jsonl
     from qac.retrieval import document_text
     from qac.tracking import read_run_record
+    from qac.tracking.record import models_requested
     from qac.train.finetune import FinetuneSettings
     from qac.train.groups import merge_negatives, read_negatives
     from qac.train.mining import mine_with_retriever
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
-    args = parser.parse_args(argv)
 
     params = load_params()
     variant = checked_variant(params, args.variant)
@@ -103,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     passage_text = {doc_id: document_text(doc.title, doc.text) for doc_id, doc in dataset.corpus.items()}
     inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
     common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
-                  start=start, parent_run_id=parent["run_id"])
+                  start=start, parent_run_id=parent["run_id"], log_models=models_requested(params, args.log_models))
 
     dist = init_distributed()
     out_dir = root / "finetune" / variant
@@ -113,8 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         with output as staging:
             staging = broadcast_path(staging, dist)
             bm25_negatives = read_negatives(bm25_negatives_path)
-            r1, tokenizer, queries = train_retriever("r1", bm25_negatives, staging=staging, dist=dist,
-                                                     inputs=inputs, **common)
+            r1, tokenizer, queries, r1_losses = train_retriever("r1", bm25_negatives, staging=staging, dist=dist,
+                                                                inputs=inputs, **common)
             mined_path = staging / "mined_negatives.jsonl"
             records = mine_with_retriever(
                 r1, tokenizer, queries, passage_text, depth=section["mine_depth"],
@@ -125,14 +153,17 @@ def main(argv: list[str] | None = None) -> None:
                 write_jsonl(mined_path, records)
             barrier()
             negatives = read_negatives(mined_path)
+            mined = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
             if section.get("r2_use_bm25_negatives", False):
                 negatives = merge_negatives(negatives, bm25_negatives)
             del r1
-            train_retriever("r2", negatives, staging=staging, dist=dist,
-                            inputs={**inputs, "mined_negatives": mined_path}, **common)
+            _, _, _, r2_losses = train_retriever("r2", negatives, staging=staging, dist=dist,
+                                                 inputs={**inputs, "mined_negatives": mined_path}, **common)
             barrier()
     finally:
         cleanup()
+    print_summary(f"finetune@{variant}", loss_fact("r1", r1_losses), f"{mined:.1f} mined negatives per query",
+                  loss_fact("r2", r2_losses), seconds=clock.seconds)
 
 
 if __name__ == "__main__":

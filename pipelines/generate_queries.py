@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 
 from qac.config import load_params, profile_dir
+from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 
 
 def parse_args(argv=None):
@@ -24,13 +25,19 @@ def parse_args(argv=None):
     parser.add_argument("--shard", help="i/n: generate only shard i of n (0-based); no merge unless --merge")
     parser.add_argument("--merge", action="store_true", help="with --shard: merge afterwards (all shards must be done)")
     parser.add_argument("--merge-only", action="store_true", help="only merge the committed chunks of all shards")
-    return parser.parse_args(argv)
+    return add_verbose_flag(parser).parse_args(argv)
 
 
 def main(argv=None) -> int:
-    import torch
-    from tqdm import tqdm
+    args = parse_args(argv)
+    setup_console(args.verbose)
+    clock = StageClock()
 
+    import contextlib
+
+    import torch
+
+    from qac.console import progress
     from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed
     from qac.reporting.dvc_metrics import write_stage_metrics
     from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
@@ -38,8 +45,8 @@ def main(argv=None) -> int:
                                      work_dir_for)
     from qac.redaction import redact_url
     from qac.tracking import log_metrics, read_run_record, stage_run, tracking_uri
+    from qac.tracking.record import log_file_input
 
-    args = parse_args(argv)
     params = load_params()
     section = params["querygen"]
     data = profile_dir(params)
@@ -65,46 +72,59 @@ def main(argv=None) -> int:
         store.prepare()
 
     shard = (ShardSpec.parse(args.shard) if args.shard else ShardSpec()).within(ctx.rank, ctx.world_size)
-    started = time.perf_counter()
-    generated_here = 0
-    if not args.merge_only:
-        generator = generator_from_settings(str(generator_dir), settings, ctx.device,
-                                            str(section.get("dtype", "auto")), invariant)
-        bar = tqdm(total=pending_passages(store, shard), unit="passage", desc=f"queries shard {shard.index}/{shard.count}",
-                   disable=False, position=ctx.rank)
-        with torch.inference_mode():
-            stats = generate_chunks(store, generator, passages_path, shard, int(section["batch_size"]), bar.update)
-        bar.close()
-        generated_here = stats.passages
-    generated_all = _sum_over_ranks(generated_here, ctx.device)   # also a barrier
-    if args.shard and not (args.merge or args.merge_only):
-        if ctx.is_main:
-            print(f"shard {args.shard} done; merge with --merge-only once every shard has finished", file=sys.stderr)
-        cleanup()
-        return 0
-    if not ctx.is_main:
-        cleanup()
-        return 0
+    # The run is open from before generation to after the merge, so its
+    # duration is the stage's; a shard-only process (merged later) records none.
+    merging = not (args.shard and not (args.merge or args.merge_only))
+    tracked = contextlib.ExitStack()
+    if ctx.is_main and merging:
+        generator_run = read_run_record(generator_dir) or {}
+        sampling = {"model": generator_run.get("model", str(generator_dir)), **asdict(settings),
+                    "batch_size": section["batch_size"], "chunk_size": section["chunk_size"], **compute}
+        # The record holds the store's address without credentials (qac.redaction).
+        parent = generator_run["run_id"] if generator_run.get("tracking_uri") == redact_url(tracking_uri()) else None
+        run = tracked.enter_context(stage_run(
+            params, "generate_queries", "generate_queries", kind="querygen", stage_params=sampling,
+            inputs={"passages": passages_path, "generator": generator_dir},
+            tags={"qac.world_size": ctx.world_size}, parent_run_id=parent))
+        log_file_input(passages_path, "passages", "generation")
+    with tracked:
+        started = time.perf_counter()
+        generated_here = 0
+        if not args.merge_only:
+            generator = generator_from_settings(str(generator_dir), settings, ctx.device,
+                                                str(section.get("dtype", "auto")), invariant)
+            # One bar per process (each generates its own shard), each on its own line.
+            bar = progress(total=pending_passages(store, shard), unit="passage", main_only=False,
+                           desc=f"queries shard {shard.index}/{shard.count}", position=ctx.rank)
+            with torch.inference_mode():
+                stats = generate_chunks(store, generator, passages_path, shard, int(section["batch_size"]),
+                                        bar.update)
+            bar.close()
+            generated_here = stats.passages
+        generated_all = _sum_over_ranks(generated_here, ctx.device)   # also a barrier
+        if not merging:
+            if ctx.is_main:
+                print(f"shard {args.shard} done; merge with --merge-only once every shard has finished",
+                      file=sys.stderr)
+            cleanup()
+            return 0
+        if not ctx.is_main:
+            cleanup()
+            return 0
 
-    wall = time.perf_counter() - started   # every rank has finished: this covers the whole run
-    totals = store.merge(output)
-    summary = totals.summary()
-    summary["passages_per_second_per_process"] = totals.passages / totals.seconds if totals.seconds else 0.0
-    if generated_all:
-        summary["passages_per_second"] = generated_all / wall
-    generator_run = read_run_record(generator_dir) or {}
-    sampling = {"model": generator_run.get("model", str(generator_dir)), **asdict(settings),
-                "batch_size": section["batch_size"], "chunk_size": section["chunk_size"], **compute}
-    # The record holds the store's address without credentials (qac.redaction).
-    parent = generator_run["run_id"] if generator_run.get("tracking_uri") == redact_url(tracking_uri()) else None
-    with stage_run(params, "generate_queries", "querygen/generate", kind="querygen", stage_params=sampling,
-                   inputs={"passages": passages_path, "generator": generator_dir},
-                   tags={"qac.world_size": ctx.world_size}, parent_run_id=parent) as run:
+        wall = time.perf_counter() - started   # every rank has finished: this covers the whole run
+        totals = store.merge(output)
+        summary = totals.summary()
+        summary["passages_per_second_per_process"] = totals.passages / totals.seconds if totals.seconds else 0.0
+        if generated_all:
+            summary["passages_per_second"] = generated_all / wall
         log_metrics(summary)
         write_stage_metrics(data / "metrics", "queries", {**summary, "mlflow_run_id": run.info.run_id})
     store.remove()
     cleanup()
-    print(f"wrote {output}: {totals.passages} passages, {totals.queries} queries", file=sys.stderr)
+    rate = f"{summary['passages_per_second']:.1f} passages/s" if generated_all else "nothing left to generate"
+    print_summary("generate_queries", f"{totals.passages} passages", f"{totals.queries} queries", rate,
+                  seconds=clock.seconds)
     return 0
 
 

@@ -3,9 +3,10 @@
 Finds ``datasets.<name>`` in the mirror or downloads it (failing before any work
 when neither is possible), reads and validates it, keeps the subset that
 ``prepare`` asks for, and writes data/<profile>/datasets/<name>/ (BEIR layout
-plus dataset.json) atomically. Logs the MLflow run `prepare/<name>`. A TSV
-collection (MS MARCO documents, 22 GB) is streamed from its file: memory holds
-its document ids, not its texts (``qac.data.streamed``).
+plus dataset.json) atomically. Logs the MLflow run `<name> · prepare` with the
+prepared corpus, queries and qrels as its dataset inputs (context ``prepared``).
+A TSV collection (MS MARCO documents, 22 GB) is streamed from its file: memory
+holds its document ids, not its texts (``qac.data.streamed``).
 """
 
 from __future__ import annotations
@@ -14,15 +15,21 @@ import argparse
 import sys
 
 from qac.config import data_mirror, load_params, profile_dir
+from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+from qac.data.errors import DatasetUnavailableError
 from qac.data.prepared import prepare_dataset, write_prepared
 from qac.data.sources import DatasetSpec, download_dir, fetch_dataset, locate_dataset, read_dataset
 from qac.tracking import log_metrics, stage_run
+from qac.tracking.naming import run_name
+from qac.tracking.record import log_dataset_inputs
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True, help="a name under `datasets` in params.yaml")
-    args = parser.parse_args(argv)
+    args = add_verbose_flag(parser).parse_args(argv)
+    setup_console(args.verbose)
+    clock = StageClock()
 
     params = load_params()
     declared = params.get("datasets") or {}
@@ -34,15 +41,21 @@ def main(argv: list[str] | None = None) -> int:
                 **{key: declared[args.dataset][key] for key in ("max_documents", "keep_judged_documents")
                    if key in declared[args.dataset]}}
     mirror, downloads = data_mirror(), download_dir(params)
-    locate_dataset(spec, mirror, downloads)  # fail here, before any work, if the data cannot be had
+    try:
+        locate_dataset(spec, mirror, downloads)  # fail here, before any work, if the data cannot be had
+    except DatasetUnavailableError as error:
+        raise SystemExit(str(error)) from None   # one paragraph that says what to do; a traceback would bury it
     out = profile_dir(params) / "datasets" / spec.name
 
-    with stage_run(params, f"prepare@{spec.name}", f"prepare/{spec.name}", kind="prepare",
+    with stage_run(params, f"prepare@{spec.name}", run_name(spec.name, "prepare"), kind="prepare",
                    stage_params={"prepare": settings, "dataset": declared[spec.name]},
                    tags={"qac.dataset": spec.name}):
         import mlflow
 
-        source = fetch_dataset(spec, mirror, downloads)
+        try:
+            source = fetch_dataset(spec, mirror, downloads)
+        except DatasetUnavailableError as error:
+            raise SystemExit(str(error)) from None
         mlflow.set_tag("qac.data_source", source.location)
         dataset = read_dataset(spec, source, mirror=mirror, min_text_chars=int(settings.get("min_text_chars", 1)))
         prepare_dataset(dataset, max_documents=settings.get("max_documents"),
@@ -54,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         metrics.update({f"queries/{split}": n for split, n in counts["queries_per_split"].items()})
         metrics.update({f"skipped/{reason}": n for reason, n in record["skipped"].items()})
         log_metrics(metrics)
+        log_dataset_inputs(out, "prepared")
     skipped = ", ".join(f"{reason} {n}" for reason, n in record["skipped"].items()) or "none"
-    print(f"prepare {spec.name}: {counts['documents']} documents, {counts['queries']} queries, "
-          f"qrels {counts['qrels']} from {source.location} -> {out} (skipped: {skipped})")
+    print_summary(f"prepare@{spec.name}", f"{counts['documents']} documents", f"{counts['queries']} queries",
+                  f"qrels {counts['qrels']} from {source.location}", f"skipped: {skipped}", seconds=clock.seconds)
     return 0
 
 

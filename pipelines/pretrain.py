@@ -11,6 +11,8 @@ input files are unchanged (else it starts over; the log and the run's
 links to it and re-logs the loss history of the checkpoint
 (qac.tracking.interrupted). The work checkpoint is deleted only after the
 output folder is in place. Runs alone or under ``torchrun``.
+The MLflow run is ``<method> · <context> · C=<count> · pretrain``; with
+``--log-models`` (or ``mlflow.log_models``) the encoder is logged as its artifact.
 """
 
 from __future__ import annotations
@@ -24,21 +26,43 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def result_facts(summary: dict) -> list[str]:
+    """The summary line's facts: steps and final loss, or what method none did."""
+    if summary.get("method") == "none":
+        return ["no pre-training (start encoder exported)"]
+    facts = [f"{summary['steps']} steps"]
+    if summary.get("resumed_from_step"):
+        facts.append(f"resumed at step {summary['resumed_from_step']}")
+    loss = (summary.get("final_metrics") or {}).get("loss")
+    if loss is not None:
+        facts.append(f"final loss {loss:.3f}")
+    return facts
+
+
 def main(argv: list[str] | None = None) -> None:
+    from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
+    parser.add_argument("--log-models", action="store_true",
+                        help="log the encoder to MLflow as an artifact (also mlflow.log_models in params)")
+    args = add_verbose_flag(parser).parse_args(argv)
+    setup_console(args.verbose)
+    clock = StageClock()
+
     from qac.config import load_params, profile_dir
     from qac.distributed import cleanup, init_distributed
     from qac.io import atomic_path, path_md5, remove_orphaned_staging
     from qac.tracking import log_metrics, stage_run, write_run_record
     from qac.tracking.interrupted import end_interrupted_run
+    from qac.tracking.naming import variant_description, variant_run_name
+    from qac.tracking.record import log_encoder, log_file_input, models_requested
     from qac.train.pretrain import PretrainSettings, pretrain
     from qac.train.step_log import LOSSES_FILE, StepLog
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
-    args = parser.parse_args(argv)
-
     params = load_params()
     settings = PretrainSettings.from_params(params, args.variant)
+    description = variant_description(params, args.variant)
     root = profile_dir(params)
     out_dir = root / "pretrain" / args.variant
     work_dir = root / ".work" / "pretrain" / args.variant
@@ -60,8 +84,9 @@ def main(argv: list[str] | None = None) -> None:
             "qac.context_type": settings.context_type if settings.method != "none" else "none",
             "qac.query_count": settings.query_count if settings.method != "none" else 0,
             "qac.cotmae_decoder": settings.cotmae_decoder if settings.method == "cotmae" else "none"}
-    tracked = (stage_run(params, f"pretrain@{args.variant}", settings.run_name, kind="pretrain",
-                         stage_params=settings.to_dict(), inputs=inputs, tags=tags)
+    stage = f"pretrain@{args.variant}"
+    tracked = (stage_run(params, stage, variant_run_name(description, "pretrain"), kind="pretrain",
+                         stage_params={**settings.to_dict(), **description}, inputs=inputs, tags=tags)
                if dist.is_main else contextlib.nullcontext())
     # Only the main process writes the output folder, as one atomic unit.
     output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(out_dir)
@@ -78,6 +103,10 @@ def main(argv: list[str] | None = None) -> None:
                                  "qac.resume.discard_reason": info["discard_reason"] or ""})
                 end_interrupted_run(info["previous_run_id"], run_id, resumed=not info["discarded_checkpoint"])
 
+            if dist.is_main and settings.method != "none":
+                log_file_input(inputs["passages"], "passages", "training")
+                if queries is not None:
+                    log_file_input(queries, "generated-queries", "training")
             summary = pretrain(settings, passages=inputs["passages"], queries=queries, work_dir=work_dir,
                                out_dir=staging, log=log_step if dist.is_main else None, run_id=run_id,
                                on_resume=on_resume if dist.is_main else None, remove_work=False)
@@ -94,12 +123,15 @@ def main(argv: list[str] | None = None) -> None:
                 mlflow.log_dict(summary, "pretrain_summary.json")
                 if settings.method != "none":
                     step_log.write(staging / LOSSES_FILE, int(summary.get("resumed_from_step", 0)))
+                if models_requested(params, args.log_models):
+                    log_encoder(outputs["encoder"], "encoder")
                 write_run_record(staging, run_id, **record)
         # The output is in place (renamed by atomic_path): only now may the work state go.
         if dist.is_main:
             shutil.rmtree(work_dir, ignore_errors=True)
     finally:
         cleanup()
+    print_summary(stage, *result_facts(summary), seconds=clock.seconds)
 
 
 if __name__ == "__main__":

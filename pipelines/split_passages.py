@@ -7,16 +7,22 @@ data/<profile>/metrics/split.json. Logs the MLflow run `split_passages`.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
 from qac.config import load_params, profile_dir
+from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 from qac.data.splitting import SplitSettings, split_corpus_file
 from qac.reporting.dvc_metrics import write_stage_metrics
 from qac.tracking import log_metrics, stage_run
+from qac.tracking.record import log_file_input
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    clock = StageClock()
     params = load_params()
     settings = SplitSettings.from_params(params)
     split = params["split"]
@@ -31,6 +37,7 @@ def main() -> int:
                    inputs={"corpus": corpus}, tags={"qac.tokenizer": split["tokenizer"]}):
         import mlflow
 
+        log_file_input(corpus, f"{params['pretrain_corpus']}/corpus", "splitting", columns=("_id", "title", "text"))
         started = time.perf_counter()
         stats, punkt_model = split_corpus_file(
             corpus, passages, data / "punkt", tokenizer_spec=split["tokenizer"], settings=settings,
@@ -43,11 +50,11 @@ def main() -> int:
                    "documents_per_second": stats.documents / seconds if seconds else 0.0}
         log_metrics(metrics)
         write_stage_metrics(data / "metrics", "split", {**metrics, "punkt": punkt_model})
-    print(f"split_passages: {stats.documents} documents -> {stats.passages} passages "
-          f"(mean {metrics['mean_tokens']:.1f}, max {stats.max_tokens} tokens; {stats.sentences} sentences; "
-          f"Punkt {punkt_model}) in {seconds:.0f} s")
+    print_summary("split_passages", f"{stats.documents} documents -> {stats.passages} passages",
+                  f"mean {metrics['mean_tokens']:.1f}, max {stats.max_tokens} tokens",
+                  f"{stats.sentences} sentences", f"Punkt {punkt_model}", seconds=clock.seconds)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -9,11 +9,13 @@ to MLflow, data/<profile>/metrics/query_generator.json and reports/query_generat
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import time
 
 from qac.config import load_params, profile_dir
+from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 
 
 def quality_index(datasets_dir, corpora, heldout, max_documents, seed):
@@ -78,7 +80,13 @@ def judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dty
             calibration.accuracy}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    clock = StageClock()
+
+    import torch
+
     from qac.distributed import autocast_dtype, init_distributed
     from qac.io import atomic_path
     from qac.reporting.dvc_metrics import is_timing, write_stage_metrics
@@ -118,7 +126,7 @@ def main() -> int:
               "pairs/query": sum(p.kind == "query" for p in pairs), "pairs/title": sum(p.kind == "title" for p in pairs)}
 
     inputs = {name: datasets_dir / name for name in corpora}
-    with stage_run(params, "query_generator", "query_generator/train", kind="query_generator",
+    with stage_run(params, "query_generator", "query_generator", kind="query_generator",
                    stage_params={**section, "train_dataset": train_dataset, "corpora": corpora},
                    inputs=inputs, tags={"qac.generator_mode": mode}) as run:
         log_metrics(counts)
@@ -158,9 +166,11 @@ def main() -> int:
         with atomic_path(f"reports/query_generator/{params['profile']}.md") as tmp:
             tmp.write_text(quality_table({**results, **described},
                                          f"Query generator quality ({params['profile']} profile, held-out pairs)"))
-    print(f"wrote {data / 'generator'} ({mode} {spec}): {metrics}", file=sys.stderr)
+    quality = [f"{key} {metrics[key]:.3f}" for key in ("rougeL", "self_retrieval/generated/top10") if key in metrics]
+    print_summary("query_generator", f"{mode} {spec}", f"{counts['pairs/train']} training pairs", *quality,
+                  seconds=clock.seconds)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -76,7 +76,8 @@ def test_stage_writes_negatives_runs_and_logs_the_baseline(project):
 
     record = json.loads((out / "mlflow_run.json").read_text())
     run = mlflow.get_run(record["run_id"])
-    assert run.info.run_name == "baseline/bm25"
+    assert run.info.run_name == "bm25 · baseline" and run.data.tags["qac.stage"] == "bm25"
+    assert (run.data.params["method"], run.data.params["retriever"]) == ("bm25", "bm25")
     assert run.data.tags["qac.kind"] == "baseline" and run.data.tags["qac.retriever"] == "bm25"
     metrics = run.data.metrics
     # tinytrain: s1 finds d3 first, s2 never finds d5.

@@ -159,7 +159,9 @@ def test_finetune_runs_nest_under_the_pretraining_run(finetuned, shared_mlflow_s
     client = mlflow.MlflowClient(shared_mlflow_store)
     for name in ("r1", "r2"):
         run = client.get_run(json.loads((out / name / "mlflow_run.json").read_text())["run_id"])
-        assert run.info.run_name == f"finetune/{name}/none"
+        assert run.info.run_name == f"none · {name}" and run.data.tags["qac.stage"] == "finetune@none"
+        assert (run.data.params["method"], run.data.params["context_type"], run.data.params["query_count"],
+                run.data.params["retriever"]) == ("none", "none", "0", name)
         assert run.data.tags["mlflow.parentRunId"] == pretrain_run
         assert run.data.tags["qac.kind"] == "finetune" and run.data.tags["qac.retriever"] == name
         assert run.data.tags["qac.variant"] == "none"

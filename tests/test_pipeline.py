@@ -91,6 +91,27 @@ def test_mlflow_holds_the_study_tree(smoke_study):
     assert trained and all(client.get_metric_history(r.info.run_id, "loss") for r in trained)
 
 
+def test_the_console_shows_summaries_and_no_library_noise(smoke_study):
+    import re
+
+    _, _, first = smoke_study
+    output = first.stdout + first.stderr
+    assert "LOAD REPORT" not in output
+    assert "system_metrics" not in output
+    assert re.search(r"^pretrain@cocondenser-\S+: \d+ steps, final loss \d+\.\d{3}, ", output, re.MULTILINE)
+    assert re.search(r"^evaluate@none: r1 scifact/test ", output, re.MULTILINE)
+
+
+def test_fine_tuning_runs_pivot_on_the_variant(smoke_study):
+    import mlflow
+
+    work, _, _ = smoke_study
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["qac-smoke"], filter_string="tags.`qac.kind` = 'finetune'")
+    assert len(runs) and runs[["params.method", "params.context_type", "params.query_count"]].notna().all().all()
+    assert set(runs["params.retriever"]) == {"r1", "r2"}
+
+
 def test_second_repro_is_a_no_op(smoke_study):
     work, env, _ = smoke_study
     second = _run([str(BIN / "dvc"), "repro", PIPELINE], work, env)

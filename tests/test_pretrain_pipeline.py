@@ -50,7 +50,8 @@ def test_pretrain_stage_writes_encoder_checkpoint_and_run(smoke_params, mlflow_s
     record = json.loads((out / "mlflow_run.json").read_text())
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(record["run_id"])
-    assert run.info.run_name == "pretrain/cotmae/query/q4"
+    assert run.info.run_name == "cotmae · query · C=4 · pretrain"
+    assert run.data.tags["qac.stage"] == "pretrain@cotmae-query-q4"
     tags = run.data.tags
     assert (tags["qac.variant"], tags["qac.method"], tags["qac.context_type"], tags["qac.query_count"],
             tags["qac.cotmae_decoder"], tags["qac.kind"]) == ("cotmae-query-q4", "cotmae", "query", "4", "paper",
@@ -84,7 +85,7 @@ def test_method_none_exports_the_init_encoder(smoke_params, mlflow_store, tmp_pa
         assert torch.equal(exported.state_dict()[name], tensor), name
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(json.loads((out / "mlflow_run.json").read_text())["run_id"])
-    assert run.info.run_name == "pretrain/none" and run.data.tags["qac.method"] == "none"
+    assert run.info.run_name == "none · pretrain" and run.data.tags["qac.method"] == "none"
 
 
 def test_unknown_variant_and_unknown_key_are_rejected(smoke_params):

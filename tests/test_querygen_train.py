@@ -306,7 +306,7 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     assert record["run_id"] == metrics["mlflow_run_id"] and metrics["architecture"] == "prefix_lm"
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(record["run_id"])
-    assert run.info.run_name == "query_generator/train" and run.data.tags["qac.kind"] == "query_generator"
+    assert run.info.run_name == "query_generator" and run.data.tags["qac.kind"] == "query_generator"
     for key in ("rougeL", "self_retrieval/generated/top10", "self_retrieval/generated/top1",
                 "self_retrieval/random_sentence/top10", "self_retrieval/reference/top10", "empty_share", "duplicate_share",
                 "judge/high_share/passage-query", "judge/high_share/passage-passage", "pairs/train",

@@ -16,7 +16,9 @@ and is looked for, in order:
    whose checksum differs is discarded with an error; a ``url`` without a
    pinned checksum is downloaded with a loud :class:`UnverifiedDownloadWarning`.
    The cache remembers the checksum it was verified against, so pinning a new
-   one downloads again.
+   one downloads again. With ``convert`` (``cranfield``, ``cisi``:
+   :mod:`qac.data.glasgow`) the download is a collection in its native format,
+   converted to the BEIR layout in the cache.
 
 :func:`locate_dataset` answers where the data is without downloading anything
 (it checks that the URL answers), so a stage can fail with a clear
@@ -91,6 +93,7 @@ class DatasetSpec:
     hub_qrels: str | None = None
     md5: str | None = None
     sha256: str | None = None
+    convert: str | None = None        # a converter of qac.data.glasgow for a download in its native format
     # Per-dataset overrides of prepare.max_documents / prepare.keep_judged_documents.
     max_documents: int | None = None
     keep_judged_documents: bool | None = None
@@ -113,6 +116,12 @@ class DatasetSpec:
             thresholds = {split: int(threshold.get(split, 1)) for split in splits}
         else:
             thresholds = {split: int(threshold) for split in splits}
+        if entry.get("convert") is not None:
+            from qac.data.glasgow import CONVERTERS
+
+            if entry["convert"] not in CONVERTERS or fmt != "beir":
+                raise ValueError(f"{where}.convert: {entry['convert']!r} needs format beir and one of "
+                                 f"{', '.join(CONVERTERS)}")
         if fmt == "hf" and not entry.get("hub"):
             raise ValueError(f"{where}: format hf needs 'hub' (a Hugging Face dataset name such as BeIR/scifact)")
         for algorithm, digits in CHECKSUMS.items():
@@ -124,7 +133,7 @@ class DatasetSpec:
             rel_threshold=thresholds, ignore_identical_ids=bool(entry.get("ignore_identical_ids", False)),
             collection=entry.get("collection") or "collection.tsv",
             topics=dict(entry.get("topics") or {}), qrels=dict(entry.get("qrels") or {}),
-            hub=entry.get("hub"), hub_qrels=entry.get("hub_qrels"),
+            hub=entry.get("hub"), hub_qrels=entry.get("hub_qrels"), convert=entry.get("convert"),
             md5=str(entry["md5"]).lower() if entry.get("md5") else None,
             sha256=str(entry["sha256"]).lower() if entry.get("sha256") else None,
         )
@@ -203,10 +212,9 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
         missing = _missing(folder, spec.corpus_files())
         if not missing:
             return Source("mirror", folder, f"mirror:{spec.mirror}")
-        tried.append(f"mirror {folder} (missing {', '.join(missing)})" if folder.is_dir()
-                     else f"mirror {folder} (not found)")
+        tried.append(f"{folder} (missing {', '.join(missing)})" if folder.is_dir() else f"{folder} (not found)")
     else:
-        tried.append("no mirror folder declared")
+        tried.append(f"{mirror_root} (no mirror folder is declared for it)")
     cached = Path(downloads) / spec.name
     if spec.format != "hf" and _cache_is_current(cached, spec) and not _missing(cached, spec.corpus_files()):
         return Source("download", cached, spec.url or f"cache:{spec.name}")
@@ -216,18 +224,29 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
         try:
             check_hub_dataset(spec.hub)
         except DatasetUnavailableError as error:
-            raise DatasetUnavailableError(f"dataset {spec.name!r}: not found in {'; '.join(tried)}, and {error}") from error
+            raise DatasetUnavailableError(unavailable_message(spec, tried, cached, str(error))) from None
         return Source("hub", None, f"hf:{spec.hub}")
     if not spec.url:
-        raise DatasetUnavailableError(f"dataset {spec.name!r}: not found in {'; '.join(tried)}, "
-                                      "and no url is declared to download it from")
+        raise DatasetUnavailableError(unavailable_message(spec, tried, cached, None))
     try:
         _check_url(spec.url)
     except (OSError, ValueError) as error:
-        raise DatasetUnavailableError(
-            f"dataset {spec.name!r}: not found in {'; '.join(tried)}, and the download from "
-            f"{spec.url} failed: {error}") from error
+        raise DatasetUnavailableError(unavailable_message(spec, tried, cached, f"failed: {error}")) from None
     return Source("download", cached, spec.url)
+
+
+def unavailable_message(spec: DatasetSpec, tried: list[str], cached: Path, url_problem: str | None) -> str:
+    """One paragraph: the mirror path tried, ``QAC_DATA_MIRROR``, the URL and what went wrong with it."""
+    if spec.format == "hf":
+        remote = f"the Hugging Face dataset {spec.hub} could not be loaded ({url_problem})"
+    elif spec.url:
+        remote = f"the download from {spec.url} {url_problem}"
+    else:
+        remote = "no public URL is declared for it (params: datasets.<name>.url)"
+    return (f"dataset {spec.name!r} is not available: the data mirror has no copy at {'; '.join(tried)}, "
+            f"nothing was downloaded before into {cached}, and {remote}. Set QAC_DATA_MIRROR to the folder "
+            f"that holds the mirror (default: ../shared/data beside the checkout), or make the URL reachable, "
+            f"or put the files in {cached} by hand; docs/data.md says where every dataset comes from.")
 
 
 def fetch_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
@@ -240,11 +259,14 @@ def fetch_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
                           "datasets entry), so the download cannot be verified; pin the checksum its "
                           "publisher gives", UnverifiedDownloadWarning, stacklevel=2)
         try:
-            download_and_unpack(spec.url, source.directory, checksum=spec.checksum)
+            if spec.convert:
+                _download_and_convert(spec, source.directory)
+            else:
+                download_and_unpack(spec.url, source.directory, checksum=spec.checksum)
         except (OSError, ValueError, zipfile.BadZipFile, tarfile.TarError) as error:
             raise DatasetUnavailableError(
-                f"dataset {spec.name!r}: the download from {spec.url} into {source.directory} failed: {error}"
-            ) from error
+                f"dataset {spec.name!r}: the download from {spec.url} into {source.directory} failed: {error} "
+                f"(or set QAC_DATA_MIRROR to a data mirror that holds it)") from None
         missing = _missing(source.directory, spec.corpus_files())
         if missing:
             raise DatasetUnavailableError(
@@ -265,6 +287,17 @@ def _cache_is_current(directory: Path, spec: DatasetSpec) -> bool:
     except (OSError, ValueError):
         return False
     return verified == list(spec.checksum)
+
+
+def _download_and_convert(spec: DatasetSpec, target: Path) -> None:
+    """Download the native files into ``target/source`` and write the BEIR layout beside them, atomically."""
+    from qac.data.glasgow import CONVERTERS
+
+    with atomic_path(target, directory=True) as tmp:
+        download_and_unpack(spec.url, tmp / "source", checksum=spec.checksum)
+        CONVERTERS[spec.convert](tmp / "source", tmp)
+        # The cache is current when its top folder records the verified checksum.
+        shutil.copy(tmp / "source" / DOWNLOAD_RECORD, tmp / DOWNLOAD_RECORD)
 
 
 def download_and_unpack(url: str, target: str | os.PathLike, checksum: tuple[str, str] | None = None) -> None:

@@ -474,8 +474,7 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
     trained on the first ``punkt_train_documents`` documents when NLTK's English
     model is not installed). Returns the statistics and which Punkt model ran.
     """
-    from tqdm import tqdm
-
+    from qac.console import progress as progress_bar
     from qac.data.beir import iter_corpus_jsonl
     from qac.data.punkt import prepare_punkt
     from qac.io import file_md5
@@ -494,7 +493,8 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
                                workers=workers, chunk_size=chunk_size, batched=batched)
 
     def records() -> Iterator[dict[str, Any]]:
-        for split in tqdm(splits, total=total, unit="doc", desc="split", disable=not progress, mininterval=2):
+        bar = (progress_bar(splits, total=total, unit="doc", desc="split", mininterval=2) if progress else splits)
+        for split in bar:
             stats.add(split)
             yield from split.passages
 

@@ -156,8 +156,9 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
     With ``validation`` pairs and ``settings.eval_every``, the weights with the
     lowest validation loss are the ones left in ``model``.
     """
-    from tqdm import tqdm
     from transformers import get_linear_schedule_with_warmup
+
+    from qac.console import progress
 
     model.to(device).train()
     steps_per_epoch = math.ceil(len(pairs) / settings.batch_size)
@@ -173,7 +174,7 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)    # dropout
     step, recent, best, best_step, stale, best_state = 0, [], float("inf"), 0, 0, None
-    bar = tqdm(total=total_steps, unit="step", desc="query generator")
+    bar = progress(total=total_steps, unit="step", desc="query generator")
     stop = False
     for epoch in range(settings.epochs):
         order = list(range(len(pairs)))

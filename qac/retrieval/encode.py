@@ -43,9 +43,15 @@ def encode_texts(
     device=None,
     dtype: str = "auto",
     sort_by_length: bool = True,
+    desc: str = "encode",
 ) -> np.ndarray:
-    """Encode ``texts`` with a Hugging Face encoder; returns ``float32 [len(texts), hidden]`` in input order."""
+    """Encode ``texts`` with a Hugging Face encoder; returns ``float32 [len(texts), hidden]`` in input order.
+
+    ``desc`` labels the progress bar (shown on a terminal, rank 0 only).
+    """
     import torch
+
+    from qac.console import progress
 
     from qac.distributed import autocast_dtype
 
@@ -67,7 +73,7 @@ def encode_texts(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), autocast, progress(total=len(texts), desc=desc, unit="text") as bar:
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
                 batch = tokenizer.pad({"input_ids": [token_ids[i] for i in rows]}, return_tensors="pt")
@@ -75,6 +81,7 @@ def encode_texts(
                 output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
                 hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
                 out[rows] = pool(hidden, batch["attention_mask"], pooling).float().cpu().numpy()
+                bar.update(len(rows))
     finally:
         model.train(was_training)
     return out

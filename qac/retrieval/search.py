@@ -50,13 +50,17 @@ def search(queries: np.ndarray, passages: np.ndarray, k: int = 1000, batch_size:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, len(passages))
+    from qac.console import progress
+
     index = flat_ip_index(passages, use_gpu)
     scores = np.empty((len(queries), k), dtype=np.float32)
     indices = np.empty((len(queries), k), dtype=np.int64)
-    for start in range(0, len(queries), batch_size):
-        batch_scores, batch_indices = index.search(queries[start:start + batch_size], k)
-        scores[start:start + batch_size] = batch_scores
-        indices[start:start + batch_size] = batch_indices
+    with progress(total=len(queries), desc="search", unit="query") as bar:
+        for start in range(0, len(queries), batch_size):
+            batch_scores, batch_indices = index.search(queries[start:start + batch_size], k)
+            scores[start:start + batch_size] = batch_scores
+            indices[start:start + batch_size] = batch_indices
+            bar.update(len(batch_scores))
     return scores, indices
 
 

@@ -75,6 +75,9 @@ def _setup(params: Mapping[str, Any]):
         except Exception:  # created concurrently by another stage
             pass
         experiment = mlflow.get_experiment_by_name(name)
+    from qac.tracking.record import mark_training_experiment
+
+    mark_training_experiment(mlflow.MlflowClient(), experiment)
     mlflow.set_experiment(experiment_id=experiment.experiment_id)
     return mlflow, experiment
 
@@ -91,12 +94,16 @@ def study_run_id(params: Mapping[str, Any]) -> str:
                                order_by=["start_time ASC"], max_results=1, output_format="list")
     if found:
         return found[0].info.run_id
+    from qac.tracking.naming import run_name
+    from qac.tracking.record import describe_study_run
+
     client = mlflow.MlflowClient()
     run = client.create_run(
         experiment.experiment_id,
-        run_name=f"study/{params['profile']}",
+        run_name=run_name("study", params["profile"], commit[:7]),
         tags={"qac.role": "study", "qac.profile": params["profile"], "qac.git_commit": commit},
     )
+    describe_study_run(client, run.info.run_id, params, commit, git_state()[1])
     client.set_terminated(run.info.run_id)
     return run.info.run_id
 
@@ -148,14 +155,17 @@ def stage_run(
 ) -> Iterator[Any]:
     """Open the MLflow run of one stage and yield the active run.
 
-    ``run_name`` says what ran (``pretrain/cocondenser/query/q5``); ``kind`` is the
+    ``run_name`` says what ran, leading with what differs (``cocondenser · query · C=5 · pretrain``,
+    :mod:`qac.tracking.naming`); ``stage`` is the DVC stage (tag ``qac.stage``); ``kind`` is the
     kind of stage (``split``, ``pretrain``, ``finetune``, ...). Tags record the git
     commit and dirty flag, the DVC stage, the profile and the MD5 of every input
-    (the hash DVC uses), so a run can be traced to exact data. ``parent_run_id``
+    (the hash DVC uses), so a run can be traced to exact data; the resolved
+    parameters are logged as ``config/params.yaml``. ``parent_run_id``
     defaults to the study run. Only rank 0 of a distributed job should call this.
     """
     mlflow, _ = _setup(params)
     from qac.io import path_md5
+    from qac.tracking.record import log_stage_config
 
     commit, dirty = git_state()
     all_tags = {
@@ -180,6 +190,7 @@ def stage_run(
             from qac.redaction import redact_url
 
             mlflow.log_params({k: redact_url(str(v))[:6000] for k, v in flat.items()})
+        log_stage_config(params)
         yield run
 
 

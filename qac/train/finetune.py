@@ -112,8 +112,11 @@ def train_biencoder(
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
     local = settings.batch_size // world_size
 
+    from qac.console import progress
+
     losses: list[float] = []
     step = 0
+    bar = progress(total=total_steps, desc="fine-tune", unit="step", rank=rank)
     for epoch in range(settings.epochs):
         groups = sampler.epoch(epoch)
         for index in range(per_epoch):
@@ -143,8 +146,11 @@ def train_biencoder(
             step += 1
             global_loss = loss.item() / world_size  # compute_loss scales by W for DDP's averaging
             losses.append(global_loss)
+            bar.update(1)
+            bar.set_postfix(loss=f"{global_loss:.3f}", refresh=False)
             if on_step is not None and (step % settings.log_every == 0 or step == total_steps):
                 on_step(step, {"loss": global_loss, "lr": lr, "epoch": epoch + (index + 1) / per_epoch})
+    bar.close()
     model.eval()
     return losses
 

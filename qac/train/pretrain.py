@@ -292,9 +292,13 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
                         fingerprint=fingerprint, device=device, rank=dist.rank,
                         extra={"inputs_md5": inputs, "history": history, "mlflow_run_id": run_id})
 
+    from qac.console import progress
+
     model.train()
     window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
     window_parts: dict[str, float] = defaultdict(float)
+    last_metrics: dict[str, float] = {}
+    bar = progress(total=settings.steps, initial=start_step, desc=f"pretrain {settings.method}", unit="step")
     for step in range(start_step, settings.steps):
         pairs = sampler.batch(step, settings.batch_size)
         for micro in range(accumulation):
@@ -324,12 +328,17 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
                 history.append([done, metrics])
                 if log is not None:
                     log(done, metrics)
+            last_metrics = metrics
+            bar.set_postfix({name: f"{value:.3f}" for name, value in metrics.items() if name.startswith("loss")},
+                            refresh=False)
             window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
             window_parts = defaultdict(float)
         if done % settings.checkpoint_every == 0 or done == settings.steps:
             paused = time.perf_counter()
             checkpoint(done)
             window_start += time.perf_counter() - paused    # throughput leaves checkpoint writing out
+        bar.update(1)
+    bar.close()
 
     if dist.is_main:
         from qac.io import atomic_path
@@ -346,4 +355,4 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
             "discarded_checkpoint": discarded_checkpoint, "discard_reason": discard_reason,
             "inputs_md5": inputs,
             "grad_cache": type(step_fn).__name__ == "GradCachedStep", "corpus": corpus.stats(),
-            "model": model.describe(), "world_size": world}
+            "model": model.describe(), "world_size": world, "final_metrics": last_metrics}

@@ -1,0 +1,128 @@
+"""What a stage prints: progress bars, one summary line, and no library noise.
+
+By default a stage prints a progress bar per long loop (on a terminal, rank 0
+only) and one summary line with its key result; the libraries' chatter is
+silenced: transformers' load reports ("LOAD REPORT ... MISSING"), warnings and
+weight-loading bars, MLflow's INFO lines (system metrics, run links), Hugging Face Hub
+and datasets messages, and Python warnings from torch and friends. ``-v`` on a
+stage script, or ``QAC_VERBOSE=1`` in the environment (which reaches stages
+run by ``dvc repro`` and ``torchrun``), brings all of it back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import warnings
+from typing import Any, Iterable
+
+VERBOSE_ENV = "QAC_VERBOSE"
+# Loggers whose INFO/WARNING lines are noise in a stage's output.
+NOISY_LOGGERS = ("mlflow", "alembic", "transformers", "sentence_transformers", "huggingface_hub", "datasets",
+                 "urllib3", "filelock", "torch.distributed", "faiss", "bm25s", "nltk")
+
+
+def verbose_requested(flag: bool = False) -> bool:
+    """``-v`` or ``QAC_VERBOSE`` set to anything but empty, 0, false or no."""
+    return bool(flag) or os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``-v/--verbose`` to a stage's argument parser."""
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help=f"show library logs and warnings (also {VERBOSE_ENV}=1)")
+    return parser
+
+
+def setup_console(verbose: bool = False) -> bool:
+    """Quiet the libraries unless verbose; returns whether the stage runs verbose.
+
+    Sets the environment too, so processes the stage starts (workers,
+    subprocesses) stay as quiet, and so transformers picks the level up even
+    where it is imported later.
+    """
+    verbose = verbose_requested(verbose)
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        return True
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # transformers' own bars ("Loading weights", "Writing model shards") follow the Hub's switch.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # MLflow sets its loggers' level from this variable when it is imported, after this function ran.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")   # inherited by subprocesses
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except ImportError:   # transformers is a dependency; an import failure surfaces where it is used
+        pass
+    return False
+
+
+def is_main_process() -> bool:
+    """Rank 0 under ``torchrun`` (``RANK`` unset or 0), the only process that draws bars."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str, unit: str = "it",
+             initial: int = 0, main_only: bool = True, rank: int | None = None, **options: Any):
+    """A tqdm bar with rate and ETA; off when stderr is no terminal or, with ``main_only``, not rank 0.
+
+    ``rank`` overrides the rank read from the environment (for loops given their rank).
+    """
+    from tqdm.auto import tqdm
+
+    main = is_main_process() if rank is None else rank == 0
+    disable = not sys.stderr.isatty() or (main_only and not main)
+    return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, disable=disable,
+                dynamic_ncols=True, leave=False, **options)
+
+
+class StageClock:
+    """Wall time of a stage since it started, for its summary line."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def format_seconds(seconds: float) -> str:
+    """``41 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def summary_line(stage: str, *facts: str, seconds: float | None = None) -> str:
+    """``pretrain@cocondenser-query-q5: 200 steps, final loss 3.21, 41 s``."""
+    parts = [fact for fact in facts if fact]
+    if seconds is not None:
+        parts.append(format_seconds(seconds))
+    return f"{stage}: {', '.join(parts)}"
+
+
+def print_summary(stage: str, *facts: str, seconds: float | None = None) -> None:
+    """Print the stage's summary line on stdout (rank 0 only), flushed so it shows under ``dvc repro``."""
+    if is_main_process():
+        print(summary_line(stage, *facts, seconds=seconds), flush=True)

@@ -1,0 +1,97 @@
+"""Build the ``msmarco-dl19-subset`` dataset (BEIR layout) from the public MS MARCO and TREC DL files.
+
+The subset is what the data mirror holds: the TREC DL 2019 passage queries
+that have judgements, every passage judged relevant (grade >= 1) for one of
+them, plus ``others`` more passages (default 898, for 5,000 in all): first the
+passages judged non-relevant (grade 0), in qrels order, then passages of the
+collection in file order. Its qrels are the DL19 judgements of the kept
+passages (graded 0-3; binary measures count grade >= 2 as relevant).
+
+Public inputs, in their native formats:
+
+- the MS MARCO passage collection ``collection.tsv`` (``pid<TAB>text``), in
+  https://msmarco.z22.web.core.windows.net/msmarcoranking/collectionandqueries.tar.gz;
+- the DL19 topics ``msmarco-test2019-queries.tsv`` (``qid<TAB>text``),
+  https://msmarco.z22.web.core.windows.net/msmarcoranking/msmarco-test2019-queries.tsv.gz;
+- the DL19 passage qrels ``2019qrels-pass.txt`` (TREC: ``qid Q0 pid grade``),
+  https://trec.nist.gov/data/deep/2019qrels-pass.txt.
+
+Usage (``.gz`` inputs are read as they are)::
+
+    python -m qac.data.dl19_subset --collection collection.tsv \\
+        --topics msmarco-test2019-queries.tsv.gz --qrels 2019qrels-pass.txt \\
+        --out ../shared/data/msmarco-dl19-subset
+
+The collection is streamed once (8.8M lines); only the kept passages are held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+DEFAULT_OTHERS = 898
+
+
+def build_dl19_subset(collection: str | os.PathLike, topics: str | os.PathLike, qrels: str | os.PathLike,
+                      out_dir: str | os.PathLike, others: int = DEFAULT_OTHERS) -> dict[str, int]:
+    """Write ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/test.tsv`` to ``out_dir``; returns the counts."""
+    from qac.data.errors import DataFormatError
+    from qac.data.textfile import iter_rows
+    from qac.data.trec import read_topics, read_trec_qrels
+    from qac.io import atomic_path, write_jsonl
+
+    judgements = read_trec_qrels(qrels)
+    all_topics = read_topics(topics)
+    missing = sorted(set(judgements) - set(all_topics))
+    if missing:
+        raise DataFormatError(topics, None, "qid", f"judged queries without a topic: {', '.join(missing[:5])}")
+    relevant = {pid for by_pid in judgements.values() for pid, grade in by_pid.items() if grade >= 1}
+    non_relevant = [pid for by_pid in judgements.values() for pid, grade in by_pid.items() if grade < 1]
+    wanted = set(relevant)
+    for pid in non_relevant:
+        if len(wanted) >= len(relevant) + others:
+            break
+        wanted.add(pid)
+    fill = len(relevant) + others - len(wanted)   # passages still to take in collection order
+
+    kept: dict[str, str] = {}
+    for _, (pid, text) in iter_rows(collection, ("pid", "text")):
+        pid = pid.strip()
+        if pid in wanted or (fill > 0 and pid not in kept):
+            if pid not in wanted:
+                fill -= 1
+            kept[pid] = text.strip()
+    absent = sorted(relevant - set(kept))
+    if absent:
+        raise DataFormatError(collection, None, "pid", f"{len(absent)} judged passages are not in the collection "
+                                                       f"(first: {', '.join(absent[:5])})")
+    out_dir = Path(out_dir)
+    write_jsonl(out_dir / "corpus.jsonl", ({"_id": pid, "title": "", "text": text} for pid, text in kept.items()))
+    write_jsonl(out_dir / "queries.jsonl", ({"_id": qid, "text": all_topics[qid]} for qid in judgements))
+    rows = [(qid, pid, grade) for qid, by_pid in judgements.items() for pid, grade in by_pid.items() if pid in kept]
+    with atomic_path(out_dir / "qrels" / "test.tsv") as tmp:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write("query-id\tcorpus-id\tscore\n")
+            handle.writelines(f"{qid}\t{pid}\t{grade}\n" for qid, pid, grade in rows)
+    return {"documents": len(kept), "queries": len(judgements), "qrels": len(rows), "relevant": len(relevant)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--collection", required=True, help="MS MARCO collection.tsv[.gz] (pid<TAB>text)")
+    parser.add_argument("--topics", required=True, help="DL19 topics msmarco-test2019-queries.tsv[.gz]")
+    parser.add_argument("--qrels", required=True, help="DL19 passage qrels 2019qrels-pass.txt (TREC format)")
+    parser.add_argument("--out", required=True, help="output folder (BEIR layout)")
+    parser.add_argument("--others", type=int, default=DEFAULT_OTHERS,
+                        help=f"passages beyond the relevant ones (default {DEFAULT_OTHERS})")
+    args = parser.parse_args(argv)
+    counts = build_dl19_subset(args.collection, args.topics, args.qrels, args.out, args.others)
+    print(f"msmarco-dl19-subset: {counts['documents']} passages ({counts['relevant']} judged relevant), "
+          f"{counts['queries']} queries, {counts['qrels']} qrels -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

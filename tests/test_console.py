@@ -1,0 +1,94 @@
+"""A stage's console: one summary line, no library noise unless asked for (``QAC_VERBOSE=1`` / ``-v``).
+
+The evaluation stage runs as a subprocess, as ``dvc repro`` runs it, on a tiny
+study whose start encoder lacks its pooler weights (as exported encoders do),
+so transformers has a load report to print, and with MLflow system metrics on,
+so MLflow has its monitoring lines to print. The quiet run must show neither;
+the verbose run shows both, which proves the quiet run had them to hide.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from test_finetune_stage import REPO, load_stage, shared_mlflow_store, study_dir  # noqa: F401  (fixture)
+
+SUMMARY = re.compile(r"^evaluate@none: r1 tinyset/test RR@10 \d\.\d{3}, r2 tinyset/test RR@10 \d\.\d{3}, "
+                     r"untuned tinyset/test RR@10 \d\.\d{3}, 3 zero-shot evaluations, [\d.]+ s$", re.MULTILINE)
+
+
+def _drop_pooler(encoder_dir):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(encoder_dir / "model.safetensors")
+    save_file({name: tensor for name, tensor in weights.items() if not name.startswith("pooler.")},
+              encoder_dir / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F811
+    from qac.config import write_params
+
+    root = tmp_path_factory.mktemp("console") / "study"
+    with study_dir(root, tiny_bert_dir) as params:
+        params["mlflow"]["system_metrics"] = True
+        params["evaluate"]["untuned_baseline"] = True
+        write_params(params, root / "params.yaml")
+        _drop_pooler(root / "data" / "smoke" / "pretrain" / "none" / "encoder")
+        load_stage("finetune").main(["--variant", "none"])
+    return root
+
+
+def _evaluate(root, store, **env) -> str:
+    environment = {**os.environ, "QAC_PARAMS": str(root / "params.yaml"), "MLFLOW_TRACKING_URI": store,
+                   "PYTHONPATH": str(REPO), **env}
+    for name in ("QAC_VERBOSE", "PYTHONWARNINGS", "TRANSFORMERS_VERBOSITY", "MLFLOW_LOGGING_LEVEL"):
+        if name not in env:
+            environment.pop(name, None)   # as a user's shell has them: unset
+    done = subprocess.run([sys.executable, str(REPO / "pipelines" / "evaluate.py"), "--variant", "none"],
+                          cwd=root, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+def test_a_stage_prints_its_summary_and_no_library_noise(study, shared_mlflow_store):  # noqa: F811
+    output = _evaluate(study, shared_mlflow_store)
+    assert "LOAD REPORT" not in output
+    assert "system_metrics" not in output
+    assert "Loading weights" not in output
+    assert len(SUMMARY.findall(output)) == 1, output
+    # Off a terminal there are no progress bars either: the summary is all there is.
+    assert output.strip().splitlines() == SUMMARY.findall(output), output
+
+
+def test_verbose_brings_the_library_output_back(study, shared_mlflow_store):  # noqa: F811
+    output = _evaluate(study, shared_mlflow_store, QAC_VERBOSE="1")
+    assert "LOAD REPORT" in output
+    assert "system_metrics" in output
+    assert len(SUMMARY.findall(output)) == 1
+
+
+def test_summary_line_and_durations_read_as_people_write_them():
+    from qac.console import format_seconds, summary_line
+
+    assert summary_line("pretrain@cocondenser-query-q5", "200 steps", "final loss 3.210", seconds=41.2) == (
+        "pretrain@cocondenser-query-q5: 200 steps, final loss 3.210, 41 s")
+    assert format_seconds(3.24) == "3.2 s"
+    assert format_seconds(185) == "3 min 05 s"
+    assert format_seconds(3720) == "1 h 02 min"
+
+
+def test_verbose_is_asked_for_by_flag_or_environment(monkeypatch):
+    from qac.console import verbose_requested
+
+    monkeypatch.delenv("QAC_VERBOSE", raising=False)
+    assert not verbose_requested()
+    assert verbose_requested(True)
+    for value, expected in (("1", True), ("yes", True), ("0", False), ("false", False), ("", False)):
+        monkeypatch.setenv("QAC_VERBOSE", value)
+        assert verbose_requested() is expected, value
