@@ -1,7 +1,7 @@
 """Paper-scale simulation: prepare -> split -> pair-corpus load on a synthetic MS MARCO documents TSV.
 
     python benchmarks/bench_scale.py --documents 20000 [--work DIR] [--keep]
-    python benchmarks/bench_scale.py --report        # table of every recorded N -> reports/benchmarks_scale.md
+    python benchmarks/bench_scale.py --report        # table of every recorded N -> reports/benchmarks.md
 
 Writes N synthetic documents in the ``msmarco-docs.tsv`` format (docid, url,
 title, body) with MS MARCO's length distribution, then runs the real stage
@@ -33,7 +33,6 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "reports" / "bench_scale"
-REPORT = REPO / "reports" / "benchmarks_scale.md"
 PAPER_DOCUMENTS = 3_213_835   # MS MARCO documents (TREC DL 2019 overview, Craswell et al., arXiv:2003.07820)
 
 # Document length in words: log-normal with mean 1,100 words. The mean follows
@@ -218,8 +217,7 @@ def projection(rows: list[dict]) -> dict:
 
 
 def report() -> None:
-    from qac.benchmarking import machine_summary, markdown_table
-    from qac.io import atomic_path
+    from qac.benchmarking import machine_summary, markdown_table, write_section
 
     rows = sorted((json.loads(path.read_text()) for path in RESULTS.glob("*.json")), key=lambda r: r["documents"])
     if not rows:
@@ -241,7 +239,7 @@ def report() -> None:
                           f"{value:.0f}" for value in row["disk_mb"].values())})
     smallest, largest = rows[0]["peak_rss_largest_mb"], max(row["peak_rss_largest_mb"] for row in rows)
     paper = projection(rows)
-    body = f"""# Scale: prepare -> split -> pair corpus, bounded memory
+    body = f"""## Scale: prepare -> split -> pair corpus, bounded memory
 
 `python benchmarks/bench_scale.py --documents N` (then `--report`): a synthetic MS MARCO documents TSV
 (log-normal lengths, mean {MEAN_WORDS:.0f} words), the real `prepare` and `split_passages` stage scripts
@@ -270,9 +268,8 @@ plus 16 bytes per anchor (row index and epoch permutation: about 0.5 GB for ~35M
 The split figures were measured with the 2 cores shared (load average about 9) and include training
 Punkt on 2,000 documents, so the hours are an upper bound.
 """
-    with atomic_path(REPORT) as tmp:
-        Path(tmp).write_text(body, encoding="utf-8")
-    print(f"wrote {REPORT}")
+    write_section("scale", body)
+    print("wrote the scale section of reports/benchmarks.md")
 
 
 def main(argv=None) -> int:
@@ -281,7 +278,7 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, help="working folder (default: /tmp/qac-bench-scale-N)")
     parser.add_argument("--workers", type=int, default=2, help="split worker processes")
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
-    parser.add_argument("--report", action="store_true", help="write reports/benchmarks_scale.md from the results")
+    parser.add_argument("--report", action="store_true", help="write the scale section of reports/benchmarks.md from the results")
     parser.add_argument("--pair-load", type=Path, help=argparse.SUPPRESS)   # one torchrun process
     args = parser.parse_args(argv)
     if args.pair_load:
