@@ -308,6 +308,7 @@ def test_annotation_stage_logs_table5_run(study_inputs, beir_dataset, tiny_bert_
               "tables": {"permutations": 500, "in_domain_columns": [{"label": "x", "measure": "RR@10"}]}}
     (work / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     monkeypatch.chdir(work)
+    monkeypatch.setenv("QAC_PARAMS", str(work / "params.yaml"))
     spec = importlib.util.spec_from_file_location("annotation_stage", Path(__file__).parent.parent / "pipelines" / "annotation.py")
     stage = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stage)
@@ -339,6 +340,7 @@ def test_annotate_cli_export_and_import(study_inputs, tmp_path, monkeypatch, cap
     (work / "params.yaml").write_text(yaml.safe_dump({"profile": "smoke", "seed": 1, "data_dir": "data",
                                                       "annotation": {"documents": 2}}), encoding="utf-8")
     monkeypatch.chdir(work)
+    monkeypatch.setenv("QAC_PARAMS", str(work / "params.yaml"))
     assert main(["annotate", "export", "--out", "sheets"]) == 0
     sheet = work / "sheets" / "sheet.csv"
     filled = [str(fill(sheet, work / f"f{n}.csv", labels)) for n, labels in
