@@ -116,15 +116,16 @@ def test_a_checkpoint_trained_on_other_inputs_is_not_resumed(tmp_path, capsys):
     write_corpus(old, documents=3, spans=2, queries=2, seed=0)
     write_corpus(new, documents=3, spans=2, queries=2, seed=0)
     # The queries were regenerated (another top_k): same passages, other queries.
-    records = [json.loads(line) for line in (old / "queries.jsonl").read_text().splitlines()]
-    (new / "queries.jsonl").write_text("".join(
-        json.dumps({**record, "queries": [f"{query} again" for query in record["queries"]]}) + "\n"
-        for record in records))
+    from qac.data.arrowstore import open_queries, write_queries
+
+    records = open_queries(old / "queries.arrow").to_pylist()
+    write_queries(new / "queries.arrow", [{**record, "queries": [f"{query} again" for query in record["queries"]]}
+                                          for record in records])
     work = tmp_path / "work"
-    pretrain(settings, passages=old / "passages.jsonl", queries=old / "queries.jsonl", work_dir=work,
+    pretrain(settings, passages=old / "passages.arrow", queries=old / "queries.arrow", work_dir=work,
              out_dir=tmp_path / "out-old", remove_work=False)    # leaves the checkpoint of step 3 behind
     notes = []
-    summary = pretrain(settings, passages=new / "passages.jsonl", queries=new / "queries.jsonl", work_dir=work,
+    summary = pretrain(settings, passages=new / "passages.arrow", queries=new / "queries.arrow", work_dir=work,
                        out_dir=tmp_path / "out-new", on_resume=notes.append)
     assert summary["discarded_checkpoint"] and summary["resumed_from_step"] == 0
     assert summary["discard_reason"].startswith("inputs changed: queries ")
@@ -133,7 +134,7 @@ def test_a_checkpoint_trained_on_other_inputs_is_not_resumed(tmp_path, capsys):
                       "discard_reason": summary["discard_reason"], "previous_run_id": None}]
     assert "discarding the work checkpoint at step 3" in capsys.readouterr().err
     clean = tmp_path / "out-clean"
-    pretrain(settings, passages=new / "passages.jsonl", queries=new / "queries.jsonl",
+    pretrain(settings, passages=new / "passages.arrow", queries=new / "queries.arrow",
              work_dir=tmp_path / "work-clean", out_dir=clean)
     expected, actual = _weights(clean), _weights(tmp_path / "out-new")
     for key in expected:
@@ -146,7 +147,7 @@ def test_a_resumed_run_logs_the_whole_loss_history_again(tmp_path):
     settings = PretrainSettings.from_mapping({**SETTINGS, "steps": 4, "checkpoint_every": 2, "log_every": 1})
     data = tmp_path / "data"
     write_corpus(data, documents=3, spans=2, queries=2)
-    files = dict(passages=data / "passages.jsonl", queries=data / "queries.jsonl")
+    files = dict(passages=data / "passages.arrow", queries=data / "queries.arrow")
     straight: dict[int, dict] = {}
     pretrain(settings, **files, work_dir=tmp_path / "w1", out_dir=tmp_path / "o1", log=straight.__setitem__)
 
@@ -174,11 +175,11 @@ def test_the_work_checkpoint_outlives_an_unpublished_output(tmp_path):
     data = tmp_path / "data"
     write_corpus(data, documents=3, spans=2, queries=2)
     work = tmp_path / "work"
-    pretrain(settings, passages=data / "passages.jsonl", queries=data / "queries.jsonl", work_dir=work,
+    pretrain(settings, passages=data / "passages.arrow", queries=data / "queries.arrow", work_dir=work,
              out_dir=tmp_path / "staging", remove_work=False)
     assert json.loads((work / "checkpoint" / "state.json").read_text())["step"] == 2
     # Killed before the staged output was published: the rerun redoes no step.
-    summary = pretrain(settings, passages=data / "passages.jsonl", queries=data / "queries.jsonl", work_dir=work,
+    summary = pretrain(settings, passages=data / "passages.arrow", queries=data / "queries.arrow", work_dir=work,
                        out_dir=tmp_path / "out")
     assert summary["resumed_from_step"] == 2 and not work.exists()
     assert (tmp_path / "out" / "encoder" / "model.safetensors").exists()

@@ -40,7 +40,8 @@ def test_the_run_record_holds_no_credentials(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://user:{SECRET}@mlflow.example.org")
     write_run_record(tmp_path, "abc")
     record = json.loads((tmp_path / RUN_RECORD).read_text())
-    assert record == {"run_id": "abc", "tracking_uri": "https://***@mlflow.example.org"}
+    assert record["run_id"] == "abc" and record["tracking_uri"] == "https://***@mlflow.example.org"
+    assert SECRET not in json.dumps(record)
 
 
 def test_params_logged_to_mlflow_hold_no_credentials(mlflow_store):
@@ -56,13 +57,18 @@ def test_params_logged_to_mlflow_hold_no_credentials(mlflow_store):
     assert mlflow.get_run(run.info.run_id).data.params["storage"] == "postgresql://***@db/optuna"
 
 
-def test_the_report_header_holds_no_credentials():
-    from qac.reporting.render import header_block
-    from qac.reporting.runs import StudyRuns
+def test_the_report_holds_no_credentials(tmp_path, monkeypatch):
+    """The tables are built from DVC outputs; a tracking URI with a password never reaches them."""
+    from dvc_study import PARAMS, write_study
 
-    lines = dict(header_block(render_profile("smoke"), StudyRuns([]), [], "qac-smoke",
-                              tracking_uri=f"https://user:{SECRET}@mlflow.example.org"))
-    assert "https://***@mlflow.example.org" in lines["Runs"] and SECRET not in json.dumps(lines)
+    from qac.reporting.report import write_report
+
+    data = write_study(tmp_path / "study")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://user:{SECRET}@mlflow.example.org")
+    report = write_report(PARAMS, tmp_path / "reports", data)
+    for path in report.directory.rglob("*"):
+        if path.is_file() and path.suffix in (".md", ".csv", ".tex"):
+            assert SECRET not in path.read_text(encoding="utf-8"), path
 
 
 def test_hpo_workers_get_the_storage_credentials_from_the_environment_not_the_params_copy(monkeypatch):
