@@ -93,8 +93,22 @@ class Variant:
                 self.query_count or 0, self.name)
 
 
+class _Recorded:
+    """An output with the ``mlflow_run.json`` record (``record``) of the run that produced it."""
+
+    record: dict[str, Any] | None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.record["run_id"] if self.record else None
+
+    @property
+    def git_commit(self) -> str | None:
+        return (self.record or {}).get("git_commit")
+
+
 @dataclass
-class Source:
+class Source(_Recorded):
     """One system's evaluation outputs and the MLflow run they belong to.
 
     ``folder`` holds ``<dataset>/<split>.per_query.json``; ``record`` is the
@@ -108,14 +122,6 @@ class Source:
     record: dict[str, Any] | None = None
     record_path: Path | None = None
     _cache: dict[tuple[str, str], dict | None] = field(default_factory=dict, repr=False)
-
-    @property
-    def run_id(self) -> str | None:
-        return self.record["run_id"] if self.record else None
-
-    @property
-    def git_commit(self) -> str | None:
-        return (self.record or {}).get("git_commit")
 
     def path(self, dataset: str, split: str) -> Path:
         return self.folder / dataset / f"{split}{PER_QUERY_SUFFIX}"
@@ -160,7 +166,7 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Annotation:
+class Annotation(_Recorded):
     """Table 5's outputs: ``annotation/summary.json``, ``labels.csv`` text and the run record."""
 
     summary: dict[str, Any]
@@ -168,13 +174,6 @@ class Annotation:
     record: dict[str, Any] | None
     relative: str
 
-    @property
-    def run_id(self) -> str | None:
-        return self.record["run_id"] if self.record else None
-
-    @property
-    def git_commit(self) -> str | None:
-        return (self.record or {}).get("git_commit")
 
 
 class Study:

@@ -114,6 +114,15 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
     return f"{ours} / {theirs}"
 
 
+def _footnote(cell: Cell, notes: list[str]) -> int | None:
+    """The number of the note an ``n/a`` cell points to (added to ``notes`` on first use), else None."""
+    if cell.value is None and cell.text is None and cell.note:
+        if cell.note not in notes:
+            notes.append(cell.note)
+        return notes.index(cell.note) + 1
+    return None
+
+
 def _grid(table: Table) -> tuple[list[list[str]], list[str]]:
     """Display rows and the numbered notes the ``n/a`` cells point to."""
     notes: list[str] = []
@@ -125,11 +134,7 @@ def _grid(table: Table) -> tuple[list[list[str]], list[str]]:
                 line.append("")
                 continue
             cell = table.cells[(row, column)]
-            footnote = None
-            if cell.value is None and cell.text is None and cell.note:
-                if cell.note not in notes:
-                    notes.append(cell.note)
-                footnote = notes.index(cell.note) + 1
+            footnote = _footnote(cell, notes)
             line.append(cell_text(table, column, cell, footnote))
         grid.append(line)
     return grid, notes
@@ -214,11 +219,7 @@ def to_latex(table: Table, header: list[tuple[str, str]] | None = None) -> str:
                 line.append("")
                 continue
             cell = table.cells[(row, column)]
-            footnote = None
-            if cell.value is None and cell.text is None and cell.note:
-                if cell.note not in notes:
-                    notes.append(cell.note)
-                footnote = notes.index(cell.note) + 1
+            footnote = _footnote(cell, notes)
             if cell.text is not None and len(cell.text) > 24:
                 if cell.text not in long_texts:
                     long_texts.append(cell.text)
