@@ -175,7 +175,6 @@ class Annotation(_Recorded):
     relative: str
 
 
-
 class Study:
     """The DVC outputs of one profile, indexed by what the tables ask for."""
 
