@@ -18,7 +18,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.slow
+# The module's first test sets up the whole smoke study (minutes on 2 cores): a longer timeout.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 PIPELINE = "profiles/smoke/dvc.yaml"
 PARAMS = "profiles/smoke/params.yaml"
 
