@@ -6,13 +6,18 @@ Runs ``dvc repro profiles/<profile>/dvc.yaml`` (``--force``: every stage,
 even if up to date), and reads the
 "Running stage" lines DVC prints as they arrive: a stage's time runs from its
 line to the next one, so it includes process start-up and DVC's own
-bookkeeping. Writes the section ``stages-<profile>`` of reports/benchmarks.md.
+bookkeeping. Beside the table it measures the start-up floor every stage pays
+(a fresh Python importing torch, transformers and MLflow, as each stage script
+does), so the share of the total that is start-up, not work, is on record.
+Writes the section ``stages-<profile>`` of reports/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -46,12 +51,29 @@ def timed_repro(profile: str, force: bool) -> tuple[list[tuple[str, float]], flo
     return timings, end - start
 
 
+# What every stage script imports before it does any work.
+_STAGE_IMPORTS = "import torch, transformers, mlflow, qac.config, qac.tracking"
+
+
+def startup_seconds(repeats: int = 3) -> float:
+    """Median wall time of a fresh interpreter importing what every stage imports."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", _STAGE_IMPORTS], check=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="default")
     parser.add_argument("--force", action="store_true", help="rerun every stage")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     timings, total = timed_repro(args.profile, args.force)
+    load_after = os.getloadavg()[0]
+    floor = startup_seconds()
     per_group: dict[str, list[float]] = defaultdict(list)
     for stage, seconds in timings:
         per_group[stage.split("@")[0]].append(seconds)
@@ -62,7 +84,11 @@ def main() -> int:
             f"{' --force' if args.force else ''}`; a stage's time runs",
             "from DVC's 'Running stage' line to the next one (process start-up included); `foreach` stages",
             "are summed over their variants.", "",
-            markdown_table(rows), "", f"Total `dvc repro` wall time: {total:.0f} s ({total / 60:.1f} minutes)."]
+            markdown_table(rows), "", f"Total `dvc repro` wall time: {total:.0f} s ({total / 60:.1f} minutes), "
+            f"load average {load_before:.1f} at the start and {load_after:.1f} at the end.", "",
+            f"Start-up floor: a fresh Python importing what every stage imports takes {floor:.1f} s "
+            f"(median of 3, measured after the run); {len(timings)} stage runs pay it, "
+            f"{len(timings) * floor:.0f} s in all ({len(timings) * floor / total:.0%} of the total)."]
     write_section(f"stages-{args.profile}", "\n".join(body))
     print("\n".join(body))
     return 0

@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     queries = inputs["queries"] if settings.context_type in ("query", "mixed") else None
 
     dist = init_distributed()
-    # The journal sits beside the work folder, which pretrain() removes when it ends.
-    step_log = StepLog(root / ".work" / "pretrain" / f"{args.variant}.losses.jsonl") if dist.is_main else None
+    step_log = StepLog()    # a resumed run replays the checkpoint's history into it: the whole curve
 
     def log_step(step: int, metrics: dict[str, float]) -> None:
         log_metrics(metrics, step=step)
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                         record[f"{name}_md5"] = md5
                 mlflow.log_dict(summary, "pretrain_summary.json")
                 if settings.method != "none":
-                    step_log.write(staging / LOSSES_FILE, int(summary.get("resumed_from_step", 0)))
+                    step_log.write(staging / LOSSES_FILE)
                 if models_requested(params, args.log_models):
                     log_encoder(outputs["encoder"], "encoder")
                 write_run_record(staging, run_id, **record)

@@ -168,3 +168,11 @@ def test_a_killed_stage_ends_as_killed_and_the_resumed_run_has_the_whole_curve(s
     assert resumed.data.tags["qac.resume.from_step"] == str(killed["step"])
     history = mlflow.MlflowClient().get_metric_history(resumed.info.run_id, "loss")
     assert sorted(m.step for m in history) == list(range(1, steps + 1))
+    # losses.tsv, which the tables and plots read, is the same whole curve: the killed
+    # process's steps up to its checkpoint, then the resumed ones, each once.
+    from qac.reporting.lineage import read_losses
+
+    curve = read_losses(root / "pretrain" / "cotmae-query-q4" / "losses.tsv")
+    assert [row["step"] for row in curve] == list(range(1, steps + 1))
+    before_kill = {m.step: m.value for m in mlflow.MlflowClient().get_metric_history(earlier.info.run_id, "loss")}
+    assert all(row["loss"] == before_kill[row["step"]] for row in curve if row["step"] <= killed["step"])
