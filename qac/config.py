@@ -109,15 +109,13 @@ def _digest(body: str) -> str:
     return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
 
 
-def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: str | os.PathLike | None = None) -> None:
-    """Write ``params`` to ``path``, atomically, with a provenance header.
+def rendered_params_text(params: dict[str, Any], profiles_dir: str | os.PathLike | None = None) -> str:
+    """The text of a rendered params file: a provenance header, then ``params`` as YAML.
 
     The header repeats the profile file's leading comment (what the profile
     scales down from the paper) and records a digest of the rendered body, so
     a later render can tell a hand-edited file from its own output.
     """
-    from qac.io import atomic_path
-
     name = params["profile"]
     profile_file = Path(profiles_dir or profiles_root()) / f"{name}.yaml"
     body = _params_body(params)
@@ -130,10 +128,16 @@ def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: 
     )
     if profile_file.exists():
         header += _leading_comment(profile_file)
+    return header + body
+
+
+def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: str | os.PathLike | None = None) -> None:
+    """Write ``params`` to ``path``, atomically, as :func:`rendered_params_text` renders it."""
+    from qac.io import atomic_path
+
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(header)
-            handle.write(body)
+            handle.write(rendered_params_text(params, profiles_dir))
 
 
 def params_hand_edited(path: str | os.PathLike) -> bool:
@@ -157,7 +161,7 @@ class HandEditedParams(RuntimeError):
 def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write ``profiles/<name>/params.yaml`` and ``dvc.yaml``; return the files that changed.
 
-    ``params.yaml`` is left alone when it already holds the render; a file that
+    ``params.yaml`` is left alone when it already holds the render, byte for byte; a file that
     was edited by hand is only replaced with ``force`` (else
     :class:`HandEditedParams`), so an experiment's edits are never thrown away
     silently. ``dvc.yaml`` is the pipeline template, verbatim.
@@ -170,7 +174,8 @@ def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.
     folder.mkdir(parents=True, exist_ok=True)
     changed = []
     params_file = folder / "params.yaml"
-    if not params_file.exists() or load_params(params_file) != params:
+    # The whole text, header included: the profile's leading comment describes it too.
+    if not params_file.exists() or params_file.read_text(encoding="utf-8") != rendered_params_text(params, profiles_dir):
         if params_file.exists() and params_hand_edited(params_file) and not force:
             raise HandEditedParams(
                 f"{params_file} was edited by hand (it differs from its last render); move the change into "

@@ -34,13 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _list() -> int:
-    from qac.config import load_params, params_hand_edited, profile_params_path, render_profile
+    from qac.config import params_hand_edited, profile_params_path, render_profile, rendered_params_text
 
     for name in PROFILE_NAMES:
         path = profile_params_path(name)
         if not path.exists():
             state = "not rendered"
-        elif load_params(path) == render_profile(name):
+        elif path.read_text(encoding="utf-8") == rendered_params_text(render_profile(name)):
             state = "current"
         elif params_hand_edited(path):
             state = "edited by hand"

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from qac.config import (PROFILE_NAMES, HandEditedParams, deep_merge, load_params, params_hand_edited, render_profile,
-                        render_profile_files, write_params)
+                        render_profile_files, rendered_params_text, write_params)
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(__import__("sys").executable).parent
@@ -83,7 +83,7 @@ def test_paper_profile_uses_the_papers_settings():
 def test_committed_profile_files_are_current(name):
     """profiles/NAME/params.yaml is the render of base + overrides, and dvc.yaml the template, verbatim."""
     folder = REPO / "profiles" / name
-    assert load_params(folder / "params.yaml") == render_profile(name), (
+    assert (folder / "params.yaml").read_text() == rendered_params_text(render_profile(name)), (
         f"profiles/{name}/params.yaml is stale or edited: run `qac profile render {name}`")
     assert not params_hand_edited(folder / "params.yaml")
     assert (folder / "dvc.yaml").read_text() == (REPO / "profiles" / "pipeline.yaml").read_text()
@@ -111,6 +111,16 @@ def test_render_follows_a_change_of_the_profile_file(tmp_path):
     (profiles / "smoke.yaml").write_text(yaml.safe_dump(overrides))
     assert render_profile_files("smoke", profiles_dir=profiles) == [profiles / "smoke" / "params.yaml"]
     assert load_params(profiles / "smoke" / "params.yaml")["seed"] == 7
+
+
+def test_render_carries_a_new_description_of_the_profile(tmp_path):
+    """Only the profile's leading comment changed: the values are the same, the header is not."""
+    profiles = _profiles_copy(tmp_path)
+    text = (profiles / "smoke.yaml").read_text()
+    (profiles / "smoke.yaml").write_text("# smoke: a new description.\n" + text)
+    assert render_profile_files("smoke", profiles_dir=profiles) == [profiles / "smoke" / "params.yaml"]
+    assert "# smoke: a new description." in (profiles / "smoke" / "params.yaml").read_text()
+    assert not params_hand_edited(profiles / "smoke" / "params.yaml")
 
 
 def test_render_never_silently_discards_a_hand_edit(tmp_path):
