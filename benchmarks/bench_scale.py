@@ -154,6 +154,7 @@ def run(documents: int, work: Path, workers: int, keep: bool) -> dict:
 
     shutil.rmtree(work, ignore_errors=True)
     (work / "mirror" / "synthetic").mkdir(parents=True)
+    load_before = os.getloadavg()[0]
     tsv = work / "mirror" / "synthetic" / "msmarco-docs.tsv"
     started = time.perf_counter()
     lengths = write_documents_tsv(tsv, documents)
@@ -189,6 +190,8 @@ def run(documents: int, work: Path, workers: int, keep: bool) -> dict:
                     "passages.arrow": disk_mb(data / "passages.arrow"),
                     "queries.arrow (3 per passage)": disk_mb(data / "queries.arrow")},
         "workers": workers, "cpu_count": os.cpu_count(),
+        # the cores may be shared: the 1-minute load average as the run started and ended
+        "load_average": [load_before, os.getloadavg()[0]],
     }
     result["peak_rss_largest_mb"] = max(result["peak_rss_mb"].values())
     result["docs_per_s"] = documents / (result["seconds"]["prepare"] + result["seconds"]["split"])
@@ -235,9 +238,13 @@ def report() -> None:
                           max(r["rss_anon_mb"] for r in row["pair_ranks"]),
                           max(r["rss_file_mb"] for r in row["pair_ranks"])),
                       "disk MB (tsv, prepared, passages, queries)": ", ".join(
-                          f"{value:.0f}" for value in row["disk_mb"].values())})
+                          f"{value:.0f}" for value in row["disk_mb"].values()),
+                      "load start / end": "{:.1f} / {:.1f}".format(*row["load_average"])
+                      if "load_average" in row else "not recorded"})
     smallest, largest = rows[0]["peak_rss_largest_mb"], max(row["peak_rss_largest_mb"] for row in rows)
     anon = [max(rank["rss_anon_mb"] for rank in row["pair_ranks"]) for row in rows]
+    over_goal = [f"{row['documents']:,}" for row in rows if row["peak_rss_largest_mb"] > 1.5 * smallest]
+    largest_run = rows[-1]
     paper = projection(rows)
     body = f"""## Scale: prepare -> split -> pair corpus, bounded memory
 
@@ -246,9 +253,8 @@ def report() -> None:
 (split with {rows[-1]['workers']} worker processes), then a pair-corpus load in 2 `torchrun` processes (gloo)
 drawing 50 global batches of 256 mixed pairs. Peak RSS is per process (`wait4`), the largest process of the
 stage; the pair-load ranks also give their anonymous and file-backed (memory-mapped Arrow) resident memory.
-Machine: {machine_summary()}. The 2 cores were shared with other work while measuring (the 2,000- and
-20,000-document runs under a load average of about 9, the 100,000-document run beside a test-suite run), so
-seconds are upper bounds and noisy between rows.
+Machine: {machine_summary()}. The cores may have been shared with other work while measuring (the load
+column), so seconds are upper bounds and noisy between rows.
 
 {markdown_table(table)}
 
@@ -257,12 +263,12 @@ Peak memory of the largest process: {smallest:.0f} MB at {rows[0]['documents']:,
 The pair-load ranks' anonymous (private) memory is flat: {anon[0]:.0f} MB at {rows[0]['documents']:,} documents,
 {max(anon):.0f} MB at most (ratio {max(anon) / anon[0]:.2f}). What grows is their file-backed resident memory:
 pages of the memory-mapped `passages.arrow` that the batches touched. The kernel reads ahead around each
-touched page, so 50 batches of random rows bring in most of the file (1.5 GB at 100,000 documents). Those
-pages are the page cache, shared by every process of the machine and reclaimable, not a per-process copy;
-on the full corpus they are bounded by the machine's free memory, not added per rank. Peak RSS counts
-them, so by that measure the goal is not met beyond 20,000 documents; advising the mapping as random
-access (`madvise(MADV_RANDOM)`, which turns readahead off) would keep the resident set near the pages
-the batches use.
+touched page, so 50 batches of random rows bring in most of the file ({largest_run['disk_mb']['passages.arrow']:.0f} MB
+at {largest_run['documents']:,} documents). Those pages are the page cache, shared by every process of the
+machine and reclaimable, not a per-process copy; on the full corpus they are bounded by the machine's free
+memory, not added per rank. Peak RSS counts them: by that measure the goal is missed at
+{', '.join(over_goal) or 'no'} documents. Advising the mapping as random access (`madvise(MADV_RANDOM)`,
+which turns readahead off) would keep the resident set near the pages the batches use.
 
 Projection to the {PAPER_DOCUMENTS:,} MS MARCO documents (time and disk linear in N from the largest
 run): disk {paper['disk_gb']:.0f} GB (TSV, prepared copy, passages, 3 queries per passage; 20 queries per

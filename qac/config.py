@@ -133,11 +133,22 @@ def rendered_params_text(params: dict[str, Any], profiles_dir: str | os.PathLike
 
 def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: str | os.PathLike | None = None) -> None:
     """Write ``params`` to ``path``, atomically, as :func:`rendered_params_text` renders it."""
+    _write_text(path, rendered_params_text(params, profiles_dir))
+
+
+def _write_text(path: str | os.PathLike, text: str) -> None:
     from qac.io import atomic_path
 
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(rendered_params_text(params, profiles_dir))
+            handle.write(text)
+
+
+def params_current(path: str | os.PathLike, params: dict[str, Any],
+                   profiles_dir: str | os.PathLike | None = None) -> bool:
+    """Whether ``path`` holds the render of ``params`` byte for byte (the header's description included)."""
+    path = Path(path)
+    return path.exists() and path.read_text(encoding="utf-8") == rendered_params_text(params, profiles_dir)
 
 
 def params_hand_edited(path: str | os.PathLike) -> bool:
@@ -166,16 +177,13 @@ def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.
     :class:`HandEditedParams`), so an experiment's edits are never thrown away
     silently. ``dvc.yaml`` is the pipeline template, verbatim.
     """
-    from qac.io import atomic_path
-
     profiles_dir = Path(profiles_dir or profiles_root())
     params = render_profile(name, profiles_dir)
     folder = profiles_dir / name
     folder.mkdir(parents=True, exist_ok=True)
     changed = []
     params_file = folder / "params.yaml"
-    # The whole text, header included: the profile's leading comment describes it too.
-    if not params_file.exists() or params_file.read_text(encoding="utf-8") != rendered_params_text(params, profiles_dir):
+    if not params_current(params_file, params, profiles_dir):
         if params_file.exists() and params_hand_edited(params_file) and not force:
             raise HandEditedParams(
                 f"{params_file} was edited by hand (it differs from its last render); move the change into "
@@ -185,8 +193,7 @@ def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.
     pipeline = (profiles_dir / PIPELINE_TEMPLATE).read_text(encoding="utf-8")
     dvc_file = folder / "dvc.yaml"
     if not dvc_file.exists() or dvc_file.read_text(encoding="utf-8") != pipeline:
-        with atomic_path(dvc_file) as tmp:
-            tmp.write_text(pipeline, encoding="utf-8")
+        _write_text(dvc_file, pipeline)
         changed.append(dvc_file)
     return changed
 

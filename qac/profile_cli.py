@@ -34,13 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _list() -> int:
-    from qac.config import params_hand_edited, profile_params_path, render_profile, rendered_params_text
+    from qac.config import params_current, params_hand_edited, profile_params_path, render_profile
 
     for name in PROFILE_NAMES:
         path = profile_params_path(name)
         if not path.exists():
             state = "not rendered"
-        elif path.read_text(encoding="utf-8") == rendered_params_text(render_profile(name)):
+        elif params_current(path, render_profile(name)):
             state = "current"
         elif params_hand_edited(path):
             state = "edited by hand"
