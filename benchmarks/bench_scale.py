@@ -136,10 +136,12 @@ def pair_load(data: Path, batches: int, batch_size: int) -> None:
             characters += len(pair.anchor) + len(pair.context)
     dist.barrier()
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    print(json.dumps({"rank": rank, "anchors": len(corpus), "load_s": loaded, "characters": characters,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "rss_anon_mb": int(status["RssAnon"].split()[0]) / 1024,
-                      "rss_file_mb": int(status["RssFile"].split()[0]) / 1024}), flush=True)
+    # One file per rank: the ranks share stdout, where their lines can interleave.
+    (data / f"pair_load.rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "anchors": len(corpus), "load_s": loaded, "characters": characters,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_anon_mb": int(status["RssAnon"].split()[0]) / 1024,
+        "rss_file_mb": int(status["RssFile"].split()[0]) / 1024}), encoding="utf-8")
     dist.destroy_process_group()
 
 
@@ -174,8 +176,7 @@ def run(documents: int, work: Path, workers: int, keep: bool) -> dict:
     stages["pair_load"] = run_measured([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                         "--nproc_per_node", "2", __file__, "--pair-load", str(data)],
                                        env, work / "pair_load.log")
-    ranks = [json.loads(line) for line in (work / "pair_load.log").read_text().splitlines()
-             if line.startswith('{"rank"')]
+    ranks = [json.loads((data / f"pair_load.rank{rank}.json").read_text(encoding="utf-8")) for rank in range(2)]
     split_metrics = json.loads((data / "metrics" / "split.json").read_text())
     import resource
 

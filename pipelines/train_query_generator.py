@@ -147,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         if heldout:
             generated = generate(model, tokenizer, sampling, dtype, [p.source for p in heldout], candidates,
                                  settings.batch_size)
+            greedy = SamplingSettings(**{**sampling.__dict__, "top_k": 1})
+            most_likely = [texts[0] if texts else "" for texts in
+                           generate(model, tokenizer, greedy, dtype, [p.source for p in heldout], 1,
+                                    settings.batch_size)]
             index = quality_index(datasets_dir, corpora, heldout, section.get("quality_max_documents"), seed)
-            metrics.update(evaluate_queries(heldout, generated, index, seed))
+            metrics.update(evaluate_queries(heldout, generated, index, seed, greedy=most_likely))
             if section.get("judge_anchors"):
                 metrics.update(judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dtype,
                                              settings.batch_size, seed))

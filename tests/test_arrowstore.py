@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from qac.data.arrowstore import (QUERIES_SCHEMA, RowGather, iter_records, open_queries, scan_tables,
+import sys
+
+from qac.data.arrowstore import (QUERIES_SCHEMA, RowGather, iter_records, open_mapped, open_queries, scan_tables,
                                  write_queries)
 from qac.data.errors import DataFormatError
 
@@ -59,3 +61,66 @@ def test_a_bad_record_names_file_row_and_field_and_writes_nothing(tmp_path):
     with pytest.raises(DataFormatError, match=r"queries.arrow:2: field 'pid': missing"):
         write_queries(path, bad)
     assert list(tmp_path.iterdir()) == []      # atomic: neither the file nor a temporary one
+
+
+def mapping_resident_kb(path) -> int:
+    """Resident kilobytes of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    resident, inside = 0, False
+    for line in open("/proc/self/smaps", encoding="utf-8"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:      # a mapping's header line
+            inside = len(fields) >= 6 and fields[5] == str(path)
+        elif inside and fields[0] == "Rss:":
+            resident += int(fields[1])
+    return resident
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_released_pages_leave_the_process_and_the_rows_still_read(tmp_path, monkeypatch):
+    # 4,000 rows of ~1 kB in batches of 64: a 4 MB file of 63 batches.
+    monkeypatch.setattr("qac.data.arrowstore.ROWS_PER_BATCH", 64)
+    path = tmp_path / "queries.arrow"
+    rows = [{"pid": f"d{i}#0", "queries": [f"{i} " + "x" * 1000]} for i in range(4000)]
+    write_queries(path, rows)
+    mapped = open_mapped(path, QUERIES_SCHEMA)
+    gather = RowGather(mapped.table, mapped, release_rows=10 ** 9)
+    assert gather.rows(list(range(0, 4000, 7))) == rows[::7]
+    touched = mapping_resident_kb(path)
+    assert touched >= 4000 / 7 * 4          # every gathered row's page is resident ...
+    mapped.release()
+    assert mapping_resident_kb(path) == 0   # ... until released; the data is not lost:
+    assert gather.rows([3999, 0]) == [rows[3999], rows[0]]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_row_gather_and_a_full_pass_keep_only_a_bounded_share_of_the_file_resident(tmp_path, monkeypatch):
+    # 8,000 rows of ~1 kB in batches of 512: an 8 MB file of 16 batches of ~512 kB.
+    monkeypatch.setattr("qac.data.arrowstore.ROWS_PER_BATCH", 512)
+    path = tmp_path / "queries.arrow"
+    rows = [{"pid": f"d{i}#0", "queries": [f"{i} " + "x" * 1000]} for i in range(8000)]
+    write_queries(path, rows)
+    file_kb = path.stat().st_size // 1024
+    mapped = open_mapped(path, QUERIES_SCHEMA)
+    # Opening locates every batch header. With random-access advice a header
+    # maps its own page and the cached pages the kernel maps around a fault
+    # (fault-around, 64 kB by default), not the megabytes of read-around.
+    assert mapping_resident_kb(path) < file_kb / 4
+    mapped.release()
+    gather = RowGather(mapped.table, mapped, release_rows=250)
+    for start in range(0, 8000, 125):
+        assert gather.rows(list(range(start, start + 125))) == rows[start:start + 125]
+        # at most 250 rows of ~1 kB since the last release, each with its fault-around
+        assert mapping_resident_kb(path) <= 256 + 2 * 64 + 256
+    # A full pass with iter_records releases batch by batch (its own mapping).
+    for index, record in enumerate(iter_records(path, QUERIES_SCHEMA)):
+        assert record == rows[index]
+        if index % 500 == 0:
+            assert mapping_resident_kb(path) <= 512 + 2 * 64 + 256
+    assert index == 7999
+
+
+def test_an_empty_arrow_file_names_itself(tmp_path):
+    path = tmp_path / "queries.arrow"
+    path.write_bytes(b"")
+    with pytest.raises(DataFormatError, match=r"queries.arrow.*not an Arrow stream file"):
+        open_mapped(path, QUERIES_SCHEMA)

@@ -3,6 +3,8 @@ decoding equals its training-time computation, a loadable folder, quality metric
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import random
 from pathlib import Path
@@ -137,12 +139,26 @@ def prefix_lm():
     return model.eval(), tokenizer
 
 
+@contextlib.contextmanager
+def piece_constraint(model, on: bool):
+    """Generation's word-piece constraint switched ``on`` or off for the block."""
+    saved = model.config.prefix_lm_piece_constraint
+    model.config.prefix_lm_piece_constraint = on
+    try:
+        yield
+    finally:
+        model.config.prefix_lm_piece_constraint = saved
+
+
 def test_prefix_lm_cached_decoding_equals_the_training_computation(prefix_lm):
     import torch
 
     from qac.querygen.prefix_lm import PrefixCache
 
     model, tokenizer = prefix_lm
+    # The same logits with and without labels: the generation-only piece constraint is off here.
+    stack = contextlib.ExitStack()
+    stack.enter_context(piece_constraint(model, False))
     source = tokenizer(["chaperones help proteins fold in yeast", "deltas grow"], padding=True, return_tensors="pt")
     labels = torch.tensor([[2000, 2001, 2002, 102], [2003, 102, -100, -100]])
     with torch.no_grad():
@@ -166,6 +182,38 @@ def test_prefix_lm_cached_decoding_equals_the_training_computation(prefix_lm):
     log_probs = torch.log_softmax(full.logits, dim=-1)
     picked = [log_probs[r, c, labels[r, c]] for r in range(2) for c in range(4) if labels[r, c] != -100]
     assert float(full.loss) == pytest.approx(-float(sum(picked)) / 6, rel=1e-5)
+    stack.close()
+
+
+def test_prefix_lm_generates_word_pieces_only_as_the_passage_spells_them(prefix_lm):
+    import torch
+
+    model, tokenizer = prefix_lm
+    text = "chaperones help proteins fold"
+    source = tokenizer([text], return_tensors="pt")
+    tokens = tokenizer([text], add_special_tokens=False)["input_ids"][0]
+    follows = {(a, b) for a, b in zip(tokens, tokens[1:]) if tokenizer.convert_ids_to_tokens(b).startswith("##")}
+    assert follows                                   # the passage has words of several pieces
+    pieces = model.word_pieces.nonzero().flatten().tolist()
+    decoder_ids = torch.tensor([[tokenizer.cls_token_id, *tokens]])
+    with torch.no_grad():
+        free = model(input_ids=source.input_ids, attention_mask=source.attention_mask,
+                     decoder_input_ids=decoder_ids, labels=None).logits[0]
+        with piece_constraint(model, False):
+            unconstrained = model(input_ids=source.input_ids, attention_mask=source.attention_mask,
+                                  decoder_input_ids=decoder_ids).logits[0]
+    for position, token in enumerate(decoder_ids[0].tolist()):
+        allowed = {b for a, b in follows if a == token}
+        finite = {piece for piece in pieces if torch.isfinite(free[position, piece])}
+        assert finite == allowed, (position, tokenizer.convert_ids_to_tokens(token))
+        # word-initial tokens keep their logits
+        starts = ~model.word_pieces
+        assert torch.equal(free[position][starts], unconstrained[position][starts])
+    # training (labels given) is never constrained: every piece keeps a finite logit
+    labels = torch.tensor([[*tokens[:3], tokenizer.sep_token_id]])
+    with torch.no_grad():
+        trained = model(input_ids=source.input_ids, attention_mask=source.attention_mask, labels=labels)
+    assert torch.isfinite(trained.logits).all() and torch.isfinite(trained.loss)
 
 
 def test_prefix_lm_copy_bias_raises_the_passage_tokens_not_yet_emitted(prefix_lm):
@@ -178,7 +226,7 @@ def test_prefix_lm_copy_bias_raises_the_passage_tokens_not_yet_emitted(prefix_lm
     decoder_ids = torch.tensor([[tokenizer.cls_token_id, emitted]])
 
     def logits():
-        with torch.no_grad():
+        with torch.no_grad(), piece_constraint(model, False):   # the copy bias alone
             return model(input_ids=source.input_ids, attention_mask=source.attention_mask,
                          decoder_input_ids=decoder_ids).logits[0]
 

@@ -7,6 +7,15 @@ Arrow IPC *stream* files, the format of Hugging Face ``datasets`` cache files:
 in the operating system's page cache, so the processes of a ``torchrun`` job
 share one copy of the texts instead of each holding its own.
 
+A mapped page a process has touched counts in its resident memory until it is
+unmapped, so two things keep that figure bounded on a corpus of any size
+(:class:`MappedTable`): the mapping is advised ``MADV_RANDOM``, so a page fault
+reads that page and not the megabytes around it (the kernel's read-around,
+``read_ahead_kb``, would otherwise pull the whole file in while the stream's
+batch headers are located), and long passes call :meth:`MappedTable.release`,
+which drops the touched pages from the process (they stay in the page cache,
+so touching them again costs a minor fault, not a read).
+
 Writing is streaming (record batches of :data:`ROWS_PER_BATCH` rows, never
 the whole table) and atomic (:func:`qac.io.atomic_path`). A batch boundary
 depends only on the row count, so the same rows always give the same bytes,
@@ -16,6 +25,7 @@ docs/architecture.md ("Files between stages").
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -153,17 +163,40 @@ def write_records(path: str | os.PathLike, schema: pa.Schema, records: Iterable[
     return writer.rows
 
 
-def open_table(path: str | os.PathLike, schema: pa.Schema) -> pa.Table:
-    """The memory-mapped table of an Arrow stream file, checked against ``schema``.
+class MappedTable:
+    """A memory-mapped Arrow stream file: its table and the mapping behind it.
 
-    Reading costs no memory for the data itself: columns point into the
-    mapping, and pages are loaded (and shared between processes) on access.
+    The table's columns point into the mapping; the mapping lives as long as
+    any of its buffers does.
     """
+
+    def __init__(self, path: Path, mapping: mmap.mmap, table: pa.Table):
+        self.path, self.table = path, table
+        self._mapping = mapping
+
+    def release(self) -> None:
+        """Drop the pages this process has touched from its resident memory.
+
+        The mapping is read-only and shared, so ``MADV_DONTNEED`` discards
+        nothing: the pages stay in the page cache, and a later access maps
+        them again. Call it between the steps of a long pass.
+        """
+        if len(self._mapping):
+            self._mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def open_mapped(path: str | os.PathLike, schema: pa.Schema) -> MappedTable:
+    """Map an Arrow stream file (random-access advice, see the module text), checked against ``schema``."""
     path = Path(path)
     if not path.is_file():
         raise DataFormatError(path, None, None, "file not found")
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            raise DataFormatError(path, None, None, "not an Arrow stream file (empty file)")
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    mapping.madvise(mmap.MADV_RANDOM)
     try:
-        table = pa.ipc.open_stream(pa.memory_map(str(path), "r")).read_all()
+        table = pa.ipc.open_stream(pa.py_buffer(mapping)).read_all()
     except pa.ArrowInvalid as error:
         raise DataFormatError(path, None, None, f"not an Arrow stream file ({error})") from None
     for field in schema:
@@ -172,18 +205,32 @@ def open_table(path: str | os.PathLike, schema: pa.Schema) -> pa.Table:
         found = table.schema.field(field.name).type
         if not found.equals(field.type):
             raise DataFormatError(path, None, field.name, f"expected {field.type}, found {found}")
-    return table
+    return MappedTable(path, mapping, table)
+
+
+def open_table(path: str | os.PathLike, schema: pa.Schema) -> pa.Table:
+    """The memory-mapped table of an Arrow stream file, checked against ``schema``.
+
+    Reading costs no memory for the data itself: columns point into the
+    mapping, and pages are loaded (and shared between processes) on access.
+    """
+    return open_mapped(path, schema).table
 
 
 def iter_records(path: str | os.PathLike, schema: pa.Schema, columns: list[str] | None = None,
                  start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
-    """Rows ``start..stop`` of an Arrow stream file as dicts, decoded one batch at a time."""
-    table = open_table(path, schema)
-    if columns is not None:
-        table = table.select(columns)
+    """Rows ``start..stop`` of an Arrow stream file as dicts, decoded one batch at a time.
+
+    The pages of each batch are released once it is decoded, so a pass over a
+    file of any size keeps one batch resident.
+    """
+    mapped = open_mapped(path, schema)
+    table = mapped.table if columns is None else mapped.table.select(columns)
     stop = table.num_rows if stop is None else min(stop, table.num_rows)
     for offset in range(start, stop, ROWS_PER_BATCH):
-        yield from table.slice(offset, min(ROWS_PER_BATCH, stop - offset)).to_pylist()
+        records = table.slice(offset, min(ROWS_PER_BATCH, stop - offset)).to_pylist()
+        mapped.release()
+        yield from records
 
 
 class RowGather:
@@ -191,12 +238,19 @@ class RowGather:
 
     ``Table.take`` concatenates every chunk of a column first, a copy of the
     whole file per call; here each requested row is looked up in its own
-    record batch, so a batch of pairs costs what its rows weigh.
+    record batch, so a batch of pairs costs what its rows weigh. Given the
+    :class:`MappedTable`, the touched pages are released after every
+    ``release_rows`` rows gathered, so sampling over many steps does not
+    accumulate the file in the process's resident memory. The default is
+    small because a row touches a page in each of its column buffers (about
+    ten for a passage), and the kernel maps the cached pages around each
+    fault too (fault-around, 64 kB by default): a row can bring ~0.5 MB.
     """
 
-    def __init__(self, table: pa.Table):
+    def __init__(self, table: pa.Table, mapped: MappedTable | None = None, release_rows: int = 64):
         self.batches = table.to_batches()
         self.starts = np.cumsum([0] + [batch.num_rows for batch in self.batches])
+        self._mapped, self._release_rows, self._since_release = mapped, release_rows, 0
 
     @property
     def num_rows(self) -> int:
@@ -214,6 +268,11 @@ class RowGather:
             for position, record in zip(positions.tolist(),
                                         batch.take(pa.array(rows[positions] - self.starts[index])).to_pylist()):
                 found[position] = record
+            # decoded rows are Python objects now: their pages can go
+            self._since_release += len(positions)
+            if self._mapped is not None and self._since_release >= self._release_rows:
+                self._mapped.release()
+                self._since_release = 0
         return found
 
 

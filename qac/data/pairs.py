@@ -36,8 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from qac.data.arrowstore import (PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_passages, open_queries,
-                                 scan_tables)
+from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, MappedTable, RowGather, open_mapped, scan_tables
 from qac.data.errors import DataFormatError
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask
 
@@ -66,6 +65,10 @@ class PairCorpus:
     total_passages: int = 0
     skipped_no_passage_context: int = 0
     skipped_no_query: int = 0
+    # The mappings behind ``passages`` and ``queries``, when they were mapped
+    # here: row reads then release the pages they touched (see RowGather).
+    passages_mapped: MappedTable | None = field(default=None, repr=False)
+    queries_mapped: MappedTable | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.anchors)
@@ -76,8 +79,8 @@ class PairCorpus:
                 "skipped_no_query": self.skipped_no_query}
 
     def __post_init__(self):
-        self._passage_rows = RowGather(self.passages)
-        self._query_rows = RowGather(self.queries) if self.queries is not None else None
+        self._passage_rows = RowGather(self.passages, self.passages_mapped)
+        self._query_rows = RowGather(self.queries, self.queries_mapped) if self.queries is not None else None
 
     def rows(self, indices) -> list[dict]:
         """``pid``, ``doc_id``, ``position``, ``text`` and ``contexts`` of anchors ``indices`` (with ``row``)."""
@@ -176,13 +179,15 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
     if query_count < 1:
         raise ValueError(f"query_count must be at least 1, got {query_count}")
     passages_path = Path(passages_path)
-    passages = open_passages(passages_path)
+    passages_mapped = open_mapped(passages_path, PASSAGES_SCHEMA)
+    passages = passages_mapped.table
     needs_queries = context_type in ("query", "mixed")
-    queries, query_parts = None, iter(())
+    queries, queries_mapped, query_parts = None, None, iter(())
     if needs_queries:
         if queries_path is None:
             raise ValueError(f"context_type {context_type!r} needs a queries file")
-        queries = open_queries(queries_path)
+        queries_mapped = open_mapped(queries_path, QUERIES_SCHEMA)
+        queries = queries_mapped.table
         if queries.num_rows > passages.num_rows:
             raise DataFormatError(queries_path, passages.num_rows + 1, "pid",
                                   f"{queries.num_rows} rows for {passages.num_rows} passages")
@@ -209,7 +214,8 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
                         anchors=np.concatenate(anchors) if anchors else np.zeros(0, dtype=np.int64),
                         passage_context=passage_context, query_count=query_count, path=passages_path,
                         total_passages=passages.num_rows, skipped_no_passage_context=no_context,
-                        skipped_no_query=no_query)
+                        skipped_no_query=no_query, passages_mapped=passages_mapped,
+                        queries_mapped=queries_mapped)
     if not len(corpus):
         raise ValueError(f"{passages_path}: no passage has a {context_type} context ({corpus.stats()})")
     return corpus

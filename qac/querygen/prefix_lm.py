@@ -23,6 +23,13 @@ layer). Two small additions are trained from a neutral start:
   input token itself aside), so +4 puts the passage's words at the top from
   the first step; the piece bonus starts at ``PIECE_COPY_INIT``.
 
+When generating (no ``labels``), a ``##`` word piece may only follow the
+token it follows somewhere in the passage (``config.prefix_lm_piece_constraint``):
+a word the query builds from pieces is then a word of the passage, never a
+made-up one such as ``cy##pha##pha``. Training is unconstrained, so the loss
+remains the model's own likelihood of real queries, whose words need not be
+in the passage.
+
 Because passage tokens never attend to query tokens, the passage can be run
 once on its own (:meth:`PrefixLM.encode`) and the query decoded token by token
 against the passage's keys and values plus a cache of the query's own. To fit
@@ -110,6 +117,8 @@ class PrefixLM(nn.Module):
         self.config = bert.config
         self.config.architectures = [ARCHITECTURE]
         self.config.prefix_lm_copy_bias = bool(copy_bias)
+        if not hasattr(self.config, "prefix_lm_piece_constraint"):
+            self.config.prefix_lm_piece_constraint = True
         hidden, vocab = self.config.hidden_size, self.config.vocab_size
         self.transform = nn.Linear(hidden, hidden)
         self.transform_norm = nn.LayerNorm(hidden, eps=self.config.layer_norm_eps)
@@ -166,6 +175,8 @@ class PrefixLM(nn.Module):
             decoder_input_ids = self.shift_labels(labels)
         cache = past_key_values if past_key_values is not None else PrefixCache()
         logits = self.decode(packed, attention_mask, decoder_input_ids, cache)
+        if labels is None and getattr(self.config, "prefix_lm_piece_constraint", False):
+            logits = self.constrain_pieces(logits, packed[..., -1].long(), attention_mask.bool(), decoder_input_ids)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
@@ -240,6 +251,19 @@ class PrefixLM(nn.Module):
             fresh = ~self.emitted_tokens(decoder_input_ids, cache, vocab)
             logits = logits + bonus * self.source_presence(source_ids, source_mask, vocab)[:, None] * fresh
         return logits
+
+    def constrain_pieces(self, logits: torch.Tensor, source_ids: torch.Tensor, source_mask: torch.Tensor,
+                         decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """``logits`` with every ``##`` piece masked unless the passage has it right after the input token."""
+        vocab = logits.shape[-1]
+        pieces = self.word_pieces[:vocab]
+        follows_piece = pieces[source_ids[:, 1:]] & source_mask[:, 1:] & source_mask[:, :-1]      # (B, L-1)
+        # (B, T, L-1): passage position i holds this step's input token and i+1 a piece
+        match = (source_ids[:, None, :-1] == decoder_input_ids[..., None]) & follows_piece[:, None]
+        allowed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+        allowed.scatter_(2, source_ids[:, None, 1:].expand_as(match) * match, match)   # misses write False at 0
+        blocked = pieces & ~allowed
+        return logits.masked_fill(blocked, float("-inf"))
 
     @staticmethod
     def emitted_tokens(decoder_input_ids: torch.Tensor, cache: PrefixCache, vocab: int) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 - ROUGE-L (F-measure, Porter stemming; the ``rouge-score`` package) of each
   generated candidate against the held-out reference (a real query or a
-  title), averaged over candidates.
+  title), averaged over candidates; the same for the greedy query (the
+  model's most likely one, so sampling noise apart) and, as a frame, for the
+  source's first sentence (its title where the source starts with one).
 - Self-retrieval: the share of candidates whose own document BM25 (``bm25s``,
   English stop words) ranks within the top ``depth`` (10 by default) with a
   positive score, and the share ranked first strictly (a tie for first place
@@ -102,10 +104,12 @@ def candidate_shares(candidates: Sequence[Sequence[str]]) -> dict[str, float]:
 
 
 def evaluate_queries(heldout: Sequence[Pair], candidates: Sequence[Sequence[str]], index: SelfRetrieval, seed: int,
-                     depth: int = 10) -> dict[str, float]:
+                     depth: int = 10, greedy: Sequence[str] | None = None) -> dict[str, float]:
     """Quality of ``candidates[i]`` (C generated queries) for ``heldout[i]``, overall and per pair kind.
 
-    Keys (prefixed ``<kind>/`` per kind): ``rougeL``, ``self_retrieval/<query>/top1`` and
+    Keys (prefixed ``<kind>/`` per kind): ``rougeL``, ``rougeL_greedy`` (with
+    ``greedy``, one greedy query per pair), ``rougeL_first_sentence``,
+    ``self_retrieval/<query>/top1`` and
     ``/top<depth>`` for the generated candidates, a random sentence and the
     reference, ``empty_share``, ``duplicate_share`` and counts.
     """
@@ -121,6 +125,11 @@ def evaluate_queries(heldout: Sequence[Pair], candidates: Sequence[Sequence[str]
         keys = {i: f"{heldout[i].dataset}/{heldout[i].doc_id}" for i in members}
         metrics[f"{prefix}heldout_pairs"] = len(members)
         metrics[f"{prefix}rougeL"] = rouge_l([text for _, text in flat], [heldout[i].target for i, _ in flat])
+        if greedy is not None:
+            metrics[f"{prefix}rougeL_greedy"] = rouge_l([greedy[i] for i in members],
+                                                        [heldout[i].target for i in members])
+        metrics[f"{prefix}rougeL_first_sentence"] = rouge_l([(sentences(heldout[i].source) or [""])[0] for i in members],
+                                                            [heldout[i].target for i in members])
         rated = {"generated": ([text for _, text in flat], [keys[i] for i, _ in flat]),
                  "random_sentence": ([baseline[i] for i in members], [keys[i] for i in members]),
                  "reference": ([heldout[i].target for i in members], [keys[i] for i in members])}

@@ -7,6 +7,8 @@ from typing import Mapping
 # (metric key, label, target the default study needs or "")
 _ROWS = (
     ("query/rougeL", "ROUGE-L vs held-out real queries (SciFact claims)", ">= 0.20"),
+    ("query/rougeL_greedy", "ROUGE-L vs held-out real queries, greedy query (the model's most likely)", ""),
+    ("query/rougeL_first_sentence", "ROUGE-L vs held-out real queries, the source's first sentence", ""),
     ("title/rougeL", "ROUGE-L vs held-out titles", ""),
     ("self_retrieval/generated/top10", "BM25 self-retrieval @10, generated queries", ">= 0.50"),
     ("self_retrieval/generated/top1", "BM25 self-retrieval @1, generated queries", ""),

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from qac.data.arrowstore import QUERIES_SCHEMA, ArrowRecordWriter, open_passages
+from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, ArrowRecordWriter, open_mapped, open_passages
 from qac.data.errors import DataFormatError
 from qac.io import atomic_path, file_md5, write_json
 from qac.querygen.generate import GenerationStats, QueryGenerator, SamplingSettings
@@ -95,16 +95,19 @@ def iter_chunks(path: str | os.PathLike, chunk_size: int, wanted: Callable[[int]
                 limit: int | None = None) -> Iterator[tuple[int, list[tuple[str, str]]]]:
     """Yield ``(chunk index, [(pid, text), ...])`` for the chunks ``wanted`` accepts.
 
-    Other chunks are skipped without reading them (the file is memory-mapped).
+    Other chunks are skipped without reading them (the file is memory-mapped),
+    and a read chunk's pages are released once its texts are decoded.
     ``limit`` stops after that many passages.
     """
-    table = open_passages(path).select(["pid", "text"])
+    mapped = open_mapped(path, PASSAGES_SCHEMA)
+    table = mapped.table.select(["pid", "text"])
     total = table.num_rows if limit is None else min(limit, table.num_rows)
     for chunk, start in enumerate(range(0, total, chunk_size)):
         if not wanted(chunk):
             continue
         part = table.slice(start, min(chunk_size, total - start))
         passages = list(zip(part.column("pid").to_pylist(), part.column("text").to_pylist()))
+        mapped.release()
         for offset, (pid, _) in enumerate(passages):
             if not pid:
                 raise DataFormatError(path, start + offset + 1, "pid", "empty")
