@@ -18,7 +18,6 @@ inputs (context ``evaluation``). Graded sets count labels >= the split's
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -105,12 +104,9 @@ def headline(params: dict, results: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+    from qac.console import StageClock, print_summary, variant_stage_arguments
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
-    args = add_verbose_flag(parser).parse_args(argv)
-    setup_console(args.verbose)
+    args = variant_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
     import time

@@ -19,7 +19,6 @@ of ``train_dataset`` is read. Runs alone or under ``torchrun``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 from pathlib import Path
@@ -89,14 +88,10 @@ def loss_fact(name: str, losses: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+    from qac.console import StageClock, print_summary, variant_stage_arguments
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
-    parser.add_argument("--log-models", action="store_true",
-                        help="log r1 and r2 to MLflow as artifacts (also mlflow.log_models in params)")
-    args = add_verbose_flag(parser).parse_args(argv)
-    setup_console(args.verbose)
+    args = variant_stage_arguments(__doc__.splitlines()[0], argv,
+                                   log_models_help="log r1 and r2 to MLflow as artifacts (also mlflow.log_models in params)")
     clock = StageClock()
 
     from qac.config import checked_variant, load_params, profile_dir

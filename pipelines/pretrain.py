@@ -17,7 +17,6 @@ The MLflow run is ``<method> · <context> · C=<count> · pretrain``; with
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shutil
@@ -40,14 +39,10 @@ def result_facts(summary: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+    from qac.console import StageClock, print_summary, variant_stage_arguments
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
-    parser.add_argument("--log-models", action="store_true",
-                        help="log the encoder to MLflow as an artifact (also mlflow.log_models in params)")
-    args = add_verbose_flag(parser).parse_args(argv)
-    setup_console(args.verbose)
+    args = variant_stage_arguments(__doc__.splitlines()[0], argv,
+                                   log_models_help="log the encoder to MLflow as an artifact (also mlflow.log_models in params)")
     clock = StageClock()
 
     from qac.config import load_params, profile_dir

@@ -37,6 +37,19 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     return parser
 
 
+def variant_stage_arguments(description: str, argv: list[str] | None,
+                            log_models_help: str | None = None) -> argparse.Namespace:
+    """The command line of a per-variant stage (``--variant``, ``-v``, and ``--log-models`` with its help
+    where the stage can log models), parsed, with the console set up for it."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
+    if log_models_help:
+        parser.add_argument("--log-models", action="store_true", help=log_models_help)
+    args = add_verbose_flag(parser).parse_args(argv)
+    setup_console(args.verbose)
+    return args
+
+
 def setup_console(verbose: bool = False) -> bool:
     """Quiet the libraries unless verbose; returns whether the stage runs verbose.
 
