@@ -37,6 +37,8 @@ from qac.data.errors import DataFormatError
 from qac.io import atomic_path
 
 ROWS_PER_BATCH = 1024
+# Record batches located between two releases of their header pages when a file is opened.
+_RELEASE_BATCHES = 64
 
 PASSAGES_SCHEMA = pa.schema([
     pa.field("pid", pa.string(), nullable=False),
@@ -170,7 +172,7 @@ class MappedTable:
     any of its buffers does.
     """
 
-    def __init__(self, path: Path, mapping: mmap.mmap, table: pa.Table):
+    def __init__(self, path: Path, mapping: mmap.mmap, table: pa.Table | None):
         self.path, self.table = path, table
         self._mapping = mapping
 
@@ -195,17 +197,29 @@ def open_mapped(path: str | os.PathLike, schema: pa.Schema) -> MappedTable:
             raise DataFormatError(path, None, None, "not an Arrow stream file (empty file)")
         mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     mapping.madvise(mmap.MADV_RANDOM)
+    mapped = MappedTable(path, mapping, None)
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(mapping)).read_all()
+        reader = pa.ipc.open_stream(pa.py_buffer(mapping))
+        batches = []
+        for batch in reader:
+            batches.append(batch)
+            # Locating a batch touches its header page, and the kernel maps the cached pages
+            # around it (fault-around): per batch, not per byte, yet a number that grows with
+            # the file; releasing as we go keeps the opening's footprint flat.
+            if len(batches) % _RELEASE_BATCHES == 0:
+                mapped.release()
+        table = pa.Table.from_batches(batches, schema=reader.schema)
     except pa.ArrowInvalid as error:
         raise DataFormatError(path, None, None, f"not an Arrow stream file ({error})") from None
+    mapped.release()
     for field in schema:
         if field.name not in table.schema.names:
             raise DataFormatError(path, None, field.name, "column missing")
         found = table.schema.field(field.name).type
         if not found.equals(field.type):
             raise DataFormatError(path, None, field.name, f"expected {field.type}, found {found}")
-    return MappedTable(path, mapping, table)
+    mapped.table = table
+    return mapped
 
 
 def open_table(path: str | os.PathLike, schema: pa.Schema) -> pa.Table:
