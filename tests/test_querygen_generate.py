@@ -112,6 +112,19 @@ def test_decisions_not_flagged_fragile_survive_noise_within_the_bound():
     assert not torch.equal(tokens[fragile], noisy_tokens[fragile])   # the flagged ones do flip sometimes
 
 
+def test_masked_tokens_neither_make_decisions_fragile_nor_change_them():
+    """A constrained decoder masks tokens with -inf: the noise bound comes from the finite logits."""
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(200, 60, generator=generator) * 2
+    u = torch.rand(200, generator=generator, dtype=torch.float64)
+    masked = logits.clone()
+    masked[:, 40:] = float("-inf")            # tokens no row may pick
+    tokens, fragile = sample_tokens(masked, u, top_k=25, top_p=0.95)
+    reference, reference_fragile = sample_tokens(logits[:, :40], u, top_k=25, top_p=0.95)
+    assert torch.equal(tokens, reference) and torch.equal(fragile, reference_fragile)
+    assert fragile.sum() < 200 * 0.2
+
+
 def test_a_tie_across_the_nucleus_cut_is_fragile():
     # probabilities about 0.6, 0.2, 0.2 - 1e-6: top_p = 0.75 keeps ranks 1-2, the 2nd/3rd tie decides which
     logits = torch.log(torch.tensor([[0.6, 0.2, 0.2 * (1 - 1e-6)]], dtype=torch.float64)).float()

@@ -111,7 +111,9 @@ def sample_tokens(
     every logit moved by up to ``logit_noise * max |logit|`` of its row (see the
     module docstring).
     """
-    bound = (logit_noise * logits.float().abs().amax(-1)).double().cpu()     # L per row
+    # L per row, from the finite logits: a masked token (-inf) is no magnitude the model computed with
+    finite = logits.float().masked_fill(~torch.isfinite(logits), 0.0)
+    bound = (logit_noise * finite.abs().amax(-1)).double().cpu()
     dist = filtered_distribution(logits, top_k, top_p)
     uniforms = uniforms.to(torch.float64).cpu()
     token_ids, probs, tail = dist.token_ids.cpu(), dist.probs.cpu(), dist.tail_mass.cpu()
