@@ -72,6 +72,10 @@ def setup_console(verbose: bool = False) -> bool:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")   # inherited by subprocesses
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    # Some libraries set their own logger to DEBUG when imported (bm25s does), after this
+    # function ran: the root handlers drop what is below WARNING whatever the logger's level.
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.WARNING)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")

@@ -92,3 +92,15 @@ def test_verbose_is_asked_for_by_flag_or_environment(monkeypatch):
     for value, expected in (("1", True), ("yes", True), ("0", False), ("false", False), ("", False)):
         monkeypatch.setenv("QAC_VERBOSE", value)
         assert verbose_requested() is expected, value
+
+
+def test_a_library_that_lowers_its_own_log_level_after_set_up_stays_quiet():
+    # bm25s sets its logger to DEBUG when it is imported, after the stage set up its console.
+    code = ("import logging; from qac.console import setup_console; setup_console(); "
+            "library = logging.getLogger('bm25s'); library.setLevel(logging.DEBUG); "
+            "library.debug('Building index from IDs objects'); logging.getLogger('qac').warning('a real warning')")
+    environment = {key: value for key, value in os.environ.items() if key != "QAC_VERBOSE"}
+    done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert "Building index" not in done.stderr + done.stdout
+    assert "a real warning" in done.stderr
