@@ -113,6 +113,51 @@ def test_fine_tuning_runs_pivot_on_the_variant(smoke_study):
     assert set(runs["params.retriever"]) == {"r1", "r2"}
 
 
+# qac modules a stage may run without declaring them as DVC dependencies: they decide where and
+# how a stage reads parameters, writes files atomically, prints, fails and records to MLflow,
+# never what an output holds. Everything else a stage runs must be among its deps, or DVC would
+# keep serving outputs that the changed code no longer produces.
+NOT_RESULT_CODE = ("qac/config.py", "qac/console.py", "qac/io.py", "qac/redaction.py", "qac/data/errors.py",
+                   "qac/tracking/")
+
+
+def _runs_code(source: Path) -> bool:
+    """False for a module of docstrings, ``from __future__`` and ``__version__`` only (a package marker)."""
+    import ast
+
+    def inert(node) -> bool:
+        return ((isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+                or (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+                or (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]))
+
+    return not all(inert(node) for node in ast.parse(source.read_text(encoding="utf-8")).body)
+
+
+def test_every_stage_declares_the_code_it_ran(smoke_study):
+    import mlflow
+
+    from qac.tracking.record import CODE_ARTIFACT
+
+    work, _, _ = smoke_study
+    stages = yaml.safe_load((work / PIPELINE).read_text())["stages"]
+    client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("qac-smoke")
+    runs = [run for run in client.search_runs([experiment.experiment_id], max_results=1000)
+            if "qac.stage" in run.data.tags]
+    checked = set()
+    for run in runs:
+        stage = run.data.tags["qac.stage"].split("@")[0]
+        deps = [dep.rstrip("/") for dep in stages[stage].get("do", stages[stage])["deps"]]
+        ran = json.loads(Path(client.download_artifacts(run.info.run_id, CODE_ARTIFACT)).read_text())
+        assert "qac/tracking/__init__.py" in ran, stage     # the record holds what the stage imported
+        undeclared = [path for path in ran if not path.startswith(NOT_RESULT_CODE) and _runs_code(work / path)
+                      and not any(path == dep or path.startswith(dep + "/") for dep in deps)]
+        assert not undeclared, f"{run.data.tags['qac.stage']} runs code it does not depend on: {undeclared}"
+        checked.add(stage)
+    assert checked >= {"prepare", "split_passages", "query_generator", "generate_queries", "pretrain", "bm25",
+                       "finetune", "evaluate", "annotation"}
+
+
 def test_second_repro_is_a_no_op(smoke_study):
     work, env, _ = smoke_study
     second = _run([str(BIN / "dvc"), "repro", PIPELINE], work, env)

@@ -160,12 +160,13 @@ def stage_run(
     kind of stage (``split``, ``pretrain``, ``finetune``, ...). Tags record the git
     commit and dirty flag, the DVC stage, the profile and the MD5 of every input
     (the hash DVC uses), so a run can be traced to exact data; the resolved
-    parameters are logged as ``config/params.yaml``. ``parent_run_id``
+    parameters are logged as ``config/params.yaml`` and, when the stage's work is done, the qac
+    source files it ran as ``code/qac_modules.json``. ``parent_run_id``
     defaults to the study run. Only rank 0 of a distributed job should call this.
     """
     mlflow, _ = _setup(params)
     from qac.io import path_md5
-    from qac.tracking.record import log_stage_config
+    from qac.tracking.record import CODE_ARTIFACT, loaded_code, log_stage_config
 
     commit, dirty = git_state()
     all_tags = {
@@ -192,6 +193,7 @@ def stage_run(
             mlflow.log_params({k: redact_url(str(v))[:6000] for k, v in flat.items()})
         log_stage_config(params)
         yield run
+        mlflow.log_dict(loaded_code(), CODE_ARTIFACT)
 
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:

@@ -14,6 +14,9 @@
   time, so a run's duration stays the duration of the work it describes.
 - :func:`models_requested` / :func:`log_encoder`: trained encoders as run
   artifacts, only when asked (``--log-models`` or ``mlflow.log_models``).
+- :func:`loaded_code`: the qac source files the stage ran, with their MD5, as
+  the artifact ``code/qac_modules.json``: the code behind an output, file by
+  file, which the stage must declare as DVC dependencies (a test checks it).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 CONFIG_ARTIFACT = "config/params.yaml"
+CODE_ARTIFACT = "code/qac_modules.json"
 # Columns of the files between stages (docs/architecture.md), shown in the dataset view.
 _COLUMNS = {
     "corpus": ("_id", "title", "text"),
@@ -38,6 +42,25 @@ def log_stage_config(params: Mapping[str, Any]) -> None:
     import mlflow
 
     mlflow.log_dict(_plain(params), CONFIG_ARTIFACT)
+
+
+def loaded_code() -> dict[str, str]:
+    """``{path relative to the repository: MD5}`` of every qac module this process has imported.
+
+    Imports inside functions count as they happen, so logged at the end of a
+    stage this is the code the stage ran, not the code it could have reached.
+    """
+    import sys
+
+    from qac.io import path_md5
+
+    root = Path(__file__).resolve().parents[2]
+    files = {}
+    for name, module in list(sys.modules.items()):
+        source = getattr(module, "__file__", None)
+        if (name == "qac" or name.startswith("qac.")) and source:
+            files[Path(source).resolve().relative_to(root).as_posix()] = path_md5(source)
+    return dict(sorted(files.items()))
 
 
 def _plain(value: Any) -> Any:
