@@ -14,7 +14,7 @@ import random
 import sys
 import time
 
-from qac.config import load_params, profile_dir
+from qac.config import load_params, params_path, profile_dir
 from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 
 
@@ -111,10 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     ctx = init_distributed()
     settings = TrainSettings.from_params(params)
     dtype = autocast_dtype(str(section.get("dtype", "auto")), ctx.device)
-    # Held-out candidates are sampled as generate_queries samples them (its top-k/top-p and lengths).
+    generation_dtype = autocast_dtype(str(params["querygen"].get("dtype", "auto")), ctx.device)
+    # Held-out candidates are sampled as generate_queries samples them (its prefix, top-k/top-p, repeat
+    # penalty, lengths and precision).
     sampling = SamplingSettings.from_params(params)
-    sampling = SamplingSettings(**{**sampling.__dict__, "prefix": settings.prefix,
-                                   "max_source_len": settings.max_source_len})
+    sampling = SamplingSettings(**{**sampling.__dict__, "max_source_len": settings.max_source_len})
+    if mode == "train" and sampling.prefix != settings.source_prefix("query"):
+        raise ValueError(f"{params_path()}: querygen.prefix {sampling.prefix!r} differs from the prefix the "
+                         f"generator learns queries with ({settings.source_prefix('query')!r}, "
+                         "query_generator.kind_prefixes.query or query_generator.prefix)")
     candidates = int(section.get("quality_candidates") or sampling.queries_per_passage)
 
     pairs = build_pairs(datasets_dir, train_dataset, corpora, bool(section.get("use_titles", True)))
@@ -145,17 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         metrics = {**counts, **figures, "train_seconds": train_seconds}
         started = time.perf_counter()
         if heldout:
-            generated = generate(model, tokenizer, sampling, dtype, [p.source for p in heldout], candidates,
-                                 settings.batch_size)
+            sources = [p.source for p in heldout]
+            generated = generate(model, tokenizer, sampling, generation_dtype, sources, candidates, settings.batch_size)
             greedy = SamplingSettings(**{**sampling.__dict__, "top_k": 1})
             most_likely = [texts[0] if texts else "" for texts in
-                           generate(model, tokenizer, greedy, dtype, [p.source for p in heldout], 1,
-                                    settings.batch_size)]
+                           generate(model, tokenizer, greedy, generation_dtype, sources, 1, settings.batch_size)]
             index = quality_index(datasets_dir, corpora, heldout, section.get("quality_max_documents"), seed)
             metrics.update(evaluate_queries(heldout, generated, index, seed, greedy=most_likely))
             if section.get("judge_anchors"):
-                metrics.update(judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dtype,
-                                             settings.batch_size, seed))
+                metrics.update(judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling,
+                                             generation_dtype, settings.batch_size, seed))
         metrics["quality_seconds"] = time.perf_counter() - started
         log_metrics(metrics)
 

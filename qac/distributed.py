@@ -82,12 +82,19 @@ def cleanup() -> None:
 def autocast_dtype(setting: str, device) -> "object | None":
     """Mixed-precision dtype for a ``dtype`` param: auto = bf16 (fp16 without bf16) on GPU, none on CPU.
 
-    ``fp64`` (a model held in float64, see qac.train.pretrain) uses no autocast either.
+    An explicit ``bf16`` or ``fp16`` holds on CPU too (worth it where the CPU has bf16 instructions, such
+    as AVX512-BF16 or AMX; emulated elsewhere, and slower than fp32). ``fp64`` (a model held in float64,
+    see qac.train.pretrain) uses no autocast either.
     """
     import torch
 
-    if setting in ("fp32", "float32", "fp64", "float64") or getattr(device, "type", "cpu") != "cuda":
+    choices = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    if setting in ("fp32", "float32", "fp64", "float64"):
         return None
     if setting == "auto":
+        if getattr(device, "type", "cpu") != "cuda":
+            return None
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[setting]
+    if setting not in choices:
+        raise ValueError(f"dtype must be auto, fp32, fp64, bf16 or fp16, got {setting!r}")
+    return choices[setting]

@@ -176,6 +176,38 @@ def test_queries_do_not_depend_on_batch_size_or_neighbours(t5, tokenizer):
     assert alone[0] == reference[4]
 
 
+class SubtractRepeats:
+    """An independent oracle for ``repeat_penalty``: a Hugging Face logits processor."""
+
+    def __init__(self, penalty: float, start: int):
+        self.penalty, self.start = penalty, start
+
+    def __call__(self, input_ids, scores):
+        emitted = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, input_ids[:, 1:], True)
+        return scores - self.penalty * emitted
+
+
+def test_repeat_penalty_equals_a_huggingface_logits_processor_and_stays_batch_invariant(t5, tokenizer):
+    from transformers import LogitsProcessorList
+
+    greedy = settings(top_k=1, queries_per_passage=1, max_new_tokens=10, repeat_penalty=3.0)
+    ours, _ = QueryGenerator(t5, tokenizer, greedy).generate_candidates(PASSAGES, batch_size=4)
+    repeats = 0
+    for (_, text), candidates in zip(PASSAGES, ours):
+        inputs = tokenizer(text, truncation=True, max_length=48, return_tensors="pt", return_token_type_ids=False)
+        with torch.no_grad():
+            plain = t5.generate(**inputs, do_sample=False, max_new_tokens=10, num_beams=1)
+            reference = t5.generate(**inputs, do_sample=False, max_new_tokens=10, num_beams=1,
+                                    logits_processor=LogitsProcessorList([SubtractRepeats(3.0, 0)]))
+        repeats += len(set(plain[0, 1:].tolist())) < len(plain[0, 1:])
+        assert candidates == [tokenizer.decode(reference[0], skip_special_tokens=True)]
+    assert repeats > 0        # without the penalty the tiny model loops: the penalty changed something
+    sampled = QueryGenerator(t5, tokenizer, settings(repeat_penalty=3.0))
+    reference, stats = sampled.generate(PASSAGES, batch_size=len(PASSAGES))
+    assert stats.recomputed > 0 and sampled.generate(PASSAGES, batch_size=1)[0] == reference
+    assert reference != QueryGenerator(t5, tokenizer, settings()).generate(PASSAGES, batch_size=len(PASSAGES))[0]
+
+
 def test_queries_change_with_seed_and_passage_id(t5, tokenizer):
     base, _ = QueryGenerator(t5, tokenizer, settings()).generate(PASSAGES[:3], 3)
     reseeded, _ = QueryGenerator(t5, tokenizer, settings(seed=8)).generate(PASSAGES[:3], 3)
@@ -231,4 +263,6 @@ def test_bad_settings_are_rejected():
         SamplingSettings(top_p=0.0)
     with pytest.raises(ValueError, match="queries_per_passage"):
         SamplingSettings(queries_per_passage=0)
+    with pytest.raises(ValueError, match="repeat_penalty"):
+        SamplingSettings(repeat_penalty=-1.0)
     assert math.isclose(SamplingSettings().top_p, 0.95) and SamplingSettings().top_k == 25

@@ -251,6 +251,20 @@ def test_prefix_lm_copy_bias_raises_the_passage_tokens_not_yet_emitted(prefix_lm
     assert bonuses[emitted] == pytest.approx(4.0) and min(bonuses.values()) == pytest.approx(1.0)
 
 
+def test_kind_prefixes_mark_each_pair_kind_in_the_source():
+    from qac.querygen.train_generator import TrainSettings, build_generator, encode_pairs
+
+    params = {"query_generator": {"prefix": "text: ", "kind_prefixes": {"title": "title: ", "query": "query: "},
+                                  "max_source_len": 16, "max_target_len": 6, "epochs": 1, "batch_size": 2,
+                                  "lr": 1e-3, "warmup_ratio": 0.0}}
+    settings = TrainSettings.from_params(params)
+    assert settings.source_prefix("query") == "query: " and settings.source_prefix("other") == "text: "
+    _, tokenizer = build_generator("prefix_lm", "tiny:minilm", seed=0)
+    pairs = [Pair("deltas grow", "why", kind, "x", "d2") for kind in ("query", "title", "other")]
+    sources = tokenizer.batch_decode(encode_pairs(tokenizer, pairs, settings)["input_ids"], skip_special_tokens=True)
+    assert sources == ["query : deltas grow", "title : deltas grow", "text : deltas grow"]
+
+
 def test_prefix_lm_folder_loads_and_generates_the_same_queries_at_any_batch_size(prefix_lm, tmp_path):
     import torch
 
@@ -365,3 +379,20 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     assert 0.0 <= run.data.metrics["rougeL"] <= 1.0
     report = (tmp_path / "reports" / "query_generator" / "smoke.md").read_text()
     assert "| BM25 self-retrieval @10, generated queries |" in report
+
+
+def test_stage_refuses_a_generation_prefix_the_generator_never_learned(tmp_path, monkeypatch):
+    from qac.config import render_profile
+
+    params = render_profile("smoke")
+    params["query_generator"].update(kind_prefixes={"query": "query: ", "title": "title: "})
+    params["querygen"]["prefix"] = "title: "
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_stage", REPO / "pipelines" / "train_query_generator.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    with pytest.raises(ValueError, match=r"params\.yaml: querygen\.prefix 'title: ' differs .*'query: '"):
+        stage.main()

@@ -104,3 +104,19 @@ def test_autocast_on_gpu_stays_close_to_fp32(tiny):
     assert mixed.dtype == np.float32
     cosine = (mixed * reference).sum(1) / np.linalg.norm(mixed, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() > 0.99
+
+
+def test_explicit_bf16_runs_on_cpu_and_auto_stays_fp32_there(tiny):
+    from qac.distributed import autocast_dtype
+
+    cpu = torch.device("cpu")
+    assert autocast_dtype("auto", cpu) is None and autocast_dtype("fp64", cpu) is None
+    assert autocast_dtype("bf16", cpu) is torch.bfloat16 and autocast_dtype("fp16", cpu) is torch.float16
+    with pytest.raises(ValueError, match="got 'half'"):
+        autocast_dtype("half", cpu)
+    model, tokenizer = tiny
+    reference = encode_texts(model, tokenizer, TEXTS, max_length=32, dtype="fp32")
+    mixed = encode_texts(model, tokenizer, TEXTS, max_length=32, dtype="bf16")
+    assert not np.array_equal(mixed, reference)          # bf16 really ran: its 8-bit mantissa shows
+    cosine = (mixed * reference).sum(1) / np.linalg.norm(mixed, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() > 0.99

@@ -31,6 +31,12 @@ large for this, so invariance is off by default there
 (``batch_invariant: auto``): outputs stay exact across shards and resumption
 (the chunk is the unit of work and its batches are always the same) but a
 different batch size may change rare tokens.
+
+Repeat penalty. ``repeat_penalty`` (0 by default: the paper's sampling)
+subtracts a constant from the logit of every token the candidate has already
+emitted, before top-k/top-p, so a weak generator stops looping on one word
+("white white white ..."). It is a function of the row's own tokens, so the
+batched and the canonical decisions apply the same one.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class SamplingSettings:
     max_source_len: int = 144
     drop_duplicates: bool = True
     drop_empty: bool = True
+    repeat_penalty: float = 0.0   # subtracted from the logits of tokens already emitted (see the module docstring)
     seed: int = 42
 
     def __post_init__(self):
@@ -68,6 +75,8 @@ class SamplingSettings:
             raise ValueError(f"querygen.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"querygen.top_k must be >= 0 (0: no top-k), got {self.top_k}")
+        if self.repeat_penalty < 0:
+            raise ValueError(f"querygen.repeat_penalty must be >= 0, got {self.repeat_penalty}")
         if self.max_new_tokens < 1 or self.max_source_len < 2:
             raise ValueError("querygen.max_new_tokens must be >= 1 and max_source_len >= 2")
 
@@ -83,6 +92,7 @@ class SamplingSettings:
             max_source_len=int(section["max_source_len"]),
             drop_duplicates=bool(section.get("drop_duplicates", True)),
             drop_empty=bool(section.get("drop_empty", True)),
+            repeat_penalty=float(section.get("repeat_penalty") or 0.0),
             seed=int(params.get("seed", 42)),
         )
 
@@ -321,10 +331,14 @@ class QueryGenerator:
             active = torch.arange(rows)                    # global row of each row in the running batch
             alive = torch.ones(rows, dtype=torch.bool)     # per running row: not yet finished
             next_ids = torch.full((rows, 1), self.start_id, dtype=torch.long, device=self.device)
-            cache = None
+            cache, emitted = None, None
             for step in range(T):
                 encoder.last_hidden_state = hidden
                 logits, cache = self._decoder_logits(encoder, mask, next_ids, cache)
+                if settings.repeat_penalty:
+                    if emitted is None:      # (all rows, vocab): tokens each candidate has emitted
+                        emitted = torch.zeros(rows, logits.shape[-1], dtype=torch.bool, device=logits.device)
+                    logits = logits - settings.repeat_penalty * emitted[active.to(logits.device)]
                 tokens, fragile = sample_tokens(logits, batch.uniforms[active, step], settings.top_k, settings.top_p)
                 fragile &= alive
                 stats.decisions += int(alive.sum())
@@ -335,6 +349,8 @@ class QueryGenerator:
                     stats.recomputed += int(fragile.sum())
                 live_rows = active[alive]
                 generated[live_rows, step] = tokens[alive]
+                if emitted is not None:
+                    emitted[live_rows.to(emitted.device), tokens[alive].to(emitted.device)] = True
                 ended = alive & (tokens == self.eos_id)
                 lengths[active[alive & ~ended]] += 1
                 alive &= ~ended
@@ -366,6 +382,9 @@ class QueryGenerator:
         finally:
             if hook:
                 hook.remove()
+        if self.settings.repeat_penalty and len(prefix):
+            logits = logits.clone()
+            logits[0, prefix.unique().to(logits.device)] -= self.settings.repeat_penalty
         token, _ = sample_tokens(logits, batch.uniforms[row, step][None], self.settings.top_k, self.settings.top_p)
         return int(token[0])
 

@@ -35,6 +35,9 @@ from qac.querygen.pairs import Pair
 @dataclass(frozen=True)
 class TrainSettings:
     prefix: str = ""
+    # (pair kind, input prefix): a pair of a listed kind reads its own prefix instead of ``prefix``, as
+    # doc2query's all-with_prefix model tells its tasks apart ("text2query: ", "abstract2title: ", ...)
+    kind_prefixes: tuple[tuple[str, str], ...] = ()
     max_source_len: int = 144
     max_target_len: int = 32
     epochs: int = 1
@@ -51,7 +54,9 @@ class TrainSettings:
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "TrainSettings":
         section = params["query_generator"]
-        return cls(prefix=section.get("prefix") or "", max_source_len=int(section["max_source_len"]),
+        return cls(prefix=section.get("prefix") or "",
+                   kind_prefixes=tuple(sorted((str(k), str(v)) for k, v in (section.get("kind_prefixes") or {}).items())),
+                   max_source_len=int(section["max_source_len"]),
                    max_target_len=int(section["max_target_len"]), epochs=int(section["epochs"]),
                    batch_size=int(section["batch_size"]), lr=float(section["lr"]),
                    warmup_ratio=float(section["warmup_ratio"]),
@@ -60,6 +65,10 @@ class TrainSettings:
                    patience=int(section.get("patience") or 0),
                    max_steps=int(section["max_steps"]) if section.get("max_steps") else None,
                    seed=int(params.get("seed", 42)))
+
+    def source_prefix(self, kind: str) -> str:
+        """The input prefix of a pair of ``kind``."""
+        return dict(self.kind_prefixes).get(kind, self.prefix)
 
 
 ARCHITECTURES = ("prefix_lm", "bert2bert")
@@ -114,7 +123,7 @@ def set_special_tokens(model, tokenizer) -> None:
 
 def encode_pairs(tokenizer, pairs: Sequence[Pair], settings: TrainSettings) -> dict[str, torch.Tensor]:
     """Padded source ids and labels (target tokens + [SEP], padding as -100)."""
-    sources = tokenizer([settings.prefix + p.source for p in pairs], truncation=True,
+    sources = tokenizer([settings.source_prefix(p.kind) + p.source for p in pairs], truncation=True,
                         max_length=settings.max_source_len, padding=True, return_tensors="pt",
                         return_token_type_ids=False)
     targets = tokenizer([p.target for p in pairs], add_special_tokens=False, truncation=True,
