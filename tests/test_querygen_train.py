@@ -320,6 +320,16 @@ def test_patience_stops_training_early():
     assert figures["train/steps"] == figures["validation/best_step"] + 2 < 20
 
 
+def load_stage():
+    """pipelines/train_query_generator.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_stage", REPO / "pipelines" / "train_query_generator.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    return stage
+
+
 def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, mlflow_store):
     import mlflow
     import torch
@@ -346,12 +356,7 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     original = train_module.encode_pairs
     monkeypatch.setattr(train_module, "encode_pairs",
                         lambda tok, pairs, s: trained_on.extend(pairs) or original(tok, pairs, s))
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_stage", REPO / "pipelines" / "train_query_generator.py")
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
-    assert stage.main() == 0
+    assert load_stage().main() == 0
 
     assert trained_on and not any(p.target.lower() in {QUERIES[q].lower() for q, _, _ in TEST_QRELS}
                                   for p in trained_on)
@@ -389,10 +394,6 @@ def test_stage_refuses_a_generation_prefix_the_generator_never_learned(tmp_path,
     params["querygen"]["prefix"] = "title: "
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_stage", REPO / "pipelines" / "train_query_generator.py")
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
+    stage = load_stage()
     with pytest.raises(ValueError, match=r"params\.yaml: querygen\.prefix 'title: ' differs .*'query: '"):
         stage.main()

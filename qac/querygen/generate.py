@@ -331,14 +331,11 @@ class QueryGenerator:
             active = torch.arange(rows)                    # global row of each row in the running batch
             alive = torch.ones(rows, dtype=torch.bool)     # per running row: not yet finished
             next_ids = torch.full((rows, 1), self.start_id, dtype=torch.long, device=self.device)
-            cache, emitted = None, None
+            cache = None
             for step in range(T):
                 encoder.last_hidden_state = hidden
                 logits, cache = self._decoder_logits(encoder, mask, next_ids, cache)
-                if settings.repeat_penalty:
-                    if emitted is None:      # (all rows, vocab): tokens each candidate has emitted
-                        emitted = torch.zeros(rows, logits.shape[-1], dtype=torch.bool, device=logits.device)
-                    logits = logits - settings.repeat_penalty * emitted[active.to(logits.device)]
+                logits = penalise_repeats(logits, generated[active, :step], settings.repeat_penalty)
                 tokens, fragile = sample_tokens(logits, batch.uniforms[active, step], settings.top_k, settings.top_p)
                 fragile &= alive
                 stats.decisions += int(alive.sum())
@@ -349,8 +346,6 @@ class QueryGenerator:
                     stats.recomputed += int(fragile.sum())
                 live_rows = active[alive]
                 generated[live_rows, step] = tokens[alive]
-                if emitted is not None:
-                    emitted[live_rows.to(emitted.device), tokens[alive].to(emitted.device)] = True
                 ended = alive & (tokens == self.eos_id)
                 lengths[active[alive & ~ended]] += 1
                 alive &= ~ended
@@ -382,11 +377,17 @@ class QueryGenerator:
         finally:
             if hook:
                 hook.remove()
-        if self.settings.repeat_penalty and len(prefix):
-            logits = logits.clone()
-            logits[0, prefix.unique().to(logits.device)] -= self.settings.repeat_penalty
+        logits = penalise_repeats(logits, prefix[None], self.settings.repeat_penalty)
         token, _ = sample_tokens(logits, batch.uniforms[row, step][None], self.settings.top_k, self.settings.top_p)
         return int(token[0])
+
+
+def penalise_repeats(logits: torch.Tensor, emitted: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``logits`` (rows, vocab) less ``penalty`` for every token row ``i`` emitted (``emitted[i]``, token ids)."""
+    if not penalty or emitted.shape[1] == 0:
+        return logits
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, emitted.to(logits.device), True)
+    return logits - penalty * seen
 
 
 def generator_from_settings(source, settings: SamplingSettings, device, dtype_setting: str = "auto",
