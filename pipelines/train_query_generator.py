@@ -41,6 +41,20 @@ def corpus_documents(datasets_dir, corpora) -> dict[str, tuple[str, str]]:
             for doc_id, entry in corpus_texts(load_prepared(datasets_dir / name)).items()}
 
 
+def evidence_sources(pairs, datasets_dir, train_dataset, tokenizer, settings):
+    """``pairs`` with each query pair read from its evidence window, as many tokens as the generator reads."""
+    from qac.querygen.pairs import with_evidence_windows
+
+    documents = {tuple(key.split("/", 1)): entry for key, entry in corpus_documents(datasets_dir, [train_dataset]).items()}
+    prefix = len(tokenizer(settings.source_prefix("query"), add_special_tokens=False)["input_ids"])
+    budget = settings.max_source_len - tokenizer.num_special_tokens_to_add(pair=False) - prefix
+
+    def lengths(texts):
+        return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+    return with_evidence_windows(pairs, documents, lengths, budget)
+
+
 def generate(model, tokenizer, settings, dtype, texts, candidates, batch_size):
     """``candidates`` sampled queries per text, as generate_queries samples them."""
     import torch
@@ -123,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     candidates = int(section.get("quality_candidates") or sampling.queries_per_passage)
 
     pairs = build_pairs(datasets_dir, train_dataset, corpora, bool(section.get("use_titles", True)))
+    if section.get("evidence_windows"):
+        from qac.models.loading import load_tokenizer
+
+        pairs = evidence_sources(pairs, datasets_dir, train_dataset, load_tokenizer(spec), settings)
     train_pairs, heldout = split_heldout(pairs, section["heldout_fraction"], section["max_heldout"], seed)
     validation_count = int(section.get("validation_pairs") or 0)
     train_pairs, validation = split_heldout(train_pairs, 1.0, validation_count, seed + 1)

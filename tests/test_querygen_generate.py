@@ -208,6 +208,36 @@ def test_repeat_penalty_equals_a_huggingface_logits_processor_and_stays_batch_in
     assert reference != QueryGenerator(t5, tokenizer, settings()).generate(PASSAGES, batch_size=len(PASSAGES))[0]
 
 
+class DivideByTemperature:
+    """An independent oracle for ``temperature``: Hugging Face's warper, after the repeat penalty."""
+
+    def __init__(self, temperature: float):
+        from transformers.generation.logits_process import TemperatureLogitsWarper
+
+        self.warper = TemperatureLogitsWarper(temperature)
+
+    def __call__(self, input_ids, scores):
+        return self.warper(input_ids, scores)
+
+
+def test_temperature_divides_the_penalised_logits_as_huggingface_does(t5, tokenizer):
+    from qac.querygen.generate import adjust_logits
+
+    torch.manual_seed(5)
+    logits, emitted = torch.randn(4, 300) * 2, torch.randint(0, 300, (4, 3))
+    oracle = DivideByTemperature(0.6)(None, SubtractRepeats(3.0, 0)(torch.cat([emitted[:, :1], emitted], 1), logits))
+    assert torch.allclose(adjust_logits(logits, emitted, settings(repeat_penalty=3.0, temperature=0.6)), oracle,
+                          rtol=0, atol=1e-6 * float(logits.abs().max()))
+    # A cold temperature leaves only the most likely token: sampling becomes greedy decoding.
+    greedy, _ = QueryGenerator(t5, tokenizer, settings(top_k=1, queries_per_passage=1)).generate(PASSAGES, 4)
+    cold, _ = QueryGenerator(t5, tokenizer, settings(temperature=1e-4, queries_per_passage=2)).generate(PASSAGES, 4)
+    assert cold == greedy
+    warm = QueryGenerator(t5, tokenizer, settings(temperature=0.7))
+    reference, stats = warm.generate(PASSAGES, batch_size=len(PASSAGES))
+    assert warm.generate(PASSAGES, batch_size=1)[0] == reference
+    assert reference != QueryGenerator(t5, tokenizer, settings()).generate(PASSAGES, batch_size=len(PASSAGES))[0]
+
+
 def test_queries_change_with_seed_and_passage_id(t5, tokenizer):
     base, _ = QueryGenerator(t5, tokenizer, settings()).generate(PASSAGES[:3], 3)
     reseeded, _ = QueryGenerator(t5, tokenizer, settings(seed=8)).generate(PASSAGES[:3], 3)
@@ -265,4 +295,6 @@ def test_bad_settings_are_rejected():
         SamplingSettings(queries_per_passage=0)
     with pytest.raises(ValueError, match="repeat_penalty"):
         SamplingSettings(repeat_penalty=-1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingSettings(temperature=0.0)
     assert math.isclose(SamplingSettings().top_p, 0.95) and SamplingSettings().top_k == 25

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -67,6 +68,35 @@ def test_pairs_hold_training_queries_and_titles_but_no_test_query(tmp_path):
     assert not build_pairs(tmp_path, "tinyset", ["tinyset"], use_titles=False)[0].kind == "title"
 
 
+def word_count(texts):
+    return [len(text.split()) for text in texts]
+
+
+def test_evidence_window_is_the_run_of_sentences_within_budget_holding_most_query_words():
+    from qac.querygen.pairs import evidence_window
+
+    title, text = "Yeast stress", "Cells grow. Heat shock proteins fold. Chaperones bind misfolded proteins. The end came."
+    # units (words): title 2, 2, 4, 4, 3; budget 8 words. "chaperones ... misfolded" sits in units 3-4.
+    assert evidence_window(title, text, "Chaperones bind misfolded proteins", word_count, 8) == \
+        "Heat shock proteins fold. Chaperones bind misfolded proteins."
+    # a query sharing no word with the document keeps its start
+    assert evidence_window(title, text, "unrelated words", word_count, 8) == "Yeast stress Cells grow. Heat shock proteins fold."
+    assert evidence_window(title, text, "The end came", word_count, 8).endswith("The end came.")
+    # a sentence longer than the budget stands alone; stop words do not count as shared words
+    assert evidence_window("", "A b c d e f g h i j. Of the and.", "the and of", word_count, 3) == "A b c d e f g h i j."
+
+
+def test_evidence_windows_resource_query_pairs_only():
+    from qac.querygen.pairs import with_evidence_windows
+
+    documents = {("x", "1"): ("T", "Alpha beta. Gamma delta. Epsilon zeta.")}
+    pairs = [Pair("T Alpha beta. Gamma delta. Epsilon zeta.", "zeta epsilon", "query", "x", "1"),
+             Pair("Alpha beta. Gamma delta. Epsilon zeta.", "T", "title", "x", "1")]
+    windowed = with_evidence_windows(pairs, documents, word_count, 4)
+    assert windowed[0].source == "Gamma delta. Epsilon zeta." and windowed[0].target == "zeta epsilon"
+    assert windowed[1] == pairs[1]
+
+
 def test_heldout_split_is_seeded_disjoint_and_capped():
     pairs = [Pair(f"s{i}", f"t{i}", "query", "x", str(i)) for i in range(50)]
     train, heldout = split_heldout(pairs, 0.2, 7, seed=1)
@@ -96,6 +126,13 @@ def test_rouge_l_and_self_retrieval_by_hand():
     assert index.first_rate(queries, expected) == pytest.approx(2 / 4)
     text = "First claim here. Second claim there! Third?"
     assert random_sentence(text, random.Random(0)) in {"First claim here.", "Second claim there!", "Third?"}
+
+
+def test_standard_error_of_the_mean_by_hand():
+    from qac.querygen.quality import standard_error
+
+    assert standard_error([1.0, 2.0, 3.0]) == pytest.approx(1.0 / math.sqrt(3))   # sample sd 1
+    assert standard_error([0.5]) == 0.0
 
 
 def test_candidate_shares_count_empty_and_repeated_candidates():
@@ -346,7 +383,7 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     params["query_generator"].update(model="tiny:minilm", architecture="prefix_lm", max_source_len=24,
                                      max_target_len=6, batch_size=2, heldout_fraction=0.5, max_heldout=3, log_every=1,
                                      validation_pairs=1, eval_every=1, quality_candidates=2, judge_anchors=5,
-                                     judge_calibration_pairs=3)
+                                     judge_calibration_pairs=3, evidence_windows=True)
     params["annotation"].update(judge_model="tiny:minilm")
     write_dataset(tmp_path / "data" / "smoke" / "datasets")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -360,6 +397,11 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
 
     assert trained_on and not any(p.target.lower() in {QUERIES[q].lower() for q, _, _ in TEST_QRELS}
                                   for p in trained_on)
+    # evidence windows: a query pair reads a run of its document's sentences (here, short documents: all of it)
+    for pair in trained_on:
+        if pair.kind == "query":
+            title, text = DOCS[pair.doc_id]
+            assert pair.source and pair.source in f"{title} {text}".strip()
     folder = tmp_path / "data" / "smoke" / "generator"
     model, tokenizer = load_generator(str(folder))
     assert isinstance(model, PrefixLM)
@@ -381,7 +423,7 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
         assert key in run.data.metrics, key
     assert run.data.metrics["pairs/heldout"] == 3   # min(max_heldout 3, 0.5 * 8 pairs)
     assert run.data.metrics["candidates"] == 3 * 2
-    assert 0.0 <= run.data.metrics["rougeL"] <= 1.0
+    assert 0.0 <= run.data.metrics["rougeL"] <= 1.0 and run.data.metrics["rougeL_se"] >= 0.0
     report = (tmp_path / "reports" / "query_generator" / "smoke.md").read_text()
     assert "| BM25 self-retrieval @10, generated queries |" in report
 

@@ -66,6 +66,7 @@ class SamplingSettings:
     drop_duplicates: bool = True
     drop_empty: bool = True
     repeat_penalty: float = 0.0   # subtracted from the logits of tokens already emitted (see the module docstring)
+    temperature: float = 1.0      # logits are divided by it before top-k/top-p (1: the paper's sampling)
     seed: int = 42
 
     def __post_init__(self):
@@ -77,6 +78,8 @@ class SamplingSettings:
             raise ValueError(f"querygen.top_k must be >= 0 (0: no top-k), got {self.top_k}")
         if self.repeat_penalty < 0:
             raise ValueError(f"querygen.repeat_penalty must be >= 0, got {self.repeat_penalty}")
+        if not self.temperature > 0:
+            raise ValueError(f"querygen.temperature must be > 0, got {self.temperature}")
         if self.max_new_tokens < 1 or self.max_source_len < 2:
             raise ValueError("querygen.max_new_tokens must be >= 1 and max_source_len >= 2")
 
@@ -93,6 +96,7 @@ class SamplingSettings:
             drop_duplicates=bool(section.get("drop_duplicates", True)),
             drop_empty=bool(section.get("drop_empty", True)),
             repeat_penalty=float(section.get("repeat_penalty") or 0.0),
+            temperature=float(section.get("temperature", 1.0)),
             seed=int(params.get("seed", 42)),
         )
 
@@ -335,7 +339,7 @@ class QueryGenerator:
             for step in range(T):
                 encoder.last_hidden_state = hidden
                 logits, cache = self._decoder_logits(encoder, mask, next_ids, cache)
-                logits = penalise_repeats(logits, generated[active, :step], settings.repeat_penalty)
+                logits = adjust_logits(logits, generated[active, :step], settings)
                 tokens, fragile = sample_tokens(logits, batch.uniforms[active, step], settings.top_k, settings.top_p)
                 fragile &= alive
                 stats.decisions += int(alive.sum())
@@ -377,9 +381,15 @@ class QueryGenerator:
         finally:
             if hook:
                 hook.remove()
-        logits = penalise_repeats(logits, prefix[None], self.settings.repeat_penalty)
+        logits = adjust_logits(logits, prefix[None], self.settings)
         token, _ = sample_tokens(logits, batch.uniforms[row, step][None], self.settings.top_k, self.settings.top_p)
         return int(token[0])
+
+
+def adjust_logits(logits: torch.Tensor, emitted: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
+    """The logits a decision samples from: repeats penalised, then divided by the temperature (HF's order)."""
+    logits = penalise_repeats(logits, emitted, settings.repeat_penalty)
+    return logits / settings.temperature if settings.temperature != 1.0 else logits
 
 
 def penalise_repeats(logits: torch.Tensor, emitted: torch.Tensor, penalty: float) -> torch.Tensor:

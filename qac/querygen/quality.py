@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -33,14 +34,27 @@ from qac.querygen.pairs import Pair
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:
-    """Mean ROUGE-L F-measure."""
+def rouge_l_scores(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """ROUGE-L F-measure of each prediction against its reference."""
     from rouge_score import rouge_scorer
 
-    if not predictions:
-        return 0.0
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    return sum(scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)) / len(predictions)
+    return [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references)]
+
+
+def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:
+    """Mean ROUGE-L F-measure."""
+    scores = rouge_l_scores(predictions, references)
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """Standard error of the mean of ``values`` (sample standard deviation / sqrt(n)); 0 below two values."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def sentences(text: str) -> list[str]:
@@ -107,7 +121,8 @@ def evaluate_queries(heldout: Sequence[Pair], candidates: Sequence[Sequence[str]
                      depth: int = 10, greedy: Sequence[str] | None = None) -> dict[str, float]:
     """Quality of ``candidates[i]`` (C generated queries) for ``heldout[i]``, overall and per pair kind.
 
-    Keys (prefixed ``<kind>/`` per kind): ``rougeL``, ``rougeL_greedy`` (with
+    Keys (prefixed ``<kind>/`` per kind): ``rougeL`` and ``rougeL_se`` (the
+    standard error over pairs of each pair's mean), ``rougeL_greedy`` (with
     ``greedy``, one greedy query per pair), ``rougeL_first_sentence``,
     ``self_retrieval/<query>/top1`` and
     ``/top<depth>`` for the generated candidates, a random sentence and the
@@ -124,7 +139,13 @@ def evaluate_queries(heldout: Sequence[Pair], candidates: Sequence[Sequence[str]
         flat = [(i, text) for i in members for text in candidates[i]]
         keys = {i: f"{heldout[i].dataset}/{heldout[i].doc_id}" for i in members}
         metrics[f"{prefix}heldout_pairs"] = len(members)
-        metrics[f"{prefix}rougeL"] = rouge_l([text for _, text in flat], [heldout[i].target for i, _ in flat])
+        scores = rouge_l_scores([text for _, text in flat], [heldout[i].target for i, _ in flat])
+        metrics[f"{prefix}rougeL"] = sum(scores) / len(scores) if scores else 0.0
+        # The pairs, not the candidates, are the sample: the standard error of the per-pair means.
+        per_pair = {}
+        for (i, _), score in zip(flat, scores):
+            per_pair.setdefault(i, []).append(score)
+        metrics[f"{prefix}rougeL_se"] = standard_error([sum(v) / len(v) for v in per_pair.values()])
         if greedy is not None:
             metrics[f"{prefix}rougeL_greedy"] = rouge_l([greedy[i] for i in members],
                                                         [heldout[i].target for i in members])

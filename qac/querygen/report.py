@@ -7,6 +7,7 @@ from typing import Mapping
 # (metric key, label, target the default study needs or "")
 _ROWS = (
     ("query/rougeL", "ROUGE-L vs held-out real queries (SciFact claims)", ">= 0.20"),
+    ("query/rougeL_se", "its standard error over held-out claims", ""),
     ("query/rougeL_greedy", "ROUGE-L vs held-out real queries, greedy query (the model's most likely)", ""),
     ("query/rougeL_first_sentence", "ROUGE-L vs held-out real queries, the source's first sentence", ""),
     ("title/rougeL", "ROUGE-L vs held-out titles", ""),
@@ -37,5 +38,5 @@ def quality_table(metrics: Mapping[str, object], title: str) -> str:
                        if key in metrics)
     lines += ["", f"Counts: {counts}." if counts else "",
               f"Generator: {metrics.get('architecture', metrics.get('mode', ''))} from {metrics.get('model', '')}; "
-              f"candidates sampled as in generate_queries (top-k/top-p, seeded per passage)."]
+              f"candidates sampled as in generate_queries (top-k/top-p, temperature, seeded per passage)."]
     return "\n".join(lines).rstrip() + "\n"
