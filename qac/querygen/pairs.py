@@ -10,8 +10,9 @@ Two kinds of pair, both available without the hub:
 A relevant document is longer than the generator reads (SciFact abstracts:
 median 306 tokens, the generator 128), and a claim usually restates a finding
 that lies past the first 128 tokens (for 35% of the training claims the
-sentence closest to the claim starts there). With ``evidence_budget`` a query
-pair's source is the document's evidence window instead
+sentence closest to the claim starts there). With
+``query_generator.evidence_windows`` a query pair's source is the document's
+evidence window instead
 (:func:`evidence_window`): the run of consecutive sentences within the budget
 that holds most of the query's words, as MS MARCO pairs a query with the
 passage that answers it rather than with the start of its document.
@@ -90,7 +91,6 @@ def build_pairs(datasets_dir: str | Path, train_dataset: str, corpora: Iterable[
 
 
 _WORD = re.compile(r"[a-z0-9]+")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def content_words(text: str) -> set[str]:
@@ -108,7 +108,9 @@ def evidence_window(title: str, text: str, target: str, lengths, budget: int) ->
     stands alone: the tokenizer truncates it); ties go to the earliest window,
     so a target sharing no word keeps the document's start.
     """
-    units = [u for u in [title.strip(), *_SENTENCE_END.split(text.strip())] if u.strip()]
+    from qac.querygen.quality import sentences
+
+    units = [u for u in [title.strip(), *sentences(text)] if u.strip()]
     if not units:
         return ""
     sizes = lengths(units)
