@@ -208,24 +208,14 @@ def test_repeat_penalty_equals_a_huggingface_logits_processor_and_stays_batch_in
     assert reference != QueryGenerator(t5, tokenizer, settings()).generate(PASSAGES, batch_size=len(PASSAGES))[0]
 
 
-class DivideByTemperature:
-    """An independent oracle for ``temperature``: Hugging Face's warper, after the repeat penalty."""
-
-    def __init__(self, temperature: float):
-        from transformers.generation.logits_process import TemperatureLogitsWarper
-
-        self.warper = TemperatureLogitsWarper(temperature)
-
-    def __call__(self, input_ids, scores):
-        return self.warper(input_ids, scores)
-
-
 def test_temperature_divides_the_penalised_logits_as_huggingface_does(t5, tokenizer):
+    from transformers.generation.logits_process import TemperatureLogitsWarper
+
     from qac.querygen.generate import adjust_logits
 
     torch.manual_seed(5)
     logits, emitted = torch.randn(4, 300) * 2, torch.randint(0, 300, (4, 3))
-    oracle = DivideByTemperature(0.6)(None, SubtractRepeats(3.0, 0)(torch.cat([emitted[:, :1], emitted], 1), logits))
+    oracle = TemperatureLogitsWarper(0.6)(None, SubtractRepeats(3.0, 0)(torch.cat([emitted[:, :1], emitted], 1), logits))
     assert torch.allclose(adjust_logits(logits, emitted, settings(repeat_penalty=3.0, temperature=0.6)), oracle,
                           rtol=0, atol=1e-6 * float(logits.abs().max()))
     # A cold temperature leaves only the most likely token: sampling becomes greedy decoding.

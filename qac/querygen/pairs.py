@@ -97,7 +97,7 @@ def content_words(text: str) -> set[str]:
     """Lower-cased words of ``text`` less English stop words (bm25s's list, as the BM25 index has it)."""
     from bm25s.stopwords import STOPWORDS_EN
 
-    return set(_WORD.findall(text.lower())) - set(STOPWORDS_EN)
+    return set(_WORD.findall(text.lower())).difference(STOPWORDS_EN)
 
 
 def evidence_window(title: str, text: str, target: str, lengths, budget: int) -> str:
@@ -115,13 +115,15 @@ def evidence_window(title: str, text: str, target: str, lengths, budget: int) ->
         return ""
     sizes = lengths(units)
     wanted = content_words(target)
+    # each unit's share of the target's words, once: a window's words are the union of its units'
+    shared = [wanted & content_words(unit) for unit in units]
     best, best_score = (0, 1), -1
     for start in range(len(units)):
         end, used = start + 1, sizes[start]
         while end < len(units) and used + sizes[end] <= budget:
             used += sizes[end]
             end += 1
-        score = len(wanted & content_words(" ".join(units[start:end])))
+        score = len(set().union(*shared[start:end]))
         if score > best_score:
             best, best_score = (start, end), score
     return " ".join(units[best[0]:best[1]])
