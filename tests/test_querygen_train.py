@@ -439,3 +439,52 @@ def test_stage_refuses_a_generation_prefix_the_generator_never_learned(tmp_path,
     stage = load_stage()
     with pytest.raises(ValueError, match=r"params\.yaml: querygen\.prefix 'title: ' differs .*'query: '"):
         stage.main()
+
+
+def test_prefix_lm_copy_bias_and_its_gradient_count_each_passage_token_once(prefix_lm):
+    """The copy term against its dense definition: bonus x (token in the passage) x (not fed yet)."""
+    import torch
+
+    model, tokenizer = prefix_lm
+    # "proteins" three times in the first passage, twice among the labels; padding in the second row
+    source = tokenizer(["proteins fold proteins in yeast proteins", "deltas grow"], padding=True, return_tensors="pt")
+    proteins, deltas = tokenizer.convert_tokens_to_ids(["proteins", "deltas"])
+    labels = torch.tensor([[proteins, 2001, proteins, 102], [deltas, 102, -100, -100]])
+    decoder_ids = model.shift_labels(labels)
+    vocab = model.config.vocab_size
+
+    def loss_and_gradients(logits_of):
+        model.zero_grad()
+        logits = logits_of()
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        loss.backward()
+        return logits.detach(), model.copy_weight.grad.clone(), model.piece_copy_weight.grad.clone()
+
+    def dense():
+        saved = model.copy_weight
+        model.copy_weight = None                         # the model without its copy term
+        try:
+            plain = model(input_ids=source.input_ids, attention_mask=source.attention_mask,
+                          decoder_input_ids=decoder_ids).logits
+        finally:
+            model.copy_weight = saved
+        special = torch.tensor(model.config.prefix_lm_special_ids)
+        present = torch.zeros(2, vocab)
+        present.scatter_(1, source.input_ids * source.attention_mask, 1.0)
+        present[:, special] = 0.0
+        fed = torch.zeros(2, decoder_ids.shape[1], vocab).scatter_(2, decoder_ids[..., None], 1.0).cummax(1).values
+        bonus = 100.0 * torch.where(model.word_pieces, model.piece_copy_weight, model.copy_weight)
+        return plain + bonus * present[:, None] * (1 - fed)
+
+    with piece_constraint(model, False):
+        model.train(False)
+        fast = loss_and_gradients(lambda: model(input_ids=source.input_ids, attention_mask=source.attention_mask,
+                                                decoder_input_ids=decoder_ids).logits)
+        reference = loss_and_gradients(dense)
+    model.zero_grad()
+    scale = reference[0].abs().max().item()
+    eps = torch.finfo(torch.float32).eps
+    assert torch.allclose(fast[0], reference[0], atol=16 * eps * scale, rtol=0)
+    for got, expected in zip(fast[1:], reference[1:]):
+        assert got.item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-6)
+    assert reference[1].abs().item() > 1e-4            # the word bonus gets a gradient at all

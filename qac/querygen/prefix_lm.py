@@ -167,16 +167,20 @@ class PrefixLM(nn.Module):
         mean cross-entropy, as in Hugging Face seq2seq models.
         """
         if encoder_outputs is None:
-            encoder_outputs = self.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
-        packed = encoder_outputs.last_hidden_state
+            # Straight from the passage (training): packing the states for the generator interface would
+            # cost a copy forward and a full-width gradient per slice backward.
+            keys, values = self.source_states(input_ids, attention_mask)
+            source_ids = input_ids
+        else:
+            keys, values, source_ids = self._unpack(encoder_outputs.last_hidden_state)
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("PrefixLM needs decoder_input_ids or labels")
             decoder_input_ids = self.shift_labels(labels)
         cache = past_key_values if past_key_values is not None else PrefixCache()
-        logits = self.decode(packed, attention_mask, decoder_input_ids, cache)
+        logits = self.decode(keys, values, source_ids, attention_mask, decoder_input_ids, cache)
         if labels is None and getattr(self.config, "prefix_lm_piece_constraint", False):
-            logits = self.constrain_pieces(logits, packed[..., -1].long(), attention_mask.bool(), decoder_input_ids)
+            logits = self.constrain_pieces(logits, source_ids, attention_mask.bool(), decoder_input_ids)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
@@ -209,13 +213,21 @@ class PrefixLM(nn.Module):
         hidden = layer.attention.output(context, hidden)
         return layer.output(layer.intermediate(hidden), hidden), own_keys, own_values
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The passage, bidirectionally: ``(B, L, 2 * layers * hidden + 1)`` packed keys, values, token ids."""
+    def source_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """The passage, bidirectionally: per layer, its keys and values ``(B, heads, L, head size)``."""
         embeddings = self.bert.embeddings(input_ids=input_ids, token_type_ids=torch.full_like(input_ids, SOURCE_SEGMENT))
         mask = attention_mask.bool()[:, None, None, :]        # every valid passage token sees every other
-        hidden, packed = embeddings, []
+        hidden, all_keys, all_values = embeddings, [], []
         for layer in self.bert.encoder.layer:
             hidden, keys, values = self._layer(layer, hidden, None, None, mask, None, 0)
+            all_keys.append(keys)
+            all_values.append(values)
+        return all_keys, all_values
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The passage packed for the generator: ``(B, L, 2 * layers * hidden + 1)`` keys, values, token ids."""
+        packed = []
+        for keys, values in zip(*self.source_states(input_ids, attention_mask)):
             packed += [keys.transpose(1, 2).flatten(2), values.transpose(1, 2).flatten(2)]
         packed.append(input_ids[..., None])
         return torch.cat([p.float() for p in packed], dim=-1)
@@ -226,31 +238,54 @@ class PrefixLM(nn.Module):
         states = [self._heads(packed[..., i * width:(i + 1) * width]) for i in range(2 * layers)]
         return states[0::2], states[1::2], packed[..., -1].long()
 
-    def decode(self, packed: torch.Tensor, attention_mask: torch.Tensor, decoder_input_ids: torch.Tensor,
-               cache: PrefixCache) -> torch.Tensor:
+    def decode(self, keys: list[torch.Tensor], values: list[torch.Tensor], source_ids: torch.Tensor,
+               attention_mask: torch.Tensor, decoder_input_ids: torch.Tensor, cache: PrefixCache) -> torch.Tensor:
         """Logits ``(B, T, vocab)`` for query tokens ``decoder_input_ids`` following those in ``cache``."""
-        keys, values, source_ids = self._unpack(packed)
         batch, steps = decoder_input_ids.shape
+        device = decoder_input_ids.device
         past = len(cache)
         source_mask = attention_mask.bool()
-        positions = source_mask.sum(-1, keepdim=True) + past + torch.arange(steps, device=packed.device)
+        positions = source_mask.sum(-1, keepdim=True) + past + torch.arange(steps, device=device)
         embeddings = self.bert.embeddings(input_ids=decoder_input_ids, position_ids=positions,
                                           token_type_ids=torch.full_like(decoder_input_ids, TARGET_SEGMENT))
-        causal = torch.ones(steps, past + steps, dtype=torch.bool, device=packed.device).tril(past)
+        causal = torch.ones(steps, past + steps, dtype=torch.bool, device=device).tril(past)
         mask = torch.cat([source_mask[:, None, :].expand(batch, steps, -1), causal.expand(batch, -1, -1)], dim=-1)
         hidden = embeddings
-        dtype = embeddings.dtype if not torch.is_autocast_enabled() else torch.get_autocast_dtype(packed.device.type)
+        dtype = embeddings.dtype if not torch.is_autocast_enabled() else torch.get_autocast_dtype(device.type)
         for index, layer in enumerate(self.bert.encoder.layer):
             hidden, _, _ = self._layer(layer, hidden, keys[index].to(dtype), values[index].to(dtype),
                                        mask[:, None], cache, index)
         hidden = self.transform_norm(self.transform(hidden))
         logits = hidden @ self.bert.embeddings.word_embeddings.weight.t() + self.output_bias
         if self.copy_weight is not None:
-            vocab = logits.shape[-1]
-            bonus = COPY_SCALE * torch.where(self.word_pieces[:vocab], self.piece_copy_weight, self.copy_weight)
-            fresh = ~self.emitted_tokens(decoder_input_ids, cache, vocab)
-            logits = logits + bonus * self.source_presence(source_ids, source_mask, vocab)[:, None] * fresh
+            logits = logits + self.copy_logits(source_ids, source_mask, decoder_input_ids, cache, logits.shape[-1])
         return logits
+
+    def copy_logits(self, source_ids: torch.Tensor, source_mask: torch.Tensor, decoder_input_ids: torch.Tensor,
+                    cache: PrefixCache, vocab: int) -> torch.Tensor:
+        """``(B, T, vocab)``: the copy bonus of each passage token not fed at or before each position, else 0.
+
+        Worked out per passage position ``(B, T, L)`` and scattered once, each
+        token from its first position alone (so that its bonus, and the bonus's
+        gradient, counts once): a dense ``(B, T, vocab)`` running maximum of the
+        fed tokens cost more than the rest of the copy bias.
+        """
+        batch, steps = decoder_input_ids.shape
+        length = source_ids.shape[1]
+        earlier = torch.ones(length, length, dtype=torch.bool, device=source_ids.device).tril(-1)
+        repeated = ((source_ids[:, :, None] == source_ids[:, None, :]) & earlier).any(-1)          # (B, L)
+        first = source_mask & ~self.special_tokens(source_ids) & ~repeated
+        ids = torch.where(first, source_ids, self.config.pad_token_id)     # the others write 0 at [PAD]
+        bonus = COPY_SCALE * torch.where(self.word_pieces[ids], self.piece_copy_weight, self.copy_weight)
+        fed = (decoder_input_ids[:, :, None] == ids[:, None, :]).to(torch.uint8)                  # (B, T, L)
+        fed = fed.cummax(dim=1).values.bool() if steps > 1 else fed.bool()
+        if cache.emitted is not None:
+            fed |= cache.emitted.gather(1, ids)[:, None]
+        emitted = torch.zeros(batch, vocab, dtype=torch.bool, device=ids.device).scatter_(1, decoder_input_ids, True)
+        cache.emitted = emitted if cache.emitted is None else cache.emitted | emitted
+        values = bonus[:, None] * (first[:, None] & ~fed)
+        copy = torch.zeros(batch, steps, vocab, dtype=values.dtype, device=ids.device)
+        return copy.scatter(2, ids[:, None].expand(-1, steps, -1), values)
 
     def constrain_pieces(self, logits: torch.Tensor, source_ids: torch.Tensor, source_mask: torch.Tensor,
                          decoder_input_ids: torch.Tensor) -> torch.Tensor:
@@ -265,30 +300,15 @@ class PrefixLM(nn.Module):
         blocked = pieces & ~allowed
         return logits.masked_fill(blocked, float("-inf"))
 
-    @staticmethod
-    def emitted_tokens(decoder_input_ids: torch.Tensor, cache: PrefixCache, vocab: int) -> torch.Tensor:
-        """``(B, T, vocab)`` bool: the tokens fed at or before each position (and before, from ``cache``)."""
-        batch, steps = decoder_input_ids.shape
-        fed = torch.zeros(batch, steps, vocab, dtype=torch.bool, device=decoder_input_ids.device)
-        fed.scatter_(2, decoder_input_ids[..., None], True)
-        fed = fed.to(torch.uint8).cummax(dim=1).values.bool() if steps > 1 else fed
-        if cache.emitted is not None:
-            fed |= cache.emitted[:, None]
-        cache.emitted = fed[:, -1]
-        return fed
-
     def copy_bonus(self, pieces: bool = False) -> float:
         """The logit bonus of the passage's word-initial tokens (``pieces``: of its ``##`` pieces); 0 without."""
         weight = self.piece_copy_weight if pieces else self.copy_weight
         return COPY_SCALE * float(weight.detach()) if weight is not None else 0.0
 
-    def source_presence(self, source_ids: torch.Tensor, source_mask: torch.Tensor, vocab: int) -> torch.Tensor:
-        """``(B, vocab)``: 1 for each non-special token that occurs in the row's passage."""
-        presence = torch.zeros(source_ids.shape[0], vocab, device=source_ids.device)
-        presence.scatter_(1, source_ids * source_mask, source_mask.float())
-        special = torch.tensor(getattr(self.config, "prefix_lm_special_ids", [0]), device=source_ids.device)
-        presence[:, special] = 0.0
-        return presence
+    def special_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """``token_ids``' shape, bool: [CLS], [SEP], [PAD] and the like, which get no copy bonus."""
+        special = torch.tensor(getattr(self.config, "prefix_lm_special_ids", [0]), device=token_ids.device)
+        return torch.isin(token_ids, special)
 
     # -- saving ---------------------------------------------------------------
     def save_pretrained(self, directory: str | Path) -> None:
