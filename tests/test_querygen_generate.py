@@ -216,7 +216,7 @@ def test_temperature_divides_the_penalised_logits_as_huggingface_does(t5, tokeni
     torch.manual_seed(5)
     logits, emitted = torch.randn(4, 300) * 2, torch.randint(0, 300, (4, 3))
     oracle = TemperatureLogitsWarper(0.6)(None, SubtractRepeats(3.0, 0)(torch.cat([emitted[:, :1], emitted], 1), logits))
-    assert torch.allclose(adjust_logits(logits, emitted, settings(repeat_penalty=3.0, temperature=0.6)), oracle,
+    assert torch.allclose(adjust_logits(logits, emitted, settings(repeat_penalty=3.0, temperature=0.6), 102), oracle,
                           rtol=0, atol=1e-6 * float(logits.abs().max()))
     # A cold temperature leaves only the most likely token: sampling becomes greedy decoding.
     greedy, _ = QueryGenerator(t5, tokenizer, settings(top_k=1, queries_per_passage=1)).generate(PASSAGES, 4)
@@ -226,6 +226,31 @@ def test_temperature_divides_the_penalised_logits_as_huggingface_does(t5, tokeni
     reference, stats = warm.generate(PASSAGES, batch_size=len(PASSAGES))
     assert warm.generate(PASSAGES, batch_size=1)[0] == reference
     assert reference != QueryGenerator(t5, tokenizer, settings()).generate(PASSAGES, batch_size=len(PASSAGES))[0]
+
+
+def test_min_new_tokens_rules_out_the_end_as_huggingface_does_and_stays_batch_invariant(t5, tokenizer):
+    from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
+
+    from qac.querygen.generate import adjust_logits
+
+    torch.manual_seed(6)
+    logits = torch.randn(4, 300) * 2
+    for emitted_count in (0, 2, 3, 5):
+        emitted = torch.randint(0, 300, (4, emitted_count))
+        ids = torch.cat([torch.zeros(4, 1, dtype=torch.long), emitted], 1)      # HF counts the start token
+        oracle = MinNewTokensLengthLogitsProcessor(1, 3, 102)(ids, logits.clone())
+        assert torch.equal(adjust_logits(logits, emitted, settings(min_new_tokens=3), 102), oracle)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        settings(min_new_tokens=8)                                             # max_new_tokens is 8
+    # A random T5 pushed toward [SEP] ends most candidates early: 3 tokens at least is a change it has to show
+    eager = tiny_t5(seed=1)
+    eager.lm_head.register_forward_hook(lambda module, inputs, output: output.index_add(
+        -1, torch.tensor([102]), torch.full((*output.shape[:-1], 1), 4.0)))
+    free_stats = QueryGenerator(eager, tokenizer, settings(repeat_penalty=3.0)).generate(PASSAGES, 4)[1]
+    held = QueryGenerator(eager, tokenizer, settings(repeat_penalty=3.0, min_new_tokens=3))
+    reference, stats = held.generate(PASSAGES, batch_size=len(PASSAGES))
+    assert free_stats.empty > 0 and stats.empty == 0 and stats.tokens >= 3 * stats.candidates
+    assert held.generate(PASSAGES, batch_size=1)[0] == reference
 
 
 def test_queries_change_with_seed_and_passage_id(t5, tokenizer):

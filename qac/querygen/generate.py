@@ -67,6 +67,7 @@ class SamplingSettings:
     drop_empty: bool = True
     repeat_penalty: float = 0.0   # subtracted from the logits of tokens already emitted (see the module docstring)
     temperature: float = 1.0      # logits are divided by it before top-k/top-p (1: the paper's sampling)
+    min_new_tokens: int = 0       # tokens before end of sequence may be sampled (0: the paper's sampling)
     seed: int = 42
 
     def __post_init__(self):
@@ -82,6 +83,9 @@ class SamplingSettings:
             raise ValueError(f"querygen.temperature must be > 0, got {self.temperature}")
         if self.max_new_tokens < 1 or self.max_source_len < 2:
             raise ValueError("querygen.max_new_tokens must be >= 1 and max_source_len >= 2")
+        if not 0 <= self.min_new_tokens < self.max_new_tokens:
+            raise ValueError(f"querygen.min_new_tokens must be in [0, max_new_tokens = {self.max_new_tokens}), "
+                             f"got {self.min_new_tokens}")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "SamplingSettings":
@@ -97,6 +101,7 @@ class SamplingSettings:
             drop_empty=bool(section.get("drop_empty", True)),
             repeat_penalty=float(section.get("repeat_penalty") or 0.0),
             temperature=float(section.get("temperature", 1.0)),
+            min_new_tokens=int(section.get("min_new_tokens") or 0),
             seed=int(params.get("seed", 42)),
         )
 
@@ -339,7 +344,7 @@ class QueryGenerator:
             for step in range(T):
                 encoder.last_hidden_state = hidden
                 logits, cache = self._decoder_logits(encoder, mask, next_ids, cache)
-                logits = adjust_logits(logits, generated[active, :step], settings)
+                logits = adjust_logits(logits, generated[active, :step], settings, self.eos_id)
                 tokens, fragile = sample_tokens(logits, batch.uniforms[active, step], settings.top_k, settings.top_p)
                 fragile &= alive
                 stats.decisions += int(alive.sum())
@@ -381,14 +386,17 @@ class QueryGenerator:
         finally:
             if hook:
                 hook.remove()
-        logits = adjust_logits(logits, prefix[None], self.settings)
+        logits = adjust_logits(logits, prefix[None], self.settings, self.eos_id)
         token, _ = sample_tokens(logits, batch.uniforms[row, step][None], self.settings.top_k, self.settings.top_p)
         return int(token[0])
 
 
-def adjust_logits(logits: torch.Tensor, emitted: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
-    """The logits a decision samples from: repeats penalised, then divided by the temperature (HF's order)."""
+def adjust_logits(logits: torch.Tensor, emitted: torch.Tensor, settings: SamplingSettings, eos_id: int) -> torch.Tensor:
+    """The logits a decision samples from: repeats penalised, then divided by the temperature (HF's order),
+    end of sequence ruled out before ``settings.min_new_tokens`` tokens (``emitted``: the tokens so far)."""
     logits = penalise_repeats(logits, emitted, settings.repeat_penalty)
+    if emitted.shape[1] < settings.min_new_tokens:
+        logits = logits.index_fill(1, torch.tensor([eos_id], device=logits.device), float("-inf"))
     return logits / settings.temperature if settings.temperature != 1.0 else logits
 
 

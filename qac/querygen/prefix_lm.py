@@ -205,10 +205,13 @@ class PrefixLM(nn.Module):
         own_keys, own_values = key, value
         if cache is not None:
             key, value = cache.update(index, key, value)
-        if prefix_keys is not None:
-            key, value = torch.cat([prefix_keys, key], dim=2), torch.cat([prefix_values, value], dim=2)
-        context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
-                                                 dropout_p=attention.dropout.p if self.training else 0.0)
+        if prefix_keys is not None and not self.training:
+            context = split_attention(query, (prefix_keys, key), (prefix_values, value), mask)
+        else:
+            if prefix_keys is not None:
+                key, value = torch.cat([prefix_keys, key], dim=2), torch.cat([prefix_values, value], dim=2)
+            context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                                     dropout_p=attention.dropout.p if self.training else 0.0)
         context = context.transpose(1, 2).flatten(2)
         hidden = layer.attention.output(context, hidden)
         return layer.output(layer.intermediate(hidden), hidden), own_keys, own_values
@@ -335,6 +338,23 @@ class PrefixLM(nn.Module):
         if missing or unexpected:
             raise ValueError(f"{directory / WEIGHTS_FILE}: missing weights {missing}, unexpected {unexpected}")
         return model.eval()
+
+
+def split_attention(query: torch.Tensor, keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...],
+                    mask: torch.Tensor) -> torch.Tensor:
+    """Attention over key/value blocks laid side by side (``mask`` spans them all), without joining them.
+
+    When decoding, the passage's keys and values (rows x passage length)
+    dwarf the query's few tokens; joining them for every token and layer
+    copied them all each time.
+    """
+    scores = torch.cat([query @ block.transpose(-1, -2) for block in keys], dim=-1) * query.shape[-1] ** -0.5
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    context, start = 0, 0
+    for block in values:
+        context = context + weights[..., start:start + block.shape[-2]] @ block
+        start += block.shape[-2]
+    return context
 
 
 def is_prefix_lm_folder(directory: str | Path) -> bool:
