@@ -156,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         figures = {}
         if mode == "train":
+            dropout = section.get("dropout")
             model, tokenizer = build_generator(architecture, spec, seed=seed,
-                                               copy_bias=bool(section.get("copy_bias", True)))
+                                               copy_bias=bool(section.get("copy_bias", True)),
+                                               dropout=None if dropout is None else float(dropout))
             figures = train_generator(model, tokenizer, train_pairs, settings, ctx.device, dtype, log=log_metrics,
                                       validation=validation)
         else:

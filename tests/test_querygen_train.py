@@ -488,3 +488,29 @@ def test_prefix_lm_copy_bias_and_its_gradient_count_each_passage_token_once(pref
     for got, expected in zip(fast[1:], reference[1:]):
         assert got.item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-6)
     assert reference[1].abs().item() > 1e-4            # the word bonus gets a gradient at all
+
+
+def test_generator_dropout_setting_replaces_the_checkpoints():
+    import torch
+
+    from qac.querygen.train_generator import build_generator
+
+    kept, _ = build_generator("prefix_lm", "tiny:minilm", seed=0)
+    none, tokenizer = build_generator("prefix_lm", "tiny:minilm", seed=0, dropout=0.0)
+    assert {m.p for m in kept.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
+    assert {m.p for m in none.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
+    assert none.config.hidden_dropout_prob == none.config.attention_probs_dropout_prob == 0.0
+    source = tokenizer(["chaperones help proteins fold"], return_tensors="pt")
+    labels = torch.tensor([[2000, 2001, 102]])
+
+    def two_losses(model):
+        model.train()
+        return [float(model(input_ids=source.input_ids, attention_mask=source.attention_mask, labels=labels).loss)
+                for _ in range(2)]
+
+    first, second = two_losses(kept)
+    assert first != second                      # dropout draws differ between passes
+    first, second = two_losses(none)
+    assert first == second
+    with pytest.raises(ValueError, match="dropout"):
+        build_generator("prefix_lm", "tiny:minilm", seed=0, dropout=1.0)

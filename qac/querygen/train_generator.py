@@ -74,15 +74,37 @@ class TrainSettings:
 ARCHITECTURES = ("prefix_lm", "bert2bert")
 
 
-def build_generator(architecture: str, spec: str, seed: int = 0, copy_bias: bool = True):
-    """A trainable generator and its tokenizer (see the module docstring for the architectures)."""
+def build_generator(architecture: str, spec: str, seed: int = 0, copy_bias: bool = True,
+                    dropout: float | None = None):
+    """A trainable generator and its tokenizer (see the module docstring for the architectures).
+
+    ``dropout`` replaces the checkpoint's dropout probabilities (None keeps them).
+    """
     if architecture == "prefix_lm":
         from qac.querygen.prefix_lm import build_prefix_lm
 
-        return build_prefix_lm(spec, seed=seed, copy_bias=copy_bias)
-    if architecture == "bert2bert":
-        return build_bert2bert(spec, seed=seed)
-    raise ValueError(f"query_generator.architecture must be one of {', '.join(ARCHITECTURES)}, got {architecture!r}")
+        model, tokenizer = build_prefix_lm(spec, seed=seed, copy_bias=copy_bias)
+    elif architecture == "bert2bert":
+        model, tokenizer = build_bert2bert(spec, seed=seed)
+    else:
+        raise ValueError(f"query_generator.architecture must be one of {', '.join(ARCHITECTURES)}, "
+                         f"got {architecture!r}")
+    if dropout is not None:
+        set_dropout(model, dropout)
+    return model, tokenizer
+
+
+def set_dropout(model: torch.nn.Module, probability: float) -> None:
+    """Every dropout layer of ``model`` drops ``probability``; BERT configurations record it."""
+    if not 0.0 <= probability < 1.0:
+        raise ValueError(f"query_generator.dropout must be in [0, 1), got {probability}")
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = probability
+    for config in (model.config, getattr(model.config, "encoder", None), getattr(model.config, "decoder", None)):
+        for field in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if config is not None and hasattr(config, field):
+                setattr(config, field, probability)
 
 
 def build_bert2bert(spec: str, seed: int = 0):
