@@ -69,7 +69,7 @@ def generate(model, tokenizer, settings, dtype, texts, candidates, batch_size):
     return generated
 
 
-def judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dtype, batch_size, seed):
+def judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dtype, candidates, batch_size, seed):
     """Table 5's automatic judge on held-out documents: high-correlation shares of query and passage pairs."""
     from qac.data.prepared import load_prepared
     from qac.querygen.quality import judge_anchors, judge_shares
@@ -82,8 +82,8 @@ def judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dty
     anchors = judge_anchors([(key, *documents[key]) for key in keys], int(section.get("judge_anchors", 40)), seed)
     if not anchors:
         return {}
-    queries = [texts[0] if texts else "" for texts in
-               generate(model, tokenizer, sampling, dtype, [a.anchor for a in anchors], 1, batch_size)]
+    # every candidate, in order, as the study draws its queries from them: the first is Table 5's query
+    queries = generate(model, tokenizer, sampling, dtype, [a.anchor for a in anchors], candidates, batch_size)
     judge = EncoderCosineJudge(annotation["judge_model"], max_length=int(annotation.get("judge_max_len", 256)))
     split = annotation.get("calibration_split", "train")
     positives, negatives = calibration_pairs(
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics.update(evaluate_queries(heldout, generated, index, seed, greedy=most_likely))
             if section.get("judge_anchors"):
                 metrics.update(judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling,
-                                             generation_dtype, settings.batch_size, seed))
+                                             generation_dtype, candidates, settings.batch_size, seed))
         metrics["quality_seconds"] = time.perf_counter() - started
         log_metrics(metrics)
 

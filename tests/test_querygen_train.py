@@ -157,11 +157,20 @@ def test_judge_anchors_cut_documents_in_two_and_shares_count_high_pairs():
     assert anchors == [JudgeAnchor("x/1", "Yeast Chaperones fold proteins. Heat raises them.", "Cells adapt."),
                        JudgeAnchor("x/3", "Rivers deposit sediment.", "Tides move it.")]
     assert len(judge_anchors(documents, maximum=1, seed=0)) == 1
-    # overlaps: query 1 -> 3/7, query 2 empty (low whatever its score); passages: 0/8, 0/5
-    shares = judge_shares(WordOverlapJudge(), 0.2, anchors, ["heat raises yeast chaperones", ""])
+    # overlaps: anchor 1's first query 4/7, its second 0/9; anchor 2's only query is empty (low, scored 0
+    # whatever the judge says); passages: 0/8 and 0/5. The Table 5 share reads first queries only.
+    shares = judge_shares(WordOverlapJudge(), 0.2, anchors, [["heat raises yeast chaperones", "cells grow"], [""]])
     assert shares["judge/high_share/passage-query"] == pytest.approx(1 / 2)
     assert shares["judge/high_share/passage-passage"] == 0.0
+    assert shares["judge/high_share/passage-query/all_candidates"] == pytest.approx(1 / 3)
+    assert shares["judge/mean_score/passage-query/all_candidates"] == pytest.approx((4 / 7 + 0 + 0) / 3)
+    assert shares["judge/mean_score/passage-passage"] == 0.0
     assert shares["judge/anchors"] == 2
+    # an anchor without candidates is one low pair; lists must match the anchors
+    assert judge_shares(WordOverlapJudge(), 0.2, anchors, [[], ["rivers deposit"]])[
+        "judge/high_share/passage-query/all_candidates"] == pytest.approx(1 / 2)
+    with pytest.raises(ValueError, match="1 candidate lists for 2 anchors"):
+        judge_shares(WordOverlapJudge(), 0.2, anchors, [["heat"]])
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,14 @@
 - Empty and duplicate candidates: shares of all candidates (a duplicate repeats
   an earlier candidate of the same passage), as :func:`clean_candidates`
   counts them.
-- Table 5 on held-out documents (:func:`judge_pairs`): an anchor (the title
+- Table 5 on held-out documents (:func:`judge_shares`): an anchor (the title
   and the first half of the document's sentences), a passage context (the
   other half) and a query generated from the anchor; the share of each kind of
   pair the automatic judge of :mod:`qac.reporting.annotation` calls highly
-  correlated, on the same anchors.
+  correlated, on the same anchors. With one pair of each kind per anchor the
+  shares sit near 1 on short abstracts, where one query decides the
+  comparison, so every candidate of the anchor is judged too and the judge's
+  mean cosine of each kind is reported beside the shares.
 """
 
 from __future__ import annotations
@@ -191,19 +194,32 @@ def judge_anchors(documents: Sequence[tuple[str, str, str]], maximum: int, seed:
     return sorted(anchors[:maximum], key=lambda a: a.key)
 
 
-def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor], queries: Sequence[str]) -> dict[str, float]:
-    """High-correlation shares of (anchor, query) and (anchor, passage) pairs, by ``judge`` at ``threshold``.
+def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor],
+                 candidates: Sequence[Sequence[str]]) -> dict[str, float]:
+    """High-correlation shares and mean scores of (anchor, query) and (anchor, passage) pairs, by ``judge``.
 
-    ``queries[i]`` was generated from ``anchors[i].anchor``; an empty query is a low pair.
+    ``candidates[i]`` are the queries generated from ``anchors[i].anchor`` in
+    their order; the first is Table 5's query. An empty query, or an anchor
+    without any, is a low pair scored 0.
     """
     from qac.reporting.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY
 
     if not anchors:
         return {}
-    query_scores = judge.scores([(a.anchor, q) for a, q in zip(anchors, queries)])
+    if len(candidates) != len(anchors):
+        raise ValueError(f"{len(candidates)} candidate lists for {len(anchors)} anchors")
+    per_anchor = [list(queries) or [""] for queries in candidates]
+    scores = judge.scores([(a.anchor, query) for a, queries in zip(anchors, per_anchor) for query in queries])
+    query_scores, start = [], 0
+    for queries in per_anchor:
+        query_scores.append([score if query.strip() else 0.0
+                             for query, score in zip(queries, scores[start:start + len(queries)])])
+        start += len(queries)
+    every = [score for scores in query_scores for score in scores]
     passage_scores = judge.scores([(a.anchor, a.passage) for a in anchors])
-    query_high = sum(score >= threshold and q.strip() != "" for score, q in zip(query_scores, queries))
-    passage_high = sum(score >= threshold for score in passage_scores)
     return {"judge/anchors": len(anchors), "judge/threshold": threshold,
-            f"judge/high_share/{PASSAGE_QUERY}": query_high / len(anchors),
-            f"judge/high_share/{PASSAGE_PASSAGE}": passage_high / len(anchors)}
+            f"judge/high_share/{PASSAGE_QUERY}": sum(s[0] >= threshold for s in query_scores) / len(anchors),
+            f"judge/high_share/{PASSAGE_PASSAGE}": sum(s >= threshold for s in passage_scores) / len(anchors),
+            f"judge/high_share/{PASSAGE_QUERY}/all_candidates": sum(s >= threshold for s in every) / len(every),
+            f"judge/mean_score/{PASSAGE_QUERY}/all_candidates": sum(every) / len(every),
+            f"judge/mean_score/{PASSAGE_PASSAGE}": sum(passage_scores) / len(passage_scores)}

@@ -19,6 +19,12 @@ _ROWS = (
     ("duplicate_share", "duplicate candidates (share)", ""),
     ("judge/high_share/passage-query", "Table 5 judge: high correlation, passage-query pairs", ">= passage-passage"),
     ("judge/high_share/passage-passage", "Table 5 judge: high correlation, passage-passage pairs", ""),
+    ("judge/high_share/passage-query/all_candidates",
+     "Table 5 judge: high correlation, passage-query pairs, every candidate of each anchor", ""),
+    ("judge/mean_score/passage-query/all_candidates", "Table 5 judge: mean cosine, passage-query pairs (every candidate)",
+     ""),
+    ("judge/mean_score/passage-passage", "Table 5 judge: mean cosine, passage-passage pairs", ""),
+    ("judge/threshold", "Table 5 judge: threshold (cosine, calibrated on relevant vs random training pairs)", ""),
     ("train_seconds", "training time (s)", ""),
     ("quality_seconds", "quality measurement time (s)", ""),
 )
