@@ -70,7 +70,8 @@ def generate(model, tokenizer, settings, dtype, texts, candidates, batch_size):
 
 
 def judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dtype, candidates, batch_size, seed):
-    """Table 5's automatic judge on held-out documents: high-correlation shares of query and passage pairs."""
+    """Table 5's automatic judge on held-out documents: high-correlation shares and mean scores of query and
+    passage pairs (every one of ``candidates`` queries per document, the first as Table 5's)."""
     from qac.data.prepared import load_prepared
     from qac.querygen.quality import judge_anchors, judge_shares
     from qac.reporting.annotation import EncoderCosineJudge, calibration_pairs

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -209,17 +210,14 @@ def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor],
     if len(candidates) != len(anchors):
         raise ValueError(f"{len(candidates)} candidate lists for {len(anchors)} anchors")
     per_anchor = [list(queries) or [""] for queries in candidates]
-    scores = judge.scores([(a.anchor, query) for a, queries in zip(anchors, per_anchor) for query in queries])
-    query_scores, start = [], 0
-    for queries in per_anchor:
-        query_scores.append([score if query.strip() else 0.0
-                             for query, score in zip(queries, scores[start:start + len(queries)])])
-        start += len(queries)
-    every = [score for scores in query_scores for score in scores]
+    pairs = [(a.anchor, query) for a, queries in zip(anchors, per_anchor) for query in queries]
+    query_scores = [score if query.strip() else 0.0 for (_, query), score in zip(pairs, judge.scores(pairs))]
+    query_high = [score >= threshold and query.strip() != "" for (_, query), score in zip(pairs, query_scores)]
+    firsts = [0, *accumulate(len(queries) for queries in per_anchor)][:-1]
     passage_scores = judge.scores([(a.anchor, a.passage) for a in anchors])
     return {"judge/anchors": len(anchors), "judge/threshold": threshold,
-            f"judge/high_share/{PASSAGE_QUERY}": sum(s[0] >= threshold for s in query_scores) / len(anchors),
+            f"judge/high_share/{PASSAGE_QUERY}": sum(query_high[i] for i in firsts) / len(anchors),
             f"judge/high_share/{PASSAGE_PASSAGE}": sum(s >= threshold for s in passage_scores) / len(anchors),
-            f"judge/high_share/{PASSAGE_QUERY}/all_candidates": sum(s >= threshold for s in every) / len(every),
-            f"judge/mean_score/{PASSAGE_QUERY}/all_candidates": sum(every) / len(every),
+            f"judge/high_share/{PASSAGE_QUERY}/all_candidates": sum(query_high) / len(query_high),
+            f"judge/mean_score/{PASSAGE_QUERY}/all_candidates": sum(query_scores) / len(query_scores),
             f"judge/mean_score/{PASSAGE_PASSAGE}": sum(passage_scores) / len(passage_scores)}
