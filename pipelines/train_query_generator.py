@@ -69,18 +69,26 @@ def generate(model, tokenizer, settings, dtype, texts, candidates, batch_size):
     return generated
 
 
-def judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dtype, candidates, batch_size, seed):
-    """Table 5's automatic judge on held-out documents: high-correlation shares and mean scores of query and
-    passage pairs (every one of ``candidates`` queries per document, the first as Table 5's)."""
+def judge_figures(params, data, heldout, model, tokenizer, sampling, dtype, candidates, batch_size, seed):
+    """Table 5's automatic judge on held-out documents cut into passages as the split stage cuts the corpus:
+    high-correlation shares, their paired test and mean scores of query and passage pairs (every one of
+    ``candidates`` queries per anchor passage, the first as Table 5's)."""
     from qac.data.prepared import load_prepared
+    from qac.data.punkt import load_sentence_splitter
+    from qac.data.splitting import SplitSettings, TokenCounter, split_documents
+    from qac.models.loading import load_tokenizer
     from qac.querygen.quality import judge_anchors, judge_shares
     from qac.reporting.annotation import EncoderCosineJudge, calibration_pairs
+    from qac.retrieval import document_text
 
     section, annotation = params["query_generator"], params["annotation"]
-    train_dataset = params["train_dataset"]
+    datasets_dir, train_dataset = data / "datasets", params["train_dataset"]
     documents = corpus_documents(datasets_dir, [train_dataset])
     keys = sorted({f"{p.dataset}/{p.doc_id}" for p in heldout if p.dataset == train_dataset})
-    anchors = judge_anchors([(key, *documents[key]) for key in keys], int(section.get("judge_anchors", 40)), seed)
+    splits = split_documents([(key, document_text(*documents[key])) for key in keys], load_sentence_splitter(data / "punkt"),
+                             TokenCounter(load_tokenizer(params["split"]["tokenizer"])), SplitSettings.from_params(params))
+    anchors = judge_anchors({split.doc_id: split.passages for split in splits}, int(section.get("judge_anchors", 40)),
+                            seed)
     if not anchors:
         return {}
     # every candidate, in order, as the study draws its queries from them: the first is Table 5's query
@@ -91,8 +99,9 @@ def judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling, dty
         datasets_dir / train_dataset, split, int(section.get("judge_calibration_pairs") or annotation["calibration_pairs"]),
         seed, load_prepared(datasets_dir / train_dataset).rel_threshold(split))
     calibration = judge.calibrate(positives, negatives)
-    return {**judge_shares(judge, calibration.threshold, anchors, queries), "judge/calibration_accuracy":
-            calibration.accuracy}
+    permutations = int(params.get("tables", {}).get("permutations", 10000))
+    return {**judge_shares(judge, calibration.threshold, anchors, queries, permutations, seed),
+            "judge/calibration_accuracy": calibration.accuracy}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"generator learns queries with ({settings.source_prefix('query')!r}, "
                          "query_generator.kind_prefixes.query or query_generator.prefix)")
     candidates = int(section.get("quality_candidates") or sampling.queries_per_passage)
+    if section.get("judge_anchors") and not (data / "punkt").is_dir():
+        raise FileNotFoundError(f"{data / 'punkt'}: the sentence splitter of the split_passages stage, which cuts "
+                                "the held-out documents of the Table 5 judge; run that stage first")
 
     pairs = build_pairs(datasets_dir, train_dataset, corpora, bool(section.get("use_titles", True)))
     if section.get("evidence_windows"):
@@ -179,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             index = quality_index(datasets_dir, corpora, heldout, section.get("quality_max_documents"), seed)
             metrics.update(evaluate_queries(heldout, generated, index, seed, greedy=most_likely))
             if section.get("judge_anchors"):
-                metrics.update(judge_figures(params, datasets_dir, heldout, model, tokenizer, sampling,
+                metrics.update(judge_figures(params, data, heldout, model, tokenizer, sampling,
                                              generation_dtype, candidates, settings.batch_size, seed))
         metrics["quality_seconds"] = time.perf_counter() - started
         log_metrics(metrics)

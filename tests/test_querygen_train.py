@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from qac.data.punkt import prepare_punkt
 from qac.querygen.pairs import Pair, build_pairs, cap_training_pairs, split_heldout
 from qac.querygen.quality import (JudgeAnchor, SelfRetrieval, candidate_shares, judge_anchors, judge_shares,
                                   random_sentence, rouge_l)
@@ -149,28 +150,50 @@ class WordOverlapJudge:
                                                                            set(b.lower().split())) for a, b in pairs]
 
 
-def test_judge_anchors_cut_documents_in_two_and_shares_count_high_pairs():
-    documents = [("x/1", "Yeast", "Chaperones fold proteins. Heat raises them. Cells adapt."),
-                 ("x/2", "One", "A single sentence only."),
-                 ("x/3", "", "Rivers deposit sediment. Tides move it.")]
+def passages_of(doc_id, *texts):
+    return [{"pid": f"{doc_id}#{k}", "text": text} for k, text in enumerate(texts)]
+
+
+def test_judge_anchors_pair_two_passages_of_one_document_as_table5_draws_them():
+    documents = {"x/1": passages_of("x/1", "Chaperones fold proteins.", "Heat raises them.", "Cells adapt."),
+                 "x/2": passages_of("x/2", "A single passage only."),
+                 "x/3": passages_of("x/3", "Rivers deposit sediment.", "Tides move it.")}
     anchors = judge_anchors(documents, maximum=5, seed=0)
-    assert anchors == [JudgeAnchor("x/1", "Yeast Chaperones fold proteins. Heat raises them.", "Cells adapt."),
-                       JudgeAnchor("x/3", "Rivers deposit sediment.", "Tides move it.")]
+    assert [a.key for a in anchors] == ["x/1", "x/3"]          # a one-passage document has no passage pair
+    texts = {key: [p["text"] for p in passages] for key, passages in documents.items()}
+    for a in anchors:
+        assert a.anchor in texts[a.key] and a.passage in texts[a.key] and a.anchor != a.passage
+    assert judge_anchors(documents, maximum=5, seed=0) == anchors
     assert len(judge_anchors(documents, maximum=1, seed=0)) == 1
+    # the anchor is a random passage, not always the first: over seeds both passages of x/3 lead
+    assert {judge_anchors(documents, 5, seed)[1].anchor for seed in range(20)} == set(texts["x/3"])
+
+
+def test_judge_shares_count_high_pairs_and_test_the_difference_by_document():
+    anchors = [JudgeAnchor("x/1", "Yeast Chaperones fold proteins. Heat raises them.", "Cells adapt."),
+               JudgeAnchor("x/3", "Rivers deposit sediment.", "Tides move it.")]
     # overlaps: anchor 1's first query 4/7, its second 0/9; anchor 2's only query is empty (low, scored 0
     # whatever the judge says); passages: 0/8 and 0/5. The Table 5 share reads first queries only.
-    shares = judge_shares(WordOverlapJudge(), 0.2, anchors, [["heat raises yeast chaperones", "cells grow"], [""]])
+    shares = judge_shares(WordOverlapJudge(), 0.2, anchors, [["heat raises yeast chaperones", "cells grow"], [""]],
+                          permutations=100, seed=0)
     assert shares["judge/high_share/passage-query"] == pytest.approx(1 / 2)
     assert shares["judge/high_share/passage-passage"] == 0.0
     assert shares["judge/high_share/passage-query/all_candidates"] == pytest.approx(1 / 3)
     assert shares["judge/mean_score/passage-query/all_candidates"] == pytest.approx((4 / 7 + 0 + 0) / 3)
     assert shares["judge/mean_score/passage-passage"] == 0.0
     assert shares["judge/anchors"] == 2
+    # per-document differences (1, 0): every sign flip is as extreme as the observed mean 0.5, so p = 1;
+    # MDE = (z_0.975 + z_0.8) * sd / sqrt(2) with sd = sqrt(1/2)
+    assert shares["judge/difference"] == pytest.approx(1 / 2)
+    assert shares["judge/difference/p_value"] == 1.0
+    assert shares["judge/difference/mde"] == pytest.approx((1.959963984540054 + 0.8416212335729143) / 2)
     # an anchor without candidates is one low pair; lists must match the anchors
     assert judge_shares(WordOverlapJudge(), 0.2, anchors, [[], ["rivers deposit"]])[
         "judge/high_share/passage-query/all_candidates"] == pytest.approx(1 / 2)
     with pytest.raises(ValueError, match="1 candidate lists for 2 anchors"):
         judge_shares(WordOverlapJudge(), 0.2, anchors, [["heat"]])
+    # one anchor: shares, no test
+    assert "judge/difference/p_value" not in judge_shares(WordOverlapJudge(), 0.2, anchors[:1], [["heat"]])
 
 
 @pytest.fixture(scope="module")
@@ -394,9 +417,15 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
                                      validation_pairs=1, eval_every=1, quality_candidates=2, judge_anchors=5,
                                      judge_calibration_pairs=3, evidence_windows=True)
     params["annotation"].update(judge_model="tiny:minilm")
+    params["split"].update(max_len=12)   # two passages or more per tiny document
     write_dataset(tmp_path / "data" / "smoke" / "datasets")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
+    with pytest.raises(FileNotFoundError, match=r"smoke/punkt: the sentence splitter of the split_passages stage"):
+        load_stage().main()
+    # the split stage's Punkt model, which cuts the held-out documents of the Table 5 judge into passages
+    prepare_punkt("trained", tmp_path / "data" / "smoke" / "punkt",
+                  lambda: [f"{title} {text}" for title, text in DOCS.values()], "tinyset")
 
     trained_on = []
     original = train_module.encode_pairs
@@ -427,7 +456,8 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     assert run.info.run_name == "query_generator" and run.data.tags["qac.kind"] == "query_generator"
     for key in ("rougeL", "self_retrieval/generated/top10", "self_retrieval/generated/top1",
                 "self_retrieval/random_sentence/top10", "self_retrieval/reference/top10", "empty_share", "duplicate_share",
-                "judge/high_share/passage-query", "judge/high_share/passage-passage", "pairs/train",
+                "judge/high_share/passage-query", "judge/high_share/passage-passage", "judge/difference",
+                "judge/difference/p_value", "pairs/train",
                 "pairs/heldout", "pairs/validation", "train/loss", "validation/loss"):
         assert key in run.data.metrics, key
     assert run.data.metrics["pairs/heldout"] == 3   # min(max_heldout 3, 0.5 * 8 pairs)

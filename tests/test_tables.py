@@ -74,7 +74,7 @@ def test_table1_difference_has_the_p_value_and_the_minimum_detectable_effect(tab
 
 
 def test_minimum_detectable_effect_by_hand():
-    from qac.reporting.tables import minimum_detectable_effect
+    from qac.evaluation.significance import minimum_detectable_effect
 
     # d = 1, 2, 3, 4, 5: mean 3, sample sd sqrt(10 / 4); MDE = Z * sd / sqrt(5).
     assert minimum_detectable_effect([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(Z * math.sqrt(2.5) / math.sqrt(5))
@@ -163,7 +163,7 @@ def test_p_values_are_the_evaluation_packages_randomization_test(tables):
 
 
 def test_queries_of_one_system_only_are_left_out_of_the_test():
-    from qac.reporting.tables import compare_paired
+    from qac.evaluation.significance import compare_paired
 
     result = compare_paired({"a": 1.0, "b": 1.0, "c": 0.0}, {"a": 0.0, "b": 0.0}, permutations=200)
     assert result.n_queries == 2 and "1 queries" in result.note

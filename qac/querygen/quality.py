@@ -14,14 +14,18 @@
 - Empty and duplicate candidates: shares of all candidates (a duplicate repeats
   an earlier candidate of the same passage), as :func:`clean_candidates`
   counts them.
-- Table 5 on held-out documents (:func:`judge_shares`): an anchor (the title
-  and the first half of the document's sentences), a passage context (the
-  other half) and a query generated from the anchor; the share of each kind of
-  pair the automatic judge of :mod:`qac.reporting.annotation` calls highly
-  correlated, on the same anchors. With one pair of each kind per anchor the
-  shares sit near 1 on short abstracts, where one query decides the
-  comparison, so every candidate of the anchor is judged too and the judge's
-  mean cosine of each kind is reported beside the shares.
+- Table 5 on held-out documents (:func:`judge_anchors`, :func:`judge_shares`):
+  the paper's protocol, as the annotation stage follows it on the pre-training
+  corpus. Each document is cut into passages as the split stage cuts the
+  corpus; an anchor is a random passage, its passage context another random
+  passage of the same document, and its queries are generated from the
+  anchor. The share of each kind of pair the automatic judge of
+  :mod:`qac.reporting.annotation` calls highly correlated is compared on the
+  same anchors, paired by document (randomization test, with the smallest
+  difference the anchors could detect). On short single-topic documents the
+  passage share sits near 1, where one query decides the comparison, so every
+  candidate of the anchor is judged too and the judge's mean cosine of each
+  kind is reported beside the shares.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import random
 import re
 from itertools import accumulate
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from qac.querygen.pairs import Pair
 
@@ -178,32 +182,40 @@ class JudgeAnchor:
     passage: str
 
 
-def judge_anchors(documents: Sequence[tuple[str, str, str]], maximum: int, seed: int) -> list[JudgeAnchor]:
-    """Up to ``maximum`` anchors from ``(key, title, text)`` documents with at least two sentences, seeded.
+def judge_anchors(documents: Mapping[str, Sequence[dict]], maximum: int, seed: int) -> list[JudgeAnchor]:
+    """Table 5's passage pairs of up to ``maximum`` documents, drawn as the annotation stage draws them.
 
-    The anchor is the title and the first half of the sentences (rounded up),
-    the passage context the rest: two passages of one document, as in Table 5.
+    ``documents`` maps a document key to its passages in order (records with
+    ``pid`` and ``text``, as the split stage writes them); documents with at
+    least two passages qualify. ``random.Random(seed)`` draws the documents
+    from the sorted keys, then each document's anchor and other passage
+    (:func:`qac.reporting.annotation.draw_passage_pair`).
     """
+    from qac.reporting.annotation import draw_passage_pair
+
+    rng = random.Random(seed)
+    eligible = [key for key in sorted(documents) if len(documents[key]) >= 2]
     anchors = []
-    for key, title, text in documents:
-        found = sentences(text)
-        if len(found) < 2:
-            continue
-        half = (len(found) + 1) // 2
-        anchors.append(JudgeAnchor(key, " ".join([title.strip(), *found[:half]]).strip(), " ".join(found[half:])))
-    random.Random(seed).shuffle(anchors)
-    return sorted(anchors[:maximum], key=lambda a: a.key)
+    for key in sorted(rng.sample(eligible, min(maximum, len(eligible)))):
+        anchor, other = draw_passage_pair(documents[key], rng)
+        anchors.append(JudgeAnchor(key, anchor["text"], other["text"]))
+    return anchors
 
 
-def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor],
-                 candidates: Sequence[Sequence[str]]) -> dict[str, float]:
+def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor], candidates: Sequence[Sequence[str]],
+                 permutations: int = 10_000, seed: int = 0) -> dict[str, float]:
     """High-correlation shares and mean scores of (anchor, query) and (anchor, passage) pairs, by ``judge``.
 
     ``candidates[i]`` are the queries generated from ``anchors[i].anchor`` in
     their order; the first is Table 5's query. An empty query, or an anchor
-    without any, is a low pair scored 0.
+    without any, is a low pair scored 0. ``judge/difference`` (query share
+    minus passage share) is tested paired by anchor as Table 5 tests it
+    (:func:`qac.evaluation.significance.compare_paired`, ``permutations`` sign flips
+    seeded with ``seed``): its p-value and the smallest difference the anchors
+    could detect at p < 0.05.
     """
     from qac.reporting.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY
+    from qac.evaluation.significance import compare_paired
 
     if not anchors:
         return {}
@@ -215,9 +227,16 @@ def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor],
     query_high = [score >= threshold and query.strip() != "" for (_, query), score in zip(pairs, query_scores)]
     firsts = [0, *accumulate(len(queries) for queries in per_anchor)][:-1]
     passage_scores = judge.scores([(a.anchor, a.passage) for a in anchors])
-    return {"judge/anchors": len(anchors), "judge/threshold": threshold,
-            f"judge/high_share/{PASSAGE_QUERY}": sum(query_high[i] for i in firsts) / len(anchors),
-            f"judge/high_share/{PASSAGE_PASSAGE}": sum(s >= threshold for s in passage_scores) / len(anchors),
+    query_first = {a.key: float(query_high[i]) for a, i in zip(anchors, firsts)}
+    passage_high = {a.key: float(score >= threshold) for a, score in zip(anchors, passage_scores)}
+    shares = {f"judge/high_share/{PASSAGE_QUERY}": sum(query_first.values()) / len(anchors),
+              f"judge/high_share/{PASSAGE_PASSAGE}": sum(passage_high.values()) / len(anchors)}
+    comparison = compare_paired(query_first, passage_high, permutations, seed)
+    tested = {} if comparison.p_value is None else {"judge/difference/p_value": comparison.p_value,
+                                                    "judge/difference/mde": comparison.mde}
+    return {"judge/anchors": len(anchors), "judge/threshold": threshold, **shares,
+            "judge/difference": shares[f"judge/high_share/{PASSAGE_QUERY}"] - shares[f"judge/high_share/{PASSAGE_PASSAGE}"],
+            **tested,
             f"judge/high_share/{PASSAGE_QUERY}/all_candidates": sum(query_high) / len(query_high),
             f"judge/mean_score/{PASSAGE_QUERY}/all_candidates": sum(query_scores) / len(query_scores),
             f"judge/mean_score/{PASSAGE_PASSAGE}": sum(passage_scores) / len(passage_scores)}

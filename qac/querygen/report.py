@@ -17,8 +17,13 @@ _ROWS = (
     ("self_retrieval/reference/top10", "BM25 self-retrieval @10, the held-out reference", ""),
     ("empty_share", "empty candidates (share)", ""),
     ("duplicate_share", "duplicate candidates (share)", ""),
-    ("judge/high_share/passage-query", "Table 5 judge: high correlation, passage-query pairs", ">= passage-passage"),
-    ("judge/high_share/passage-passage", "Table 5 judge: high correlation, passage-passage pairs", ""),
+    ("judge/high_share/passage-query", "Table 5 judge: high correlation, passage-query pairs (one random passage "
+     "of each held-out document, its first query)", ">= passage-passage"),
+    ("judge/high_share/passage-passage", "Table 5 judge: high correlation, passage-passage pairs (the same passage "
+     "and another random passage of its document)", ""),
+    ("judge/difference", "Table 5 judge: passage-query minus passage-passage share", ""),
+    ("judge/difference/p_value", "its p-value (paired randomization test by document)", ""),
+    ("judge/difference/mde", "the smallest difference the anchors could detect (p < 0.05, power 0.8)", ""),
     ("judge/high_share/passage-query/all_candidates",
      "Table 5 judge: high correlation, passage-query pairs, every candidate of each anchor", ""),
     ("judge/mean_score/passage-query/all_candidates", "Table 5 judge: mean cosine, passage-query pairs (every candidate)",

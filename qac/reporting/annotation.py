@@ -33,7 +33,7 @@ import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from qac.data.errors import DataFormatError
 
@@ -93,6 +93,15 @@ def read_queries(path: str | os.PathLike) -> dict[str, list[str]]:
     return {record["pid"]: record["queries"] for record in iter_records(path, QUERIES_SCHEMA)}
 
 
+def draw_passage_pair(passages: Sequence[dict], rng: random.Random,
+                      can_anchor: Callable[[dict], bool] = lambda passage: True) -> tuple[dict, dict]:
+    """Table 5's passage pair of one document: a random anchor (among those ``can_anchor`` accepts) and a
+    random other passage of the same document, drawn in that order from ``rng``."""
+    anchor = rng.choice([p for p in passages if can_anchor(p)])
+    other = rng.choice([p for p in passages if p["pid"] != anchor["pid"]])
+    return anchor, other
+
+
 def sample_items(documents: Mapping[str, list[dict]], queries: Mapping[str, list[str]], n_documents: int,
                  seed: int) -> list[AnnotationPair]:
     """A passage-passage and a passage-query pair for each of ``n_documents`` random documents.
@@ -116,9 +125,8 @@ def sample_items(documents: Mapping[str, list[dict]], queries: Mapping[str, list
     chosen = sorted(rng.sample(eligible, min(n_documents, len(eligible))))
     pairs = []
     for doc_id in chosen:
-        passages = documents[doc_id]
-        anchor = rng.choice([p for p in passages if any(q.strip() for q in queries.get(p["pid"], []))])
-        other = rng.choice([p for p in passages if p["pid"] != anchor["pid"]])
+        anchor, other = draw_passage_pair(documents[doc_id], rng,
+                                          lambda p: any(q.strip() for q in queries.get(p["pid"], [])))
         candidates = [(index, q) for index, q in enumerate(queries[anchor["pid"]]) if q.strip()]
         index, query = rng.choice(candidates)
         pairs.append(AnnotationPair(doc_id, PASSAGE_PASSAGE, anchor["pid"], other["pid"], anchor["text"], other["text"]))

@@ -14,8 +14,9 @@ import csv
 import io
 from typing import Any, Iterable, Mapping
 
+from qac.evaluation.significance import ALPHA, POWER
 from qac.reporting.lineage import Study
-from qac.reporting.tables import ALPHA, FRACTION, POWER, Cell, Table
+from qac.reporting.tables import FRACTION, Cell, Table
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
               "run_id", "compared_source", "compared_run_id", "metric", "paper_row", "note"]

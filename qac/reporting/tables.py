@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Any, Mapping
 
+from qac.evaluation.significance import compare_paired
 from qac.reporting import paper
 from qac.reporting.lineage import Source, Study, Variant
 from qac.tracking import metric_key
@@ -72,7 +72,8 @@ class Cell:
     query-as-context; ``run_id``/``source`` are the "with" side,
     ``compared_run_id``/``compared_source`` the "without" side, ``p_value``
     the paired randomization test over ``n_queries`` queries and ``mde`` the
-    smallest difference that test could detect (:func:`minimum_detectable_effect`).
+    smallest difference that test could detect
+    (:func:`qac.evaluation.significance.minimum_detectable_effect`).
     """
 
     value: float | None = None
@@ -138,60 +139,6 @@ def columns_from_params(params: Mapping[str, Any]) -> list[MetricColumn]:
 
 
 # ---------------------------------------------------------------- significance and power
-
-# Two-sided test at alpha = 0.05 with power 0.8: z_0.975 + z_0.80 = 1.95996 + 0.84162.
-ALPHA = 0.05
-POWER = 0.8
-_MDE_Z = NormalDist().inv_cdf(1 - ALPHA / 2) + NormalDist().inv_cdf(POWER)
-
-
-def minimum_detectable_effect(differences: list[float]) -> float | None:
-    """The smallest mean difference a paired test on these queries detects at p<0.05 with 80% power.
-
-    ``MDE = (z_0.975 + z_0.8) * sd(d) / sqrt(n)`` over the per-query
-    differences ``d`` (sample standard deviation): the normal approximation
-    of the paired test's power, which the randomization test follows closely
-    at the test-set sizes of the tables. None below two queries.
-    """
-    n = len(differences)
-    if n < 2:
-        return None
-    mean = math.fsum(differences) / n
-    sd = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (n - 1))
-    return _MDE_Z * sd / math.sqrt(n)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A paired test of two systems over the queries both were evaluated on."""
-
-    p_value: float | None
-    n_queries: int
-    mde: float | None
-    note: str | None
-
-
-def compare_paired(with_values: Mapping[str, float], without_values: Mapping[str, float],
-                   permutations: int = 10000, seed: int = 0) -> Comparison:
-    """Randomization-test p-value and MDE (in the values' unit) of ``with - without`` per query.
-
-    The test is :func:`qac.evaluation.significance.randomization_test`.
-    Queries present on one side only are left out, and the note says how many.
-    """
-    from qac.evaluation.significance import randomization_test
-
-    shared = sorted(set(with_values) & set(without_values))
-    note = None
-    dropped = len(set(with_values) ^ set(without_values))
-    if dropped:
-        note = f"{dropped} queries evaluated for one system only were left out of the test"
-    if len(shared) < 2:
-        return Comparison(None, len(shared), None, "fewer than 2 shared queries: no test")
-    p_value = randomization_test({qid: with_values[qid] for qid in shared},
-                                 {qid: without_values[qid] for qid in shared}, trials=permutations, seed=seed)
-    mde = minimum_detectable_effect([with_values[qid] - without_values[qid] for qid in shared])
-    return Comparison(p_value, len(shared), mde, note)
-
 
 def paired_p_value(with_values: Mapping[str, float], without_values: Mapping[str, float],
                    permutations: int = 10000, seed: int = 0) -> tuple[float | None, int, str | None]:
