@@ -24,7 +24,10 @@ def machine_summary() -> str:
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores "
+    # The vector instructions torch's CPU kernels use (AVX512, AVX2, ...): on 2 cores they change stage
+    # times by about 1.6x, so figures from machines that differ here are not comparable.
+    kernels = torch.backends.cpu.get_cpu_capability()
+    return (f"{platform.processor() or platform.machine()} ({kernels} kernels), {os.cpu_count()} CPU cores "
             f"(torch threads {torch.get_num_threads()}), {device}, torch {torch.__version__}, "
             f"{_dt.date.today().isoformat()}")
 
