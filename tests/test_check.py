@@ -146,3 +146,30 @@ def test_every_profile_names_its_expected_file():
 
     for name in ("smoke", "default", "paper"):
         assert render_profile(name, REPO_ROOT / "profiles")["check"]["expected"] == f"profiles/expected/{name}.yaml"
+
+
+def test_the_generators_means_and_counts_are_checked_too(project, capsys):
+    metrics_path = project / "data" / PROFILE / "metrics" / "query_generator.json"
+    metrics = {"rougeL": 0.25, "candidates": 40, "heldout_pairs": 20, "judge/anchors": 8,
+               "judge/high_share/passage-query": 0.875, "judge/high_share/passage-passage": 0.75,
+               "pairs/train": 100, "mode": "train", "mlflow_run_id": "0" * 32}
+    metrics_path.write_text(json.dumps(metrics))
+    assert qac("--record") == 0
+    cells = {(c["row"], c["column"]): c for c in yaml.safe_load((project / "expected" / "smoke.yaml").read_text())[
+        "cells"] if c["table"] == "generator"}
+    # means over items hold two items' worth: ROUGE-L over 40 candidates, the judge's shares over 8 anchors
+    assert cells[("query_generator/rougeL", "value")] == {
+        "table": "generator", "row": "query_generator/rougeL", "column": "value", "value": 0.25, "unit": "fraction",
+        "n": 40, "tolerance": pytest.approx(2 / 40)}
+    assert cells[("query_generator/judge/high_share/passage-query", "value")]["tolerance"] == pytest.approx(2 / 8)
+    assert cells[("query_generator/pairs/train", "count")]["tolerance"] == 0.0
+    assert cells[("queries/unique_ratio", "value")]["n"] == 40        # tests/dvc_study.py: 40 candidates
+    assert ("query_generator/heldout_pairs", "count") not in cells    # not among CHECKED_COUNTS
+    capsys.readouterr()
+
+    metrics.update({"rougeL": 0.25 + 2.5 / 40, "pairs/train": 99})
+    metrics_path.write_text(json.dumps(metrics))
+    assert qac("--failures-only") == 1
+    failures = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
+    assert failures == ["FAIL generator | query_generator/rougeL | value: 0.3125 (expected 0.25 ± 0.05)",
+                        "FAIL generator | query_generator/pairs/train | count: 99 (expected 100 ± 0)"]

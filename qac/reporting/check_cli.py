@@ -1,7 +1,8 @@
 """Check the profile's results against its expected values (OK / FAIL per cell).
 
-Rebuilds Tables 1-5 from the DVC outputs under data/<profile>/ (no MLflow
-store needed) and compares every cell listed in the profile's expected file
+Rebuilds Tables 1-5 and the query generator's checkable figures
+(qac/reporting/generator_report.py) from the DVC outputs under
+data/<profile>/ (no MLflow store needed) and compares every cell listed in the profile's expected file
 (params `check.expected`, e.g. profiles/expected/smoke.yaml) with its
 tolerance: two queries' worth of the per-query measure (see
 qac/reporting/check.py). Prints one line per cell and a summary line; exits
@@ -34,8 +35,12 @@ def run(args: argparse.Namespace) -> int:
 
     from qac.config import load_params
     from qac.reporting import check
+    from qac.reporting.generator_report import checked_table
     from qac.reporting.lineage import load_study
     from qac.reporting.tables import build_tables
+
+    def tables_of(study):
+        return [*build_tables(study, params), checked_table(study)]
 
     params = load_params(args.params)
     path = Path(args.expected or (params.get("check") or {}).get("expected") or "")
@@ -44,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.record:
         from_paper = args.from_paper or params["profile"] == "paper"
-        tables = build_tables(load_study(params, args.data, declared_variants=from_paper), params)
+        tables = tables_of(load_study(params, args.data, declared_variants=from_paper))
         document = check.record(tables, params["profile"], from_paper=from_paper)
         if not document["cells"]:
             print(f"qac check: no cells to record under {args.data or 'data/' + params['profile']}: "
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"qac check: {path.as_posix()} holds profile {profile!r}, params are {params['profile']!r}",
               file=sys.stderr)
         return 2
-    outcomes = check.compare(build_tables(load_study(params, args.data), params), expected)
+    outcomes = check.compare(tables_of(load_study(params, args.data)), expected)
     for outcome in outcomes:
         if not (args.failures_only and outcome.ok):
             print(outcome.line())

@@ -7,6 +7,10 @@ generated query against a random sentence and the real query) and
 ``generate_queries`` (duplicate and empty candidates) wrote to their DVC
 metrics, every numeric field as it is, with the file it came from. Wall-clock
 figures live in ``metrics/timing/`` and are not shown.
+
+:func:`checked_table` holds the figures that are means over items (candidates,
+held-out pairs, judge anchors) of values in [0, 1], and the item counts, as
+cells that ``qac check`` records and checks like those of Tables 1-5.
 """
 
 from __future__ import annotations
@@ -15,9 +19,28 @@ import csv
 import io
 
 from qac.reporting.lineage import Study
+from qac.reporting.tables import FRACTION, Cell, Table
 
 STAGES = ("query_generator", "queries")
 TITLE = "Query generator quality (stage metrics)"
+VALUE, COUNT_COLUMN = "value", "count"
+# (stage, mean over items of a value in [0, 1], the metric that counts the items)
+CHECKED_MEANS = (
+    ("query_generator", "rougeL", "candidates"),
+    ("query_generator", "query/rougeL", "query/candidates"),
+    ("query_generator", "title/rougeL", "title/candidates"),
+    ("query_generator", "rougeL_greedy", "heldout_pairs"),
+    ("query_generator", "self_retrieval/generated/top10", "candidates"),
+    ("query_generator", "self_retrieval/generated/top1", "candidates"),
+    ("query_generator", "duplicate_share", "candidates"),
+    ("query_generator", "empty_share", "candidates"),
+    ("query_generator", "judge/high_share/passage-query", "judge/anchors"),
+    ("query_generator", "judge/high_share/passage-passage", "judge/anchors"),
+    ("queries", "unique_ratio", "candidates"),
+)
+CHECKED_COUNTS = (("query_generator", "pairs/train"), ("query_generator", "pairs/heldout"),
+                  ("query_generator", "candidates"), ("query_generator", "judge/anchors"),
+                  ("queries", "passages"), ("queries", "queries"))
 
 
 def generator_rows(study: Study) -> list[tuple[str, str, float]]:
@@ -30,6 +53,26 @@ def generator_rows(study: Study) -> list[tuple[str, str, float]]:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 rows.append((f"metrics/{stage}.json", key, float(value)))
     return rows
+
+
+def checked_table(study: Study) -> Table:
+    """The generator's checkable figures as a table (key ``generator``): means in column ``value``, with the
+    number of items they average over, and counts in column ``count``; figures a run did not write are left
+    out."""
+    table = Table("generator", TITLE, FRACTION, [VALUE, COUNT_COLUMN], count_columns={COUNT_COLUMN})
+    found = {stage: study.stage_metrics(stage) or {} for stage in STAGES}
+
+    def cell(stage: str, metric: str, n: int | None) -> Cell:
+        return Cell(value=float(found[stage][metric]), metric=metric, n_queries=n, source=f"metrics/{stage}.json",
+                    run_id=found[stage].get("mlflow_run_id"))
+
+    for stage, metric, counted_by in CHECKED_MEANS:
+        if isinstance(found[stage].get(metric), (int, float)) and found[stage].get(counted_by):
+            table.put(f"{stage}/{metric}", VALUE, cell(stage, metric, int(found[stage][counted_by])))
+    for stage, metric in CHECKED_COUNTS:
+        if isinstance(found[stage].get(metric), (int, float)):
+            table.put(f"{stage}/{metric}", COUNT_COLUMN, cell(stage, metric, None))
+    return table
 
 
 def _number(value: float) -> str:
