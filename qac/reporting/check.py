@@ -2,13 +2,15 @@
 
 Each profile carries its expected cells in a YAML file (``check.expected`` in
 params: ``profiles/expected/<profile>.yaml``): for every number of Tables 1-5
-that averages per-query (or per-document) values, the expected value and how
-far ours may be from it. ``qac check`` rebuilds the tables from the DVC
+that averages per-query (or per-document) values, and for the query
+generator's figures that average over candidates, held-out pairs or judged
+documents (:func:`qac.reporting.generator_report.checked_table`), the
+expected value and how far ours may be from it. ``qac check`` rebuilds the tables from the DVC
 outputs (no MLflow store) and prints OK / FAIL per cell.
 
 Tolerance. A cell is a mean over ``n`` queries of a measure whose per-query
 value lies in [0, 1] (RR, nDCG, AP, recall, hit; a document's high/low label
-in Table 5). One query changing its value over the whole range moves the mean
+in Table 5; a candidate's ROUGE-L or self-retrieval hit). One query changing its value over the whole range moves the mean
 by 1/n, so the tolerance is ``SLACK_QUERIES / n`` in the table's unit (times
 100 for percentages). Two queries' worth is what a rerun on another machine
 can honestly change: float sums in another order (thread count, BLAS) flip

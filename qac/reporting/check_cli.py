@@ -2,9 +2,10 @@
 
 Rebuilds Tables 1-5 and the query generator's checkable figures
 (qac/reporting/generator_report.py) from the DVC outputs under
-data/<profile>/ (no MLflow store needed) and compares every cell listed in the profile's expected file
-(params `check.expected`, e.g. profiles/expected/smoke.yaml) with its
-tolerance: two queries' worth of the per-query measure (see
+data/<profile>/ (no MLflow store needed) and compares every cell listed in
+the profile's expected file (params `check.expected`, e.g.
+profiles/expected/smoke.yaml) with its tolerance: two items' worth (queries,
+candidates, documents) of the measure averaged over them, counts exactly (see
 qac/reporting/check.py). Prints one line per cell and a summary line; exits
 0 when every cell is within tolerance, 1 when any is outside or missing.
 
