@@ -192,6 +192,10 @@ def test_judge_shares_count_high_pairs_and_test_the_difference_by_document():
         "judge/high_share/passage-query/all_candidates"] == pytest.approx(1 / 2)
     with pytest.raises(ValueError, match="1 candidate lists for 2 anchors"):
         judge_shares(WordOverlapJudge(), 0.2, anchors, [["heat"]])
+    # every pair high on both sides: the test runs (p = 1) but the differences have no spread, so no MDE
+    level = judge_shares(WordOverlapJudge(), 0.0, anchors, [["heat"], ["rivers"]], permutations=100)
+    assert level["judge/difference"] == 0.0 and level["judge/difference/p_value"] == 1.0
+    assert "judge/difference/mde" not in level
     # one anchor: shares, no test
     assert "judge/difference/p_value" not in judge_shares(WordOverlapJudge(), 0.2, anchors[:1], [["heat"]])
 

@@ -79,6 +79,9 @@ def test_minimum_detectable_effect_by_hand():
     # d = 1, 2, 3, 4, 5: mean 3, sample sd sqrt(10 / 4); MDE = Z * sd / sqrt(5).
     assert minimum_detectable_effect([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(Z * math.sqrt(2.5) / math.sqrt(5))
     assert minimum_detectable_effect([0.3]) is None
+    # no spread (identical systems, or the same difference on every query): no power estimate, not 0
+    assert minimum_detectable_effect([0.0, 0.0, 0.0]) is None
+    assert minimum_detectable_effect([0.25, 0.25]) is None
 
 
 def test_cells_that_cannot_be_produced_say_why(tables):
@@ -212,7 +215,13 @@ def test_report_files_are_traceable_to_the_dvc_outputs(data, tmp_path):
         record = json.loads((data / record_folder(row["source"]) / "mlflow_run.json").read_text())
         assert row["run_id"] == record["run_id"]
     diffs = [row for row in rows if row["kind"] == "difference" and row["p_value"]]
-    assert diffs and all(row["compared_run_id"] and row["compared_source"] and row["mde"] for row in diffs)
+    assert diffs and all(row["compared_run_id"] and row["compared_source"] for row in diffs)
+    # an MDE wherever the per-query differences vary, none where they are all the same
+    for row in diffs:
+        measure = {"RR_at_10": "RR@10", "Hit_at_50": "Hit@50"}[row["metric"].rsplit("/", 1)[1]]
+        with_, without = (json.loads((data / row[side]).read_text())[measure] for side in ("source", "compared_source"))
+        assert bool(row["mde"]) == (len({with_[qid] - without[qid] for qid in with_}) > 1)
+    assert any(row["mde"] for row in diffs)
 
 
 def test_outputs_hold_no_clock_no_local_path_no_tracking_uri(data, tmp_path):

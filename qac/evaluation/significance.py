@@ -77,14 +77,17 @@ def minimum_detectable_effect(differences: list[float]) -> float | None:
     ``MDE = (z_0.975 + z_0.8) * sd(d) / sqrt(n)`` over the per-query
     differences ``d`` (sample standard deviation): the normal approximation
     of the paired test's power, which the randomization test follows closely
-    at the test-set sizes of the tables. None below two queries.
+    at the test-set sizes of the tables. None below two queries, and None
+    when every difference is the same (two identical systems, or a judge that
+    labels every pair alike): with no spread the approximation would call any
+    difference detectable, and the sample says nothing about the test's power.
     """
     n = len(differences)
     if n < 2:
         return None
     mean = math.fsum(differences) / n
     sd = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (n - 1))
-    return _MDE_Z * sd / math.sqrt(n)
+    return _MDE_Z * sd / math.sqrt(n) if sd > 0 else None
 
 
 @dataclass(frozen=True)

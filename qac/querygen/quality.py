@@ -214,8 +214,8 @@ def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor], candid
     seeded with ``seed``): its p-value and the smallest difference the anchors
     could detect at p < 0.05.
     """
-    from qac.reporting.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY
     from qac.evaluation.significance import compare_paired
+    from qac.reporting.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY
 
     if not anchors:
         return {}
@@ -232,8 +232,8 @@ def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor], candid
     shares = {f"judge/high_share/{PASSAGE_QUERY}": sum(query_first.values()) / len(anchors),
               f"judge/high_share/{PASSAGE_PASSAGE}": sum(passage_high.values()) / len(anchors)}
     comparison = compare_paired(query_first, passage_high, permutations, seed)
-    tested = {} if comparison.p_value is None else {"judge/difference/p_value": comparison.p_value,
-                                                    "judge/difference/mde": comparison.mde}
+    tested = {key: value for key, value in (("judge/difference/p_value", comparison.p_value),
+                                            ("judge/difference/mde", comparison.mde)) if value is not None}
     return {"judge/anchors": len(anchors), "judge/threshold": threshold, **shares,
             "judge/difference": shares[f"judge/high_share/{PASSAGE_QUERY}"] - shares[f"judge/high_share/{PASSAGE_PASSAGE}"],
             **tested,

@@ -82,7 +82,8 @@ def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table
         ("Differences", "Δ = with − without query context, mean over queries; p = paired randomization test "
                         f"over the queries; MDE = the smallest true difference this test set detects at p<{ALPHA:g} "
                         f"(two-sided) with {POWER:.0%} power, (z_0.975 + z_0.8) · sd(per-query Δ) / √n. "
-                        "A |Δ| below its MDE is one the test set cannot tell from noise, not evidence of no effect."),
+                        "A |Δ| below its MDE is one the test set cannot tell from noise, not evidence of no effect; "
+                        "no MDE where every per-query Δ is the same (sd 0 says nothing about the test's power)."),
     ]
 
 
