@@ -138,15 +138,6 @@ def columns_from_params(params: Mapping[str, Any]) -> list[MetricColumn]:
     return columns
 
 
-# ---------------------------------------------------------------- significance and power
-
-def paired_p_value(with_values: Mapping[str, float], without_values: Mapping[str, float],
-                   permutations: int = 10000, seed: int = 0) -> tuple[float | None, int, str | None]:
-    """``(p, number of queries, note)`` of :func:`compare_paired`."""
-    result = compare_paired(with_values, without_values, permutations, seed)
-    return result.p_value, result.n_queries, result.note
-
-
 # ---------------------------------------------------------------- cell builders
 
 @dataclass
