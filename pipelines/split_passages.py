@@ -13,6 +13,8 @@ import time
 
 from qac.config import load_params, profile_dir
 from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+from qac.data.punkt import SETTINGS as PUNKT_SETTINGS
+from qac.data.punkt import PunktUnavailableError, download_pretrained_english, pretrained_english_available
 from qac.data.splitting import SplitSettings, split_corpus_file
 from qac.reporting.dvc_metrics import write_stage_metrics
 from qac.tracking import log_metrics, stage_run
@@ -31,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     if not corpus.is_file():
         raise FileNotFoundError(f"{corpus}: run the prepare stage for {params['pretrain_corpus']!r} first")
     passages = data / "passages.arrow"
+    if split["punkt"] not in PUNKT_SETTINGS:
+        raise SystemExit(f"params split.punkt: {split['punkt']!r} is not one of {', '.join(PUNKT_SETTINGS)} "
+                         "(pretrained: NLTK's English Punkt, as the release; trained: learned from the corpus)")
+    if split["punkt"] == "pretrained" and not pretrained_english_available():
+        try:   # NLTK's own downloader, before any work; a clear paragraph when there is no network
+            download_pretrained_english()
+        except PunktUnavailableError as error:
+            raise SystemExit(str(error)) from None
 
     with stage_run(params, "split_passages", "split_passages", kind="split",
                    stage_params={"split": split, "seed": params["seed"], "pretrain_corpus": params["pretrain_corpus"]},
@@ -41,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         stats, punkt_model = split_corpus_file(
             corpus, passages, data / "punkt", tokenizer_spec=split["tokenizer"], settings=settings,
-            punkt=split.get("punkt", "auto"), punkt_train_documents=split.get("punkt_train_documents"),
+            punkt=split["punkt"], punkt_train_documents=split.get("punkt_train_documents"),
             workers=int(split.get("workers", 1)), chunk_size=int(split.get("chunk_size", 64)),
             max_documents=split.get("max_documents"))
         seconds = time.perf_counter() - started

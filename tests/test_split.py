@@ -282,18 +282,45 @@ def test_trained_punkt_round_trips_and_is_reused(scifact_documents, tmp_path):
         assert list(reloaded.span_tokenize(text)) == list(fresh.span_tokenize(text))
 
 
-def test_punkt_auto_without_the_pretrained_model_trains(monkeypatch, tmp_path):
+def _offline_nltk(monkeypatch, tmp_path):
+    """NLTK with an empty data path and a network that refuses every connection (the downloader's urlopen)."""
+    import urllib.error
+
+    import nltk
+    import nltk.downloader
+
+    requested = []
+
+    def refuse(url, *args, **kwargs):
+        requested.append(str(getattr(url, "full_url", url)))
+        raise urllib.error.URLError("network is unreachable")
+
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "nltk_data")])
+    monkeypatch.setattr(nltk.downloader, "urlopen", refuse)
+    monkeypatch.setattr(nltk.downloader._downloader, "_download_dir", str(tmp_path / "nltk_data"))
+    return requested
+
+
+def test_punkt_settings_are_explicit_and_pretrained_never_falls_back(monkeypatch, tmp_path):
     import qac.data.punkt as punkt
 
-    monkeypatch.setattr(punkt, "pretrained_english_available", lambda: False)
-    assert prepare_punkt("auto", tmp_path / "p", lambda: iter(["One sentence. Another one."]), "x") == TRAINED
-    with pytest.raises(LookupError, match="punkt_tab"):
-        prepare_punkt("pretrained", tmp_path / "q", lambda: iter([]), "x")
-    monkeypatch.setattr(punkt, "pretrained_english_available", lambda: True)
-    assert prepare_punkt("auto", tmp_path / "r", lambda: iter([]), "x") == PRETRAINED
-    assert json.loads((tmp_path / "r" / "punkt.json").read_text())["model"] == PRETRAINED
+    requested = _offline_nltk(monkeypatch, tmp_path)
+    assert prepare_punkt("trained", tmp_path / "p", lambda: iter(["One sentence. Another one."]), "x") == TRAINED
+    with pytest.raises(ValueError, match="split.punkt"):   # no silent choice between the two any more
+        prepare_punkt("auto", tmp_path / "a", lambda: iter([]), "x")
     with pytest.raises(ValueError, match="split.punkt"):
         prepare_punkt("english", tmp_path / "s", lambda: iter([]), "x")
+    texts_read = []
+    with pytest.raises(punkt.PunktUnavailableError) as caught:
+        prepare_punkt("pretrained", tmp_path / "q", lambda: texts_read.append(1) or iter([]), "x")
+    message = str(caught.value)
+    assert requested, "NLTK's downloader was not asked for the package"
+    assert "python -m nltk.downloader punkt_tab" in message and "network is unreachable" in message
+    assert "split.punkt: trained" in message and "\n" not in message
+    assert not (tmp_path / "q").exists() and not texts_read   # nothing written, nothing trained instead
+    monkeypatch.setattr(punkt, "pretrained_english_available", lambda: True)
+    assert prepare_punkt("pretrained", tmp_path / "r", lambda: iter([]), "x") == PRETRAINED
+    assert json.loads((tmp_path / "r" / "punkt.json").read_text())["model"] == PRETRAINED
 
 
 # --- the stage ------------------------------------------------------------------
@@ -339,3 +366,34 @@ def test_split_stage_writes_passages_punkt_and_metrics(shared_data, tmp_path, mo
     assert run.data.tags["qac.punkt"] == TRAINED
     assert run.data.metrics["passages"] == len(passages) and run.data.metrics["max_tokens"] <= 48
     assert {"sentences", "mean_tokens", "seconds"} <= set(run.data.metrics)
+
+
+def test_split_stage_without_nltk_punkt_and_network_stops_with_the_command(shared_data, tmp_path, monkeypatch,
+                                                                            capsys):
+    import importlib.util
+
+    import yaml
+
+    from qac.data.beir import read_beir
+    from qac.data.prepared import prepare_dataset, write_prepared
+
+    _offline_nltk(monkeypatch, tmp_path)
+    dataset = read_beir(shared_data / "scifact", [], name="scifact")
+    dataset.corpus = dict(itertools.islice(dataset.corpus.items(), 5))
+    write_prepared(prepare_dataset(dataset), tmp_path / "data" / "paper" / "datasets" / "scifact")
+    params = {"profile": "paper", "seed": 3, "data_dir": "data", "mlflow": {"system_metrics": False},
+              "pretrain_corpus": "scifact",
+              "split": {"tokenizer": "minilm", "max_len": 48, "short_span_prob": 0.15, "random_sampled_window": 100,
+                        "overlap_sentences": 2, "workers": 1, "punkt": "pretrained", "punkt_train_documents": None}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
+    spec = importlib.util.spec_from_file_location("split_stage", Path(__file__).resolve().parent.parent
+                                                  / "pipelines" / "split_passages.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    with pytest.raises(SystemExit) as caught:
+        stage.main()
+    assert "python -m nltk.downloader punkt_tab" in str(caught.value.code)
+    out = tmp_path / "data" / "paper"
+    assert not (out / "passages.arrow").exists() and not (out / "punkt").exists()

@@ -1,12 +1,19 @@
 """The Punkt sentence splitter: NLTK's pretrained English model, or one trained on the corpus.
 
-The paper splits documents into sentences with NLTK's Punkt. NLTK's pretrained
-English parameters (the ``punkt_tab`` data package) are used when installed.
-Without them (offline machines) Punkt's own unsupervised trainer
-(:class:`nltk.tokenize.punkt.PunktTrainer`) learns the parameters from the
-corpus being split: abbreviations, collocations and frequent sentence starters.
-That is what Punkt was designed for (Kiss & Strunk, 2006); its English model
-was trained the same way on newspaper text.
+The paper splits documents into sentences with NLTK's Punkt. ``split.punkt``
+names the model, and nothing falls back from one to the other, so the same
+parameters give the same passages on every machine:
+
+- ``pretrained``: NLTK's English parameters (the ``punkt_tab`` data package), as
+  the release ran. When they are not installed, NLTK's own downloader fetches
+  them (:func:`nltk.download`) before any splitting starts; without a network
+  that is a :class:`PunktUnavailableError` naming the command that installs them.
+- ``trained``: Punkt's own unsupervised trainer
+  (:class:`nltk.tokenize.punkt.PunktTrainer`) learns the parameters from the
+  corpus being split: abbreviations, collocations and frequent sentence
+  starters. That is what Punkt was designed for (Kiss & Strunk, 2006); its
+  English model was trained the same way on newspaper text. Machines that
+  cannot download NLTK data run this.
 
 Trained parameters are saved as a stage output in NLTK's ``punkt_tab`` layout
 (``abbrev_types.txt``, ``collocations.tab``, ``sent_starters.txt``,
@@ -29,9 +36,14 @@ from qac.io import atomic_path
 
 PRETRAINED = "nltk-pretrained-english"
 TRAINED = "trained-on-corpus"
-SETTINGS = ("auto", "pretrained", "trained")
+SETTINGS = ("pretrained", "trained")
+PUNKT_PACKAGE = "punkt_tab"
 META_FILE = "punkt.json"
 _TRAIN_BATCH_DOCUMENTS = 1000
+
+
+class PunktUnavailableError(RuntimeError):
+    """NLTK's pretrained English Punkt is neither installed nor downloadable."""
 
 
 def pretrained_english_available() -> bool:
@@ -39,10 +51,44 @@ def pretrained_english_available() -> bool:
     import nltk
 
     try:
-        nltk.data.find("tokenizers/punkt_tab/english/")
+        nltk.data.find(f"tokenizers/{PUNKT_PACKAGE}/english/")
         return True
     except LookupError:
         return False
+
+
+def download_pretrained_english() -> None:
+    """Install NLTK's English Punkt with NLTK's own downloader, or raise :class:`PunktUnavailableError`.
+
+    NLTK writes into the first writable folder of its data path (``NLTK_DATA``,
+    ``~/nltk_data``, ...), where every later process finds it. The downloader's
+    own progress lines are kept out of the stage's output; its failure reason is
+    part of the error.
+    """
+    import contextlib
+    import io
+
+    import nltk
+
+    chatter = io.StringIO()
+    reason = None
+    try:
+        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+            done = nltk.download(PUNKT_PACKAGE, quiet=True, raise_on_error=True)
+        if not done:
+            reason = "the downloader reported a failure"
+    except (OSError, ValueError) as error:
+        reason = str(error)
+    if reason is None and pretrained_english_available():
+        return
+    reason = " ".join((reason or "the package was not found after the download").split())
+    raise PunktUnavailableError(
+        f"split.punkt is 'pretrained' (NLTK's English Punkt, as the paper's release splits sentences), but "
+        f"NLTK's {PUNKT_PACKAGE} data is not installed and NLTK's downloader could not fetch it ({reason}). "
+        f"On a machine with a network run `python -m nltk.downloader {PUNKT_PACKAGE}` (or copy an nltk_data "
+        f"folder holding tokenizers/{PUNKT_PACKAGE} into a folder named by NLTK_DATA), then rerun the stage; "
+        f"or set split.punkt: trained to learn Punkt's parameters from the corpus instead (a documented "
+        f"deviation from the release).")
 
 
 def train_parameters(texts: Iterable[str], max_documents: int | None = None) -> PunktParameters:
@@ -111,8 +157,8 @@ def prepare_punkt(setting: str, directory: str | os.PathLike, texts: Callable[[]
                   corpus_fingerprint: str, max_train_documents: int | None = None) -> str:
     """Make ``directory`` describe the Punkt model to use and return which one it is.
 
-    ``setting``: ``auto`` (pretrained English if installed, else trained),
-    ``pretrained`` (an error if not installed) or ``trained``. Trained
+    ``setting``: ``pretrained`` (NLTK's English model, downloaded by NLTK if
+    missing; :class:`PunktUnavailableError` if that fails) or ``trained``. Trained
     parameters already in ``directory`` for the same ``corpus_fingerprint`` and
     ``max_train_documents`` are reused; otherwise ``texts()`` is iterated to
     train. Returns :data:`PRETRAINED` or :data:`TRAINED`.
@@ -120,10 +166,9 @@ def prepare_punkt(setting: str, directory: str | os.PathLike, texts: Callable[[]
     if setting not in SETTINGS:
         raise ValueError(f"split.punkt: {setting!r} is not one of {', '.join(SETTINGS)}")
     directory = Path(directory)
-    if setting == "pretrained" or (setting == "auto" and pretrained_english_available()):
+    if setting == "pretrained":
         if not pretrained_english_available():
-            raise LookupError("split.punkt is 'pretrained' but NLTK's punkt_tab English model is not "
-                              "installed (python -m nltk.downloader punkt_tab), or use 'auto'")
+            download_pretrained_english()
         with atomic_path(directory, directory=True) as tmp:
             _write_meta(tmp, {"model": PRETRAINED})
         return PRETRAINED

@@ -462,7 +462,7 @@ class SplitStats:
 
 def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.PathLike,
                       punkt_dir: str | os.PathLike, *, tokenizer_spec: str, settings: SplitSettings,
-                      punkt: str = "auto", punkt_train_documents: int | None = None, workers: int = 1,
+                      punkt: str = "trained", punkt_train_documents: int | None = None, workers: int = 1,
                       chunk_size: int = 64, batched: bool = True, progress: bool = True,
                       max_documents: int | None = None) -> tuple[SplitStats, str]:
     """Split a BEIR ``corpus.jsonl`` into ``passages.arrow`` (:mod:`qac.data.arrowstore`, written atomically).
@@ -470,9 +470,9 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
     ``max_documents`` splits only the first N documents in file order (a
     scaled-down pre-training corpus); Punkt still learns from the whole corpus.
 
-    Prepares the Punkt model in ``punkt_dir`` first (:func:`qac.data.punkt.prepare_punkt`;
-    trained on the first ``punkt_train_documents`` documents when NLTK's English
-    model is not installed). Returns the statistics and which Punkt model ran.
+    Prepares the Punkt model in ``punkt_dir`` first (:func:`qac.data.punkt.prepare_punkt`:
+    ``punkt`` is ``pretrained``, NLTK's English model, or ``trained`` on the first
+    ``punkt_train_documents`` documents). Returns the statistics and which Punkt model ran.
     """
     from qac.console import progress as progress_bar
     from qac.data.beir import iter_corpus_jsonl
