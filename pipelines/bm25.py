@@ -21,8 +21,9 @@ from pathlib import Path
 
 from qac.config import load_params, profile_dir
 from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
-from qac.data.prepared import load_prepared
-from qac.evaluation.report import TRAIN_SPLIT, evaluate_and_log, evaluation_splits
+from qac.data.prepared import load_prepared_parts
+from qac.evaluation.report import (SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits,
+                                   log_evaluation)
 from qac.evaluation.trec_io import write_run
 from qac.io import atomic_path, write_json, write_jsonl
 from qac.retrieval.bm25 import BM25Index, BM25Settings
@@ -55,24 +56,37 @@ def main(argv: list[str] | None = None) -> None:
                        tags={"qac.retriever": "bm25"}) as mlflow_run:
             summary = {}
             for name in names:
-                dataset = load_prepared(root / "datasets" / name)
-                log_dataset_inputs(root / "datasets" / name, "evaluation", splits=evaluation_splits(dataset))
-                texts = [document.full_text for document in dataset.corpus.values()]   # title + " " + text
-                index = BM25Index(list(dataset.corpus), texts, settings)
-                if name == train_name:
-                    if TRAIN_SPLIT not in dataset.splits:
-                        raise ValueError(f"train_dataset {name!r} has no '{TRAIN_SPLIT}' split "
-                                         f"(splits: {dataset.splits})")
-                    run = index.search(dataset.split_queries(TRAIN_SPLIT), k=negatives_depth)
-                    records = negatives_records(run, dataset.qrels[TRAIN_SPLIT], negatives_depth,
-                                                rel_threshold=dataset.rel_threshold(TRAIN_SPLIT))
-                    count = write_jsonl(Path(out) / "negatives.jsonl", records)
-                    log.info("%s: BM25 negatives for %d training queries", name, count)
-                for split in evaluation_splits(dataset):
-                    run = index.search(dataset.split_queries(split), k=depth)
-                    write_run(Path(out) / "runs" / name / f"{split}.trec", run, tag="bm25")
-                    result = evaluate_and_log(dataset, split, run, measures)
-                    write_json(Path(out) / "runs" / name / f"{split}.per_query.json", result.per_query)
+                parts = load_prepared_parts(root / "datasets" / name)
+                by_subset: dict[str, dict] = {}
+                for subset, dataset in parts:
+                    folder = root / "datasets" / name if subset is None else root / "datasets" / name / subset
+                    log_dataset_inputs(folder, "evaluation", splits=evaluation_splits(dataset))
+                    texts = [document.full_text for document in dataset.corpus.values()]   # title + " " + text
+                    index = BM25Index(list(dataset.corpus), texts, settings)
+                    if name == train_name:
+                        if subset is not None or TRAIN_SPLIT not in dataset.splits:
+                            raise ValueError(f"train_dataset {name!r} has no '{TRAIN_SPLIT}' split "
+                                             f"(splits: {dataset.splits}) or is several sub-collections")
+                        run = index.search(dataset.split_queries(TRAIN_SPLIT), k=negatives_depth)
+                        records = negatives_records(run, dataset.qrels[TRAIN_SPLIT], negatives_depth,
+                                                    rel_threshold=dataset.rel_threshold(TRAIN_SPLIT))
+                        count = write_jsonl(Path(out) / "negatives.jsonl", records)
+                        log.info("%s: BM25 negatives for %d training queries", name, count)
+                    runs_dir = Path(out) / "runs" / name / (subset or "")
+                    for split in evaluation_splits(dataset):
+                        run = index.search(dataset.split_queries(split), k=depth)
+                        write_run(runs_dir / f"{split}.trec", run, tag="bm25")
+                        result = evaluate_split(dataset, split, run, measures)
+                        write_json(runs_dir / f"{split}.per_query.json", result.per_query)
+                        by_subset.setdefault(split, {})[subset] = result
+                for split, results in by_subset.items():
+                    if None in results:
+                        result = results[None]
+                    else:   # sub-collections (CQADupStack's forums): one figure, the mean of theirs
+                        result = combine_subsets(results)
+                        write_json(Path(out) / "runs" / name / f"{split}.per_query.json", result.per_query)
+                        write_json(Path(out) / "runs" / name / SUBSETS_FILE, {"subsets": list(results)})
+                    log_evaluation(result, name, split)
                     summary.setdefault(name, {})[split] = result.aggregate
                     log.info("%s/%s: %s", name, split, result.aggregate)
             write_json(Path(out) / "metrics.json", summary)

@@ -88,6 +88,27 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
     return results
 
 
+def combine_parts(by_subset: dict, out_dir: Path) -> dict:
+    """``{split: EvalResult}`` of a dataset from its sub-collections' results (``{subset: {split: result}}``).
+
+    A plain dataset (subset None) is its own result; sub-collections (CQADupStack's
+    forums, each searched in its own corpus) give one figure per split, the mean
+    of theirs (:func:`qac.evaluation.report.combine_subsets`), written beside
+    their folders with ``subsets.json`` naming them.
+    """
+    from qac.evaluation.report import SUBSETS_FILE, combine_subsets
+    from qac.io import write_json
+
+    if None in by_subset:
+        return by_subset[None]
+    combined = {}
+    for split in next(iter(by_subset.values())):
+        combined[split] = combine_subsets({subset: results[split] for subset, results in by_subset.items()})
+        write_json(out_dir / f"{split}.per_query.json", combined[split].per_query)
+    write_json(out_dir / SUBSETS_FILE, {"subsets": list(by_subset)})
+    return combined
+
+
 def headline(params: dict, results: dict[str, dict[str, dict]]) -> list[str]:
     """The summary line's facts: each retriever's first measure on the in-domain set's first split."""
     measure = params["evaluate"]["metrics"][0]
@@ -114,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     import mlflow
 
     from qac.config import checked_variant, load_params, profile_dir
-    from qac.data.prepared import load_prepared
+    from qac.data.prepared import load_prepared_parts, prepared_folders
     from qac.distributed import init_distributed
     from qac.evaluation.report import log_evaluation
     from qac.io import atomic_path, write_json
@@ -138,15 +159,17 @@ def main(argv: list[str] | None = None) -> None:
     with atomic_path(out_dir, directory=True) as staging:
         # Datasets outside, retrievers inside: each corpus is read once.
         for dataset_name in evaluation_datasets(params):
-            dataset = load_prepared(root / "datasets" / dataset_name)
+            parts = load_prepared_parts(root / "datasets" / dataset_name)
             for name, folder, _ in retrievers:
                 if dataset_name != params["train_dataset"] and not evaluates_zero_shot(params, variant, name):
                     continue
                 started = time.perf_counter()
                 model = BiEncoder.from_pretrained(folder, pooling=params["finetune"].get("pooling", "cls"))
-                results[name][dataset_name] = evaluate_retriever_on(
+                by_subset = {subset: evaluate_retriever_on(
                     model.to(device), load_tokenizer(str(folder)), dataset, settings=settings, lengths=lengths,
-                    device=device, out_dir=Path(staging) / name / dataset_name)
+                    device=device, out_dir=Path(staging) / name / dataset_name / (subset or ""))
+                    for subset, dataset in parts}
+                results[name][dataset_name] = combine_parts(by_subset, Path(staging) / name / dataset_name)
                 seconds[name] += time.perf_counter() - started
 
         # Metrics go into each fine-tuning run, reopened by id without moving
@@ -167,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
                 mlflow.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings["depth"]})
                 log_metrics({"eval/seconds": seconds[name]})
                 for dataset_name, by_split in results[name].items():
-                    log_dataset_inputs(root / "datasets" / dataset_name, "evaluation", splits=list(by_split))
+                    for folder in prepared_folders(root / "datasets" / dataset_name):
+                        log_dataset_inputs(folder, "evaluation", splits=list(by_split))
                     for split, result in by_split.items():
                         log_evaluation(result, dataset_name, split)
                 if run_id is None:

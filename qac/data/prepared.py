@@ -12,6 +12,11 @@ queries, judgements and queries per split), ``skipped`` (rows dropped, by
 reason) and ``subset`` (the settings that made it). It contains no time stamps
 or local paths, so the same input gives the same bytes (and DVC hash).
 
+A dataset of several sub-collections (``subsets``: CQADupStack's forums) is a
+folder of prepared folders, one per subset, under a ``dataset.json`` that names
+them (``subsets``) and sums their counts; :func:`load_prepared_parts` reads
+either layout as ``[(subset, Dataset)]``.
+
 A corpus read from a TSV collection (MS MARCO) is a
 :class:`qac.data.streamed.StreamedCorpus`: only its ids are in memory, and
 writing streams the documents from the source file, so preparing the 3.2M
@@ -152,6 +157,40 @@ def write_prepared(dataset: Dataset, directory: str | os.PathLike) -> dict[str, 
     return record
 
 
+def write_prepared_parts(parts: list[tuple[str | None, Dataset]], directory: str | os.PathLike,
+                         name: str) -> dict[str, Any]:
+    """Write prepared sub-collections (or one dataset, subset None) atomically; returns the top ``dataset.json``.
+
+    With subsets, ``directory/<subset>/`` is each one's prepared folder and
+    ``directory/dataset.json`` names them, with the summed counts.
+    """
+    if len(parts) == 1 and parts[0][0] is None:
+        return write_prepared(parts[0][1], directory)
+    records = {}
+    with atomic_path(directory, directory=True) as tmp:
+        os.chmod(tmp, _directory_mode())
+        for subset, dataset in parts:
+            records[subset] = write_prepared(dataset, Path(tmp) / subset)
+        first = next(iter(records.values()))
+        counts: dict[str, Any] = {"documents": 0, "queries": 0, "qrels": Counter(), "queries_per_split": Counter()}
+        skipped: Counter = Counter()
+        for record in records.values():
+            counts["documents"] += record["counts"]["documents"]
+            counts["queries"] += record["counts"]["queries"]
+            counts["qrels"].update(record["counts"]["qrels"])
+            counts["queries_per_split"].update(record["counts"]["queries_per_split"])
+            skipped.update(record["skipped"])
+        record = {"name": name, "format": first["format"], "source": first["source"].split("#")[0],
+                  "splits": first["splits"], "rel_threshold": first["rel_threshold"],
+                  "ignore_identical_ids": first["ignore_identical_ids"], "subsets": list(records),
+                  "counts": {**counts, "qrels": dict(counts["qrels"]),
+                             "queries_per_split": dict(counts["queries_per_split"])},
+                  "skipped": dict(sorted(skipped.items())), "subset": first["subset"]}
+        (Path(tmp) / DATASET_JSON).write_text(
+            json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return record
+
+
 def _directory_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
@@ -172,6 +211,33 @@ def load_prepared(path: str | os.PathLike) -> Dataset:
     for key in ("name", "splits"):
         if key not in record:
             raise DataFormatError(record_path, None, key, "missing")
+    if record.get("subsets"):
+        raise DataFormatError(record_path, None, "subsets",
+                              f"{record['name']} is {len(record['subsets'])} sub-collections, each evaluated on its "
+                              "own: read it with load_prepared_parts")
     dataset = read_beir(path, record["splits"], name=record["name"])
     dataset.meta = {key: value for key, value in record.items() if key not in ("name", "splits")}
     return dataset
+
+
+def load_prepared_parts(path: str | os.PathLike) -> list[tuple[str | None, Dataset]]:
+    """``[(subset, Dataset)]`` of a prepared folder: its sub-collections in order, or ``[(None, dataset)]``."""
+    path = Path(path)
+    record_path = path / DATASET_JSON
+    try:
+        subsets = json.loads(record_path.read_text(encoding="utf-8")).get("subsets") if record_path.is_file() else None
+    except json.JSONDecodeError as error:
+        raise DataFormatError(record_path, error.lineno, None, f"malformed JSON ({error.msg})") from None
+    if not subsets:
+        return [(None, load_prepared(path))]
+    return [(subset, load_prepared(path / subset)) for subset in subsets]
+
+
+def prepared_folders(path: str | os.PathLike) -> list[Path]:
+    """The prepared folders of a dataset: its sub-collections' (``subsets``), or the folder itself."""
+    path = Path(path)
+    try:
+        record = json.loads((path / DATASET_JSON).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return [path]
+    return [path / subset for subset in record.get("subsets") or ()] or [path]

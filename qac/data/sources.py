@@ -25,7 +25,10 @@ and is looked for, in order:
 :class:`DatasetUnavailableError` before any work; :func:`fetch_dataset` also
 downloads. :func:`read_dataset` reads the located files by ``format``:
 
-- ``beir``: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``;
+- ``beir``: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``; with
+  ``subsets`` (CQADupStack's 12 sub-forums) the same files in each
+  ``<subset>/`` folder, read as separate collections (:func:`read_dataset_parts`)
+  whose scores are averaged into one figure, as BEIR reports them;
 - ``msmarco-docs``: ``msmarco-docs.tsv[.gz]`` (docid, url, title, body);
 - ``msmarco-passage`` and ``trec``: a ``collection`` TSV (pid, text; default
   ``collection.tsv``) with ``topics`` and ``qrels`` per split (TREC formats;
@@ -94,6 +97,7 @@ class DatasetSpec:
     md5: str | None = None
     sha256: str | None = None
     convert: str | None = None        # a converter of qac.data.glasgow for a download in its native format
+    subsets: tuple[str, ...] = ()     # beir: sub-collections in <subset>/ folders, evaluated apart and averaged
     # Per-dataset overrides of prepare.max_documents / prepare.keep_judged_documents.
     max_documents: int | None = None
     keep_judged_documents: bool | None = None
@@ -122,6 +126,12 @@ class DatasetSpec:
             if entry["convert"] not in CONVERTERS or fmt != "beir":
                 raise ValueError(f"{where}.convert: {entry['convert']!r} needs format beir and one of "
                                  f"{', '.join(CONVERTERS)}")
+        subsets = entry.get("subsets") or ()
+        if subsets and (fmt != "beir" or isinstance(subsets, (str, Mapping))
+                        or not all(isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*", name)
+                                   for name in subsets) or len(set(subsets)) != len(subsets)):
+            raise ValueError(f"{where}.subsets: expected a list of distinct folder names of a beir dataset "
+                             f"(such as CQADupStack's android, english, ...), got {subsets!r}")
         if fmt == "hf" and not entry.get("hub"):
             raise ValueError(f"{where}: format hf needs 'hub' (a Hugging Face dataset name such as BeIR/scifact)")
         for algorithm, digits in CHECKSUMS.items():
@@ -134,6 +144,7 @@ class DatasetSpec:
             collection=entry.get("collection") or "collection.tsv",
             topics=dict(entry.get("topics") or {}), qrels=dict(entry.get("qrels") or {}),
             hub=entry.get("hub"), hub_qrels=entry.get("hub_qrels"), convert=entry.get("convert"),
+            subsets=tuple(subsets),
             md5=str(entry["md5"]).lower() if entry.get("md5") else None,
             sha256=str(entry["sha256"]).lower() if entry.get("sha256") else None,
         )
@@ -149,7 +160,10 @@ class DatasetSpec:
     def corpus_files(self) -> list[tuple[str, ...]]:
         """The files (relative to the dataset folder) that must exist; each entry lists alternatives."""
         if self.format in ("beir", "hf"):
-            return [("corpus.jsonl",), ("queries.jsonl",)] + [(f"qrels/{split}.tsv",) for split in self.splits]
+            files = [("corpus.jsonl",), ("queries.jsonl",)] + [(f"qrels/{split}.tsv",) for split in self.splits]
+            if self.subsets:
+                return [(f"{subset}/{name}",) for subset in self.subsets for (name,) in files]
+            return files
         if self.format == "msmarco-docs":
             return [MSMARCO_DOCUMENT_FILES]
         return [(self.collection, f"{self.collection}.gz")]
@@ -383,9 +397,33 @@ def split_file_paths(spec: DatasetSpec, source: Source,
     return paths
 
 
+def read_dataset_parts(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike | None = None,
+                       min_text_chars: int = 1) -> list[tuple[str | None, Dataset]]:
+    """``[(subset, Dataset)]``: each sub-collection of a dataset with ``subsets``, else ``[(None, dataset)]``.
+
+    A sub-collection is a dataset of its own (its own corpus, queries and
+    judgements; BEIR retrieves each CQADupStack forum within its own corpus),
+    named ``<name>/<subset>``.
+    """
+    if not spec.subsets:
+        return [(None, read_dataset(spec, source, mirror=mirror, min_text_chars=min_text_chars))]
+    parts = []
+    for subset in spec.subsets:
+        skipped: Counter = Counter()
+        directory = source.directory / subset
+        dataset = read_beir(directory, spec.splits, name=f"{spec.name}/{subset}", min_text_chars=min_text_chars,
+                            skipped=skipped)
+        dataset.meta = _dataset_meta(spec, f"{source.location}#{subset}", skipped,
+                                     {split: str(directory / "qrels" / f"{split}.tsv") for split in spec.splits})
+        parts.append((subset, dataset))
+    return parts
+
+
 def read_dataset(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike | None = None,
                  min_text_chars: int = 1) -> Dataset:
     """Read a located dataset; ``meta`` gets the source, thresholds and skipped-row counts."""
+    if spec.subsets:
+        raise ValueError(f"dataset {spec.name!r} has subsets {list(spec.subsets)}: read it with read_dataset_parts")
     skipped: Counter = Counter()
     if source.origin == "hub":
         from qac.data.hub import read_hub_dataset
@@ -408,15 +446,19 @@ def read_dataset(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike
             qrels[split] = read_trec_qrels(qrels_path, skipped=skipped)
         dataset = Dataset(name=spec.name, corpus=corpus, queries=queries, qrels=qrels)
     dataset.name = spec.name
-    dataset.meta = {
-        "qrels_files": _qrels_files(spec, source, mirror),
+    dataset.meta = _dataset_meta(spec, source.location, skipped, _qrels_files(spec, source, mirror))
+    return dataset
+
+
+def _dataset_meta(spec: DatasetSpec, location: str, skipped: Counter, qrels_files: dict[str, str]) -> dict:
+    return {
+        "qrels_files": qrels_files,
         "format": spec.format,
-        "source": source.location,
+        "source": location,
         "rel_threshold": dict(spec.rel_threshold),
         "ignore_identical_ids": spec.ignore_identical_ids,
         "skipped": dict(skipped),
     }
-    return dataset
 
 
 def _qrels_files(spec: DatasetSpec, source: Source, mirror) -> dict[str, str]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from qac.evaluation.report import SUBSETS_FILE, subset_mean
 from qac.tracking import RUN_RECORD
 from qac.train.step_log import LOSSES_FILE
 
@@ -152,10 +153,17 @@ class Source(_Recorded):
             raise ValueError(f"{self.path(dataset, split)}: {measure}: a value is not a number") from None
 
     def metric(self, dataset: str, split: str, measure: str) -> float | None:
-        """The mean over queries (trec_eval's aggregate); ``math.fsum`` so file order cannot change it."""
+        """The mean over queries (trec_eval's aggregate); ``math.fsum`` so file order cannot change it.
+
+        A dataset of sub-collections (``subsets.json`` beside its per-query
+        files: CQADupStack's forums) is the mean of their means, as BEIR reports it.
+        """
         values = self.per_query(dataset, split, measure)
         if not values:
             return None
+        subsets_path = self.folder / dataset / SUBSETS_FILE
+        if subsets_path.is_file():
+            return subset_mean(values, read_json(subsets_path)["subsets"])
         return math.fsum(values.values()) / len(values)
 
     def splits(self, dataset: str) -> list[str]:
