@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     variant = checked_variant(params, args.variant)
     root = profile_dir(params)
     settings = params["evaluate"]
-    lengths = (params["finetune"]["query_max_len"], params["finetune"]["passage_max_len"])
+    # The corpus is encoded at finetune.corpus_max_len when set (the release's 128 word pieces).
+    lengths = (params["finetune"]["query_max_len"],
+               params["finetune"].get("corpus_max_len") or params["finetune"]["passage_max_len"])
     retrievers = retrievers_of(params, variant, root)
     parent = read_run_record(root / "pretrain" / variant)
     device = init_distributed().device

@@ -67,7 +67,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
             stats = negative_pool_stats(queries, settings.n_negatives)
             log_metrics({f"train_queries/{key}": value for key, value in stats.items()})
         model, tokenizer, losses = fine_tune_retriever(
-            start, queries, list(dataset.corpus), passage_text, settings,
+            start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
             device=dist.device, rank=dist.rank, world_size=dist.world_size,
             on_step=(lambda step, values: log_metrics(values, step=step)) if dist.is_main else None)
         if dist.is_main:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.tracking import read_run_record
     from qac.tracking.record import models_requested
     from qac.train.finetune import FinetuneSettings
-    from qac.train.groups import merge_negatives, read_negatives
+    from qac.train.groups import read_negatives, retriever2_negatives
     from qac.train.mining import mine_with_retriever
 
     params = load_params()
@@ -142,15 +142,14 @@ def main(argv: list[str] | None = None) -> None:
             records = mine_with_retriever(
                 r1, tokenizer, queries, passage_text, depth=section["mine_depth"],
                 skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
-                passage_max_len=settings.passage_max_len, batch_size=section.get("encode_batch_size", 128),
+                passage_max_len=settings.corpus_length, batch_size=section.get("encode_batch_size", 128),
                 dist=dist)
             if dist.is_main:
                 write_jsonl(mined_path, records)
             barrier()
             negatives = read_negatives(mined_path)
             mined = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
-            if section.get("r2_use_bm25_negatives", False):
-                negatives = merge_negatives(negatives, bm25_negatives)
+            negatives = retriever2_negatives(negatives, bm25_negatives, section.get("r2_use_bm25_negatives", False))
             del r1
             _, _, _, r2_losses = train_retriever("r2", negatives, staging=staging, dist=dist,
                                                  inputs={**inputs, "mined_negatives": mined_path}, **common)

@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "check": "qac.reporting.check_cli",
     "annotate": "qac.reporting.annotation_cli",
     "hpo": "qac.hpo.cli",
+    "deviations": "qac.deviations_cli",
 }
 
 

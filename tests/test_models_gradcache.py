@@ -120,3 +120,28 @@ def test_a_model_without_contrastive_loss_cannot_be_cached():
     model = CoTMAE.from_spec("tiny:minilm", seed=0)
     with pytest.raises(ValueError, match="no contrastive loss"):
         GradCachedStep(model, 4, CPU)
+
+
+@pytest.mark.parametrize("step", ["full", "cached"])
+def test_release_loss_weights_double_both_mlm_terms(tokenizer, step):
+    """pretrain.common.cocondenser_loss_weights: the gradient is linear in the MLM weight w,
+    g(w) = g_contrastive + w * g_mlm, so g(2) = 2 g(1) - g(0); the logged loss is 2 MLM + 2 head MLM + contrastive."""
+    batch = make_batch(tokenizer, n_pairs=5)
+    runs = {}
+    for weight in (0.0, 1.0, 2.0):
+        model = tiny(0.0)
+        model.mlm_weight = weight
+        runner = FullBatchStep(model, CPU) if step == "full" else GradCachedStep(model, 2, CPU)
+        runs[weight] = (runner.forward_backward(batch), gradients(model))
+    parts, _ = runs[2.0]
+    assert parts["loss"] == pytest.approx(2 * parts["mlm"] + 2 * parts["head_mlm"] + parts["contrastive"], rel=1e-12)
+    assert runs[1.0][0]["loss"] == pytest.approx(parts["mlm"] + parts["head_mlm"] + parts["contrastive"], rel=1e-12)
+    expected = {name: 2 * runs[1.0][1][name] - runs[0.0][1][name] for name in runs[1.0][1]}
+    assert_same_gradients(expected, runs[2.0][1], batch)
+
+
+def test_named_loss_weights_set_the_mlm_weight():
+    assert CoCondenser.from_spec("tiny:minilm", seed=0, n_head_layers=1, skip_from=1,
+                                 loss_weights="release").mlm_weight == 2.0
+    with pytest.raises(ValueError, match="cocondenser_loss_weights"):
+        CoCondenser.from_spec("tiny:minilm", seed=0, n_head_layers=1, skip_from=1, loss_weights="2:2:1")

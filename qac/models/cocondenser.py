@@ -7,10 +7,16 @@ token states of layer ``skip_from``: to predict the masked tokens it must get
 the sequence's information through [CLS], which trains [CLS] as a bottleneck.
 The [CLS] vectors of both sides enter the in-batch contrastive loss.
 
-    loss = MLM + head MLM + contrastive
+    loss = w * MLM + w * head MLM + contrastive
 
 Both MLM terms average over the masked tokens of both sides of the global
-batch; the contrastive term over its 2N sequences (qac.models.losses).
+batch; the contrastive term over its 2N sequences (qac.models.losses). The
+MLM weight ``w`` is the one recipe difference of the loss
+(``pretrain.common.cocondenser_loss_weights``): the paper's Eq. 7 weighs the
+three terms 1:1:1 (``paper``, w = 1); the released gradient-cache code scales
+each chunk's MLM losses by chunk / per-device batch while summing them over
+chunks of both sides, so the released runs optimised 2:2:1 (``release``, w = 2;
+see qac/deviations.yaml).
 """
 
 from __future__ import annotations
@@ -21,6 +27,16 @@ import torch
 
 from qac.models.backbone import PretrainingModel, PretrainOutput, load_backbone, new_layers, padding_mask, run_layers
 from qac.models.losses import LossTerm, PairContrastiveLoss, masked_lm_sum, mean_over_processes
+
+# pretrain.common.cocondenser_loss_weights -> weight of each MLM term (the contrastive term's is 1)
+LOSS_WEIGHTS = {"paper": 1.0, "release": 2.0}
+
+
+def mlm_weight(loss_weights: str) -> float:
+    """The MLM terms' weight of a named recipe (``paper``: Eq. 7's 1:1:1, ``release``: 2:2:1)."""
+    if loss_weights not in LOSS_WEIGHTS:
+        raise ValueError(f"cocondenser_loss_weights must be one of {', '.join(LOSS_WEIGHTS)}, got {loss_weights!r}")
+    return LOSS_WEIGHTS[loss_weights]
 
 
 @dataclass
@@ -36,8 +52,10 @@ class CoCondenser(PretrainingModel):
 
     def __init__(self, bert, lm_head, *, n_head_layers: int = 2, skip_from: int = 6,
                  temperature: float = 1.0, mlm_probability: float = 0.15,
-                 full_vocab_logits: bool = False, seed: int = 0):
+                 full_vocab_logits: bool = False, loss_weights: str = "paper", seed: int = 0):
         super().__init__()
+        self.loss_weights = loss_weights
+        self.mlm_weight = mlm_weight(loss_weights)
         n_layers = bert.config.num_hidden_layers
         if not 0 <= skip_from <= n_layers:
             raise ValueError(f"skip_from={skip_from} is not a layer of a {n_layers}-layer encoder")
@@ -61,7 +79,7 @@ class CoCondenser(PretrainingModel):
         return self.mlm_probability, self.mlm_probability
 
     def describe(self) -> dict[str, object]:
-        return {"n_head_layers": len(self.head), "skip_from": self.skip_from,
+        return {"n_head_layers": len(self.head), "skip_from": self.skip_from, "loss_weights": self.loss_weights,
                 "temperature": self.contrastive.temperature, "mlm_probability": self.mlm_probability}
 
     def encode_side(self, side: dict[str, torch.Tensor]) -> SideOutput:
@@ -76,8 +94,9 @@ class CoCondenser(PretrainingModel):
         return SideOutput(cls=last[:, 0], mlm_sum=mlm_sum, head_mlm_sum=head_sum, masked=masked)
 
     def combine(self, mlm: LossTerm, head_mlm: LossTerm, contrastive: LossTerm) -> PretrainOutput:
-        loss = mlm.backward + head_mlm.backward + contrastive.backward
-        parts = {"loss": mlm.value + head_mlm.value + contrastive.value, "mlm": mlm.value,
+        weight = self.mlm_weight
+        loss = weight * (mlm.backward + head_mlm.backward) + contrastive.backward
+        parts = {"loss": weight * (mlm.value + head_mlm.value) + contrastive.value, "mlm": mlm.value,
                  "head_mlm": head_mlm.value, "contrastive": contrastive.value}
         return PretrainOutput(loss=loss, parts=parts)
 

@@ -17,7 +17,8 @@ def build_pretraining_model(settings: Mapping[str, Any], seed: int, full_vocab_l
         return CoCondenser.from_spec(
             settings["init"], seed=seed, dropout=settings.get("dropout"), n_head_layers=int(settings["n_head_layers"]),
             skip_from=int(settings["skip_from"]), temperature=float(settings["temperature"]),
-            mlm_probability=float(settings["mlm_probability"]), full_vocab_logits=full_vocab_logits)
+            mlm_probability=float(settings["mlm_probability"]), full_vocab_logits=full_vocab_logits,
+            loss_weights=settings.get("cocondenser_loss_weights", "paper"))
     if method == "cotmae":
         return CoTMAE.from_spec(
             settings["init"], seed=seed, dropout=settings.get("dropout"), decoder=settings["cotmae_decoder"],

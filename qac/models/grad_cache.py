@@ -119,6 +119,7 @@ class GradCachedStep:
         mlm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         head_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         position = {"anchor": 0, "context": 0}
+        weight = getattr(self.model, "mlm_weight", 1.0)
         for index, ((side, chunk), state) in enumerate(zip(chunks, states)):
             last = index == len(chunks) - 1
             no_sync = getattr(self.module, "no_sync", None)
@@ -130,7 +131,7 @@ class GradCachedStep:
                 position[side] += 1
                 # The MLM terms are per-chunk sums over the global number of masked
                 # tokens, times W for DDP's averaging (qac.models.losses.mean_over_processes).
-                mlm_terms = (output.mlm_sum + output.head_mlm_sum) * world_size / masked
+                mlm_terms = weight * (output.mlm_sum + output.head_mlm_sum) * world_size / masked
                 surrogate = (at_least_fp32(output.cls) * gradient).sum() + scale_loss(mlm_terms)
                 surrogate.backward()
             mlm_sum += output.mlm_sum.detach()
@@ -140,4 +141,4 @@ class GradCachedStep:
         mlm = float(all_reduce_sum(mlm_sum) / masked)
         head_mlm = float(all_reduce_sum(head_sum) / masked)
         value = float(contrastive.value)
-        return {"loss": mlm + head_mlm + value, "mlm": mlm, "head_mlm": head_mlm, "contrastive": value}
+        return {"loss": weight * (mlm + head_mlm) + value, "mlm": mlm, "head_mlm": head_mlm, "contrastive": value}

@@ -10,7 +10,7 @@ groups comes from :class:`GroupSampler`, identical on every process.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,6 +25,7 @@ from qac.train.optim import build_optimizer
 class FinetuneSettings:
     query_max_len: int = 32
     passage_max_len: int = 144
+    corpus_max_len: int | None = None   # corpus encoding and retriever 1's passages; None: passage_max_len
     train_n_passages: int = 16      # per query: 1 positive + (n - 1) hard negatives
     batch_size: int = 64            # queries per optimizer step, over all processes
     lr: float = 2e-5
@@ -44,6 +45,19 @@ class FinetuneSettings:
         known = {field.name for field in fields(cls)}
         values = {key: value for key, value in section.items() if key in known}
         return cls(**{**values, "seed": seed})
+
+    @property
+    def corpus_length(self) -> int:
+        """Tokens of a corpus passage when it is encoded for mining or evaluation."""
+        return self.corpus_max_len or self.passage_max_len
+
+    def for_retriever(self, retriever: str) -> "FinetuneSettings":
+        """The settings retriever ``r1`` or ``r2`` trains with: retriever 1's passages are cut at the
+        corpus length (the release pre-tokenised its stage-1 file as the corpus), retriever 2's at
+        ``passage_max_len``."""
+        if retriever == "r1" and self.corpus_max_len:
+            return replace(self, passage_max_len=self.corpus_max_len)
+        return self
 
     @property
     def n_negatives(self) -> int:

@@ -72,6 +72,14 @@ def merge_negatives(*sources: Mapping[str, Sequence[str]]) -> dict[str, list[str
     return merged
 
 
+def retriever2_negatives(mined: Mapping[str, Sequence[str]], bm25: Mapping[str, Sequence[str]],
+                         use_bm25: bool) -> dict[str, list[str]]:
+    """Retriever 2's pools: the mined negatives, plus retriever 1's BM25 ones when ``use_bm25``
+    (``finetune.r2_use_bm25_negatives``: the paper's "combined with the other negative passages";
+    the release trains on the mined ones only)."""
+    return merge_negatives(mined, bm25) if use_bm25 else {qid: list(pool) for qid, pool in mined.items()}
+
+
 def training_queries(
     queries: Mapping[str, str],
     train_qrels: Mapping[str, Mapping[str, int]],

@@ -62,6 +62,7 @@ class PretrainSettings:
     grad_cache_chunk: int = 0         # 0: no gradient caching (coCondenser only)
     n_head_layers: int = 2
     skip_from: int = 6
+    cocondenser_loss_weights: str = "paper"   # paper: MLM + head MLM + contrastive (Eq. 7); release: 2:2:1
     cotmae_mask_ratio: float = 0.30
     cotmae_decoder: str = "paper"
     cotmae_decoder_layers: int = 1
@@ -105,6 +106,9 @@ class PretrainSettings:
             raise ValueError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.method == "none":
             return
+        if self.cocondenser_loss_weights not in ("paper", "release"):
+            raise ValueError(f"{where}: cocondenser_loss_weights must be paper or release, "
+                             f"got {self.cocondenser_loss_weights!r}")
         if self.batch_size % self.grad_accumulation:
             raise ValueError(f"{where}: batch_size {self.batch_size} is not a multiple of "
                              f"grad_accumulation {self.grad_accumulation}")

@@ -1,0 +1,165 @@
+"""The deviation ledger (qac/deviations.yaml): its keys exist, its document is current, each switch runs both ways.
+
+Every switch is run with each of its values on the smoke profile's settings:
+the stage it names is executed for real on a tiny corpus (pre-training steps
+of the variant that reads the key; retriever 1, mining and retriever 2 for a
+fine-tuning key). A stage without a runner here fails the test, so a new
+switch cannot enter the ledger untested.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qac import deviations
+from qac.config import PROFILE_NAMES, render_profile
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return {name: render_profile(name, REPO / "profiles") for name in PROFILE_NAMES}
+
+
+# ------------------------------------------------------------------ the ledger as data
+
+def test_every_key_the_ledger_names_is_a_params_key_of_every_profile(profiles):
+    assert deviations.switches(), "the ledger has no switch"
+    for name, params in profiles.items():
+        assert deviations.missing_keys(params) == [], name
+
+
+def test_a_switch_that_is_not_a_params_key_is_reported(profiles):
+    params = copy.deepcopy(profiles["smoke"])
+    del params["finetune"]["weight_decay"]
+    assert "finetune-weight-decay: finetune.weight_decay" in deviations.missing_keys(params)
+
+
+def test_the_paper_profile_runs_the_recipe_each_switch_names(profiles):
+    for entry_id, entry in deviations.recipe_of(profiles["paper"]).items():
+        ledger_entry = next(e for e in deviations.load_ledger() if e.id == entry_id)
+        assert ledger_entry.recipe in (entry["recipe"] or "").split("/"), (entry_id, entry)
+
+
+def test_docs_deviations_md_is_generated_from_the_ledger(profiles):
+    expected = deviations.render_markdown(profiles)
+    assert deviations.DOC.read_text(encoding="utf-8") == expected, "run `qac deviations render`"
+    for entry in deviations.load_ledger():
+        assert f'<a id="{entry.id}"></a>' in expected
+    result = subprocess.run([sys.executable, "-m", "qac.cli", "deviations", "check"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_ledger_holds_the_known_gaps():
+    ids = {entry.id for entry in deviations.load_ledger()}
+    assert {"cocondenser-loss-weights", "cotmae-decoder", "cotmae-decoder-mask-ratio", "finetune-weight-decay",
+            "corpus-token-length", "mining-query-set", "negatives-across-gpus", "zero-shot-cost"} <= ids
+    text = deviations.LEDGER.read_text(encoding="utf-8")
+    assert "tevatron issue 81" in text and "RetroMAE" in text
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("entries:\n  - {id: a, title: t, stage: none, paper: p, release: r, ours: o}\n"
+     "  - {id: a, title: t, stage: none, paper: p, release: r, ours: o}\n", "id 'a' appears twice"),
+    ("entries:\n  - {id: a, title: t, stage: finetune, paper: p, release: r, ours: o, switch: finetune.lr,"
+     " values: {paper: 1}, recipe: paper}\n", "must give exactly paper and release"),
+    ("entries:\n  - {id: a, title: t, stage: finetune, paper: p, release: r, ours: o, switch: finetune.lr,"
+     " values: {paper: 1, release: 2}}\n", "'recipe'"),
+    ("entries:\n  - {id: a, title: t, stage: nowhere, paper: p, release: r, ours: o}\n", "stage 'nowhere'"),
+    ("entries:\n  - {id: a, title: t, stage: none, paper: p, release: r, ours: o, swtich: x}\n", "unknown field"),
+])
+def test_a_malformed_ledger_names_the_entry_and_the_field(broken, message):
+    with pytest.raises(ValueError, match=message) as error:
+        deviations.parse_ledger(broken, Path("ledger.yaml"))
+    assert "ledger.yaml: entries[" in str(error.value)
+
+
+def test_recipe_of_follows_a_variants_own_setting(profiles):
+    params = profiles["paper"]
+    assert deviations.recipe_of(params)["cotmae-decoder"]["recipe"] == "release"
+    assert deviations.recipe_of(params, {"cotmae_decoder": "paper"})["cotmae-decoder"]["recipe"] == "paper"
+    assert deviations.recipe_summary(params).startswith("release recipe")
+    assert deviations.recipe_summary(profiles["default"]).startswith("mixed recipe")
+
+
+# ------------------------------------------------------------------ each switch, each value, on the smoke profile
+
+def _run_pretrain(params, entry, tmp_path):
+    from qac.train.pretrain import PretrainSettings, pretrain
+    from test_pretrain_corpus import write_corpus
+
+    assert entry.variant, f"{entry.id}: a pretrain switch names the variant that reads it"
+    settings = PretrainSettings.from_params(params, entry.variant)
+    key = entry.switch.rsplit(".", 1)[1]
+    assert getattr(settings, key) == deviations.lookup(params, entry.switch)
+    settings = dataclasses.replace(settings, steps=2, batch_size=4, checkpoint_every=2, log_every=1, dtype="fp32")
+    data = tmp_path / "data"
+    if not (data / "passages.arrow").exists():
+        write_corpus(data, documents=4, spans=3, queries=4)
+    logged = []
+    summary = pretrain(settings, passages=data / "passages.arrow", queries=data / "queries.arrow",
+                       work_dir=tmp_path / "work", out_dir=tmp_path / "out",
+                       log=lambda step, values: logged.append(values))
+    assert summary["steps"] == 2 and (tmp_path / "out" / "encoder").exists()
+    assert logged and all(math.isfinite(values["loss"]) for values in logged)
+    return logged
+
+
+def _run_finetune(params, entry, tmp_path, model_dir):
+    """Retriever 1, mining with it, retriever 2: what the finetune stage runs, on 24 tiny documents."""
+    import random
+
+    from qac.train.finetune import FinetuneSettings, fine_tune_retriever
+    from qac.train.groups import TrainingQuery, retriever2_negatives
+    from qac.train.mining import mine_with_retriever
+
+    section = params["finetune"]
+    settings = dataclasses.replace(FinetuneSettings.from_params(section, params["seed"]), batch_size=4, epochs=1,
+                                   dtype="fp32")
+    rng = random.Random(0)
+    words = "cell protein gene virus immune tumour brain heart lung blood bone muscle drug dose trial".split()
+    passage_text = {f"d{i}": " ".join(rng.choice(words) for _ in range(rng.randint(20, 90))) for i in range(24)}
+    ids = list(passage_text)
+    bm25 = {f"q{i}": [ids[(i + k) % 24] for k in range(1, 5)] for i in range(8)}
+    queries = [TrainingQuery(f"q{i}", " ".join(passage_text[ids[i]].split()[:4]), (ids[i],), tuple(bm25[f"q{i}"]))
+               for i in range(8)]
+    r1_settings = settings.for_retriever("r1")
+    assert r1_settings.passage_max_len == (section.get("corpus_max_len") or section["passage_max_len"])
+    r1, tokenizer, losses = fine_tune_retriever(model_dir, queries, ids, passage_text, r1_settings)
+    records = mine_with_retriever(r1, tokenizer, queries, passage_text, depth=10,
+                                  query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
+                                  batch_size=8)
+    mined = {record["qid"]: record["negatives"] for record in records}
+    negatives = retriever2_negatives(mined, bm25, section["r2_use_bm25_negatives"])
+    for qid, pool in negatives.items():
+        assert set(bm25[qid]) <= set(pool) or not section["r2_use_bm25_negatives"]
+        assert pool[:len(mined[qid])] == list(mined[qid])
+    r2_queries = [dataclasses.replace(query, negatives=tuple(negatives[query.qid])) for query in queries]
+    _, _, r2_losses = fine_tune_retriever(model_dir, r2_queries, ids, passage_text, settings.for_retriever("r2"))
+    assert losses and r2_losses and all(math.isfinite(loss) for loss in losses + r2_losses)
+    return losses + r2_losses
+
+
+RUNNERS = {"pretrain": _run_pretrain, "finetune": _run_finetune}
+CASES = [(entry.id, recipe) for entry in deviations.switches() for recipe in deviations.RECIPES]
+
+
+@pytest.mark.parametrize("entry_id, recipe", CASES)
+def test_each_switch_value_runs_on_the_smoke_profile(entry_id, recipe, profiles, tmp_path, tiny_bert_dir):
+    entry = next(e for e in deviations.load_ledger() if e.id == entry_id)
+    assert entry.stage in RUNNERS, f"{entry.id}: no runner for stage {entry.stage!r} in tests/test_deviations.py"
+    params = copy.deepcopy(profiles["smoke"])
+    deviations.assign(params, entry.switch, entry.values[recipe])
+    if entry.stage == "pretrain":
+        _run_pretrain(params, entry, tmp_path)
+    else:
+        RUNNERS[entry.stage](params, entry, tmp_path, tiny_bert_dir)
