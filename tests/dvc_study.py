@@ -30,12 +30,12 @@ PARAMS = {
                      "none": {"method": "none"},
                      "cocondenser-passage": {"method": "cocondenser", "context_type": "passage", "query_count": 4},
                      "cocondenser-query-q1": {"method": "cocondenser", "context_type": "query", "query_count": 1},
-                     "cocondenser-query-q4": {"method": "cocondenser", "context_type": "query", "query_count": 4},
-                     "cocondenser-mixed": {"method": "cocondenser", "context_type": "mixed", "query_count": 4},
+                     "cocondenser-query-q5": {"method": "cocondenser", "context_type": "query", "query_count": 5},
+                     "cocondenser-mixed": {"method": "cocondenser", "context_type": "mixed", "query_count": 5},
                      "cotmae-passage": {"method": "cotmae", "context_type": "passage", "query_count": 4},
-                     "cotmae-query-q4": {"method": "cotmae", "context_type": "query", "query_count": 4},
+                     "cotmae-query-q5": {"method": "cotmae", "context_type": "query", "query_count": 5},
                      # declared but never run: no rows for it
-                     "cotmae-mixed": {"method": "cotmae", "context_type": "mixed", "query_count": 4},
+                     "cotmae-mixed": {"method": "cotmae", "context_type": "mixed", "query_count": 5},
                  }},
     "tables": {
         "permutations": 4000,
@@ -60,22 +60,22 @@ IN_DOMAIN = {
     ("cocondenser-passage", "r1"): ([0.2, 0.3, 0.4, 0.3], [1, 0, 1, 0]),
     ("cocondenser-query-q1", "r1"): ([0.3, 0.3, 0.3, 0.3], [1, 1, 0, 0]),
     # +0.1 on every query: the exact two-sided sign-flip p-value is 2 / 2**4 = 0.125.
-    ("cocondenser-query-q4", "r1"): ([0.3, 0.4, 0.5, 0.4], [1, 1, 1, 0]),
+    ("cocondenser-query-q5", "r1"): ([0.3, 0.4, 0.5, 0.4], [1, 1, 1, 0]),
     ("cocondenser-mixed", "r1"): ([0.25, 0.35, 0.45, 0.35], [1, 1, 1, 1]),
     ("cocondenser-passage", "r2"): ([0.5, 0.5, 0.5, 0.5], [1, 1, 1, 1]),
-    ("cocondenser-query-q4", "r2"): ([0.6, 0.4, 0.6, 0.4], [1, 1, 1, 1]),
+    ("cocondenser-query-q5", "r2"): ([0.6, 0.4, 0.6, 0.4], [1, 1, 1, 1]),
     ("cocondenser-mixed", "r2"): ([0.5, 0.5, 0.5, 0.5], [1, 1, 1, 1]),
     ("cotmae-passage", "r1"): ([0.1, 0.2, 0.3, 0.4], [0, 0, 1, 1]),
-    ("cotmae-query-q4", "r1"): ([0.2, 0.2, 0.3, 0.3], [0, 1, 1, 1]),
+    ("cotmae-query-q5", "r1"): ([0.2, 0.2, 0.3, 0.3], [0, 1, 1, 1]),
     ("cotmae-passage", "r2"): ([0.4, 0.4, 0.4, 0.4], [1, 1, 1, 1]),
-    # ("cotmae-query-q4", "r2") is deliberately missing: its cells must say so.
+    # ("cotmae-query-q5", "r2") is deliberately missing: its cells must say so.
 }
 # zero-shot nDCG@10 per query (3 queries) for retriever 1
 ZERO_SHOT = {
     "cocondenser-passage": {"nfcorpus": [0.3, 0.3, 0.3], "cranfield": [0.2, 0.1, 0.3]},
-    "cocondenser-query-q4": {"nfcorpus": [0.4, 0.5, 0.6], "cranfield": [0.2, 0.2, 0.2]},
+    "cocondenser-query-q5": {"nfcorpus": [0.4, 0.5, 0.6], "cranfield": [0.2, 0.2, 0.2]},
     "cotmae-passage": {"nfcorpus": [0.1, 0.1, 0.1], "cranfield": [0.1, 0.1, 0.1]},
-    "cotmae-query-q4": {"nfcorpus": [0.2, 0.2, 0.2], "cranfield": [0.3, 0.3, 0.3]},
+    "cotmae-query-q5": {"nfcorpus": [0.2, 0.2, 0.2], "cranfield": [0.3, 0.3, 0.3]},
 }
 BM25 = ([0.25, 0.25, 0.25, 0.25], [1, 1, 0, 0])
 UNTUNED = [0.05, 0.05, 0.05, 0.05]
@@ -85,8 +85,8 @@ GENERATOR_METRICS = {"rougeL": 0.25, "self_retrieval/generated": 0.6, "heldout_p
                      "model": "tiny:minilm", "mlflow_run_id": "0" * 32}
 QUERIES_METRICS = {"candidates": 40, "duplicate_candidates": 2, "unique_ratio": 0.95, "mlflow_run_id": "1" * 32}
 LOSSES = {"cocondenser-passage": [6.0, 5.0, 4.5], "cocondenser-query-q1": [6.0, 4.0, 3.0],
-          "cocondenser-query-q4": [6.0, 4.5, 3.5], "cocondenser-mixed": [6.0, 4.8, 4.0],
-          "cotmae-passage": [12.0, 11.0, 10.5], "cotmae-query-q4": [12.0, 10.0, 9.0]}
+          "cocondenser-query-q5": [6.0, 4.5, 3.5], "cocondenser-mixed": [6.0, 4.8, 4.0],
+          "cotmae-passage": [12.0, 11.0, 10.5], "cotmae-query-q5": [12.0, 10.0, 9.0]}
 
 
 def mean(values):

@@ -102,9 +102,9 @@ def test_pretrain_losses_come_from_the_loss_files_a_panel_per_method(tmp_path, d
     panels = {axis.get_title(): {line.get_label(): (list(line.get_ydata()), line.get_color()) for line in axis.lines}
               for axis in figure.axes}
     assert panels["CoT-MAE"] == {"passage": (LOSSES["cotmae-passage"], "tab:blue"),
-                                 "query C=4": (LOSSES["cotmae-query-q4"], "tab:orange")}
-    assert set(panels["coCondenser"]) == {"passage", "query C=1", "query C=4", "mixed C=4"}
-    assert panels["coCondenser"]["mixed C=4"] == (LOSSES["cocondenser-mixed"], "tab:green")
+                                 "query C=5": (LOSSES["cotmae-query-q5"], "tab:orange")}
+    assert set(panels["coCondenser"]) == {"passage", "query C=1", "query C=5", "mixed C=5"}
+    assert panels["coCondenser"]["mixed C=5"] == (LOSSES["cocondenser-mixed"], "tab:green")
 
 
 def test_report_figures_are_titled_with_profile_and_commit(tmp_path, drawn_figures):

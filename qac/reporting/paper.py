@@ -18,6 +18,23 @@ PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 
 METHOD_NAMES = {"cocondenser": "coCondenser", "cotmae": "CoT-MAE", "none": "no pre-training"}
 
+# The paper's query-as-context rows of Tables 1, 2 and 4 (and Table 4's mixed rows) are its C = 5 runs:
+# its Table 1 QaC rows equal its Table 3 rows for C = 5. A row of ours with another C has no paper value
+# there (Table 3 has one per C).
+PAPER_QUERY_COUNT = 5
+
+
+def same_configuration(context_type: str | None, query_count: int | None) -> bool:
+    """Whether our row (context type, C) is the configuration of the paper's Tables 1, 2 and 4 rows."""
+    return context_type not in ("query", "mixed") or query_count == PAPER_QUERY_COUNT
+
+
+def configuration_note(context_type: str | None, query_count: int | None) -> str | None:
+    """Why a row has no paper value although the paper has the row: another C than the paper's."""
+    if same_configuration(context_type, query_count):
+        return None
+    return f"the paper's row is C = {PAPER_QUERY_COUNT}, ours C = {query_count}: not compared"
+
 # Table 1: (method, context type, retriever) -> paper row. The paper's own
 # reproductions are the comparable baselines ("repro" rows, same training
 # recipe as the QaC rows), not the numbers copied from the original papers.
@@ -73,17 +90,29 @@ def table1_paper_row(method: str, context_type: str | None, retriever: str) -> s
     return _TABLE1_ROWS.get((method, context_type, retriever))
 
 
-def table1_value(method: str, context_type: str | None, retriever: str, column: str | None) -> float | None:
-    """Paper Table 1 value (percent) for our row and a paper column (``mrr@10``, ``r@50``, ``r@1k``, ``ndcg@10_dl19``...)."""
+def table1_value(method: str, context_type: str | None, retriever: str, column: str | None,
+                 query_count: int | None = PAPER_QUERY_COUNT) -> float | None:
+    """Paper Table 1 value (percent) for our row and a paper column (``mrr@10``, ``r@50``, ``r@1k``, ``ndcg@10_dl19``...).
+
+    None for a query-context row of another C than the paper's (:data:`PAPER_QUERY_COUNT`).
+    """
+    if not same_configuration(context_type, query_count):
+        return None
     return _lookup("table1_main", table1_paper_row(method, context_type, retriever), column)
 
 
-def table2_value(dataset: str, method: str, context_type: str) -> float | None:
+def table2_value(dataset: str, method: str, context_type: str,
+                 query_count: int | None = PAPER_QUERY_COUNT) -> float | None:
     """Paper Table 2 zero-shot nDCG@10 (fraction) for a BEIR dataset name (``average`` for the mean)."""
     if method not in _TABLE2_COLUMNS or context_type not in ("passage", "query"):
         return None
+    if not same_configuration(context_type, query_count):
+        return None
     column = _TABLE2_COLUMNS[method][context_type == "query"]
     return _lookup("table2_beir", dataset, column)
+
+
+TABLE3_QUERY_COUNTS = (1, 5, 10, 20)   # Table 3: the first C of the 20 generated queries per passage
 
 
 def table3_row(method: str, query_count: int | None) -> str | None:
@@ -103,8 +132,11 @@ def table4_row(method: str, context_type: str) -> str | None:
     return _TABLE4_ROWS.get((method, context_type))
 
 
-def table4_value(method: str, context_type: str, retriever: str, column: str | None) -> float | None:
+def table4_value(method: str, context_type: str, retriever: str, column: str | None,
+                 query_count: int | None = PAPER_QUERY_COUNT) -> float | None:
     """Paper Table 4 (percent); the passage-context row comes from the Table 1 reproductions."""
+    if not same_configuration(context_type, query_count):
+        return None
     if context_type == "passage":
         return table1_value(method, "passage", retriever, column)
     return _lookup("table4_mixed_context", _TABLE4_ROWS.get((method, context_type)),

@@ -19,7 +19,7 @@ from qac.reporting.lineage import Study
 from qac.reporting.tables import FRACTION, Cell, Table
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
-              "run_id", "compared_source", "compared_run_id", "metric", "paper_row", "note"]
+              "run_id", "compared_source", "compared_run_id", "metric", "paper_row", "recipe", "note"]
 
 
 # ---------------------------------------------------------------- header block
@@ -38,6 +38,13 @@ def _models(params: Mapping[str, Any]) -> str:
     if params.get("finetune", {}).get("init_none"):
         parts.append(f"no-pre-training rows start from {params['finetune']['init_none']}")
     return "; ".join(parts)
+
+
+def _recipe(params: Mapping[str, Any]) -> str:
+    from qac.deviations import recipe_summary
+
+    return (f"{recipe_summary(params)}; per-variant overrides name their own in the CSV's recipe column; "
+            "docs/deviations.md lists each switch")
 
 
 def _data(params: Mapping[str, Any]) -> str:
@@ -74,6 +81,7 @@ def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table
         ("Profile", f"{profile} ({scale})"),
         ("Data", _data(params)),
         ("Models", _models(params)),
+        ("Recipe", _recipe(params)),
         ("Source", f"{len(sources)} DVC-tracked output files under data/{profile}/ (per-query metrics, annotation "
                    f"labels), produced by {len(used)} MLflow runs; each CSV row names its file and run id"),
         ("Git commits of the runs", ", ".join(c[:12] for c in commits) or "none"),
@@ -177,6 +185,7 @@ def to_csv(table: Table) -> str:
                 "source": cell.source or "", "compared_source": cell.compared_source or "",
                 "run_id": cell.run_id or "", "compared_run_id": cell.compared_run_id or "",
                 "metric": cell.metric or "", "paper_row": table.paper_rows.get(row, ""),
+                "recipe": cell.recipe or "",
                 "note": cell.text if cell.text is not None else (cell.note or ""),
             })
     return buffer.getvalue()

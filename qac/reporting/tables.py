@@ -89,6 +89,7 @@ class Cell:
     source: str | None = None
     compared_source: str | None = None
     mde: float | None = None
+    recipe: str | None = None   # which recipe (qac/deviations.yaml) the run behind the value ran
 
 
 @dataclass
@@ -152,6 +153,7 @@ class TableContext:
     zero_shot_retriever: str = "r1"
     permutations: int = 10000
     seed: int = 0
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_params(cls, study: Study, params: Mapping[str, Any]) -> "TableContext":
@@ -160,24 +162,48 @@ class TableContext:
                    main_query_count=tables.get("main_query_count"),
                    zero_shot_datasets=list(params.get("zero_shot") or []),
                    zero_shot_retriever=tables.get("zero_shot_retriever", "r1"),
-                   permutations=int(tables.get("permutations", 10000)), seed=int(params.get("seed", 0)))
+                   permutations=int(tables.get("permutations", 10000)), seed=int(params.get("seed", 0)),
+                   params=params)
 
     def column(self, paper_key: str) -> MetricColumn | None:
         return next((column for column in self.columns if column.paper == paper_key), None)
 
-    def query_variant(self, method: str) -> Variant | None:
-        """The query-context variant of ``method`` shown in Tables 1, 2 and 4."""
-        candidates = [v for v in self.study.variants() if v.method == method and v.context_type == "query"]
+    def query_variant(self, method: str, context_type: str = "query") -> Variant | None:
+        """The query- (or mixed-) context variant of ``method`` shown in Tables 1, 2 and 4.
+
+        Its C is ``tables.main_query_count`` (null: the largest C the profile
+        has). A profile without a variant of that C gets None, and its cells
+        say so: a variant of another C never stands in for it.
+        """
+        candidates = [v for v in self.study.variants() if v.method == method and v.context_type == context_type]
         if not candidates:
             return None
-        preferred = [v for v in candidates if v.query_count == self.main_query_count]
-        return preferred[0] if preferred else max(candidates, key=lambda v: v.query_count or 0)
+        if self.main_query_count is None:
+            return max(candidates, key=lambda v: v.query_count or 0)
+        return next((v for v in candidates if v.query_count == self.main_query_count), None)
 
     def variant(self, method: str, context_type: str) -> Variant | None:
-        if context_type == "query":
-            return self.query_variant(method)
+        if context_type in ("query", "mixed"):
+            return self.query_variant(method, context_type)
         candidates = [v for v in self.study.variants() if v.method == method and v.context_type == context_type]
         return max(candidates, key=lambda v: v.query_count or 0) if candidates else None
+
+    def missing_reason(self, method: str, context_type: str) -> str:
+        """What a cell says when :meth:`variant` finds no variant."""
+        name = paper.METHOD_NAMES.get(method, method)
+        if context_type in ("query", "mixed") and self.main_query_count is not None:
+            return (f"no {context_type}-context {name} variant with C = {self.main_query_count} "
+                    "(tables.main_query_count) in this profile")
+        return f"no {context_type}-context {name} variant in this profile"
+
+    def recipe(self, variant: Variant | None) -> str | None:
+        """The recipe (qac/deviations.yaml) the variant's runs used: the profile's switches, its own overrides."""
+        if not self.params:
+            return None
+        from qac.deviations import recipe_summary
+
+        overrides = ((self.params.get("pretrain") or {}).get("variants") or {}).get(variant.name) if variant else None
+        return recipe_summary(self.params, overrides or None)
 
 
 def metric_cell(source: Source | None, dataset: str | None, split: str | None, measure: str | None, unit: str,
@@ -232,10 +258,20 @@ def difference_cell(ctx: TableContext, with_source: Source | None, without_sourc
 
 
 def _in_domain_cells(ctx: TableContext, table: Table, row: str, source: Source | None, unit: str, paper_of,
-                     paper_row: str | None = None) -> None:
+                     paper_row: str | None = None, recipe: str | None = None, note: str | None = None) -> None:
     for column in ctx.columns:
-        table.put(row, column.header, metric_cell(source, column.dataset, column.split, column.measure, unit,
-                                                  paper_of(column.paper), column.missing), paper_row)
+        cell = metric_cell(source, column.dataset, column.split, column.measure, unit, paper_of(column.paper),
+                           column.missing)
+        cell.recipe = recipe
+        if note and cell.paper is None and cell.note is None:
+            cell.note = note
+        table.put(row, column.header, cell, paper_row)
+
+
+def _missing_row(ctx: TableContext, table: Table, row: str, reason: str, paper_of, paper_row: str | None) -> None:
+    """A row the paper has but the profile cannot produce: every cell says why, beside the paper's value."""
+    for column in ctx.columns:
+        table.put(row, column.header, Cell(paper=paper_of(column.paper), note=reason), paper_row)
 
 
 def _retriever_row(variant: Variant, retriever: str) -> str:
@@ -274,7 +310,8 @@ def table1_in_domain(ctx: TableContext) -> Table:
         if variant.method == "none":
             for retriever in RETRIEVER_LABELS:
                 _in_domain_cells(ctx, table, _retriever_row(variant, retriever),
-                                 ctx.study.finetuned(variant.name, retriever), PERCENT, lambda col: None)
+                                 ctx.study.finetuned(variant.name, retriever), PERCENT, lambda col: None,
+                                 recipe=ctx.recipe(variant))
     for method in ("cocondenser", "cotmae"):
         passage, query = ctx.variant(method, "passage"), ctx.variant(method, "query")
         if passage is None and query is None:
@@ -283,24 +320,31 @@ def table1_in_domain(ctx: TableContext) -> Table:
             sources = {}
             for context, variant in (("passage", passage), ("query", query)):
                 if variant is None:
+                    name = f"{paper.METHOD_NAMES[method]} {context} context, {RETRIEVER_LABELS[retriever]}"
+                    _missing_row(ctx, table, name, ctx.missing_reason(method, context),
+                                 lambda col, c=context: paper.table1_value(method, c, retriever, col),
+                                 paper.table1_paper_row(method, context, retriever))
                     continue
                 sources[context] = ctx.study.finetuned(variant.name, retriever)
                 _in_domain_cells(ctx, table, _retriever_row(variant, retriever), sources[context], PERCENT,
-                                 lambda col, c=context: paper.table1_value(method, c, retriever, col),
-                                 paper.table1_paper_row(method, context, retriever))
+                                 lambda col, c=context, v=variant: paper.table1_value(method, c, retriever, col,
+                                                                                      v.query_count),
+                                 paper.table1_paper_row(method, context, retriever), recipe=ctx.recipe(variant),
+                                 note=paper.configuration_note(context, variant.query_count))
             if passage is None or query is None:
                 continue
             row = f"Δ {paper.METHOD_NAMES[method]} query − passage context, {RETRIEVER_LABELS[retriever]}"
             for column in ctx.columns:
                 table.put(row, column.header, difference_cell(
                     ctx, sources["query"], sources["passage"], column.dataset, column.split, column.measure,
-                    PERCENT, paper.table1_value(method, "query", retriever, column.paper),
+                    PERCENT, paper.table1_value(method, "query", retriever, column.paper, query.query_count),
                     paper.table1_value(method, "passage", retriever, column.paper), column.missing))
     query_counts = {v.method: v.query_count for v in (ctx.query_variant("cocondenser"), ctx.query_variant("cotmae")) if v}
     table.notes.append(
         "Paper values are the paper's own reproductions (its rows 'coCondenser 120k' and 'CoT-MAE 50k'), "
         "trained with the same recipe as its QaC rows; its QaC rows equal its Table 3 rows for C=5. "
-        f"Our QaC rows use C = {query_counts or 'n/a'} (tables.main_query_count).")
+        f"Our QaC rows use C = {query_counts or 'n/a'} (tables.main_query_count); a row of another C than "
+        "the paper's is not compared with it.")
     unshown = _unshown_paper_columns(ctx)
     if unshown:
         table.notes.append(f"The paper's columns {', '.join(unshown)} have no counterpart in this profile "
@@ -337,34 +381,46 @@ def table2_zero_shot(ctx: TableContext) -> Table:
             for context, label in (("passage", f"{name} w/o (passage)"), ("query", f"{name} w/ (query)")):
                 variant = ctx.variant(method, context)
                 sources[context] = ctx.study.finetuned(variant.name, retriever) if variant else None
+                query_count = variant.query_count if variant else paper.PAPER_QUERY_COUNT
                 cell = metric_cell(sources[context], dataset, _zero_shot_split(sources[context], dataset), "nDCG@10",
-                                   FRACTION, paper.table2_value(dataset, method, context),
-                                   None if variant else f"no {context}-context {name} variant in this profile")
+                                   FRACTION, paper.table2_value(dataset, method, context, query_count),
+                                   None if variant else ctx.missing_reason(method, context))
+                cell.recipe = ctx.recipe(variant) if variant else None
                 if cell.paper is None and cell.note is None:
-                    cell.note = f"{dataset} is not in the paper's Table 2"
+                    cell.note = (paper.configuration_note(context, query_count)
+                                 if paper.table2_value(dataset, method, context) is not None
+                                 else f"{dataset} is not in the paper's Table 2")
                 table.put(dataset, label, cell, dataset if cell.paper is not None else None)
                 if cell.value is not None:
                     sums[label].append(cell.value)
+            query = ctx.variant(method, "query")
             table.put(dataset, f"{name} Δ", difference_cell(
                 ctx, sources["query"], sources["passage"], dataset, _zero_shot_split(sources["query"], dataset),
-                "nDCG@10", FRACTION, paper.table2_value(dataset, method, "query"),
+                "nDCG@10", FRACTION,
+                paper.table2_value(dataset, method, "query", query.query_count if query else None),
                 paper.table2_value(dataset, method, "passage")))
         if paper.table2_value(dataset, "cocondenser", "query") is not None:
             paper_average_rows.append(dataset)
     if ctx.zero_shot_datasets:
         for method in methods:
             name = paper.METHOD_NAMES[method]
+            counts = {}
             for context, label in (("passage", f"{name} w/o (passage)"), ("query", f"{name} w/ (query)")):
+                variant = ctx.variant(method, context)
+                counts[context] = variant.query_count if variant else None
                 complete = len(sums[label]) == len(ctx.zero_shot_datasets)
                 table.put("average", label, paper_row="average", cell=Cell(
                     value=math.fsum(sums[label]) / len(sums[label]) if complete else None,
-                    paper=paper.table2_value("average", method, context),
-                    note=None if complete else "not every dataset has a value"))
+                    paper=paper.table2_value("average", method, context, counts[context]),
+                    note=None if complete else "not every dataset has a value",
+                    recipe=ctx.recipe(variant) if variant else None))
             without, with_ = table.cell("average", f"{name} w/o (passage)"), table.cell("average", f"{name} w/ (query)")
+            paper_with = paper.table2_value("average", method, "query", counts["query"])
             table.put("average", f"{name} Δ", Cell(
                 difference=True,
                 value=None if without.value is None or with_.value is None else with_.value - without.value,
-                paper=round(paper.table2_value("average", method, "query") - paper.table2_value("average", method, "passage"), 6),
+                paper=None if paper_with is None else
+                round(paper_with - paper.table2_value("average", method, "passage"), 6),
                 note="mean of the per-dataset values: no per-query test"))
     table.notes.append(
         f"Our average is over the {len(ctx.zero_shot_datasets)} datasets above; the paper's is over its 14 BEIR "
@@ -393,15 +449,26 @@ def table3_query_count(ctx: TableContext) -> Table:
                 for column in measures}
         variants = sorted((v for v in ctx.study.variants() if v.method == method and v.context_type == "query"),
                           key=lambda v: v.query_count or 0)
-        for variant in variants:
-            row = f"{paper.METHOD_NAMES[method]} C={variant.query_count}"
+        if not variants and passage is None:
+            continue
+        by_count = {v.query_count: v for v in variants}
+        for query_count in sorted(set(by_count) | set(paper.TABLE3_QUERY_COUNTS)):
+            row = f"{paper.METHOD_NAMES[method]} C={query_count}"
+            variant = by_count.get(query_count)
+            if variant is None:
+                # The paper's C that the profile has no variant for: its cells say so, never another C's value.
+                reason = f"no query-context {paper.METHOD_NAMES[method]} variant with C = {query_count} in this profile"
+                for column in measures:
+                    table.put(row, column.header, Cell(paper=paper.table3_value(method, query_count, column.paper),
+                                                       note=reason), paper.table3_row(method, query_count))
+                continue
             source = ctx.study.finetuned(variant.name, "r1")
             table.row_info[row] = {"method": method, "query_count": variant.query_count, "variant": variant.name}
             for column in measures:
-                table.put(row, column.header, metric_cell(
-                    source, column.dataset, column.split, column.measure, PERCENT,
-                    paper.table3_value(method, variant.query_count, column.paper), column.missing),
-                    paper.table3_row(method, variant.query_count))
+                cell = metric_cell(source, column.dataset, column.split, column.measure, PERCENT,
+                                   paper.table3_value(method, variant.query_count, column.paper), column.missing)
+                cell.recipe = ctx.recipe(variant)
+                table.put(row, column.header, cell, paper.table3_row(method, variant.query_count))
                 table.put(row, f"Δ {column.label} vs passage context", difference_cell(
                     ctx, source, passage_source, column.dataset, column.split, column.measure, PERCENT,
                     paper.table3_value(method, variant.query_count, column.paper),
@@ -431,10 +498,20 @@ def table4_mixed_context(ctx: TableContext) -> Table:
                 continue
             for (retriever, column, key), header in zip(specs, headers):
                 sources[(context, retriever)] = source = ctx.study.finetuned(variant.name, retriever)
-                table.put(variant.label, header, metric_cell(
-                    source, column.dataset, column.split, column.measure, PERCENT,
-                    paper.table4_value(method, context, retriever, key), column.missing),
-                    paper.table4_row(method, context))
+                cell = metric_cell(source, column.dataset, column.split, column.measure, PERCENT,
+                                   paper.table4_value(method, context, retriever, key, variant.query_count),
+                                   column.missing)
+                cell.recipe = ctx.recipe(variant)
+                if cell.paper is None and cell.note is None:
+                    cell.note = paper.configuration_note(context, variant.query_count)
+                table.put(variant.label, header, cell, paper.table4_row(method, context))
+        for context, variant in variants.items():
+            if variant is None:
+                row = f"{paper.METHOD_NAMES[method]} {context} context"
+                for (retriever, column, key), header in zip(specs, headers):
+                    table.put(row, header, Cell(paper=paper.table4_value(method, context, retriever, key),
+                                                note=ctx.missing_reason(method, context)),
+                              paper.table4_row(method, context))
         for with_, without in (("mixed", "query"), ("mixed", "passage"), ("query", "passage")):
             if variants[with_] is None or variants[without] is None:
                 continue
@@ -442,8 +519,10 @@ def table4_mixed_context(ctx: TableContext) -> Table:
             for (retriever, column, key), header in zip(specs, headers):
                 table.put(row, header, difference_cell(
                     ctx, sources[(with_, retriever)], sources[(without, retriever)], column.dataset, column.split,
-                    column.measure, PERCENT, paper.table4_value(method, with_, retriever, key),
-                    paper.table4_value(method, without, retriever, key), column.missing))
+                    column.measure, PERCENT,
+                    paper.table4_value(method, with_, retriever, key, variants[with_].query_count),
+                    paper.table4_value(method, without, retriever, key, variants[without].query_count),
+                    column.missing))
     table.notes.append("The paper's Table 4 has no passage-context row; its passage values come from its Table 1 "
                        "reproductions.")
     return table
