@@ -4,6 +4,7 @@
   qac profile render [NAME ...]    # write profiles/NAME/params.yaml and dvc.yaml (all profiles by default)
   qac profile show NAME            # print profiles/NAME/params.yaml
   qac profile plan NAME            # every stage of the profile's pipeline, in run order, with its command
+  qac profile plan NAME --cells    # every numeric cell of the paper's Tables 1-5: the run that produces it
 
 A profile is a folder profiles/NAME/ with its own params.yaml, dvc.yaml and
 dvc.lock; run it with `dvc repro profiles/NAME/dvc.yaml` (or `make smoke`,
@@ -31,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument("name", choices=PROFILE_NAMES)
     plan = actions.add_parser("plan", help="the profile's stages in run order, with their commands")
     plan.add_argument("name", choices=PROFILE_NAMES)
+    plan.add_argument("--cells", action="store_true",
+                      help="each numeric cell of the paper's Tables 1-5: its variant, stage outputs and recipe "
+                           "(exit 1 if one is missing)")
 
 
 def _list() -> int:
@@ -80,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
 
         print(profile_params_path(args.name).read_text(encoding="utf-8"), end="")
         return 0
+    if args.cells:
+        from qac.config import render_profile
+        from qac.reporting.cell_plan import print_cell_plan
+
+        return print_cell_plan(render_profile(args.name))
     from qac.pipeline_plan import print_plan
 
     return print_plan(args.name)

@@ -1,0 +1,209 @@
+"""Which run produces each numeric cell of the paper's Tables 1-5, before anything runs.
+
+``qac profile plan NAME --cells`` prints, for every number of
+``paper_results.yaml``, the variant (method, context type, C) and retriever
+whose outputs produce it, the stages and the DVC outputs, and the recipe the
+runs follow (qac/deviations.yaml). Only the profile's parameters are read, so
+a user sees on any machine, before spending a GPU-hour, that every cell is
+covered by a run of the paper's configuration.
+
+A cell is one of:
+
+- ``produced``: a run of the study yields it (a variant of the same method,
+  context type and C as the paper's row, or the BM25 / annotation stages);
+- ``derived``: computed from produced cells (Table 2's average);
+- ``cited``: a row the paper copies from another publication (ANCE, the
+  original coCondenser and CoT-MAE papers, ...); the study does not rerun it;
+- ``missing``: the profile has no run of that configuration; ``reason`` says
+  what is lacking. A cell is never taken from a run of another configuration.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from qac.reporting import paper
+
+PRODUCED, DERIVED, CITED, MISSING = "produced", "derived", "cited", "missing"
+
+# Table 1 rows the paper produced itself (BM25 and its reproductions and QaC runs); the rest are cited.
+_TABLE1_PRODUCED = {row: key for key, row in paper._TABLE1_ROWS.items()}
+# Table 4: (method, context type) of each row; the "not mixed" rows are the query-context runs.
+_TABLE4_ROWS = {row: key for key, row in paper._TABLE4_ROWS.items()}
+_TABLE4_COLUMNS = {column: key for key, column in paper._TABLE4_COLUMNS.items()}
+_TABLE2_COLUMNS = {column: (method, ("passage", "query")[index])
+                   for method, columns in paper._TABLE2_COLUMNS.items() for index, column in enumerate(columns)}
+_TABLE5_ROWS = {row: kind for kind, row in paper._TABLE5_ROWS.items()}
+
+
+@dataclass
+class PlannedCell:
+    table: str
+    row: str                       # the paper's row
+    column: str                    # the paper's column
+    paper: float
+    status: str
+    variant: str | None = None
+    context_type: str | None = None
+    query_count: int | None = None
+    method: str | None = None
+    retriever: str | None = None
+    stages: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    recipe: str | None = None
+    reason: str | None = None
+
+
+class _Profile:
+    """The parts of a profile's parameters the plan needs."""
+
+    def __init__(self, params: Mapping[str, Any]):
+        self.params = params
+        self.name = params["profile"]
+        self.root = f"{params.get('data_dir', 'data')}/{self.name}"
+        self.variants = (params.get("pretrain") or {}).get("variants") or {}
+        self.columns = {spec.get("paper"): spec for spec in (params.get("tables") or {}).get("in_domain_columns") or []
+                        if spec.get("paper")}
+        evaluate = params.get("evaluate") or {}
+        self.zero_shot = list(params.get("zero_shot") or [])
+        self.zero_shot_variants = evaluate.get("zero_shot_variants")
+        self.zero_shot_retrievers = evaluate.get("zero_shot_retrievers")
+        self.zero_shot_retriever = (params.get("tables") or {}).get("zero_shot_retriever", "r1")
+
+    def find(self, method: str, context_type: str, query_count: int | None) -> str | None:
+        """The variant of exactly this configuration (any C for passage context), or None."""
+        for name, spec in self.variants.items():
+            spec = spec or {}
+            if spec.get("method") != method or spec.get("context_type") != context_type:
+                continue
+            if context_type == "passage" or spec.get("query_count") == query_count:
+                return name
+        return None
+
+    def recipe(self, variant: str | None) -> str:
+        from qac.deviations import recipe_summary
+
+        return recipe_summary(self.params, self.variants.get(variant) if variant else None)
+
+    def variant_cell(self, cell: PlannedCell, method: str, context_type: str, query_count: int | None,
+                     retriever: str, dataset: str | None, split: str | None, reason: str | None = None) -> PlannedCell:
+        cell.method, cell.context_type, cell.retriever = method, context_type, retriever
+        cell.query_count = query_count if context_type != "passage" else None
+        variant = self.find(method, context_type, query_count)
+        if variant is None:
+            configuration = f"{context_type} context" + (f", C = {query_count}" if context_type != "passage" else "")
+            cell.status, cell.reason = MISSING, f"no {paper.METHOD_NAMES[method]} variant with {configuration}"
+            return cell
+        if reason:
+            cell.status, cell.reason, cell.variant = MISSING, reason, variant
+            return cell
+        cell.status, cell.variant, cell.recipe = PRODUCED, variant, self.recipe(variant)
+        cell.stages = [f"pretrain@{variant}", f"finetune@{variant}", f"evaluate@{variant}"]
+        cell.outputs = [f"{self.root}/eval/{variant}/{retriever}/{dataset}/{split}.per_query.json"]
+        return cell
+
+    def in_domain(self, column: str) -> tuple[str | None, str | None, str | None]:
+        """``(dataset, split, reason)`` of the profile's column standing for the paper's ``column``."""
+        spec = self.columns.get(column)
+        if spec is None:
+            return None, None, f"the profile has no column for the paper's {column} (tables.in_domain_columns)"
+        if spec.get("missing"):
+            return None, None, spec["missing"]
+        return spec.get("dataset") or self.params.get("train_dataset"), spec.get("split") or "test", None
+
+
+def plan_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
+    """Every numeric cell of ``paper_results.yaml`` with the run of this profile that produces it."""
+    profile = _Profile(params)
+    published = paper.load_paper_results()
+    cells: list[PlannedCell] = []
+    for table_key, table in published.items():
+        for row, values in table["rows"].items():
+            for column, value in zip(table["columns"], values):
+                if value is None:
+                    continue
+                cell = PlannedCell(table_key, row, column, float(value), MISSING)
+                cells.append(_plan(profile, cell))
+    return cells
+
+
+def _plan(profile: _Profile, cell: PlannedCell) -> PlannedCell:
+    if cell.table == "table1_main":
+        key = _TABLE1_PRODUCED.get(cell.row)
+        if key is None:
+            cell.status, cell.reason = CITED, "the paper cites this row from another publication"
+            return cell
+        method, context_type, retriever = key
+        dataset, split, reason = profile.in_domain(cell.column)
+        if method == "bm25":
+            if reason:
+                cell.status, cell.reason = MISSING, reason
+                return cell
+            cell.status, cell.retriever, cell.stages = PRODUCED, "bm25", ["bm25"]
+            cell.outputs = [f"{profile.root}/bm25/runs/{dataset}/{split}.per_query.json"]
+            cell.recipe = profile.recipe(None)
+            return cell
+        return profile.variant_cell(cell, method, context_type, paper.PAPER_QUERY_COUNT, retriever, dataset, split,
+                                    reason)
+    if cell.table == "table2_beir":
+        method, context_type = _TABLE2_COLUMNS[cell.column]
+        retriever = profile.zero_shot_retriever
+        if cell.row == "average":
+            cell.status, cell.method, cell.context_type = DERIVED, method, context_type
+            cell.reason = "mean of the column's datasets"
+            return cell
+        reason = None
+        variant = profile.find(method, context_type, paper.PAPER_QUERY_COUNT)
+        if cell.row not in profile.zero_shot:
+            reason = f"{cell.row} is not among the profile's zero_shot datasets"
+        elif profile.zero_shot_variants is not None and variant not in profile.zero_shot_variants:
+            reason = f"{variant} is not in evaluate.zero_shot_variants"
+        elif profile.zero_shot_retrievers is not None and retriever not in profile.zero_shot_retrievers:
+            reason = f"{retriever} is not in evaluate.zero_shot_retrievers"
+        return profile.variant_cell(cell, method, context_type, paper.PAPER_QUERY_COUNT, retriever, cell.row,
+                                    "test", reason)
+    if cell.table == "table3_query_count":
+        match = re.fullmatch(r"(.+) q=(\d+)", cell.row)
+        method = {name: key for key, name in paper.METHOD_NAMES.items()}[match.group(1)]
+        dataset, split, reason = profile.in_domain(cell.column)
+        return profile.variant_cell(cell, method, "query", int(match.group(2)), "r1", dataset, split, reason)
+    if cell.table == "table4_mixed_context":
+        method, context_type = _TABLE4_ROWS[cell.row]
+        retriever, column = _TABLE4_COLUMNS[cell.column]
+        dataset, split, reason = profile.in_domain(column)
+        return profile.variant_cell(cell, method, context_type, paper.PAPER_QUERY_COUNT, retriever, dataset, split,
+                                    reason)
+    if cell.table == "table5_pair_correlation":
+        annotation = profile.params.get("annotation") or {}
+        cell.status, cell.stages = PRODUCED, ["annotation"]
+        cell.outputs = [f"{profile.root}/annotation/summary.json"]
+        cell.context_type = _TABLE5_ROWS.get(cell.row)
+        cell.recipe = ("human labels: " + ", ".join(annotation["human_sheets"]) if annotation.get("human_sheets")
+                       else f"automatic judge ({annotation.get('judge', 'n/a')}) until people label the sheet")
+        return cell
+    cell.reason = f"table {cell.table} is not one of the paper's Tables 1-5"
+    return cell
+
+
+def describe(cell: PlannedCell) -> str:
+    """One line: the cell, what produces it, and the recipe."""
+    head = f"{cell.table:22} {cell.row[:44]:44} {cell.column:14} {cell.paper:7g}  {cell.status:8}"
+    if cell.status == PRODUCED:
+        what = cell.variant or ", ".join(cell.stages)
+        if cell.retriever and cell.variant:
+            what += f" {cell.retriever}"
+        return f"{head} {what}  <- {', '.join(cell.outputs)}  [{cell.recipe}]"
+    return f"{head} {cell.reason}"
+
+
+def print_cell_plan(params: Mapping[str, Any]) -> int:
+    """Print the plan; exit status 1 when a cell is missing."""
+    cells = plan_cells(params)
+    counts = {status: sum(cell.status == status for cell in cells) for status in (PRODUCED, DERIVED, CITED, MISSING)}
+    print(f"profile {params['profile']}: {len(cells)} numeric cells of the paper's Tables 1-5: "
+          + ", ".join(f"{count} {status}" for status, count in counts.items()))
+    for cell in cells:
+        print(describe(cell))
+    return 1 if counts[MISSING] else 0

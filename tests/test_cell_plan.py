@@ -1,0 +1,93 @@
+"""`qac profile plan NAME --cells`: every numeric cell of the paper's Tables 1-5 and the run that produces it."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qac.config import render_profile
+from qac.reporting.cell_plan import CITED, DERIVED, MISSING, PRODUCED, plan_cells
+from qac.reporting.paper import load_paper_results
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def paper_params():
+    return render_profile("paper", REPO / "profiles")
+
+
+def _paper_configuration(table: str, row: str, column: str) -> tuple[str, str, int | None]:
+    """(method, context type, C) of a paper cell, read from the paper's own row and column names."""
+    method = "cotmae" if row.startswith("CoT-MAE") or column.startswith("CoT-MAE") else "cocondenser"
+    if table == "table1_main":
+        return method, ("query", 5) if "+QaC" in row else ("passage", None)
+    if table == "table2_beir":
+        return method, ("query", 5) if column.endswith("_w") else ("passage", None)
+    if table == "table3_query_count":
+        return method, ("query", int(re.search(r"q=(\d+)", row).group(1)))
+    if table == "table4_mixed_context":
+        return method, ("query", 5) if row.endswith("not mixed") else ("mixed", 5)
+    raise AssertionError(table)
+
+
+def test_every_numeric_cell_of_the_paper_is_planned_once_and_none_is_missing(paper_params):
+    published = load_paper_results()
+    expected = {(table, row, column): value for table, spec in published.items()
+                for row, values in spec["rows"].items() for column, value in zip(spec["columns"], values)
+                if value is not None}
+    cells = plan_cells(paper_params)
+    assert len(cells) == len(expected) == len({(c.table, c.row, c.column) for c in cells})
+    assert {(c.table, c.row, c.column): c.paper for c in cells} == expected
+    assert [c for c in cells if c.status == MISSING] == []
+
+
+def test_no_cell_is_borrowed_from_another_configuration(paper_params):
+    variants = paper_params["pretrain"]["variants"]
+    produced = [c for c in plan_cells(paper_params) if c.status == PRODUCED and c.variant]
+    assert len(produced) > 100
+    for cell in produced:
+        method, (context_type, query_count) = _paper_configuration(cell.table, cell.row, cell.column)
+        spec = variants[cell.variant]
+        assert (spec["method"], spec["context_type"]) == (method, context_type), cell
+        if context_type != "passage":
+            assert spec["query_count"] == query_count, cell
+        assert cell.outputs == [f"data/paper/eval/{cell.variant}/{cell.retriever}/"
+                                + cell.outputs[0].split(f"/{cell.retriever}/", 1)[1]]
+        assert cell.recipe.startswith("release recipe"), cell      # the paper profile runs what the authors ran
+
+
+def test_cited_and_derived_cells_are_exactly_the_papers_borrowed_rows_and_the_average(paper_params):
+    cells = plan_cells(paper_params)
+    cited = {c.row for c in cells if c.status == CITED}
+    assert "ANCE" in cited and "coCondenser (paper)" in cited and "CoT-MAE (paper)" in cited
+    assert not any("repro" in row or "+QaC" in row or row == "BM25" for row in cited)
+    assert {c.table for c in cells if c.status == CITED} == {"table1_main"}
+    assert {(c.table, c.row) for c in cells if c.status == DERIVED} == {("table2_beir", "average")}
+    table5 = [c for c in cells if c.table == "table5_pair_correlation"]
+    assert [c.paper for c in table5] == [35.5, 56.5] and all(c.stages == ["annotation"] for c in table5)
+
+
+def test_a_missing_variant_is_reported_never_replaced_by_another_c(paper_params):
+    params = copy.deepcopy(paper_params)
+    del params["pretrain"]["variants"]["cotmae-query-q10"]
+    cells = [c for c in plan_cells(params) if c.table == "table3_query_count" and c.row == "CoT-MAE q=10"]
+    assert [c.status for c in cells] == [MISSING, MISSING]
+    assert all(c.variant is None and "C = 10" in c.reason for c in cells)
+
+
+def test_the_command_prints_every_cell_and_fails_where_one_is_missing():
+    paper = subprocess.run([sys.executable, "-m", "qac.cli", "profile", "plan", "paper", "--cells"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert paper.returncode == 0, paper.stderr
+    assert "196 numeric cells" in paper.stdout and "0 missing" in paper.stdout
+    assert "cotmae-query-q10 r1  <- data/paper/eval/cotmae-query-q10/r1/msmarco-passage/dev.per_query.json" \
+        in paper.stdout
+    smoke = subprocess.run([sys.executable, "-m", "qac.cli", "profile", "plan", "smoke", "--cells"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert smoke.returncode == 1 and " missing " in smoke.stdout
