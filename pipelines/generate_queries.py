@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                                                 str(section.get("dtype", "auto")), invariant)
             # One bar per process (each generates its own shard), each on its own line.
             bar = progress(total=pending_passages(store, shard), unit="passage", main_only=False,
-                           desc=f"queries shard {shard.index}/{shard.count}", position=ctx.rank)
+                           desc=f"queries shard {shard.index}/{shard.count}", position=ctx.local_rank)
             with torch.inference_mode():
                 stats = generate_chunks(store, generator, passages_path, shard, int(section["batch_size"]),
                                         bar.update)

@@ -3,6 +3,12 @@
 Nothing here is home-made distribution: ``torchrun`` starts the processes and
 sets RANK / WORLD_SIZE / LOCAL_RANK; we only open the process group (NCCL on
 GPU, gloo on CPU) and pick the device.
+
+On several nodes (``torchrun --nnodes N``) every node has a LOCAL_RANK 0. So
+the rank that decides who writes, which shard a process takes and where its
+share goes in a gather is always the global RANK (``DistContext.rank``); the
+local rank only picks the GPU of its node (and a progress bar's line on that
+node's terminal). tests/test_multinode.py runs two nodes on one machine.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ def init_distributed() -> DistContext:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} GPU(s) visible: "
+                               "start at most one process per GPU (torchrun --nproc-per-node)")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

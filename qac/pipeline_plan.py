@@ -27,6 +27,29 @@ def stage_plan(name: str, repo_root: str | Path = ".") -> list[tuple[str, str]]:
         return [(stage.name, stage.cmd) for stage in plan_repro(repo.index.graph, stages)]
 
 
+def stage_graph(name: str, repo_root: str | Path = ".") -> list[tuple[str, str, tuple[str, ...]]]:
+    """``(stage name, command, the stages it depends on)`` of every stage of profile ``name``, in run order.
+
+    The dependencies are the edges of DVC's own stage graph: stage A depends on
+    stage B when one of A's ``deps`` is (inside) one of B's ``outs``. Data that
+    no stage writes (files tracked with ``dvc add``) has no job of its own.
+    """
+    from dvc.repo import Repo
+    from dvc.repo.reproduce import plan_repro
+
+    pipeline = profile_params_path(name).parent / "dvc.yaml"
+    if not pipeline.exists():
+        raise FileNotFoundError(f"{pipeline}: not rendered; run `qac profile render {name}`")
+    with Repo(str(repo_root)) as repo:
+        graph = repo.index.graph
+        stages = repo.stage.collect(str(pipeline))
+        plan = []
+        for stage in plan_repro(graph, stages):
+            upstream = sorted(dependency.name for dependency in graph.successors(stage) if dependency.cmd)
+            plan.append((stage.name, stage.cmd, tuple(upstream)))
+        return plan
+
+
 def print_plan(name: str) -> int:
     plan = stage_plan(name)
     width = max(len(stage) for stage, _ in plan)

@@ -5,6 +5,7 @@
   qac profile show NAME            # print profiles/NAME/params.yaml
   qac profile plan NAME            # every stage of the profile's pipeline, in run order, with its command
   qac profile plan NAME --cells    # every numeric cell of the paper's Tables 1-5: the run that produces it
+  qac profile plan NAME --slurm DIR  # an sbatch script per stage, chained along the DVC graph (docs/cluster.md)
 
 A profile is a folder profiles/NAME/ with its own params.yaml, dvc.yaml and
 dvc.lock; run it with `dvc repro profiles/NAME/dvc.yaml` (or `make smoke`,
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from qac.config import PROFILE_NAMES
 
@@ -35,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--cells", action="store_true",
                       help="each numeric cell of the paper's Tables 1-5: its variant, stage outputs and recipe "
                            "(exit 1 if one is missing)")
+    plan.add_argument("--slurm", metavar="DIR", help="write one sbatch script per stage, submit.sh (chained along "
+                      "the DVC graph) and sweep.sbatch into DIR (docs/cluster.md)")
 
 
 def _list() -> int:
@@ -89,6 +93,26 @@ def run(args: argparse.Namespace) -> int:
         from qac.reporting.cell_plan import print_cell_plan
 
         return print_cell_plan(render_profile(args.name))
+    if args.slurm:
+        return _slurm(args.name, args.slurm)
     from qac.pipeline_plan import print_plan
 
     return print_plan(args.name)
+
+
+def _slurm(name: str, out_dir: str) -> int:
+    from qac.cluster import ClusterSettingsError, write_slurm_scripts
+    from qac.config import load_params, profile_params_path
+    from qac.pipeline_plan import stage_graph
+
+    params_file = profile_params_path(name)
+    try:
+        written = write_slurm_scripts(name, load_params(params_file), stage_graph(name), out_dir, Path.cwd(),
+                                      where=str(params_file))
+    except ClusterSettingsError as error:
+        print(f"error: {error}")
+        return 2
+    jobs = len(written) - 2
+    print(f"profile {name}: {jobs} job scripts, submit.sh and sweep.sbatch in {out_dir}; "
+          f"submit with `bash {Path(out_dir) / 'submit.sh'}`")
+    return 0
