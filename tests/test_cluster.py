@@ -83,10 +83,10 @@ def test_paper_jobs_follow_the_dvc_graph(paper_graph, tmp_path, monkeypatch, cap
     monkeypatch.setattr("qac.pipeline_plan.stage_graph", lambda name: paper_graph)
     out_dir = tmp_path / "slurm"
     assert main(["profile", "plan", "paper", "--slurm", str(out_dir)]) == 0
-    assert "52 job scripts" in capsys.readouterr().out
+    assert f"{len(paper_graph)} job scripts" in capsys.readouterr().out
 
     edges = dvc_edges()
-    assert len(edges) == len(paper_graph) == 52
+    assert len(edges) == len(paper_graph) > 50
     calls = [call for call in run_submit(out_dir, tmp_path) if call["tool"] == "sbatch"]
     assert len(calls) == len(edges)
     submitted: dict[str, str] = {}     # job id -> stage
