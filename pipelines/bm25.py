@@ -98,4 +98,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from qac.console import run_main
+
+    run_main(main)

@@ -46,7 +46,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
     from qac.tracking import log_metrics, stage_run, write_run_record
     from qac.tracking.naming import variant_description, variant_run_name
     from qac.tracking.record import log_dataset_inputs, log_encoder
-    from qac.train.finetune import fine_tune_retriever
+    from qac.train.finetune import check_whole_batches, fine_tune_retriever
     from qac.train.groups import negative_pool_stats, training_queries
 
     section = params["finetune"]
@@ -54,6 +54,8 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
                                rel_threshold=dataset.rel_threshold("train"),
                                max_queries=section.get("max_train_queries"), seed=params["seed"],
                                corpus_ids=dataset.corpus)
+    # Before the model loads: the queries must fill whole batches (or be left out knowingly).
+    left_out = check_whole_batches(len(queries), settings, where=f"finetune@{variant} {name}")
     description = {**variant_description(params, variant), "retriever": name}
     tracked = (stage_run(params, f"finetune@{variant}", variant_run_name(description, name), kind="finetune",
                          stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"],
@@ -65,7 +67,8 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
         if dist.is_main:
             log_dataset_inputs(inputs["dataset"], "training", splits=["train"])
             stats = negative_pool_stats(queries, settings.n_negatives)
-            log_metrics({f"train_queries/{key}": value for key, value in stats.items()})
+            log_metrics({f"train_queries/{key}": value for key, value in stats.items()}
+                        | {"train_queries/left_out": left_out})
         model, tokenizer, losses = fine_tune_retriever(
             start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
             device=dist.device, rank=dist.rank, world_size=dist.world_size,
@@ -76,7 +79,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
                 log_encoder(staging / name, "encoder")
             write_run_record(staging / name, run.info.run_id, variant=variant, retriever=name,
                              start=str(start), steps=len(losses))
-    return model, tokenizer, queries, losses
+    return model, tokenizer, queries, losses, left_out
 
 
 def loss_fact(name: str, losses: list[float]) -> str:
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         with output as staging:
             staging = broadcast_path(staging, dist)
             bm25_negatives = read_negatives(bm25_negatives_path)
-            r1, tokenizer, queries, r1_losses = train_retriever("r1", bm25_negatives, staging=staging, dist=dist,
+            r1, tokenizer, queries, r1_losses, left_out = train_retriever("r1", bm25_negatives, staging=staging, dist=dist,
                                                                 inputs=inputs, **common)
             mined_path = staging / "mined_negatives.jsonl"
             records = mine_with_retriever(
@@ -151,14 +154,18 @@ def main(argv: list[str] | None = None) -> None:
             mined = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
             negatives = retriever2_negatives(negatives, bm25_negatives, section.get("r2_use_bm25_negatives", False))
             del r1
-            _, _, _, r2_losses = train_retriever("r2", negatives, staging=staging, dist=dist,
+            _, _, _, r2_losses, _ = train_retriever("r2", negatives, staging=staging, dist=dist,
                                                  inputs={**inputs, "mined_negatives": mined_path}, **common)
             barrier()
     finally:
         cleanup()
     print_summary(f"finetune@{variant}", loss_fact("r1", r1_losses), f"{mined:.1f} mined negatives per query",
-                  loss_fact("r2", r2_losses), seconds=clock.seconds)
+                  loss_fact("r2", r2_losses),
+                  f"{left_out} of {len(queries)} training queries left out by whole batches" if left_out else "",
+                  seconds=clock.seconds)
 
 
 if __name__ == "__main__":
-    main()
+    from qac.console import run_main
+
+    run_main(main)

@@ -141,4 +141,6 @@ def _sum_over_ranks(value: int, device) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qac.console import run_main
+
+    run_main(main)

@@ -78,4 +78,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qac.console import run_main
+
+    run_main(main)

@@ -129,4 +129,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from qac.console import run_main
+
+    run_main(main)

@@ -4,6 +4,10 @@ Each subcommand lives in its own module, which defines ``add_arguments(parser)``
 and ``run(args) -> int``; its docstring's first line is the subcommand's help.
 Modules import heavy libraries (torch, mlflow) inside ``run`` so that
 ``qac --help`` stays fast.
+
+Every subcommand runs with the libraries quiet (``qac.console.setup_console``)
+and reports a user error as one paragraph with exit status 2; ``-v`` (before or
+after the subcommand) or ``QAC_VERBOSE=1`` shows library logs and tracebacks.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qac", description="Query-as-context pre-training of dense passage retrievers: utilities."
     )
+    _add_verbose(parser, False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
@@ -34,13 +39,31 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=(module.__doc__ or summary).strip(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
+        _add_verbose(sub, False)
         sub.set_defaults(_module=module)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _add_verbose(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="show library logs, warnings and the traceback of an error (also QAC_VERBOSE=1)")
+
+
+def _run(argv: list[str] | None) -> int:
+    from qac.console import setup_console
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = any(arg in ("-v", "--verbose") for arg in argv)
+    args = build_parser().parse_args([arg for arg in argv if arg not in ("-v", "--verbose")])
+    setup_console(verbose)
     return int(args._module.run(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``qac`` command: a user error prints one paragraph and returns 2 (``qac.console.call_main``)."""
+    from qac.console import call_main
+
+    return call_main(_run, list(sys.argv[1:] if argv is None else argv), prog="qac")
 
 
 if __name__ == "__main__":

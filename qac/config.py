@@ -54,16 +54,35 @@ def params_path() -> Path:
     return profile_params_path(os.environ.get("QAC_PROFILE") or DEFAULT_PROFILE)
 
 
-def load_params(path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Read a profile's parameters: ``path`` if given, else :func:`params_path`."""
+def load_params(path: str | os.PathLike | None = None, validate: bool = True) -> dict[str, Any]:
+    """Read a profile's parameters: ``path`` if given, else :func:`params_path`.
+
+    The whole file is checked against the schema (:mod:`qac.params_schema`) first, so a
+    misspelt key or a value out of range stops the caller before any slow work, with a
+    :class:`~qac.params_schema.ParamsError` naming the key and its line. Floats written
+    ``5e-05`` (as ``dvc exp run -S`` writes them) read as numbers.
+    """
+    from qac.params_schema import ParamsError, Problem, read_yaml, validate_params
+
     path = Path(path) if path else params_path()
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such params file (profiles: {', '.join(PROFILE_NAMES)}; "
-                                "set QAC_PARAMS to a file or QAC_PROFILE to a profile name)")
-    with open(path, encoding="utf-8") as handle:
-        params = yaml.safe_load(handle)
+        raise ParamsError(path, [Problem("", f"no such params file (profiles: {', '.join(PROFILE_NAMES)}; set "
+                                             "QAC_PARAMS to a file or QAC_PROFILE to a profile name)")])
+    if path.is_dir():
+        raise ParamsError(path, [Problem("", "is a folder, not a params file (a profile's file is "
+                                             "profiles/<name>/params.yaml)")])
+    text = path.read_text(encoding="utf-8")
+    try:
+        params = read_yaml(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ParamsError(path, [Problem("", f"not valid YAML{line}: {getattr(error, 'problem', None) or error}")]) \
+            from None
     if not isinstance(params, dict) or "profile" not in params:
-        raise ValueError(f"{path}: not a qac params file (no 'profile' key)")
+        raise ParamsError(path, [Problem("", "not a qac params file (no 'profile' key)")])
+    if validate:
+        validate_params(params, path, text)
     return params
 
 
@@ -83,10 +102,10 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
     profiles_dir = Path(profiles_dir or profiles_root())
-    with open(profiles_dir / "base.yaml", encoding="utf-8") as handle:
-        base = yaml.safe_load(handle)
-    with open(profiles_dir / f"{name}.yaml", encoding="utf-8") as handle:
-        override = yaml.safe_load(handle) or {}
+    from qac.params_schema import read_yaml
+
+    base = read_yaml((profiles_dir / "base.yaml").read_text(encoding="utf-8"))
+    override = read_yaml((profiles_dir / f"{name}.yaml").read_text(encoding="utf-8")) or {}
     params = deep_merge(base, override)
     params["profile"] = name
     return params
@@ -102,7 +121,10 @@ def _leading_comment(path: Path) -> str:
 
 
 def _params_body(params: dict[str, Any]) -> str:
-    return yaml.safe_dump(params, sort_keys=False, default_flow_style=None, width=100)
+    from qac.params_schema import yaml_dumper
+
+    return yaml.dump(params, Dumper=yaml_dumper(), sort_keys=False, default_flow_style=None, width=100,
+                     allow_unicode=False)
 
 
 def _digest(body: str) -> str:
@@ -162,7 +184,9 @@ def params_hand_edited(path: str | os.PathLike) -> bool:
                      if line.startswith(_DIGEST_PREFIX)), None)
     if recorded is None:
         return True
-    return _digest(_params_body(yaml.safe_load(text))) != recorded
+    from qac.params_schema import read_yaml
+
+    return _digest(_params_body(read_yaml(text))) != recorded
 
 
 class HandEditedParams(RuntimeError):

@@ -7,6 +7,14 @@ weight-loading bars, MLflow's INFO lines (system metrics, run links), Hugging Fa
 and datasets messages, and Python warnings from torch and friends. ``-v`` on a
 stage script, or ``QAC_VERBOSE=1`` in the environment (which reaches stages
 run by ``dvc repro`` and ``torchrun``), brings all of it back.
+
+Errors: every entry point (the ``qac`` command, each ``pipelines/*.py`` stage,
+the hpo worker and trial job) runs its ``main`` through :func:`run_main`. A
+user error (:class:`qac.errors.UserError`: a bad parameter, a malformed input
+file, a missing dataset or upstream output; or a ``SystemExit`` with a message)
+prints as one paragraph on stderr, without a traceback, and exits with status
+2; ``-v`` / ``QAC_VERBOSE=1`` adds the traceback. Any other exception is a
+program error and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,13 +24,17 @@ import logging
 import os
 import sys
 import time
+import traceback
 import warnings
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, NoReturn
+
+from qac.errors import USER_ERROR_EXIT, UserError
 
 VERBOSE_ENV = "QAC_VERBOSE"
 # Loggers whose INFO/WARNING lines are noise in a stage's output.
 NOISY_LOGGERS = ("mlflow", "alembic", "transformers", "sentence_transformers", "huggingface_hub", "datasets",
-                 "urllib3", "filelock", "torch.distributed", "faiss", "bm25s", "nltk")
+                 "urllib3", "filelock", "torch.distributed", "faiss", "bm25s", "nltk", "optuna", "git", "dvc",
+                 "matplotlib", "PIL", "httpx")
 
 
 def verbose_requested(flag: bool = False) -> bool:
@@ -79,6 +91,7 @@ def setup_console(verbose: bool = False) -> bool:
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    quiet_optuna()
     try:
         import transformers
 
@@ -87,6 +100,33 @@ def setup_console(verbose: bool = False) -> bool:
     except ImportError:   # transformers is a dependency; an import failure surfaces where it is used
         pass
     return False
+
+
+def quiet_optuna() -> None:
+    """Drop Optuna's "[I] Trial 3 finished ..." lines unless verbose.
+
+    Optuna sets its logger to INFO when it is imported, so this runs again after the import
+    (the hpo modules call it once they have imported optuna).
+    """
+    if "optuna" in sys.modules and not verbose_requested():
+        sys.modules["optuna"].logging.set_verbosity(sys.modules["optuna"].logging.WARNING)
+
+
+def command_logger(name: str, prefix: str) -> logging.Logger:
+    """A logger for a command's own progress lines (``qac.hpo``), shown at INFO while libraries stay quiet.
+
+    It has its own handler and does not propagate, so the root handlers' WARNING floor
+    (:func:`setup_console`) drops the libraries' INFO lines but not these.
+    """
+    logger = logging.getLogger(name)
+    if not any(getattr(handler, "_qac_command", False) for handler in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}: %(message)s"))
+        handler._qac_command = True
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
 
 
 def is_main_process() -> bool:
@@ -143,3 +183,37 @@ def print_summary(stage: str, *facts: str, seconds: float | None = None) -> None
     """Print the stage's summary line on stdout (rank 0 only), flushed so it shows under ``dvc repro``."""
     if is_main_process():
         print(summary_line(stage, *facts, seconds=seconds), flush=True)
+
+
+def user_error_message(error: BaseException) -> str | None:
+    """The paragraph to print for a user error, or None when ``error`` is a program error."""
+    if isinstance(error, UserError):
+        return str(error)
+    if isinstance(error, SystemExit) and isinstance(error.code, str):
+        return error.code
+    return None
+
+
+def run_main(main: Callable[..., int | None], argv: list[str] | None = None, prog: str | None = None) -> NoReturn:
+    """Run an entry point's ``main(argv)`` and exit: a user error as one paragraph and status 2.
+
+    ``prog`` prefixes the message (default: the script's name). With ``-v`` on the command line or
+    ``QAC_VERBOSE=1`` the traceback is printed above the paragraph.
+    """
+    sys.exit(call_main(main, argv, prog))
+
+
+def call_main(main: Callable[..., int | None], argv: list[str] | None = None, prog: str | None = None) -> int:
+    """What :func:`run_main` does, returning the exit status instead of exiting (for tests and wrappers)."""
+    try:
+        return int(main(argv) or 0) if argv is not None else int(main() or 0)
+    except (UserError, SystemExit) as error:
+        message = user_error_message(error)
+        if message is None:
+            raise
+        arguments = sys.argv[1:] if argv is None else argv
+        if verbose_requested("-v" in arguments or "--verbose" in arguments):
+            traceback.print_exc()
+        name = prog or os.path.basename(sys.argv[0] or "qac")
+        print(f"{name}: error: {message}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT

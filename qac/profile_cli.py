@@ -6,12 +6,17 @@
   qac profile plan NAME            # every stage of the profile's pipeline, in run order, with its command
   qac profile plan NAME --cells    # every numeric cell of the paper's Tables 1-5: the run that produces it
   qac profile plan NAME --slurm DIR  # an sbatch script per stage, chained along the DVC graph (docs/cluster.md)
+  qac profile validate [NAME|FILE ...]  # check params files against the schema (all profiles by default)
+  qac profile docs [--check]       # write docs/parameters.md from the schema (--check: fail if stale)
 
 A profile is a folder profiles/NAME/ with its own params.yaml, dvc.yaml and
 dvc.lock; run it with `dvc repro profiles/NAME/dvc.yaml` (or `make smoke`,
 `make repro`). Rendering merges profiles/base.yaml with profiles/NAME.yaml;
 it never replaces a params file edited by hand unless given --force.
 `plan` needs no data, so it shows the paper's whole study on any machine.
+`validate` checks every key's type and range and the rules across keys
+(qac/params_schema.py) without running anything; every stage does the same
+before it loads a model. Exit status 2 when a file breaks the schema.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(exit 1 if one is missing)")
     plan.add_argument("--slurm", metavar="DIR", help="write one sbatch script per stage, submit.sh (chained along "
                       "the DVC graph) and sweep.sbatch into DIR (docs/cluster.md)")
+    validate = actions.add_parser("validate", help="check params files against the schema, running nothing")
+    validate.add_argument("targets", nargs="*", metavar="NAME|FILE",
+                          help=f"a profile ({', '.join(PROFILE_NAMES)}) or a params file (default: every profile)")
+    docs = actions.add_parser("docs", help="write docs/parameters.md from the schema")
+    docs.add_argument("--out", default="docs/parameters.md", help="where to write (default: docs/parameters.md)")
+    docs.add_argument("--check", action="store_true", help="write nothing; exit 1 when the file is stale")
 
 
 def _list() -> int:
@@ -78,7 +89,56 @@ def _render(names: list[str], force: bool) -> int:
     return status
 
 
+def _validate(targets: list[str]) -> int:
+    from pathlib import Path
+
+    from qac.config import load_params, profile_params_path
+    from qac.params_schema import ParamsError
+
+    status = 0
+    for target in targets or PROFILE_NAMES:
+        path = profile_params_path(target) if target in PROFILE_NAMES and not Path(target).is_file() else Path(target)
+        try:
+            params = load_params(path)
+        except ParamsError as error:
+            print(error, file=sys.stderr)
+            status = 2
+            continue
+        variants = len(params["pretrain"]["variants"])
+        print(f"{path}: valid (profile {params['profile']}, {variants} pre-training variants)")
+    return status
+
+
+def parameters_doc_text() -> str:
+    """docs/parameters.md as the schema and profiles/base.yaml make it now."""
+    from qac.config import profiles_root
+    from qac.params_schema import parameters_markdown, read_yaml
+
+    base = read_yaml((profiles_root() / "base.yaml").read_text(encoding="utf-8"))
+    return parameters_markdown(base)
+
+
+def _docs(out: str, check: bool) -> int:
+    from pathlib import Path
+
+    from qac.config import _write_text
+
+    text, path = parameters_doc_text(), Path(out)
+    current = path.exists() and path.read_text(encoding="utf-8") == text
+    if check:
+        print(f"{path}: " + ("current" if current else "stale: run `qac profile docs`"))
+        return 0 if current else 1
+    if not current:
+        _write_text(path, text)
+    print(f"{path}: " + ("up to date" if current else "written"))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.action == "validate":
+        return _validate(args.targets)
+    if args.action == "docs":
+        return _docs(args.out, args.check)
     if args.action == "list":
         return _list()
     if args.action == "render":

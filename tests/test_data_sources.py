@@ -225,14 +225,14 @@ def test_the_unavailable_error_is_one_paragraph_naming_mirror_variable_and_url(t
 def test_the_prepare_stage_prints_the_paragraph_without_a_traceback(tmp_path):
     params = render_profile("smoke")
     params["data_dir"] = str(tmp_path / "data")
-    params["datasets"] = {"elsewhere": {"format": "beir", "mirror": "elsewhere", "url": UNREACHABLE,
-                                        "splits": ["test"]}}
+    params["datasets"]["elsewhere"] = {"format": "beir", "mirror": "elsewhere", "url": UNREACHABLE,
+                                       "splits": ["test"]}
     write_params(params, tmp_path / "params.yaml")
     env = {**os.environ, "QAC_PARAMS": str(tmp_path / "params.yaml"), "QAC_DATA_MIRROR": str(tmp_path / "mirror"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, str(REPO / "pipelines" / "prepare.py"), "--dataset", "elsewhere"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1
+    assert done.returncode == 2     # a user error
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr

@@ -64,11 +64,16 @@ def make_study(root: Path, tiny_bert_dir: Path, variants=("none",)) -> dict:
     params["datasets"] = {"tinyset": {"format": "beir", "splits": ["train", "test"]},
                           "othertiny": {"format": "beir", "splits": ["test"]}}
     params["train_dataset"], params["zero_shot"] = "tinyset", ["othertiny"]
+    params["pretrain_corpus"] = "tinyset"
     params["mlflow"]["system_metrics"] = False
     params["pretrain"]["variants"] = {name: {"method": "none"} for name in variants}
     params["finetune"].update(query_max_len=12, passage_max_len=24, train_n_passages=3, batch_size=8, epochs=1,
                               lr=1e-4, mine_depth=6, max_train_queries=None, log_every=1, encode_batch_size=8)
     params["evaluate"].update(depth=10, batch_size=8, metrics=["RR@10", "R@10", "nDCG@10", "AP"])
+    # The other sections name what this study has (the schema checks every reference).
+    params["tables"]["in_domain_columns"] = [{"label": "RR@10", "dataset": None, "split": "test", "measure": "RR@10",
+                                              "paper": "mrr@10"}]
+    params["hpo"]["variant"] = variants[0]
     write_params(params, root / "params.yaml")
 
     data = root / "data" / "smoke"

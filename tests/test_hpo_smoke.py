@@ -83,6 +83,8 @@ def smoke_params(tmp_path: Path) -> dict:
     params["mlflow"]["system_metrics"] = False
     params["finetune"].update({"batch_size": 8, "train_n_passages": 2, "max_train_queries": None})
     params["evaluate"]["metrics"] = ["RR@10", "nDCG@10"]
+    params["tables"]["in_domain_columns"] = [{"label": "RR@10", "dataset": None, "split": "test", "measure": "RR@10",
+                                              "paper": "mrr@10"}]
     params["hpo"].update({
         "study_name": "smoke-test", "n_trials": 4, "dev": {"queries": 8}, "pretrain_steps": 3,
         "finetune_epochs": 1, "eval_every": 2, "report_dir": str(tmp_path / "reports"),

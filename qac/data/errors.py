@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 
+from qac.errors import UserError
 
-class DataFormatError(ValueError):
+
+class DataFormatError(ValueError, UserError):
     """Bad input data: ``path``, ``line`` (1-based, or None) and ``field`` (or None)."""
 
     def __init__(self, path: str | os.PathLike, line: int | None, field: str | None, problem: str):
@@ -26,5 +28,5 @@ class DataFormatError(ValueError):
         return type(self), (self.path, self.line, self.field, self.problem)
 
 
-class DatasetUnavailableError(RuntimeError):
+class DatasetUnavailableError(RuntimeError, UserError):
     """A declared dataset that is neither in the mirror nor downloadable."""

@@ -17,7 +17,6 @@ Running the same command again resumes the study. Live view:
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from pathlib import Path
 
@@ -75,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s hpo: %(message)s")
-    log = logging.getLogger("qac.hpo")
+    from qac.console import command_logger
+
+    log = command_logger("qac.hpo", "hpo")
 
     from qac.config import load_params, params_path, write_params
     from qac.hpo.report import log_report_to_mlflow, write_study_report

@@ -234,6 +234,9 @@ def open_study(params: Mapping[str, Any], settings: HpoSettings, worker_index: i
     """Create the study, or load it when it exists (a resumed study keeps its trials)."""
     import optuna
 
+    from qac.console import quiet_optuna
+
+    quiet_optuna()
     storage = make_storage(storage_location(params, settings), settings)
     study = optuna.create_study(
         study_name=settings.study_name, storage=storage, sampler=make_sampler(settings, worker_index),

@@ -313,8 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the trial's folder")
     args = parser.parse_args(argv)
     from qac.config import load_params
+    from qac.console import setup_console
     from qac.distributed import cleanup
 
+    setup_console()
     try:
         run_trial(load_params(args.params), Path(args.out))
     finally:
@@ -323,4 +325,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qac.console import run_main
+
+    run_main(main)

@@ -297,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0, help="worker number (seeds the sampler)")
     parser.add_argument("--gpus", default=None, help="CUDA_VISIBLE_DEVICES value for this worker's jobs")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker {args.index}: %(message)s")
+    from qac.console import command_logger, setup_console
+
+    setup_console()
+    command_logger("qac.hpo", f"worker {args.index}")
     # TERM (from the driver) ends the current trial as failed, with the job stopped.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     from qac.config import load_params
@@ -369,4 +372,6 @@ def run_worker_pool(params_file: Path, params: Mapping[str, Any], settings: HpoS
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qac.console import run_main
+
+    run_main(main)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from qac.errors import UserError
 from qac.train.biencoder import BiEncoder
 from qac.train.groups import GroupSampler, TrainingGroup, TrainingQuery
 from qac.train.optim import build_optimizer
@@ -38,10 +39,12 @@ class FinetuneSettings:
     dtype: str = "auto"             # autocast dtype on GPU; CPU always runs fp32
     seed: int = 42
     log_every: int = 1
+    incomplete_batch: str = "error"  # queries that do not fill a last whole batch: error | drop (counted)
 
     @classmethod
     def from_params(cls, section: Mapping[str, Any], seed: int) -> "FinetuneSettings":
-        """Settings from the ``finetune`` params section (keys not listed here are ignored)."""
+        """Settings from the ``finetune`` params section (the stage's other keys, mining depths and the
+        query cap, are read by the stage; the schema has checked every key, qac.params_schema)."""
         known = {field.name for field in fields(cls)}
         values = {key: value for key, value in section.items() if key in known}
         return cls(**{**values, "seed": seed})
@@ -75,11 +78,39 @@ def collate(groups: Sequence[TrainingGroup], passage_text: Mapping[str, str], to
     return dict(queries), dict(passages)
 
 
+class IncompleteBatchError(ValueError, UserError):
+    """The training queries do not fill whole batches of ``finetune.batch_size``."""
+
+
 def steps_per_epoch(n_queries: int, batch_size: int) -> int:
-    """Full global batches per epoch; the remainder is dropped so every step has the same batch."""
+    """Full global batches per epoch; a remainder is left out so every step has the same batch
+    (:func:`check_whole_batches` decides beforehand whether that is allowed)."""
     if n_queries < batch_size:
-        raise ValueError(f"{n_queries} training queries are fewer than one batch of {batch_size}")
+        raise IncompleteBatchError(f"{n_queries} training queries are fewer than one batch of {batch_size} "
+                                   "(finetune.batch_size): lower finetune.batch_size")
     return n_queries // batch_size
+
+
+def check_whole_batches(n_queries: int, settings: "FinetuneSettings", where: str = "fine-tuning") -> int:
+    """How many of ``n_queries`` training queries whole batches leave out (0 when they divide).
+
+    Under ``incomplete_batch: error`` a remainder stops the stage before any model is loaded, with the
+    counts and the settings to change; under ``drop`` the caller reports the number left out.
+    """
+    batch = settings.batch_size
+    if n_queries < batch:
+        raise IncompleteBatchError(f"{where}: {n_queries} training queries are fewer than one batch of {batch} "
+                                   "(finetune.batch_size): lower finetune.batch_size")
+    left_out = n_queries % batch
+    if left_out and settings.incomplete_batch != "drop":
+        fitting = n_queries - left_out
+        divisors = [d for d in range(batch - 1, 0, -1) if n_queries % d == 0][:1]
+        raise IncompleteBatchError(
+            f"{where}: {n_queries} training queries do not fill whole batches of {batch} (finetune.batch_size): "
+            f"{n_queries // batch} batches would leave {left_out} queries out. Set finetune.batch_size to a divisor "
+            f"of {n_queries}{f' (e.g. {divisors[0]})' if divisors else ''}, finetune.max_train_queries to {fitting}, "
+            "or finetune.incomplete_batch: drop to leave them out knowingly")
+    return left_out
 
 
 StepCallback = Callable[[int, dict[str, float]], None]
@@ -117,6 +148,7 @@ def train_biencoder(
 
         trained = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
+    check_whole_batches(len(sampler), settings)
     per_epoch = steps_per_epoch(len(sampler), settings.batch_size)
     total_steps = per_epoch * settings.epochs
     optimizer, scheduler = build_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay,

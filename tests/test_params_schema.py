@@ -1,0 +1,308 @@
+"""The params schema: every key declared, typed and ranged; wrong settings refused before any work.
+
+The first part reproduces what a stress test of the smoke profile found (a misspelt key
+trained with the default, C=10 trained as C=4, a batch size of 0, a negative learning rate,
+DVC's ``5e-05``); the second holds bad parameters of other kinds, to check that the promise
+is general: the error names the file, the line and the dotted key, and says what was expected.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qac.config import PROFILE_NAMES, load_params, profile_params_path, render_profile, write_params
+from qac.params_schema import ParamsError, Params, known_keys_at, read_yaml, validate_params
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def smoke() -> dict:
+    return load_params(REPO / "profiles" / "smoke" / "params.yaml")
+
+
+def edited(tmp_path: Path, params: dict, edit) -> Path:
+    """``params`` changed by ``edit(params)``, written as a rendered params file; its path."""
+    changed = copy.deepcopy(params)
+    edit(changed)
+    path = tmp_path / "params.yaml"
+    write_params(changed, path)
+    return path
+
+
+def refused(path: Path) -> ParamsError:
+    with pytest.raises(ParamsError) as caught:
+        load_params(path)
+    return caught.value
+
+
+def line_of(path: Path, text: str) -> int:
+    """1-based line of the first line of ``path`` that contains ``text``."""
+    return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+# --- every profile, every key -------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PROFILE_NAMES)
+def test_every_profile_satisfies_the_schema(name):
+    params = load_params(profile_params_path(name, REPO / "profiles"))
+    assert isinstance(validate_params(params), Params)
+    # The file a profile renders from validates too, so profiles/<name>.yaml cannot add an undeclared key.
+    validate_params(render_profile(name, REPO / "profiles"))
+
+
+def _leaf_keys(mapping: dict, prefix: str = ""):
+    for key, value in mapping.items():
+        dotted = f"{prefix}{key}"
+        yield dotted
+        if isinstance(value, dict) and key not in ("datasets", "variants", "space", "kind_prefixes", "stages"):
+            yield from _leaf_keys(value, dotted + ".")
+
+
+def test_every_key_of_base_yaml_is_declared_with_a_description():
+    base = read_yaml((REPO / "profiles" / "base.yaml").read_text())
+    for key in _leaf_keys(base):
+        parent, _, name = key.rpartition(".")
+        parts = tuple(parent.split(".")) if parent else ()
+        assert name in known_keys_at(parts), f"{key}: in profiles/base.yaml but not in qac/params_schema.py"
+    for model in _models(Params):
+        for name, info in model.model_fields.items():
+            assert info.description, f"{model.__name__}.{name} has no description"
+
+
+def _models(model, seen=None):
+    import typing
+
+    from pydantic import BaseModel
+
+    seen = seen if seen is not None else []
+    if model in seen:
+        return seen
+    seen.append(model)
+    for info in model.model_fields.values():
+        stack = [info.annotation]
+        while stack:
+            annotation = stack.pop()
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                _models(annotation, seen)
+            stack.extend(typing.get_args(annotation))
+    return seen
+
+
+def test_docs_parameters_md_is_generated_from_the_current_schema():
+    from qac.profile_cli import parameters_doc_text
+
+    text = parameters_doc_text()
+    assert (REPO / "docs" / "parameters.md").read_text(encoding="utf-8") == text, \
+        "docs/parameters.md is stale: run `qac profile docs`"
+    for key in ("finetune.lr", "pretrain.variants.<name>.query_count", "querygen.queries_per_passage",
+                "datasets.<name>.md5", "hpo.space"):
+        assert f"`{key}`" in text
+
+
+# --- reproductions ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("edit, key, suggestion", [
+    (lambda p: p["finetune"].update(learning_rate=p["finetune"].pop("lr")), "finetune.learning_rate", "finetune.lr"),
+    (lambda p: p.update(seeed=p.pop("seed")), "seeed", "seed"),
+    (lambda p: p["prepare"].update(max_document=p["prepare"].pop("max_documents")), "prepare.max_document",
+     "prepare.max_documents"),
+    (lambda p: p.update(finetun=p.pop("finetune")), "finetun", "finetune"),
+])
+def test_a_misspelt_key_is_an_error_naming_the_key_its_line_and_the_close_spelling(tmp_path, smoke, edit, key,
+                                                                                    suggestion):
+    path = edited(tmp_path, smoke, edit)
+    error = refused(path)
+    message = str(error)
+    name = key.rpartition(".")[2]
+    assert f"{path}:{line_of(path, name + ':')}: parameter {key}: unknown key; did you mean {suggestion}?" in message
+    assert "Traceback" not in message and "missing" not in message   # the misspelling is the one problem
+
+
+def test_a_query_count_above_the_generated_candidates_is_refused(tmp_path, smoke):
+    def edit(params):
+        params["querygen"]["queries_per_passage"] = 4
+        params["pretrain"]["variants"]["cocondenser-query-q4"]["query_count"] = 10
+
+    path = edited(tmp_path, smoke, edit)
+    message = str(refused(path))
+    assert "pretrain.variants.cocondenser-query-q4.query_count: C=10" in message
+    assert "querygen.queries_per_passage generates 4" in message
+    assert f"{path}:{line_of(path, 'cocondenser-query-q4:')}:" in message
+
+
+@pytest.mark.parametrize("key, value, written, expected", [
+    ("batch_size", 0, "batch_size: 0,", "must be >= 1, found 0"),
+    ("lr", -2e-5, "lr: -2.0e-05,", "must be >= 0, found -2e-05"),
+])
+def test_a_value_out_of_range_names_the_key_and_the_range(tmp_path, smoke, key, value, written, expected):
+    path = edited(tmp_path, smoke, lambda p: p["finetune"].update({key: value}))
+    message = str(refused(path))
+    assert message.startswith(f"{path}:{line_of(path, written)}: parameter finetune.{key}: {expected}.")
+
+
+def test_floats_as_dvc_writes_them_read_as_numbers(tmp_path, smoke):
+    """``dvc exp run -S ...lr=5e-5`` writes ``lr: 5e-05``, which YAML 1.1 reads as a string."""
+    path = edited(tmp_path, smoke, lambda p: None)
+    text = path.read_text()
+    assert text.count(" lr: 0.0001,") == 1 and text.count(" lr: 2.0e-05,") == 1   # pretrain.common, finetune
+    text = text.replace(" lr: 0.0001,", " lr: 5e-05,").replace(" lr: 2.0e-05,", " lr: 1e-4,")
+    assert "lr: 5e-05" in text and "lr: 1e-4" in text
+    path.write_text(text)
+    params = load_params(path)
+    assert params["pretrain"]["common"]["lr"] == 5e-05 and params["finetune"]["lr"] == 1e-4
+    assert isinstance(params["pretrain"]["common"]["lr"], float)
+    assert yaml.safe_load("lr: 5e-05")["lr"] == "5e-05"     # what PyYAML alone makes of it
+    # Integers stay integers, strings strings.
+    assert read_yaml("a: 5\nb: 1_000\nc: e5\nd: '5e-05'\n") == {"a": 5, "b": 1000, "c": "e5", "d": "5e-05"}
+
+
+# --- bad parameters of other kinds ---------------------------------------------------------
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda p: p["finetune"].update(lr="5e-05"), "parameter finetune.lr: expected a number, found '5e-05' "
+                                                 "(a number written as a string: drop the quotes)"),
+    (lambda p: p["finetune"].update(batch_size=True), "parameter finetune.batch_size: expected an integer, found True"),
+    (lambda p: p["finetune"].update(batch_size="8"), "parameter finetune.batch_size: expected an integer, found '8'"),
+    (lambda p: p["finetune"].update(epochs=1.5), "parameter finetune.epochs: expected an integer, found 1.5"),
+    (lambda p: p["finetune"].update(pooling="max"), "parameter finetune.pooling: expected one of 'cls' or 'mean'"),
+    (lambda p: p["querygen"].update(top_p=1.5), "parameter querygen.top_p: must be <= 1, found 1.5"),
+    (lambda p: p["pretrain"]["common"].update(mlm_probability=1.0),
+     "parameter pretrain.common.mlm_probability: must be < 1"),
+    (lambda p: p["pretrain"]["common"].update(lr=float("nan")), "parameter pretrain.common.lr: must be a finite"),
+    (lambda p: p["pretrain"]["variants"]["cotmae-passage"].update(metod="cotmae"),
+     "parameter pretrain.variants.cotmae-passage.metod: unknown key; did you mean "
+     "pretrain.variants.cotmae-passage.method?"),
+    (lambda p: p["pretrain"]["variants"]["cotmae-passage"].update(steps=0),
+     "parameter pretrain.variants.cotmae-passage.steps: must be >= 1"),
+    (lambda p: p["pretrain"]["variants"]["none"].pop("method"), "parameter pretrain.variants.none.method: missing"),
+    (lambda p: p["datasets"]["scifact"].update(md5="abc"), "parameter datasets.scifact.md5: expected a string of the form ^[0-9a-fA-F]{32}$, found 'abc'"),
+    (lambda p: p["datasets"]["scifact"].update(fromat="beir"),
+     "parameter datasets.scifact.fromat: unknown key; did you mean datasets.scifact.format?"),
+    (lambda p: p.update(train_dataset="scifcat"),
+     "parameter train_dataset: 'scifcat' is not a key of datasets (declared: scifact, cranfield); did you mean "
+     "scifact?"),
+    (lambda p: p["finetune"].pop("epochs"), "parameter finetune.epochs: missing"),
+    (lambda p: p["hpo"].update(variant="cotmae-query-q20"), "parameter hpo.variant: 'cotmae-query-q20' is not a key"),
+    (lambda p: p["hpo"]["space"].update({"pretrain.lr": {"type": "float", "low": 1e-3, "high": 1e-5}}),
+     "hpo.space.pretrain.lr: 'low' (0.001) is above 'high' (1e-05)"),
+    (lambda p: p["pretrain"]["variants"]["cocondenser-passage"].update(batch_size=9, grad_accumulation=2),
+     "parameter pretrain.variants.cocondenser-passage.batch_size: 9 pairs per step do not split into "
+     "grad_accumulation=2"),
+    (lambda p: p["finetune"].update(mine_skip_top=30), "parameter finetune.mine_skip_top: 30 skips every mined"),
+    (lambda p: p["finetune"].update(mine_depth=500),
+     "parameter finetune.mine_depth: 500 exceeds the 120 documents the profile keeps of scifact"),
+    (lambda p: p["finetune"].update(max_train_queries=60, incomplete_batch="error"),
+     "parameter finetune.max_train_queries: 60 queries do not fill whole batches of 8"),
+    (lambda p: p["evaluate"].update(metrics=["RR@10", "MRR@10"]),
+     "parameter evaluate.metrics.1: unknown measure 'MRR@10'"),
+    (lambda p: p["evaluate"].update(zero_shot_variants=["cocondenser-qeury-q4"]),
+     "parameter evaluate.zero_shot_variants.0: 'cocondenser-qeury-q4' is not a key of pretrain.variants"),
+    (lambda p: p["tables"]["in_domain_columns"][0].update(split="dev"),
+     "parameter tables.in_domain_columns.0.split: 'dev' is not a split of scifact (train, test)"),
+    (lambda p: p["annotation"].update(calibration_split="dev"),
+     "parameter annotation.calibration_split: 'dev' is not a split of train_dataset scifact"),
+    (lambda p: p.update(zero_shot=["cranfeld"]), "parameter zero_shot.0: 'cranfeld' is not a key of datasets"),
+    (lambda p: p["querygen"].update(batch_invariant="yes"), "parameter querygen.batch_invariant: expected one of"),
+])
+def test_bad_parameters_of_every_kind_are_named(tmp_path, smoke, edit, expected):
+    path = edited(tmp_path, smoke, edit)
+    message = str(refused(path))
+    assert expected in message, message
+    assert message.startswith(f"{path}:")
+
+
+def test_several_problems_are_listed_together_each_with_its_line(tmp_path, smoke):
+    def edit(params):
+        params["finetune"]["batch_size"] = 0
+        params["split"]["max_len"] = -1
+        params["bm25"]["k"] = 0.9
+
+    path = edited(tmp_path, smoke, edit)
+    message = str(refused(path))
+    assert message.startswith(f"{path}: 3 problems in the parameters:")
+    for key, text in (("finetune.batch_size", "batch_size: 0,"), ("split.max_len", "max_len: -1,"),
+                      ("bm25.k", " k: 0.9")):
+        assert f"{path}:{line_of(path, text)}: parameter {key}:" in message
+
+
+def test_a_file_that_is_not_yaml_or_not_there_is_named(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("profile: smoke\nfinetune:\n  lr: [1\n")
+    assert "not valid YAML at line" in str(refused(broken))
+    assert "no such params file" in str(refused(tmp_path / "absent.yaml"))
+    assert "is a folder, not a params file" in str(refused(tmp_path))
+
+
+# --- the command line: one paragraph, exit status 2 -----------------------------------------
+
+def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+                   **env}
+    environment.pop("QAC_VERBOSE", None)
+    environment.update(env)
+    return subprocess.run(args, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+
+
+def test_qac_profile_validate_checks_a_file_alone(tmp_path, smoke):
+    good = edited(tmp_path, smoke, lambda p: None)
+    done = _run([sys.executable, "-m", "qac.cli", "profile", "validate", str(good)], tmp_path)
+    assert done.returncode == 0 and "valid (profile smoke, 7 pre-training variants)" in done.stdout
+    bad = edited(tmp_path, smoke, lambda p: p["finetune"].update(learning_rate=1e-4))
+    done = _run([sys.executable, "-m", "qac.cli", "profile", "validate", str(bad)], tmp_path)
+    assert done.returncode == 2
+    assert "finetune.learning_rate: unknown key; did you mean finetune.lr?" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("stage, argv", [
+    ("finetune", ["--variant", "none"]),
+    ("pretrain", ["--variant", "cocondenser-query-q4"]),
+    ("generate_queries", []),
+])
+def test_a_stage_refuses_bad_parameters_before_any_work(tmp_path, smoke, stage, argv):
+    path = edited(tmp_path, smoke, lambda p: (p["finetune"].update(learning_rate=1e-4),
+                                              p.update(data_dir=str(tmp_path / "data"))))
+    done = _run([sys.executable, str(REPO / "pipelines" / f"{stage}.py"), *argv], tmp_path, QAC_PARAMS=str(path))
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith(f"{stage}.py: error: {path}:{line_of(path, 'learning_rate')}: parameter "
+                               "finetune.learning_rate: unknown key; did you mean finetune.lr?")
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "mlflow.db").exists()   # nothing started
+
+
+def test_verbose_adds_the_traceback_to_a_user_error(tmp_path, smoke):
+    bad = edited(tmp_path, smoke, lambda p: p["finetune"].update(batch_size=0))
+    quiet = _run([sys.executable, "-m", "qac.cli", "check", "--params", str(bad)], tmp_path)
+    loud = _run([sys.executable, "-m", "qac.cli", "check", "--params", str(bad)], tmp_path, QAC_VERBOSE="1")
+    flag = _run([sys.executable, "-m", "qac.cli", "check", "--params", str(bad), "-v"], tmp_path)
+    assert quiet.returncode == loud.returncode == flag.returncode == 2
+    assert "Traceback" not in quiet.stderr
+    assert quiet.stderr.startswith("qac: error: ") and "finetune.batch_size: must be >= 1, found 0" in quiet.stderr
+    for done in (loud, flag):
+        assert "Traceback (most recent call last)" in done.stderr
+        assert done.stderr.rstrip().endswith(quiet.stderr.rstrip().splitlines()[-1])
+
+
+def test_a_program_error_keeps_its_traceback(monkeypatch, capsys):
+    from qac.console import call_main
+
+    def broken(argv):
+        raise ZeroDivisionError("a bug")
+
+    with pytest.raises(ZeroDivisionError):
+        call_main(broken, [])
+
+    def user(argv):
+        raise SystemExit("data/x: missing (run the stage y)")
+
+    assert call_main(user, [], prog="stage") == 2
+    assert capsys.readouterr().err == "stage: error: data/x: missing (run the stage y)\n"
