@@ -163,3 +163,13 @@ def test_each_switch_value_runs_on_the_smoke_profile(entry_id, recipe, profiles,
         _run_pretrain(params, entry, tmp_path)
     else:
         RUNNERS[entry.stage](params, entry, tmp_path, tiny_bert_dir)
+
+
+def test_the_tables_stage_reruns_when_a_switch_changes():
+    """The tables print each cell's recipe, so every switch (or a section holding it) is a tables param."""
+    import yaml
+
+    stage = yaml.safe_load((REPO / "profiles" / "pipeline.yaml").read_text())["stages"]["tables"]
+    keys = [key for entry in stage["params"] for file_keys in entry.values() for key in file_keys]
+    for entry in deviations.switches():
+        assert any(entry.switch == key or entry.switch.startswith(key + ".") for key in keys), entry.switch
