@@ -61,8 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     root = profile_dir(params)
     out_dir = root / "pretrain" / args.variant
     work_dir = root / ".work" / "pretrain" / args.variant
+    from qac.models.factory import required_inputs
+
+    needed = required_inputs(settings)      # what this method and context read besides the passages
     inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
-    queries = inputs["queries"] if settings.context_type in ("query", "mixed") else None
+    queries = inputs["queries"] if "queries" in needed else None
+    extra = {name: root / f"{name}.{'json' if name == 'word_frequencies' else 'arrow'}"
+             for name in needed if name != "queries"}
 
     dist = init_distributed()
     step_log = StepLog()    # a resumed run replays the checkpoint's history into it: the whole curve
@@ -77,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     tags = {"qac.variant": args.variant, "qac.method": settings.method,
             "qac.context_type": settings.context_type if settings.method != "none" else "none",
             "qac.query_count": settings.query_count if settings.method != "none" else 0,
-            "qac.cotmae_decoder": settings.cotmae_decoder if settings.method == "cotmae" else "none"}
+            "qac.cotmae_decoder": settings.cotmae_decoder if settings.method == "cotmae" else "none",
+            "qac.master_decoders": ",".join(settings.master_decoders) if settings.method == "master" else "none"}
     stage = f"pretrain@{args.variant}"
     tracked = (stage_run(params, stage, variant_run_name(description, "pretrain"), kind="pretrain",
                          stage_params={**settings.to_dict(), **description}, inputs=inputs, tags=tags)
@@ -101,9 +107,12 @@ def main(argv: list[str] | None = None) -> None:
                 log_file_input(inputs["passages"], "passages", "training")
                 if queries is not None:
                     log_file_input(queries, "generated-queries", "training")
+                for name, path in extra.items():
+                    log_file_input(path, name.replace("_", "-"), "training")
             summary = pretrain(settings, passages=inputs["passages"], queries=queries, work_dir=work_dir,
                                out_dir=staging, log=log_step if dist.is_main else None, run_id=run_id,
-                               on_resume=on_resume if dist.is_main else None, remove_work=False)
+                               on_resume=on_resume if dist.is_main else None, remove_work=False,
+                               extra_inputs=extra)
             if dist.is_main:
                 import mlflow
 

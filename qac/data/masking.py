@@ -64,14 +64,12 @@ def whole_word_mask(token_ids: list[int], vocab: MaskingVocab, probability: floa
     random order and taken while the budget ``round(probability * maskable)``
     (at least one token) is not exceeded, as in BERT's whole-word masking.
     """
-    inputs = list(token_ids)
-    labels = [IGNORE_INDEX] * len(token_ids)
     if probability <= 0:
-        return inputs, labels
+        return list(token_ids), [IGNORE_INDEX] * len(token_ids)
     spans = word_spans(token_ids, vocab)
     maskable = sum(end - start for start, end in spans)
     if maskable == 0:
-        return inputs, labels
+        return list(token_ids), [IGNORE_INDEX] * len(token_ids)
     budget = max(1, int(round(probability * maskable)))
     chosen: list[int] = []
     for word in rng.permutation(len(spans)):
@@ -81,6 +79,19 @@ def whole_word_mask(token_ids: list[int], vocab: MaskingVocab, probability: floa
         chosen.extend(range(start, end))
         if len(chosen) == budget:
             break
+    return mask_positions(token_ids, chosen, vocab, rng)
+
+
+def mask_positions(token_ids: list[int], chosen: list[int], vocab: MaskingVocab,
+                   rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """``(inputs, labels)`` with the ``chosen`` positions masked by BERT's 80/10/10 recipe.
+
+    ``labels`` holds the original id at each chosen position and ``IGNORE_INDEX``
+    elsewhere; of the chosen tokens 80% become [MASK], 10% a random token and
+    10% stay as they are (draws in the order of ``chosen``).
+    """
+    inputs = list(token_ids)
+    labels = [IGNORE_INDEX] * len(token_ids)
     replacement = rng.random(len(chosen))
     random_tokens = rng.integers(0, vocab.vocab_size, size=len(chosen))
     for position, draw, random_token in zip(chosen, replacement, random_tokens):
@@ -90,3 +101,47 @@ def whole_word_mask(token_ids: list[int], vocab: MaskingVocab, probability: floa
         elif draw < 0.9:
             inputs[position] = int(random_token)
     return inputs, labels
+
+
+def word_strings(pieces: list[str], spans: list[tuple[int, int]]) -> list[str]:
+    """The word each span of word-pieces spells (``##`` continuations joined), as word frequencies key it.
+
+    ``pieces`` are the sequence's word-pieces (``tokenizer.convert_ids_to_tokens``).
+    """
+    return [pieces[start] + "".join(piece[2:] for piece in pieces[start + 1:end]) for start, end in spans]
+
+
+def weighted_word_mask(token_ids: list[int], vocab: MaskingVocab, probability: float, weights: list[float],
+                       rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """Whole-word masking where word ``i`` of :func:`word_spans` is drawn with weight ``weights[i]``.
+
+    Words are drawn without replacement with probability proportional to
+    their weight (Efraimidis-Spirakis: each word gets the key
+    ``u ** (1 / weight)``, ``u`` uniform, and words are visited by decreasing
+    key), then taken while the budget ``round(probability * maskable)`` (at
+    least one token) is not exceeded, as in :func:`whole_word_mask`; the
+    chosen tokens are masked 80/10/10. Equal weights give uniform whole-word
+    masking. MASTER's MKP decoder weights a word by its TF-IDF, so rare
+    keywords are masked more often.
+    """
+    spans = word_spans(token_ids, vocab)
+    if len(weights) != len(spans):
+        raise ValueError(f"{len(weights)} weights for {len(spans)} words")
+    maskable = sum(end - start for start, end in spans)
+    if probability <= 0 or maskable == 0:
+        return list(token_ids), [IGNORE_INDEX] * len(token_ids)
+    budget = max(1, int(round(probability * maskable)))
+    weight = np.asarray(weights, dtype=np.float64)
+    if (weight <= 0).any() or not np.isfinite(weight).all():
+        raise ValueError("word weights must be positive and finite")
+    # log of u ** (1 / w), which orders the words as the keys themselves do
+    keys = np.log(rng.random(len(spans))) / weight
+    chosen: list[int] = []
+    for word in np.argsort(-keys, kind="stable"):
+        start, end = spans[word]
+        if len(chosen) + (end - start) > budget:
+            continue
+        chosen.extend(range(start, end))
+        if len(chosen) == budget:
+            break
+    return mask_positions(token_ids, sorted(chosen), vocab, rng)

@@ -9,7 +9,8 @@ Table 4).
 Which passages can be anchors:
 
 - ``passage``: passages whose chosen passage context (``passage_context``:
-  ``random_sampled``, ``nearby`` or ``overlap``) is non-empty. Single-span
+  ``random_sampled``, ``nearby``, ``overlap``, or ``next``: the span after the
+  anchor, which MASTER's NPR decoder recovers) is non-empty. Single-span
   documents have no other span, so their passages are skipped and counted in
   :attr:`PairCorpus.skipped_no_passage_context`.
 - ``query``: passages with at least one generated query (skipped otherwise and
@@ -41,7 +42,7 @@ from qac.data.errors import DataFormatError
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask
 
 CONTEXT_TYPES = ("passage", "query", "mixed")
-PASSAGE_CONTEXTS = ("random_sampled", "nearby", "overlap")
+PASSAGE_CONTEXTS = ("random_sampled", "nearby", "overlap", "next")
 # Rows checked at a time when the corpus is loaded: bounds the memory of the scan.
 _SCAN_ROWS = 1 << 13
 
@@ -102,6 +103,9 @@ class PairCorpus:
         if self.passage_context == "overlap":
             overlap = contexts["overlap"].strip()
             return [overlap] if overlap else []
+        if self.passage_context == "next":     # the span after the anchor: its nearby pid at position + 1
+            following = f"{record['doc_id']}#{record['position'] + 1}"
+            return [self._context_row(record, pid) for pid in contexts["nearby"] if pid == following]
         return [self._context_row(record, pid) for pid in contexts[self.passage_context]]
 
     def _context_row(self, record: dict, pid: str) -> int:
@@ -141,6 +145,11 @@ def _has_passage_context(part: pa.Table, passage_context: str) -> np.ndarray:
     if passage_context == "overlap":
         overlap = pc.struct_field(contexts, "overlap")
         return pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(overlap)), 0).to_numpy(zero_copy_only=False)
+    if passage_context == "next":
+        # nearby holds the pids at positions k-1 and k+1 that exist: a next span exists when
+        # more remain than the previous one (none before position 0).
+        nearby = pc.list_value_length(pc.struct_field(contexts, "nearby")).to_numpy(zero_copy_only=False)
+        return nearby - (part.column("position").to_numpy() > 0) >= 1
     return pc.greater(pc.list_value_length(pc.struct_field(contexts, passage_context)), 0).to_numpy(
         zero_copy_only=False)
 
@@ -227,6 +236,7 @@ class Pair:
     anchor: str
     context: str
     context_kind: str     # "passage" | "query"
+    row: int = -1         # the anchor's row of passages.arrow
 
 
 @dataclass
@@ -271,7 +281,8 @@ class PairSampler:
         pairs = []
         for index, (record, (kind, choice)) in enumerate(zip(records, drawn)):
             context = next(texts) if kind == "passage" and isinstance(choice, int) else choice
-            pairs.append(Pair(index=index, anchor=record["text"], context=context, context_kind=kind))
+            pairs.append(Pair(index=index, anchor=record["text"], context=context, context_kind=kind,
+                              row=record["row"]))
         return pairs
 
 

@@ -1,16 +1,17 @@
-"""Build the pre-training model a run's settings name (``method`` and its options)."""
+"""Build the pre-training model a run's settings name (``method`` and its options), and its batches."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-METHODS = ("none", "cocondenser", "cotmae")
+METHODS = ("none", "cocondenser", "cotmae", "master")
 
 
 def build_pretraining_model(settings: Mapping[str, Any], seed: int, full_vocab_logits: bool = False):
-    """coCondenser or CoT-MAE initialised from ``settings["init"]`` (a model spec)."""
+    """coCondenser, CoT-MAE or MASTER initialised from ``settings["init"]`` (a model spec)."""
     from qac.models.cocondenser import CoCondenser
     from qac.models.cotmae import CoTMAE
+    from qac.models.master import Master
 
     method = settings["method"]
     if method == "cocondenser":
@@ -28,4 +29,36 @@ def build_pretraining_model(settings: Mapping[str, Any], seed: int, full_vocab_l
             mask_ratio=float(settings["cotmae_mask_ratio"]),
             decoder_mask_ratio=float(settings["cotmae_decoder_mask_ratio"]),
             full_vocab_logits=full_vocab_logits)
+    if method == "master":
+        return Master.from_spec(
+            settings["init"], seed=seed, dropout=settings.get("dropout"), decoders=tuple(settings["master_decoders"]),
+            decoder_layers=int(settings["master_decoder_layers"]), weights=dict(settings["master_weights"]),
+            mask_ratio=float(settings["master_mask_ratio"]),
+            decoder_mask_ratio=float(settings["master_decoder_mask_ratio"]), full_vocab_logits=full_vocab_logits)
     raise ValueError(f"method must be one of {METHODS} (none exports the init encoder), got {method!r}")
+
+
+def required_inputs(settings) -> list[str]:
+    """Files besides ``passages.arrow`` a run of ``settings`` reads: ``queries`` (query or mixed
+    context, MASTER's DOR decoder), ``continuations`` (MASTER's GOR), ``word_frequencies`` (MASTER's MKP)."""
+    if settings.method == "master":
+        from qac.data.master import required_inputs as master_inputs
+
+        return master_inputs(settings)
+    return ["queries"] if settings.method != "none" and settings.context_type in ("query", "mixed") else []
+
+
+def build_batches(settings, model, tokenizer, corpus, inputs: Mapping[str, Any]):
+    """``(sampler, collator)`` of a run: ``sampler.batch(step, size)`` gives the global batch's
+    examples, ``collator(examples, step)`` this process's tensors. ``inputs`` maps the names of
+    :func:`required_inputs` to their paths."""
+    from qac.data.pairs import PairCollator, PairSampler
+
+    sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob)
+    if settings.method == "master":
+        from qac.data.master import master_batches
+
+        return master_batches(settings, model.mask_ratios, tokenizer, sampler, dict(inputs))
+    collator = PairCollator(tokenizer, settings.max_len, settings.query_max_len, *model.mask_ratios,
+                            seed=settings.seed, pad_to=settings.pad_to)
+    return sampler, collator

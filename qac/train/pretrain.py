@@ -1,4 +1,4 @@
-"""The pre-training loop, shared by coCondenser and CoT-MAE.
+"""The pre-training loop, shared by coCondenser, CoT-MAE and MASTER.
 
 The model owns its forward pass and loss (qac.models); the loop samples pairs,
 runs the optimisation steps, logs and checkpoints, whatever the method. Method
@@ -30,13 +30,14 @@ import shutil
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 
-METHODS = ("none", "cocondenser", "cotmae")
+METHODS = ("none", "cocondenser", "cotmae", "master")
+MASTER_TASKS = ("mkp", "cmp", "npr", "dor", "gor")
 DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64")
 LogFn = Callable[[int, dict[str, float]], None]
 
@@ -69,6 +70,12 @@ class PretrainSettings:
     cotmae_decoder_weight: float = 1.0
     cotmae_attention_window: int = 3
     cotmae_decoder_mask_ratio: float = 0.45
+    master_decoders: tuple[str, ...] = MASTER_TASKS   # any subset of mkp, cmp, npr, dor, gor
+    master_mask_ratio: float = 0.30
+    master_decoder_mask_ratio: float = 0.50
+    master_decoder_layers: int = 2
+    master_weights: dict[str, float] = field(default_factory=lambda: {task: 1.0 for task in MASTER_TASKS})
+    master_dor_queries: int = 10      # generated queries joined into the DOR decoder's text
     mixed_query_prob: float = 0.5
     passage_context: str = "random_sampled"
     pad_to: int | None = None         # None: dynamic padding to the longest sequence of a batch side
@@ -115,6 +122,23 @@ class PretrainSettings:
         for name in ("steps", "batch_size", "grad_accumulation", "checkpoint_every", "log_every", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{where}: {name} must be at least 1, got {getattr(self, name)}")
+        if self.method == "master":
+            self.validate_master(where)
+
+    def validate_master(self, where: str) -> None:
+        decoders = list(self.master_decoders)
+        if any(task not in MASTER_TASKS for task in decoders) or len(set(decoders)) != len(decoders):
+            raise ValueError(f"{where}: master_decoders must be distinct names among {', '.join(MASTER_TASKS)}, "
+                             f"got {decoders}")
+        unknown = sorted(set(self.master_weights) - set(MASTER_TASKS))
+        if unknown:
+            raise ValueError(f"{where}: master_weights: unknown decoder(s) {', '.join(unknown)}")
+        for name in ("master_mask_ratio", "master_decoder_mask_ratio"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{where}: {name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("master_decoder_layers", "master_dor_queries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{where}: {name} must be at least 1, got {getattr(self, name)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -147,13 +171,14 @@ def export_init_encoder(settings: PretrainSettings, path: str | Path) -> None:
         load_tokenizer(settings.init).save_pretrained(tmp)
 
 
-def inputs_md5(passages: str | Path, queries: str | Path | None) -> dict[str, str]:
+def inputs_md5(passages: str | Path, queries: str | Path | None,
+               extra: Mapping[str, str | Path | None] | None = None) -> dict[str, str]:
     """MD5 of the files a run reads (the hash DVC uses), computed once and shared by every process."""
     from qac.distributed import broadcast_object
     from qac.io import file_md5
 
     def compute() -> dict[str, str]:
-        files = {"passages": passages, "queries": queries}
+        files = {"passages": passages, "queries": queries, **(extra or {})}
         return {name: file_md5(path) for name, path in files.items() if path is not None}
 
     return broadcast_object(compute)
@@ -200,7 +225,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
              work_dir: str | Path, out_dir: str | Path, log: LogFn | None = None,
              full_vocab_logits: bool = False, run_id: str | None = None,
              on_resume: Callable[[dict[str, Any]], None] | None = None,
-             remove_work: bool = True) -> dict[str, Any]:
+             remove_work: bool = True, extra_inputs: Mapping[str, str | Path] | None = None) -> dict[str, Any]:
     """Run (or resume) one variant; writes ``out_dir/encoder`` and ``out_dir/checkpoint``.
 
     ``log(step, metrics)`` is called on the main process every ``log_every``
@@ -209,12 +234,14 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     work checkpoint was found: ``resumed_from_step``, ``discarded_checkpoint``,
     ``discard_reason`` and ``previous_run_id`` (the ``run_id`` of the run that
     wrote it). ``remove_work=False`` leaves the work directory for the caller
-    to remove once it has published ``out_dir``. Returns a summary: steps run,
+    to remove once it has published ``out_dir``. ``extra_inputs`` names the
+    other files a method reads (MASTER: ``continuations``, ``word_frequencies``;
+    :func:`qac.models.factory.required_inputs`); they join the fingerprint. Returns a summary: steps run,
     where training resumed, corpus counts, the model's settings.
     """
-    from qac.data.pairs import PairCollator, PairSampler, load_pair_corpus, shard
+    from qac.data.pairs import load_pair_corpus, shard
     from qac.distributed import autocast_dtype as pick_autocast, init_distributed
-    from qac.models.factory import build_pretraining_model
+    from qac.models.factory import build_batches, build_pretraining_model
     from qac.models.loading import load_tokenizer
     from qac.models.losses import all_reduce_sum
     from qac.train.checkpoint import load_checkpoint, read_state, save_checkpoint
@@ -243,9 +270,8 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
         model = model.double()
     corpus = load_pair_corpus(passages, queries, settings.context_type, passage_context=settings.passage_context,
                               query_count=settings.query_count)
-    sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob)
-    collator = PairCollator(tokenizer, settings.max_len, settings.query_max_len, *model.mask_ratios,
-                            seed=settings.seed, pad_to=settings.pad_to)
+    extra_inputs = dict(extra_inputs or {})
+    sampler, collator = build_batches(settings, model, tokenizer, corpus, {"queries": queries, **extra_inputs})
     optimizer, scheduler = build_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay,
                                            warmup_ratio=settings.warmup_ratio, total_steps=settings.steps,
                                            device=device)
@@ -254,7 +280,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
 
     checkpoint_dir = work_dir / "checkpoint"
     start_step = 0
-    inputs = inputs_md5(passages, queries)
+    inputs = inputs_md5(passages, queries, extra_inputs)
     fingerprint = settings.fingerprint(inputs)
     history: list[list] = []        # [step, metrics] of every logged step, kept in the checkpoint
     state = read_state(checkpoint_dir)

@@ -1,0 +1,305 @@
+"""MASTER's decoder inputs: what each of its five decoders reads and must recover.
+
+A MASTER batch is a batch of pre-training pairs (qac.data.pairs) whose anchor
+the encoder reads and whose context is the NPR decoder's text, plus, per
+anchor, its generated queries (DOR) and its causal-LM continuation (GOR). For
+each pair (all sequences ``[CLS] text [SEP]``, position 0 later replaced by
+the encoder's [CLS] vector):
+
+========  ==============================================  =========================================
+decoder   text                                             masked (labels)
+========  ==============================================  =========================================
+``mkp``   the anchor                                       ``decoder_mask_ratio`` of its words, drawn
+                                                           with TF-IDF weights (rare words more)
+``cmp``   the anchor                                       exactly the words the encoder saw (every
+                                                           maskable word the encoder's mask left)
+``npr``   the pair's context: the next span of the         ``decoder_mask_ratio`` of its words,
+          document (``passage_context: next``) or a        uniformly
+          generated query (query-as-context)
+``dor``   the first ``dor_queries`` generated queries,     ``decoder_mask_ratio`` of its words,
+          joined by [SEP], cut at ``max_len`` tokens       uniformly
+``gor``   the anchor's continuation (continuations.arrow)  ``decoder_mask_ratio`` of its words,
+                                                           uniformly
+========  ==============================================  =========================================
+
+Masked tokens follow BERT's 80/10/10 recipe everywhere (MASTER's release
+does the same). A pair without a text for a decoder (no generated query, an
+empty continuation) gives that decoder ``[CLS] [SEP]`` and no label: it adds
+nothing to the decoder's mean. Every sequence is masked with a generator
+seeded by ``(seed, step, pair index, side)``, sides 0 (anchor) and 1 (npr) as
+in :class:`qac.data.pairs.PairCollator`, 2-5 for mkp, cmp, dor, gor, so masks
+do not depend on how a batch is split over processes or padded.
+
+TF-IDF weights. A word (word-pieces joined, as :func:`qac.data.masking.word_strings`)
+occurring in the anchor gets the weight ``idf = ln((1 + N) / (1 + df)) + 1``
+per occurrence (so a word's total weight is its tf-idf), ``N`` the number of
+passages and ``df`` the number of passages containing the word, counted once
+over ``passages.arrow`` (:func:`count_word_frequencies`, the
+``word_frequencies`` stage). MASTER's release weights a word by the inverse
+of its count of occurrences in the corpus; the paper says TF-IDF, which is
+what this follows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_mapped, scan_tables
+from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, weighted_word_mask, whole_word_mask,
+                              word_spans, word_strings)
+from qac.data.pairs import Pair, PairSampler
+
+TASKS = ("mkp", "cmp", "npr", "dor", "gor")
+# Masking-generator side of each decoder's sequence (anchor 0 and context 1 are PairCollator's).
+SIDES = {"npr": 1, "mkp": 2, "cmp": 3, "dor": 4, "gor": 5}
+FREQUENCY_BATCH = 1024
+
+
+def passage_words(tokenizer, texts: list[str], vocab: MaskingVocab) -> list[list[str]]:
+    """The words (word-pieces joined) of each text, tokenized as the encoder tokenizes it."""
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return [word_strings(tokenizer.convert_ids_to_tokens(row), word_spans(row, vocab)) for row in ids]
+
+
+def count_word_frequencies(passages_path: str | os.PathLike, tokenizer,
+                           progress=None) -> dict[str, object]:
+    """One pass over ``passages.arrow``: ``{"passages": N, "document_frequency": {word: passages containing it}}``.
+
+    Words are sorted, so the same passages give the same file.
+    """
+    vocab = MaskingVocab.from_tokenizer(tokenizer)
+    frequency: Counter = Counter()
+    passages = 0
+    for part in scan_tables(passages_path, PASSAGES_SCHEMA, FREQUENCY_BATCH):
+        texts = part.column("text").to_pylist()
+        for words in passage_words(tokenizer, texts, vocab):
+            frequency.update(set(words))
+        passages += len(texts)
+        if progress is not None:
+            progress(len(texts))
+    return {"passages": passages, "document_frequency": dict(sorted(frequency.items()))}
+
+
+@dataclass(frozen=True)
+class WordWeights:
+    """Inverse document frequencies of words (the ``word_frequencies`` stage's file)."""
+
+    passages: int
+    document_frequency: dict[str, int] = field(repr=False)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "WordWeights":
+        from qac.data.errors import DataFormatError
+
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise DataFormatError(path, 1, "word_frequencies", f"not readable JSON ({error})") from None
+        for key in ("passages", "document_frequency"):
+            if key not in data:
+                raise DataFormatError(path, 1, key, "missing")
+        if not isinstance(data["passages"], int) or data["passages"] < 1:
+            raise DataFormatError(path, 1, "passages", f"must be a positive integer, got {data['passages']!r}")
+        return cls(passages=data["passages"], document_frequency=data["document_frequency"])
+
+    def idf(self, word: str) -> float:
+        """``ln((1 + N) / (1 + df)) + 1``: positive, largest for a word no passage contains."""
+        return math.log((1 + self.passages) / (1 + self.document_frequency.get(word, 0))) + 1.0
+
+
+@dataclass(frozen=True)
+class MasterPair(Pair):
+    """A pair and the anchor's DOR and GOR texts."""
+
+    queries: tuple[str, ...] = ()
+    continuation: str = ""
+
+
+@dataclass
+class MasterSources:
+    """The generated queries and continuations of passage rows (memory-mapped; row i is passage row i)."""
+
+    queries_path: str | os.PathLike | None = None
+    continuations_path: str | os.PathLike | None = None
+    dor_queries: int = 10
+
+    def __post_init__(self):
+        self._queries = self._open(self.queries_path)
+        self._continuations = self._open(self.continuations_path)
+
+    @staticmethod
+    def _open(path) -> RowGather | None:
+        if path is None:
+            return None
+        mapped = open_mapped(path, QUERIES_SCHEMA)
+        return RowGather(mapped.table, mapped)
+
+    @staticmethod
+    def _lists(gather: RowGather | None, rows: list[int]) -> list[list[str]]:
+        if gather is None:
+            return [[] for _ in rows]
+        inside = [row for row in rows if row < gather.num_rows]
+        values = iter(record["queries"] for record in gather.rows(inside, ["queries"])) if inside else iter(())
+        return [next(values) if row < gather.num_rows else [] for row in rows]
+
+    def attach(self, pairs: list[Pair]) -> list[MasterPair]:
+        rows = [pair.row for pair in pairs]
+        queries = self._lists(self._queries, rows)
+        continuations = self._lists(self._continuations, rows)
+        out = []
+        for pair, texts, continuation in zip(pairs, queries, continuations):
+            kept = tuple(text for text in texts if text.strip())[:self.dor_queries]
+            out.append(MasterPair(**{name: getattr(pair, name) for name in pair.__dataclass_fields__},
+                                  queries=kept, continuation=continuation[0] if continuation else ""))
+        return out
+
+
+@dataclass
+class MasterSampler:
+    """:class:`PairSampler`'s batches with each anchor's queries and continuation attached."""
+
+    pairs: PairSampler
+    sources: MasterSources
+
+    def batch(self, step: int, batch_size: int) -> list[MasterPair]:
+        return self.sources.attach(self.pairs.batch(step, batch_size))
+
+
+def pack_side(rows: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    """``(inputs, labels)`` rows padded into ``input_ids``, ``attention_mask`` and ``labels`` tensors."""
+    length = pad_to or max(len(inputs) for inputs, _ in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
+    attention = torch.zeros((len(rows), length), dtype=torch.long)
+    for row, (inputs, targets) in enumerate(rows):
+        input_ids[row, :len(inputs)] = torch.tensor(inputs, dtype=torch.long)
+        labels[row, :len(inputs)] = torch.tensor(targets, dtype=torch.long)
+        attention[row, :len(inputs)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+@dataclass
+class MasterCollator:
+    """Tokenize and mask a list of :class:`MasterPair` into the anchor side and one side per decoder."""
+
+    tokenizer: object
+    max_len: int
+    query_max_len: int
+    mask_ratio: float
+    decoder_mask_ratio: float
+    seed: int
+    decoders: tuple[str, ...] = TASKS
+    word_weights: WordWeights | None = None
+    pad_to: int | None = None
+
+    def __post_init__(self):
+        self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
+        self.decoders = tuple(self.decoders)
+        if "mkp" in self.decoders and self.word_weights is None:
+            raise ValueError("the mkp decoder needs word frequencies (the word_frequencies stage's file)")
+        if self.pad_to is not None and self.pad_to < max(self.max_len, self.query_max_len):
+            raise ValueError(f"pad_to={self.pad_to} is shorter than max_len={self.max_len}")
+
+    def _rng(self, step: int, index: int, side: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, 2, step, index, side])
+
+    def _tokenize(self, texts: list[str], max_len: int) -> list[list[int]]:
+        if not texts:
+            return []
+        return self.tokenizer(texts, truncation=True, max_length=max_len, add_special_tokens=True)["input_ids"]
+
+    def joined_queries(self, queries: tuple[str, ...]) -> list[int]:
+        """``[CLS] q1 [SEP] q2 [SEP] ...`` cut at ``max_len`` tokens (ending in [SEP])."""
+        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        ids = [cls_id]
+        pieces = self.tokenizer(list(queries), add_special_tokens=False)["input_ids"] if queries else []
+        for piece in pieces:
+            ids.extend(piece + [sep_id])
+        if len(ids) > self.max_len:
+            ids = ids[:self.max_len - 1] + [sep_id]
+        return ids if len(ids) > 1 else [cls_id, sep_id]
+
+    def mkp(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        spans = word_spans(ids, self.vocab)
+        words = word_strings(self.tokenizer.convert_ids_to_tokens(ids), spans)
+        weights = [self.word_weights.idf(word) for word in words]
+        return weighted_word_mask(ids, self.vocab, self.decoder_mask_ratio, weights, rng)
+
+    def cmp(self, ids: list[int], encoder_labels: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        """The anchor with every maskable token the encoder's mask left masked (80/10/10)."""
+        seen = [position for start, end in word_spans(ids, self.vocab) for position in range(start, end)
+                if encoder_labels[position] == IGNORE_INDEX]
+        return mask_positions(ids, seen, self.vocab, rng)
+
+    def __call__(self, pairs: list[MasterPair], step: int) -> dict[str, dict[str, torch.Tensor]]:
+        pad, rate = self.tokenizer.pad_token_id, self.decoder_mask_ratio
+        anchors = self._tokenize([pair.anchor for pair in pairs], self.max_len)
+        anchor_rows = [whole_word_mask(ids, self.vocab, self.mask_ratio, self._rng(step, pair.index, 0))
+                       for ids, pair in zip(anchors, pairs)]
+        batch = {"anchor": pack_side(anchor_rows, pad, self.pad_to)}
+        texts: dict[str, list[list[int]]] = {}
+        if "npr" in self.decoders:
+            texts["npr"] = [[] for _ in pairs]
+            for kind, limit in (("passage", self.max_len), ("query", self.query_max_len)):
+                rows = [row for row, pair in enumerate(pairs) if pair.context_kind == kind]
+                for row, ids in zip(rows, self._tokenize([pairs[row].context for row in rows], limit)):
+                    texts["npr"][row] = ids
+        if "dor" in self.decoders:
+            texts["dor"] = [self.joined_queries(pair.queries) for pair in pairs]
+        if "gor" in self.decoders:
+            texts["gor"] = self._tokenize([pair.continuation.strip() for pair in pairs], self.max_len)
+        for task in self.decoders:
+            rows = []
+            for row, pair in enumerate(pairs):
+                rng = self._rng(step, pair.index, SIDES[task])
+                if task == "mkp":
+                    rows.append(self.mkp(anchors[row], rng))
+                elif task == "cmp":
+                    rows.append(self.cmp(anchors[row], anchor_rows[row][1], rng))
+                else:
+                    rows.append(whole_word_mask(texts[task][row], self.vocab, rate, rng))
+            batch[task] = pack_side(rows, pad, self.pad_to)
+        return batch
+
+
+def master_batches(settings, mask_ratios: tuple[float, float], tokenizer, sampler: PairSampler,
+                   inputs: dict[str, str | os.PathLike | None]) -> tuple[MasterSampler, MasterCollator]:
+    """The sampler and collator of a MASTER run (``inputs``: ``queries``, ``continuations``, ``word_frequencies``)."""
+    decoders = tuple(settings.master_decoders)
+    needs = required_inputs(settings)
+    missing = [name for name in needs if not inputs.get(name)]
+    if missing:
+        raise ValueError(f"MASTER decoders {list(decoders)} need the input file(s) {', '.join(missing)}")
+    sources = MasterSources(queries_path=inputs.get("queries") if "dor" in decoders else None,
+                            continuations_path=inputs.get("continuations") if "gor" in decoders else None,
+                            dor_queries=int(settings.master_dor_queries))
+    weights = WordWeights.load(inputs["word_frequencies"]) if "mkp" in decoders else None
+    collator = MasterCollator(tokenizer, settings.max_len, settings.query_max_len, *mask_ratios,
+                              seed=settings.seed, decoders=decoders, word_weights=weights, pad_to=settings.pad_to)
+    return MasterSampler(sampler, sources), collator
+
+
+def required_inputs(settings) -> list[str]:
+    """The files besides ``passages.arrow`` a MASTER run reads."""
+    decoders = tuple(settings.master_decoders)
+    needs = []
+    if "dor" in decoders or settings.context_type in ("query", "mixed"):
+        needs.append("queries")
+    if "gor" in decoders:
+        needs.append("continuations")
+    if "mkp" in decoders:
+        needs.append("word_frequencies")
+    return needs
+
+
+__all__ = ["TASKS", "MasterCollator", "MasterPair", "MasterSampler", "MasterSources", "WordWeights",
+           "count_word_frequencies", "master_batches", "pack_side", "required_inputs"]
