@@ -47,6 +47,23 @@ def write_corpus(directory: Path, documents: int = 6, spans: int = 3, queries: i
     return passages_path, queries_path
 
 
+def write_master_inputs(directory: Path, tokenizer_spec: str = "tiny:minilm") -> dict[str, Path]:
+    """MASTER's other inputs beside a :func:`write_corpus` folder: word frequencies and one continuation per passage."""
+    import json
+
+    from qac.data.master import count_word_frequencies
+    from qac.models.loading import load_tokenizer
+
+    passages_path = directory / "passages.arrow"
+    frequencies = directory / "word_frequencies.json"
+    frequencies.write_text(json.dumps(count_word_frequencies(passages_path, load_tokenizer(tokenizer_spec))))
+    rng = np.random.default_rng(1)
+    continuations = directory / "continuations.arrow"
+    write_queries(continuations, [{"pid": record["pid"], "queries": [" ".join(rng.choice(WORDS, size=8))]}
+                                  for record in iter_records(passages_path, PASSAGES_SCHEMA)])
+    return {"word_frequencies": frequencies, "continuations": continuations}
+
+
 def test_fixture_has_single_span_documents_without_passage_context(tmp_path):
     passages_path, queries_path = write_corpus(tmp_path, documents=2, spans=3, queries=2)
     records = list(iter_records(passages_path, PASSAGES_SCHEMA))

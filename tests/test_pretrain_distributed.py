@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from qac.train.pretrain import PretrainSettings, pretrain
-from test_pretrain_corpus import write_corpus
+from test_pretrain_corpus import write_corpus, write_master_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,6 +38,7 @@ CONFIGS = {
     "cocondenser": dict(method="cocondenser"),
     "cocondenser-cached": dict(method="cocondenser", grad_cache_chunk=3),
     "cotmae-release": dict(method="cotmae", cotmae_decoder="release"),
+    "master": dict(method="master", passage_context="next", master_dor_queries=2),
 }
 # A layout that is not: dropout masks are drawn per process.
 DROPOUT = {"cocondenser-dropout": dict(method="cocondenser", dropout=0.1)}
@@ -68,6 +69,7 @@ WORKER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from qac.distributed import cleanup, init_distributed
     from qac.train.pretrain import PretrainSettings, pretrain
+    from test_pretrain_distributed import extra
     torch.set_num_threads(1)
     configs, common, data, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist = init_distributed()
@@ -76,11 +78,18 @@ WORKER = textwrap.dedent("""
         settings = PretrainSettings.from_mapping({{**common, **overrides}})
         pretrain(settings, passages=f"{{data}}/passages.arrow", queries=f"{{data}}/queries.arrow",
                  work_dir=f"{{out}}/{{name}}/work", out_dir=f"{{out}}/{{name}}",
-                 log=lambda step, metrics: losses.__setitem__(step, metrics))
+                 log=lambda step, metrics: losses.__setitem__(step, metrics), extra_inputs=extra(settings, data))
         if dist.is_main:
             json.dump(losses, open(f"{{out}}/{{name}}/losses.json", "w"))
     cleanup()
 """)
+
+
+def extra(settings, data) -> dict[str, str]:
+    """MASTER's continuations and word frequencies (written by write_master_inputs); nothing for the others."""
+    if settings.method != "master":
+        return {}
+    return {"continuations": f"{data}/continuations.arrow", "word_frequencies": f"{data}/word_frequencies.json"}
 
 
 def _free_port() -> int:
@@ -93,6 +102,7 @@ def _free_port() -> int:
 def test_two_processes_match_one_process(tmp_path):
     data = tmp_path / "data"
     write_corpus(data, documents=6, spans=3, queries=4)
+    write_master_inputs(data)
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(tests=str(REPO / "tests")))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
@@ -107,7 +117,7 @@ def test_two_processes_match_one_process(tmp_path):
         settings = PretrainSettings.from_mapping({**COMMON, **overrides})
         pretrain(settings, passages=data / "passages.arrow", queries=data / "queries.arrow",
                  work_dir=tmp_path / "one" / name / "work", out_dir=tmp_path / "one" / name,
-                 log=lambda step, metrics: losses.__setitem__(str(step), metrics))
+                 log=lambda step, metrics: losses.__setitem__(str(step), metrics), extra_inputs=extra(settings, data))
         return losses
 
     def weights(layout: str, name: str) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_pretrain_corpus import write_corpus
+from test_pretrain_corpus import write_corpus, write_master_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,6 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 SETTINGS = dict(method="cocondenser", init="tiny:minilm", context_type="query", query_count=3, max_len=40,
                 query_max_len=12, steps=16, batch_size=8, grad_accumulation=2, skip_from=1, n_head_layers=1,
                 lr=1e-3, checkpoint_every=4, log_every=4, dtype="fp32")
+# MASTER under the same guarantees: all five decoders, NPR on the next span, no GradCache.
+MASTER = {**SETTINGS, "method": "master", "context_type": "passage", "passage_context": "next",
+          "master_dor_queries": 2}
 
 WORKER = textwrap.dedent("""
     import json, sys
@@ -29,30 +32,35 @@ WORKER = textwrap.dedent("""
     from qac.train.pretrain import PretrainSettings, pretrain
     torch.set_num_threads(1)
     settings, data, work, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    extra = ({"continuations": f"{data}/continuations.arrow", "word_frequencies": f"{data}/word_frequencies.json"}
+             if settings["method"] == "master" else None)
     summary = pretrain(PretrainSettings.from_mapping(settings), passages=f"{data}/passages.arrow",
-                       queries=f"{data}/queries.arrow", work_dir=work, out_dir=out)
+                       queries=f"{data}/queries.arrow", work_dir=work, out_dir=out, extra_inputs=extra)
     print(json.dumps(summary))
 """)
 
 
-def _command(script, data, work, out):
-    return [sys.executable, str(script), json.dumps(SETTINGS), str(data), str(work), str(out)]
+def _command(script, data, work, out, settings=SETTINGS):
+    return [sys.executable, str(script), json.dumps(settings), str(data), str(work), str(out)]
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize("method", ["cocondenser", "master"])
+def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, method):
+    settings = SETTINGS if method == "cocondenser" else MASTER
     data = tmp_path / "data"
     write_corpus(data, documents=6, spans=3, queries=4)
+    write_master_inputs(data)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 
-    straight = subprocess.run(_command(script, data, tmp_path / "w1", tmp_path / "o1"), env=env,
+    straight = subprocess.run(_command(script, data, tmp_path / "w1", tmp_path / "o1", settings), env=env,
                               capture_output=True, text=True, timeout=300)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     work, out = tmp_path / "w2", tmp_path / "o2"
-    process = subprocess.Popen(_command(script, data, work, out), env=env, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(_command(script, data, work, out, settings), env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     state_file = work / "checkpoint" / "state.json"
     deadline = time.time() + 240
@@ -66,7 +74,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path):
     killed_at = json.loads(state_file.read_text())["step"]
     assert 4 <= killed_at < SETTINGS["steps"] and not (out / "encoder").exists()
 
-    resumed = subprocess.run(_command(script, data, work, out), env=env, capture_output=True, text=True,
+    resumed = subprocess.run(_command(script, data, work, out, settings), env=env, capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])

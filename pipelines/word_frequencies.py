@@ -1,0 +1,49 @@
+"""DVC stage word_frequencies: in how many passages each word occurs -> data/<profile>/word_frequencies.json.
+
+One pass over data/<profile>/passages.arrow with the encoder's tokenizer
+(``split.tokenizer``); words are word-pieces joined as MASTER's MKP decoder
+joins them (qac.data.master). The file (``passages``: N, ``document_frequency``:
+{word: count}, words sorted) gives the inverse document frequencies that weight
+MKP's masking; DVC caches it, so pre-training variants share one pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from qac.config import load_params, profile_dir
+from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    setup_console(parser.parse_args([] if argv is None else argv).verbose)
+    clock = StageClock()
+
+    from qac.console import progress
+    from qac.data.arrowstore import open_passages
+    from qac.data.master import count_word_frequencies
+    from qac.io import write_json
+    from qac.models.loading import load_tokenizer
+
+    params = load_params()
+    data = profile_dir(params)
+    passages = data / "passages.arrow"
+    if not passages.is_file():
+        raise FileNotFoundError(f"{passages}: run the split_passages stage first")
+    tokenizer = load_tokenizer(params["split"]["tokenizer"])
+    started = time.perf_counter()
+    bar = progress(total=open_passages(passages).num_rows, unit="passage", desc="word frequencies")
+    frequencies = count_word_frequencies(passages, tokenizer, bar.update)
+    bar.close()
+    write_json(data / "word_frequencies.json", {"tokenizer": params["split"]["tokenizer"], **frequencies})
+    print_summary("word_frequencies", f"{frequencies['passages']} passages",
+                  f"{len(frequencies['document_frequency'])} distinct words",
+                  f"{time.perf_counter() - started:.1f} s counting", seconds=clock.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
