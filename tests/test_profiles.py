@@ -50,7 +50,7 @@ def test_profile_is_complete(name):
     variants = params["pretrain"]["variants"]
     assert variants, "no pre-training variants"
     for variant in variants.values():
-        assert variant["method"] in ("none", "cocondenser", "cotmae")
+        assert variant["method"] in ("none", "cocondenser", "cotmae", "master")
         if variant["method"] != "none":
             assert variant["context_type"] in ("passage", "query", "mixed")
             assert 1 <= variant["query_count"] <= params["querygen"]["queries_per_passage"]

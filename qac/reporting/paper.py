@@ -16,7 +16,7 @@ import yaml
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 
-METHOD_NAMES = {"cocondenser": "coCondenser", "cotmae": "CoT-MAE", "none": "no pre-training"}
+METHOD_NAMES = {"cocondenser": "coCondenser", "cotmae": "CoT-MAE", "master": "MASTER", "none": "no pre-training"}
 
 # The paper's query-as-context rows of Tables 1, 2 and 4 (and Table 4's mixed rows) are its C = 5 runs:
 # its Table 1 QaC rows equal its Table 3 rows for C = 5. A row of ours with another C has no paper value
@@ -48,6 +48,8 @@ _TABLE1_ROWS = {
     ("cotmae", "query", "r1"): "CoT-MAE+QaC 50k retriever1",
     ("cotmae", "passage", "r2"): "CoT-MAE 50k retriever2 (repro)",
     ("cotmae", "query", "r2"): "CoT-MAE+QaC 50k retriever2",
+    # MASTER's own paper (not the query-as-context paper): retriever 2 without distillation.
+    ("master", "passage", "r2"): "MASTER (its paper, retriever2)",
 }
 
 # Table 2: method -> (column without query context, column with it).
@@ -128,7 +130,8 @@ def table3_value(method: str, query_count: int, column: str | None) -> float | N
 def table4_row(method: str, context_type: str) -> str | None:
     """The paper row our Table 4 row is compared with (Table 1's reproduction for passage context)."""
     if context_type == "passage":
-        return "Table 1: " + "/".join(filter(None, (table1_paper_row(method, "passage", r) for r in ("r1", "r2"))))
+        rows = "/".join(filter(None, (table1_paper_row(method, "passage", r) for r in ("r1", "r2"))))
+        return "Table 1: " + rows if rows else None
     return _TABLE4_ROWS.get((method, context_type))
 
 

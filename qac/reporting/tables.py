@@ -26,6 +26,8 @@ PERCENT = "percent"
 FRACTION = "fraction"
 _SCALE = {PERCENT: 100.0, FRACTION: 1.0}
 RETRIEVER_LABELS = {"r1": "retriever 1", "r2": "retriever 2"}
+# Pre-training methods with rows of their own, in table order (MASTER: qac.models.master).
+PRETRAINING_METHODS = ("cocondenser", "cotmae", "master")
 PAPER_COLUMN_LABELS = {
     "mrr@10": "MS MARCO dev MRR@10",
     "r@50": "MS MARCO dev R@50 (hit rate)",
@@ -312,7 +314,7 @@ def table1_in_domain(ctx: TableContext) -> Table:
                 _in_domain_cells(ctx, table, _retriever_row(variant, retriever),
                                  ctx.study.finetuned(variant.name, retriever), PERCENT, lambda col: None,
                                  recipe=ctx.recipe(variant))
-    for method in ("cocondenser", "cotmae"):
+    for method in PRETRAINING_METHODS:
         passage, query = ctx.variant(method, "passage"), ctx.variant(method, "query")
         if passage is None and query is None:
             continue
@@ -339,10 +341,11 @@ def table1_in_domain(ctx: TableContext) -> Table:
                     ctx, sources["query"], sources["passage"], column.dataset, column.split, column.measure,
                     PERCENT, paper.table1_value(method, "query", retriever, column.paper, query.query_count),
                     paper.table1_value(method, "passage", retriever, column.paper), column.missing))
-    query_counts = {v.method: v.query_count for v in (ctx.query_variant("cocondenser"), ctx.query_variant("cotmae")) if v}
+    query_counts = {v.method: v.query_count for v in map(ctx.query_variant, PRETRAINING_METHODS) if v}
     table.notes.append(
         "Paper values are the paper's own reproductions (its rows 'coCondenser 120k' and 'CoT-MAE 50k'), "
         "trained with the same recipe as its QaC rows; its QaC rows equal its Table 3 rows for C=5. "
+        "MASTER's paper value is MASTER's own paper (retriever 2 without distillation); it has no QaC row. "
         f"Our QaC rows use C = {query_counts or 'n/a'} (tables.main_query_count); a row of another C than "
         "the paper's is not compared with it.")
     unshown = _unshown_paper_columns(ctx)
@@ -360,9 +363,14 @@ def _zero_shot_split(source: Source | None, dataset: str) -> str:
     return "test" if "test" in splits or not splits else splits[0]
 
 
+def _paper_difference(with_: float | None, without: float | None) -> float | None:
+    """The paper's difference of two printed values, None where it prints either not (MASTER)."""
+    return None if with_ is None or without is None else round(with_ - without, 6)
+
+
 def table2_zero_shot(ctx: TableContext) -> Table:
     """Table 2: zero-shot nDCG@10 per dataset, without (passage) and with (query) context."""
-    methods = [m for m in ("cocondenser", "cotmae") if ctx.variant(m, "passage") or ctx.variant(m, "query")]
+    methods = [m for m in PRETRAINING_METHODS if ctx.variant(m, "passage") or ctx.variant(m, "query")]
     columns = []
     retriever = ctx.zero_shot_retriever
     table = Table("table2", f"Table 2: zero-shot nDCG@10 ({RETRIEVER_LABELS.get(retriever, retriever)})",
@@ -419,8 +427,7 @@ def table2_zero_shot(ctx: TableContext) -> Table:
             table.put("average", f"{name} Δ", Cell(
                 difference=True,
                 value=None if without.value is None or with_.value is None else with_.value - without.value,
-                paper=None if paper_with is None else
-                round(paper_with - paper.table2_value("average", method, "passage"), 6),
+                paper=_paper_difference(paper_with, paper.table2_value("average", method, "passage")),
                 note="mean of the per-dataset values: no per-query test"))
     table.notes.append(
         f"Our average is over the {len(ctx.zero_shot_datasets)} datasets above; the paper's is over its 14 BEIR "
@@ -439,7 +446,7 @@ def table3_query_count(ctx: TableContext) -> Table:
     _describe_columns(table, measures)
     table.short_columns.update({f"Δ {column.label} vs passage context": f"Δ {column.short_header}"
                                 for column in measures})
-    for method in ("cocondenser", "cotmae"):
+    for method in PRETRAINING_METHODS:
         passage = ctx.variant(method, "passage")
         passage_source = ctx.study.finetuned(passage.name, "r1") if passage else None
         if passage is not None:
@@ -488,7 +495,7 @@ def table4_mixed_context(ctx: TableContext) -> Table:
     table = Table("table4", "Table 4: mixed context", PERCENT, headers)
     for retriever, column, _ in specs:
         _describe_columns(table, [column], f"{RETRIEVER_LABELS[retriever]} ", f"R{retriever[1:]} ")
-    for method in ("cocondenser", "cotmae"):
+    for method in PRETRAINING_METHODS:
         variants = {context: ctx.variant(method, context) for context in ("passage", "query", "mixed")}
         if not any(variants.values()):
             continue
