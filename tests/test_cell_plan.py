@@ -25,6 +25,8 @@ def paper_params():
 def _paper_configuration(table: str, row: str, column: str) -> tuple[str, str, int | None]:
     """(method, context type, C) of a paper cell, read from the paper's own row and column names."""
     method = "cotmae" if row.startswith("CoT-MAE") or column.startswith("CoT-MAE") else "cocondenser"
+    if row.startswith("MASTER"):      # MASTER's own paper, beside the query-as-context paper's rows
+        method = "master"
     if table == "table1_main":
         return method, ("query", 5) if "+QaC" in row else ("passage", None)
     if table == "table2_beir":
@@ -85,7 +87,8 @@ def test_the_command_prints_every_cell_and_fails_where_one_is_missing():
     paper = subprocess.run([sys.executable, "-m", "qac.cli", "profile", "plan", "paper", "--cells"], cwd=REPO,
                            capture_output=True, text=True, timeout=120)
     assert paper.returncode == 0, paper.stderr
-    assert "196 numeric cells" in paper.stdout and "0 missing" in paper.stdout
+    # 196 of the query-as-context paper and MASTER paper's MRR@10 beside them
+    assert "197 numeric cells" in paper.stdout and "0 missing" in paper.stdout
     assert "cotmae-query-q10 r1  <- data/paper/eval/cotmae-query-q10/r1/msmarco-passage/dev.per_query.json" \
         in paper.stdout
     smoke = subprocess.run([sys.executable, "-m", "qac.cli", "profile", "plan", "smoke", "--cells"], cwd=REPO,
