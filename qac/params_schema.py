@@ -193,6 +193,14 @@ class QuerygenSection(Section):
         description="re-decide near-tie samples from canonical logits; auto: on in fp32, off in bf16/fp16")
 
 
+class MasterWeights(Section):
+    mkp: NonNegativeFloat = Field(default=1.0, description="masked keywords prediction (TF-IDF weighted mask)")
+    cmp: NonNegativeFloat = Field(default=1.0, description="complementary mask: the words the encoder saw")
+    npr: NonNegativeFloat = Field(default=1.0, description="next passage (or generated query) recovering")
+    dor: NonNegativeFloat = Field(default=1.0, description="doc2query outputs recovering")
+    gor: NonNegativeFloat = Field(default=1.0, description="GPT-2 (causal LM) outputs recovering")
+
+
 class PretrainCommon(Section):
     init: str = Field(description="hub name, local path, minilm, or scratch:<hub name or path>")
     max_len: PositiveInt = Field(description="passage tokens")
@@ -221,8 +229,18 @@ class PretrainCommon(Section):
         description="paper decoder only: share of the context's words masked (the CoT-MAE paper's 45%; neither the "
                     "query-as-context paper nor its release has one)")
     mixed_query_prob: Fraction = Field(description="mixed context: probability that a pair's context is a query")
-    passage_context: Literal["random_sampled", "nearby", "overlap"] = Field(
-        description="how a passage context is drawn: random_sampled | nearby | overlap")
+    master_decoders: list[Literal["mkp", "cmp", "npr", "dor", "gor"]] = Field(
+        description="MASTER's decoders, any subset of mkp, cmp, npr, dor, gor (docs/architecture.md, \"MASTER\")")
+    master_mask_ratio: Fraction = Field(description="MASTER encoder mask ratio (MASTER paper: 30%)")
+    master_decoder_mask_ratio: Fraction = Field(
+        description="MASTER decoders' mask ratio (MASTER paper: 50%); CMP masks exactly what the encoder saw instead")
+    master_decoder_layers: PositiveInt = Field(description="layers of each MASTER decoder (MASTER paper: 2)")
+    master_weights: MasterWeights = Field(description="loss weight per MASTER decoder (MASTER paper: all 1)")
+    master_dor_queries: PositiveInt = Field(
+        description="k: generated queries joined into MASTER's DOR decoder text (MASTER's release data: 10)")
+    passage_context: Literal["random_sampled", "nearby", "overlap", "next"] = Field(
+        description="how a passage context is drawn: random_sampled | nearby | overlap | next (the following span, "
+                    "MASTER's NPR)")
     pad_to: PositiveInt | None = Field(
         description="null: pad each batch side to its longest sequence; N: pad everything to N")
     dropout: DropoutProbability | None = Field(
@@ -240,8 +258,8 @@ def _override(name: str, info: Any) -> tuple[Any, Any]:
 # One row of the study: pretrain.common with the keys a variant sets overriding it (absent: as common).
 PretrainVariant = create_model(
     "PretrainVariant", __base__=Section,
-    method=(Literal["none", "cocondenser", "cotmae"],
-            Field(description="none (no pre-training: the init encoder as is), cocondenser or cotmae")),
+    method=(Literal["none", "cocondenser", "cotmae", "master"],
+            Field(description="none (no pre-training: the init encoder as is), cocondenser, cotmae or master")),
     context_type=(Literal["passage", "query", "mixed"] | None,
                   Field(default=None, description="what a pair's context is (null: passage)")),
     query_count=(PositiveInt | None,
@@ -254,8 +272,23 @@ PretrainVariant = create_model(
 class PretrainSection(Section):
     common: PretrainCommon = Field(description="settings shared by every variant")
     variants: dict[str, PretrainVariant] = Field(
-        description="name -> {method: none|cocondenser|cotmae, context_type: passage|query|mixed, query_count: C, "
+        description="name -> {method: none|cocondenser|cotmae|master, context_type: passage|query|mixed, query_count: C, "
                     "any pretrain.common key}")
+
+
+class ContinuationSection(Section):
+    model: str = Field(description="causal LM: hub name (gpt2), local folder, or tiny:<tokenizer> (random 2-layer "
+                                   "GPT-2, tests and smoke)")
+    max_source_len: PositiveInt = Field(description="the passage's last N tokens are what the LM continues")
+    max_new_tokens: PositiveInt = Field(description="tokens sampled per continuation")
+    top_k: NonNegativeInt = Field(description="sample among the k likeliest tokens (0: no top-k cut)")
+    top_p: Annotated[float, Field(gt=0, le=1)] = Field(description="nucleus sampling mass")
+    temperature: PositiveFloat = Field(description="logits divided by it before top-k/top-p")
+    batch_size: PositiveInt = Field(description="passages per decoding batch")
+    chunk_size: PositiveInt = Field(description="passages per atomically committed chunk (resume unit)")
+    max_passages: PositiveInt | None = Field(
+        description="continue the first N passages only (null: all); later passages have no GOR text")
+    dtype: DType = Field(description="auto: bf16 on GPU, fp32 on CPU")
 
 
 class FinetuneSection(Section):
@@ -456,6 +489,8 @@ class Params(Section):
     query_generator: QueryGeneratorSection = Field(description="the doc2query generator (stage query_generator)")
     querygen: QuerygenSection = Field(description="generating queries for passages (stage generate_queries)")
     pretrain: PretrainSection = Field(description="pre-training (stage pretrain@<variant>)")
+    continuation: ContinuationSection = Field(
+        description="causal-LM continuations of passages for MASTER's GOR decoder (stage generate_continuations)")
     finetune: FinetuneSection = Field(description="two-stage fine-tuning of the retrievers (stage finetune@<variant>)")
     bm25: Bm25Section = Field(description="BM25 negatives and baseline (bm25s, Lucene scoring)")
     evaluate: EvaluateSection = Field(description="retrieval and metrics (stage evaluate@<variant>)")
