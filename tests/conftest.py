@@ -59,3 +59,26 @@ def copy_repository():
         return destination
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """A PostgreSQL server on loopback: ``$QAC_TEST_POSTGRES_URL`` (.ci/run starts one), else a throwaway one.
+
+    Skips, naming the missing piece, where neither can be had (no server
+    binaries, no driver, no unprivileged user to run the server as root).
+    """
+    import postgres_server
+
+    if os.environ.get(postgres_server.URL_ENV):
+        yield os.environ[postgres_server.URL_ENV]
+        return
+    try:
+        postgres_server.check_driver()
+        url, root = postgres_server.start()
+    except postgres_server.Unavailable as missing:
+        pytest.skip(f"no PostgreSQL server for the database storage tests: {missing}")
+    try:
+        yield url
+    finally:
+        postgres_server.stop(root)

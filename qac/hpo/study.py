@@ -11,7 +11,9 @@ Workers that die
     A worker killed mid-trial (``kill -9``, out of memory, a lost machine)
     leaves its trial RUNNING. With a database, Optuna's heartbeat notices the
     silence after ``grace_period`` seconds, fails the trial and (``retry_failed``)
-    queues a copy with the same parameters. The journal storage has no
+    queues a copy with the same parameters; a worker without work waits for
+    the running trials of other machines to end, so that a lost machine's
+    trial is retried even after every other trial is done. The journal storage has no
     heartbeat, so every trial records the worker that runs it (host, pid and the
     process's start time, which a reused pid does not share) and the workers
     and the driver fail the trials of dead workers on their own host, queueing
@@ -355,10 +357,32 @@ def retry_trial(study, trial, max_retry: int) -> bool:
 
 
 def heartbeat_retry(max_retry: int):
-    """The stale-trial callback of a database storage: the same retry as for journal storages."""
+    """The stale-trial callback of a database storage: the same retry as for journal storages.
+
+    The silent worker cannot end its trial's MLflow run, so this does, as failed.
+    """
     def callback(study, trial) -> None:
         retry_trial(study, trial, max_retry)
+        run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
+        if run_id:
+            close_mlflow_run(run_id, state="failed")
     return callback
+
+
+def trials_on_other_hosts(study, settings: HpoSettings, location: str) -> list[int]:
+    """RUNNING trials of a database study whose worker this host cannot see (it runs on another machine).
+
+    Only their heartbeat tells whether they are alive. A worker that has no
+    work left waits for them to end (finished by their worker, or failed by
+    Optuna's stale-trial check and queued again), so that the trial of a lost
+    machine is retried even when every other trial is done.
+    """
+    from optuna.trial import TrialState
+
+    if not is_database_url(location):
+        return []
+    return [trial.number for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if owner_is_alive(trial.user_attrs.get(WORKER_ATTR) or {}) is None]
 
 
 def close_mlflow_run(run_id: str, state: str) -> None:

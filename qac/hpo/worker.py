@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from qac.hpo.study import (FAIL_REASON_ATTR, MLFLOW_RUN_ATTR, WORKER_ATTR, HpoSettings,
-                           ensure_study_mlflow_run, fail_orphaned_trials, has_work, open_study, study_dir,
-                           this_process_owner)
+                           ensure_study_mlflow_run, fail_orphaned_trials, has_work, open_study, storage_location,
+                           study_dir, this_process_owner, trials_on_other_hosts)
 
 log = logging.getLogger("qac.hpo")
 KILL_GRACE_SECONDS = 5.0
@@ -274,15 +274,25 @@ def run_worker(params: Mapping[str, Any], settings: HpoSettings, index: int = 0,
     study = open_study(params, settings, worker_index=index)
     parent_run_id = ensure_study_mlflow_run(params, study, settings)
     root = study_dir(params, settings)
+    location = storage_location(params, settings)
     ran = 0
     while True:
         fail_orphaned_trials(study, settings)
         with budget_lock(root) as release:
-            if not has_work(study, settings.n_trials):
-                break
-            runner = TrialRunner(params, settings, parent_run_id, gpu_slot, on_trial_start=release)
-            study.optimize(runner, n_trials=1, catch=(TrialJobFailed,), gc_after_trial=False)
-        ran += 1
+            if has_work(study, settings.n_trials):
+                runner = TrialRunner(params, settings, parent_run_id, gpu_slot, on_trial_start=release)
+                study.optimize(runner, n_trials=1, catch=(TrialJobFailed,), gc_after_trial=False)
+                ran += 1
+                continue
+        elsewhere = trials_on_other_hosts(study, settings, location)
+        if not elsewhere:
+            break
+        log.info("waiting for trial(s) %s on other machines (failed after %d s without a heartbeat)",
+                 elsewhere, settings.grace_period)
+        time.sleep(settings.heartbeat_interval)
+        import optuna
+
+        optuna.storages.fail_stale_trials(study)
     log.info("no work left after %d trial(s) of this worker", ran)
     return ran
 
