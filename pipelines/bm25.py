@@ -3,8 +3,10 @@
 BM25 settings (k1, b, stopwords, stemmer) come from the `bm25` section of params.yaml.
 
 Outputs under data/<profile>/bm25/:
-  negatives.jsonl              training queries of `train_dataset`: qid, positives, negatives
-                               (BM25 top `finetune.bm25_depth`, rank order, positives removed)
+  negatives.jsonl              training queries of `train_dataset`: qid, positives, negatives: retriever 1's
+                               (`finetune.r1_negatives`: `bm25`, our BM25 top `finetune.bm25_depth`, rank
+                               order, positives removed; `official`, `finetune.official_negatives` drawn per
+                               query from the official training triples, as the release did)
   runs/<dataset>/<split>.trec  BM25 runs (depth `evaluate.depth`) of every evaluated split
                                (all but `train`) of `train_dataset` and the `zero_shot` datasets
   runs/<dataset>/<split>.per_query.json  {measure: {qid: value}} of each run (the tables' source)
@@ -33,6 +35,34 @@ from qac.tracking.naming import baseline_description, run_name
 from qac.tracking.record import log_dataset_inputs
 
 log = logging.getLogger("bm25")
+R1_NEGATIVES = ("bm25", "official")   # finetune.r1_negatives: our BM25 run, or the official training triples
+
+
+def official_negatives(folder: Path, dataset, per_query: int, seed: int):
+    """Records of ``negatives.jsonl`` from the prepared official negatives (``negatives/train.jsonl``).
+
+    As the release builds its retriever-1 training file: a query's negatives
+    shuffled and the first ``per_query`` kept (128 in its scripts). The shuffle
+    is seeded by (seed, qid), so the draw is the same on every run and machine.
+    Positives come from the train qrels (at the split's threshold).
+    """
+    from qac.data.prepared import TRAIN_NEGATIVES
+    from qac.data.splitting import document_rng
+    from qac.io import iter_jsonl
+
+    path = folder / TRAIN_NEGATIVES
+    if not path.is_file():
+        raise SystemExit(f"{path}: missing, but finetune.r1_negatives is 'official': declare the training triples "
+                         f"of {dataset.name} (datasets.{dataset.name}.triples) and rerun its prepare stage")
+    threshold = dataset.rel_threshold(TRAIN_SPLIT)
+    for record in iter_jsonl(path):
+        qid = str(record["qid"])
+        positives = sorted(d for d, grade in dataset.qrels[TRAIN_SPLIT].get(qid, {}).items() if grade >= threshold)
+        if not positives:
+            continue
+        negatives = [d for d in record["negatives"] if d not in positives]
+        document_rng(seed, f"official-negatives\x00{qid}").shuffle(negatives)
+        yield {"qid": qid, "positives": positives, "negatives": negatives[:per_query]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,10 +75,14 @@ def main(argv: list[str] | None = None) -> None:
     names = list(dict.fromkeys([train_name, *params.get("zero_shot", [])]))
     depth = int(params["evaluate"]["depth"])
     measures = list(params["evaluate"]["metrics"])
-    negatives_depth = int(params["finetune"]["bm25_depth"])
+    section = params["finetune"]
+    negatives_depth = int(section["bm25_depth"])
+    r1_negatives = section.get("r1_negatives", "bm25")
+    if r1_negatives not in R1_NEGATIVES:
+        raise SystemExit(f"params finetune.r1_negatives: {r1_negatives!r} is not one of {', '.join(R1_NEGATIVES)}")
     settings = BM25Settings(**params.get("bm25", {}))
     stage_params = {"train_dataset": train_name, "zero_shot": names[1:], "depth": depth, "measures": measures,
-                    "bm25_depth": negatives_depth, "bm25": vars(settings), **baseline_description("bm25")}
+                    "bm25_depth": negatives_depth, "r1_negatives": r1_negatives, "bm25": vars(settings), **baseline_description("bm25")}
 
     with atomic_path(root / "bm25", directory=True) as out:
         with stage_run(params, "bm25", run_name("bm25", "baseline"), kind="baseline", stage_params=stage_params,
@@ -67,11 +101,15 @@ def main(argv: list[str] | None = None) -> None:
                         if subset is not None or TRAIN_SPLIT not in dataset.splits:
                             raise ValueError(f"train_dataset {name!r} has no '{TRAIN_SPLIT}' split "
                                              f"(splits: {dataset.splits}) or is several sub-collections")
-                        run = index.search(dataset.split_queries(TRAIN_SPLIT), k=negatives_depth)
-                        records = negatives_records(run, dataset.qrels[TRAIN_SPLIT], negatives_depth,
-                                                    rel_threshold=dataset.rel_threshold(TRAIN_SPLIT))
+                        if r1_negatives == "official":
+                            records = official_negatives(folder, dataset, int(section["official_negatives"]),
+                                                         int(params["seed"]))
+                        else:
+                            run = index.search(dataset.split_queries(TRAIN_SPLIT), k=negatives_depth)
+                            records = negatives_records(run, dataset.qrels[TRAIN_SPLIT], negatives_depth,
+                                                        rel_threshold=dataset.rel_threshold(TRAIN_SPLIT))
                         count = write_jsonl(Path(out) / "negatives.jsonl", records)
-                        log.info("%s: BM25 negatives for %d training queries", name, count)
+                        log.info("%s: %s negatives for %d training queries", name, r1_negatives, count)
                     runs_dir = Path(out) / "runs" / name / (subset or "")
                     for split in evaluation_splits(dataset):
                         run = index.search(dataset.split_queries(split), k=depth)

@@ -57,10 +57,11 @@ def evaluates_zero_shot(params: dict, variant: str, retriever: str) -> bool:
 
 
 def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths: tuple[int, int], device,
-                          out_dir: Path) -> dict:
+                          out_dir: Path, separator: str = " ") -> dict:
     """Encode ``dataset``'s corpus once, search every evaluation split; write runs and per-query values.
 
-    Returns ``{split: EvalResult}``. ``lengths`` are the query and passage max lengths of fine-tuning.
+    Returns ``{split: EvalResult}``. ``lengths`` are the query and passage max lengths of fine-tuning;
+    ``separator`` joins a document's title and text (:func:`qac.retrieval.title_separator`).
     """
     from qac.evaluation.report import evaluate_split, evaluation_splits
     from qac.evaluation.trec_io import write_run
@@ -73,7 +74,8 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
     options = dict(batch_size=settings.get("batch_size", 128), pooling=model.pooling, device=device)
     doc_ids = list(dataset.corpus)
     doc_vectors = encode_texts(model.encoder, tokenizer,
-                               [document_text(dataset.corpus[d].title, dataset.corpus[d].text) for d in doc_ids],
+                               [document_text(dataset.corpus[d].title, dataset.corpus[d].text, separator)
+                                for d in doc_ids],
                                max_length=passage_max_len, desc=f"encode {dataset.name} corpus", **options)
     results = {}
     for split in evaluation_splits(dataset):
@@ -140,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.evaluation.report import log_evaluation
     from qac.io import atomic_path, write_json
     from qac.models.loading import load_tokenizer
+    from qac.retrieval import title_separator
     from qac.tracking import log_metrics, read_run_record, stage_run, tracking_uri, write_run_record
     from qac.tracking.naming import variant_description, variant_run_name
     from qac.tracking.record import log_dataset_inputs, reopened_run
@@ -167,9 +170,14 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 started = time.perf_counter()
                 model = BiEncoder.from_pretrained(folder, pooling=params["finetune"].get("pooling", "cls"))
+                tokenizer = load_tokenizer(str(folder))
+                # In-domain documents are encoded as fine-tuning saw them (finetune.title_join); zero-shot
+                # ones as BEIR encodes them, title and text joined by a space.
+                separator = (title_separator(params["finetune"].get("title_join", "space"), tokenizer)
+                             if dataset_name == params["train_dataset"] else " ")
                 by_subset = {subset: evaluate_retriever_on(
-                    model.to(device), load_tokenizer(str(folder)), dataset, settings=settings, lengths=lengths,
-                    device=device, out_dir=Path(staging) / name / dataset_name / (subset or ""))
+                    model.to(device), tokenizer, dataset, settings=settings, lengths=lengths, device=device,
+                    out_dir=Path(staging) / name / dataset_name / (subset or ""), separator=separator)
                     for subset, dataset in parts}
                 results[name][dataset_name] = combine_parts(by_subset, Path(staging) / name / dataset_name)
                 seconds[name] += time.perf_counter() - started

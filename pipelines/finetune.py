@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     from qac.data.prepared import load_prepared
     from qac.distributed import barrier, cleanup, init_distributed
     from qac.io import atomic_path, write_jsonl
-    from qac.retrieval import document_text
+    from qac.models.loading import load_tokenizer
+    from qac.retrieval import document_text, title_separator
     from qac.tracking import read_run_record
     from qac.tracking.record import models_requested
     from qac.train.finetune import FinetuneSettings
@@ -126,7 +127,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to fine-tune on")
     section = params["finetune"]
     settings = FinetuneSettings.from_params(section, params["seed"])
-    passage_text = {doc_id: document_text(doc.title, doc.text) for doc_id, doc in dataset.corpus.items()}
+    try:   # title [SEP] text as the release (Tevatron) fine-tunes, or title and text joined by a space
+        separator = title_separator(section.get("title_join", "space"), load_tokenizer(str(start)))
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    passage_text = {doc_id: document_text(doc.title, doc.text, separator) for doc_id, doc in dataset.corpus.items()}
     inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
     common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
                   start=start, parent_run_id=parent["run_id"], log_models=models_requested(params, args.log_models))

@@ -18,7 +18,8 @@ from qac.config import data_mirror, load_params, profile_dir
 from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 from qac.data.errors import DatasetUnavailableError
 from qac.data.prepared import prepare_dataset, write_prepared_parts
-from qac.data.sources import DatasetSpec, download_dir, fetch_dataset, locate_dataset, read_dataset_parts
+from qac.data.sources import (DatasetSpec, download_dir, fetch_dataset, locate_dataset, read_dataset_parts,
+                              triples_path)
 from qac.tracking import log_metrics, stage_run
 from qac.tracking.naming import run_name
 from qac.tracking.record import log_dataset_inputs
@@ -56,18 +57,23 @@ def main(argv: list[str] | None = None) -> int:
             source = fetch_dataset(spec, mirror, downloads)
         except DatasetUnavailableError as error:
             raise SystemExit(str(error)) from None
+        try:   # the official training triples (retriever 1's negatives in the release), when declared
+            triples = triples_path(spec, source, mirror=mirror, downloads=downloads) if spec.triples else None
+        except DatasetUnavailableError as error:
+            raise SystemExit(str(error)) from None
         mlflow.set_tag("qac.data_source", source.location)
         parts = read_dataset_parts(spec, source, mirror=mirror,
                                    min_text_chars=int(settings.get("min_text_chars", 1)))
         for _, dataset in parts:   # a dataset of sub-collections (CQADupStack's forums) prepares each alike
             prepare_dataset(dataset, max_documents=settings.get("max_documents"),
                             keep_judged_documents=bool(settings.get("keep_judged_documents", True)))
-        record = write_prepared_parts(parts, out, spec.name)
+        record = write_prepared_parts(parts, out, spec.name, triples)
         counts = record["counts"]
         metrics = {"documents": counts["documents"], "queries": counts["queries"]}
         metrics.update({f"qrels/{split}": rows for split, rows in counts["qrels"].items()})
         metrics.update({f"queries/{split}": n for split, n in counts["queries_per_split"].items()})
         metrics.update({f"skipped/{reason}": n for reason, n in record["skipped"].items()})
+        metrics.update({f"train_negatives/{key}": n for key, n in record.get("train_negatives", {}).items()})
         log_metrics(metrics)
         for subset, _ in parts:
             log_dataset_inputs(out if subset is None else out / subset, "prepared")

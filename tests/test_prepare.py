@@ -172,7 +172,8 @@ def test_a_malformed_checksum_is_rejected():
 
 # Downloads whose publisher gives no checksum (and no index we know pins one): they warn as
 # unverified (UnverifiedDownloadWarning) instead. Glasgow's CISI archive is the only one.
-UNPUBLISHED_CHECKSUMS = {"http://ir.dcs.gla.ac.uk/resources/test_collections/cisi/cisi.tar.gz"}
+UNPUBLISHED_CHECKSUMS = {"http://ir.dcs.gla.ac.uk/resources/test_collections/cisi/cisi.tar.gz",
+                         "https://rocketqa.bj.bcebos.com/corpus/marco.tar.gz"}   # RocketQA's MS MARCO with titles
 
 
 @pytest.mark.parametrize("profile", ["smoke", "default", "paper"])

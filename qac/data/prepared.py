@@ -38,6 +38,7 @@ from qac.data.streamed import restrict_corpus
 from qac.io import atomic_path
 
 DATASET_JSON = "dataset.json"
+TRAIN_NEGATIVES = "negatives/train.jsonl"   # official training negatives per query (datasets.<name>.triples)
 
 
 def select_documents(dataset: Dataset, max_documents: int | None, keep_judged_documents: bool) -> list[str]:
@@ -142,30 +143,65 @@ def dataset_record(dataset: Dataset) -> dict[str, Any]:
     }
 
 
-def write_prepared(dataset: Dataset, directory: str | os.PathLike) -> dict[str, Any]:
+def write_prepared(dataset: Dataset, directory: str | os.PathLike,
+                   triples: str | os.PathLike | None = None) -> dict[str, Any]:
     """Write ``dataset`` as a prepared folder, atomically; returns the ``dataset.json`` record.
 
     The folder appears complete or not at all: it is written beside its final
-    place and renamed in one step (an existing folder is replaced).
+    place and renamed in one step (an existing folder is replaced). With
+    ``triples`` (a training-triples file) ``negatives/train.jsonl`` is written too
+    (:func:`write_train_negatives`) and its counts join the record.
     """
     record = dataset_record(dataset)
     with atomic_path(directory, directory=True) as tmp:
         os.chmod(tmp, _directory_mode())  # temporary directories are private; the dataset is not
         write_beir(dataset, tmp)
+        if triples is not None:
+            record["train_negatives"] = write_train_negatives(dataset, triples, Path(tmp) / TRAIN_NEGATIVES)
         (Path(tmp) / DATASET_JSON).write_text(
             json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     return record
 
 
+def write_train_negatives(dataset: Dataset, triples: str | os.PathLike, path: Path) -> dict[str, int]:
+    """``{qid, negatives}`` per training query from a training-triples file, streamed (JSONL).
+
+    Every distinct negative of the query in file order, kept to documents of
+    the prepared corpus and never one of its positives; queries outside the
+    train split's judgements are left out. Sampling (the release keeps 128 per
+    query) happens where the negatives are used (``finetune.official_negatives``).
+    """
+    from qac.data.msmarco import iter_triple_negatives
+
+    judged = dataset.qrels.get("train")
+    if judged is None:
+        raise DataFormatError(triples, None, None, f"dataset {dataset.name} has no train split for its triples")
+    counts = {"queries": 0, "negatives": 0, "queries_not_in_train": 0, "negatives_not_in_corpus": 0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for qid, negatives in iter_triple_negatives(triples):
+            if qid not in judged:
+                counts["queries_not_in_train"] += 1
+                continue
+            kept = [doc_id for doc_id in negatives if doc_id in dataset.corpus and doc_id not in judged[qid]]
+            counts["negatives_not_in_corpus"] += sum(doc_id not in dataset.corpus for doc_id in negatives)
+            counts["queries"] += 1
+            counts["negatives"] += len(kept)
+            handle.write(json.dumps({"qid": qid, "negatives": kept}) + "\n")
+    return counts
+
+
 def write_prepared_parts(parts: list[tuple[str | None, Dataset]], directory: str | os.PathLike,
-                         name: str) -> dict[str, Any]:
+                         name: str, triples: str | os.PathLike | None = None) -> dict[str, Any]:
     """Write prepared sub-collections (or one dataset, subset None) atomically; returns the top ``dataset.json``.
 
     With subsets, ``directory/<subset>/`` is each one's prepared folder and
     ``directory/dataset.json`` names them, with the summed counts.
     """
     if len(parts) == 1 and parts[0][0] is None:
-        return write_prepared(parts[0][1], directory)
+        return write_prepared(parts[0][1], directory, triples)
+    if triples is not None:
+        raise ValueError(f"dataset {name}: training triples cannot go with sub-collections")
     records = {}
     with atomic_path(directory, directory=True) as tmp:
         os.chmod(tmp, _directory_mode())

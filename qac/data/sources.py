@@ -31,7 +31,9 @@ downloads. :func:`read_dataset` reads the located files by ``format``:
   whose scores are averaged into one figure, as BEIR reports them;
 - ``msmarco-docs``: ``msmarco-docs.tsv[.gz]`` (docid, url, title, body);
 - ``msmarco-passage`` and ``trec``: a ``collection`` TSV (pid, text; default
-  ``collection.tsv``) with ``topics`` and ``qrels`` per split (TREC formats;
+  ``collection.tsv``), with ``titles`` a TSV of pid and title in the same order
+  (RocketQA's ``para.txt`` and ``para.title.txt``, the corpus the release
+  fine-tunes on), with ``topics`` and ``qrels`` per split (TREC formats;
   defaults ``queries.<split>.tsv`` and ``qrels.<split>.tsv``, as in MS MARCO's
   ``collectionandqueries.tar.gz``);
 - ``hf``: the Hugging Face dataset ``hub`` (e.g. ``BeIR/scifact``), used when the
@@ -97,6 +99,10 @@ class DatasetSpec:
     md5: str | None = None
     sha256: str | None = None
     convert: str | None = None        # a converter of qac.data.glasgow for a download in its native format
+    triples: str | None = None        # msmarco-passage: training triples (qid, pos, neg): retriever-1 negatives
+    triples_url: str | None = None    # where the triples file is downloaded from when neither folder has it
+    triples_md5: str | None = None
+    titles: str | None = None         # msmarco-passage: pid<TAB>title file beside the collection (RocketQA's)
     subsets: tuple[str, ...] = ()     # beir: sub-collections in <subset>/ folders, evaluated apart and averaged
     # Per-dataset overrides of prepare.max_documents / prepare.keep_judged_documents.
     max_documents: int | None = None
@@ -132,6 +138,16 @@ class DatasetSpec:
                                    for name in subsets) or len(set(subsets)) != len(subsets)):
             raise ValueError(f"{where}.subsets: expected a list of distinct folder names of a beir dataset "
                              f"(such as CQADupStack's android, english, ...), got {subsets!r}")
+        if entry.get("titles") is not None and fmt not in ("msmarco-passage", "trec"):
+            raise ValueError(f"{where}.titles: a titles file joins a passage collection (format msmarco-passage "
+                             f"or trec), not format {fmt}")
+        if (entry.get("triples") is not None or entry.get("triples_url")) and fmt not in ("msmarco-passage", "trec"):
+            raise ValueError(f"{where}.triples: training triples belong to a passage collection (format "
+                             f"msmarco-passage or trec), not format {fmt}")
+        if entry.get("triples_url") and not entry.get("triples"):
+            raise ValueError(f"{where}.triples_url: name the file too (triples: qidpidtriples.train.full.2.tsv.gz)")
+        if entry.get("triples_md5") is not None and not re.fullmatch(r"[0-9a-fA-F]{32}", str(entry["triples_md5"])):
+            raise ValueError(f"{where}.triples_md5: expected 32 hexadecimal digits, got {entry['triples_md5']!r}")
         if fmt == "hf" and not entry.get("hub"):
             raise ValueError(f"{where}: format hf needs 'hub' (a Hugging Face dataset name such as BeIR/scifact)")
         for algorithm, digits in CHECKSUMS.items():
@@ -144,7 +160,9 @@ class DatasetSpec:
             collection=entry.get("collection") or "collection.tsv",
             topics=dict(entry.get("topics") or {}), qrels=dict(entry.get("qrels") or {}),
             hub=entry.get("hub"), hub_qrels=entry.get("hub_qrels"), convert=entry.get("convert"),
-            subsets=tuple(subsets),
+            subsets=tuple(subsets), titles=entry.get("titles"), triples=entry.get("triples"),
+            triples_url=entry.get("triples_url"),
+            triples_md5=str(entry["triples_md5"]).lower() if entry.get("triples_md5") else None,
             md5=str(entry["md5"]).lower() if entry.get("md5") else None,
             sha256=str(entry["sha256"]).lower() if entry.get("sha256") else None,
         )
@@ -166,7 +184,10 @@ class DatasetSpec:
             return files
         if self.format == "msmarco-docs":
             return [MSMARCO_DOCUMENT_FILES]
-        return [(self.collection, f"{self.collection}.gz")]
+        files = [(self.collection, f"{self.collection}.gz")]
+        if self.titles:
+            files.append((self.titles, f"{self.titles}.gz"))
+        return files
 
     def split_files(self, split: str) -> tuple[str, str]:
         """Topics and qrels of ``split`` for the TREC-style formats."""
@@ -472,6 +493,43 @@ def _qrels_files(spec: DatasetSpec, source: Source, mirror) -> dict[str, str]:
 
 def _read_tsv_corpus(spec: DatasetSpec, directory: Path, min_text_chars: int, skipped: Counter) -> Corpus:
     """The TSV collection, streamed from its file (MS MARCO documents do not fit in memory)."""
-    names = spec.corpus_files()[0]
-    path = next(directory / name for name in names if (directory / name).is_file())
-    return stream_tsv_corpus(path, spec.format == "msmarco-docs", min_text_chars=min_text_chars, skipped=skipped)
+    found = [next(directory / name for name in names if (directory / name).is_file())
+             for names in spec.corpus_files()]
+    return stream_tsv_corpus(found[0], spec.format == "msmarco-docs", min_text_chars=min_text_chars, skipped=skipped,
+                             titles=found[1] if spec.titles else None)
+
+
+def triples_path(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike | None = None,
+                 downloads: str | os.PathLike = "data/downloads") -> Path:
+    """The training-triples file of ``spec``: in its folder, the mirror root, or downloaded (checksum verified).
+
+    Downloads go to ``<downloads>/<name>-triples/`` (a ``.tsv.gz`` is kept as is;
+    readers decompress it). Raises :class:`DatasetUnavailableError` when the file
+    can be had from none of them.
+    """
+    from qac.config import data_mirror
+
+    mirror_root = Path(mirror) if mirror is not None else data_mirror()
+    name = Path(spec.triples).name
+    cache = Path(downloads) / f"{spec.name}-triples"
+    candidates = [base / spec.triples for base in (source.directory, mirror_root) if base is not None]
+    candidates.append(cache / name)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    if not spec.triples_url:
+        raise DatasetUnavailableError(
+            f"dataset {spec.name!r}: training triples {spec.triples!r} found in none of "
+            f"{', '.join(str(c.parent) for c in candidates)}, and no triples_url is declared to download them from")
+    checksum = ("md5", spec.triples_md5) if spec.triples_md5 else None
+    if checksum is None:
+        warnings.warn(f"dataset {spec.name!r}: {spec.triples_url} has no pinned checksum (triples_md5)",
+                      UnverifiedDownloadWarning, stacklevel=2)
+    try:
+        download_and_unpack(spec.triples_url, cache, checksum=checksum)
+    except (OSError, ValueError) as error:
+        raise DatasetUnavailableError(f"dataset {spec.name!r}: the download of its training triples from "
+                                      f"{spec.triples_url} into {cache} failed: {error}") from None
+    if not (cache / name).is_file():
+        raise DatasetUnavailableError(f"dataset {spec.name!r}: {spec.triples_url} did not give {name} in {cache}")
+    return cache / name

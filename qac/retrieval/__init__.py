@@ -14,6 +14,32 @@ order (``qac.evaluation.metrics.trec_order``).
 from __future__ import annotations
 
 
-def document_text(title: str | None, text: str | None) -> str:
-    """The text a document is retrieved by, for BM25 and dense retrieval alike: title, a space, body; stripped."""
-    return f"{title or ''} {text or ''}".strip()
+TITLE_JOINS = ("space", "sep")
+
+
+def document_text(title: str | None, text: str | None, separator: str = " ") -> str:
+    """The text a document is retrieved by: title, ``separator``, body; stripped.
+
+    A space for BM25 and, by default, dense retrieval. The release's fine-tuning
+    and in-domain evaluation (Tevatron) encode ``title + [SEP] + text`` instead
+    (:func:`title_separator`); a document without a title is then its body alone.
+    """
+    if separator == " ":
+        return f"{title or ''} {text or ''}".strip()
+    title, text = (title or "").strip(), (text or "").strip()
+    return f"{title}{separator}{text}" if title else text
+
+
+def title_separator(join: str, tokenizer) -> str:
+    """What joins title and text for a dense encoder (``finetune.title_join``): ``space`` or ``sep``.
+
+    ``sep`` is the tokenizer's separator token (``[SEP]`` for BERT), which its
+    tokenizer reads back as that special token, as Tevatron's MS MARCO corpus has it.
+    """
+    if join == "space":
+        return " "
+    if join == "sep":
+        if not getattr(tokenizer, "sep_token", None):
+            raise ValueError("finetune.title_join is 'sep' but the encoder's tokenizer has no separator token")
+        return tokenizer.sep_token
+    raise ValueError(f"finetune.title_join: {join!r} is not one of {', '.join(TITLE_JOINS)}")
