@@ -120,6 +120,8 @@ def _run_finetune(params, entry, tmp_path, model_dir):
 
     from qac.train.finetune import FinetuneSettings, fine_tune_retriever
     from qac.train.groups import TrainingQuery, retriever2_negatives
+    from qac.models.loading import load_tokenizer
+    from qac.retrieval import document_text, title_separator
     from qac.train.mining import mine_with_retriever
 
     section = params["finetune"]
@@ -127,7 +129,12 @@ def _run_finetune(params, entry, tmp_path, model_dir):
                                    dtype="fp32")
     rng = random.Random(0)
     words = "cell protein gene virus immune tumour brain heart lung blood bone muscle drug dose trial".split()
-    passage_text = {f"d{i}": " ".join(rng.choice(words) for _ in range(rng.randint(20, 90))) for i in range(24)}
+    # Titled documents joined as finetune.title_join says (title [SEP] text in the release), as the stage does.
+    separator = title_separator(section["title_join"], load_tokenizer(str(model_dir)))
+    passage_text = {f"d{i}": document_text(f"{words[i % len(words)]} study",
+                                           " ".join(rng.choice(words) for _ in range(rng.randint(20, 90))), separator)
+                    for i in range(24)}
+    assert all(("[SEP]" in text) == (section["title_join"] == "sep") for text in passage_text.values())
     ids = list(passage_text)
     bm25 = {f"q{i}": [ids[(i + k) % 24] for k in range(1, 5)] for i in range(8)}
     queries = [TrainingQuery(f"q{i}", " ".join(passage_text[ids[i]].split()[:4]), (ids[i],), tuple(bm25[f"q{i}"]))
@@ -149,7 +156,35 @@ def _run_finetune(params, entry, tmp_path, model_dir):
     return losses + r2_losses
 
 
-RUNNERS = {"pretrain": _run_pretrain, "finetune": _run_finetune}
+def _run_bm25(params, entry, tmp_path, model_dir):
+    """The prepare and bm25 stages on RocketQA-style passages with official triples: retriever 1's negatives."""
+    import importlib.util
+
+    from qac.io import iter_jsonl
+    from test_release_data import marco_project
+
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+        marco_project(tmp_path, monkeypatch, finetune=params["finetune"], bm25=params["bm25"], seed=params["seed"])
+        for stage, argv in (("prepare", ["--dataset", "marco"]), ("bm25", [])):
+            spec = importlib.util.spec_from_file_location(f"{stage}_stage", REPO / "pipelines" / f"{stage}.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            module.main(argv)
+    finally:
+        monkeypatch.undo()
+    records = list(iter_jsonl(tmp_path / "data" / "test" / "bm25" / "negatives.jsonl"))
+    assert [record["qid"] for record in records] == ["10", "11"]
+    assert not any(set(record["negatives"]) & set(record["positives"]) for record in records)
+    if params["finetune"]["r1_negatives"] == "official":   # drawn from the triples' negatives of each query
+        assert all(record["negatives"] for record in records)
+        assert set(records[0]["negatives"]) <= {"1", "2", "3"} and set(records[1]["negatives"]) <= {"0", "1"}
+        assert all(len(record["negatives"]) <= params["finetune"]["official_negatives"] for record in records)
+    return records
+
+
+RUNNERS = {"pretrain": _run_pretrain, "finetune": _run_finetune, "bm25": _run_bm25}
 CASES = [(entry.id, recipe) for entry in deviations.switches() for recipe in deviations.RECIPES]
 
 

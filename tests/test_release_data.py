@@ -35,31 +35,40 @@ def load_stage(name: str):
     return module
 
 
-@pytest.fixture()
-def project(tmp_path, monkeypatch, mlflow_store):
-    mirror = tmp_path / "mirror" / "marco"
+def marco_project(root: Path, monkeypatch, *, finetune: dict | None = None, bm25: dict | None = None,
+                  seed: int = 7) -> dict:
+    """A working directory whose mirror holds RocketQA-style passages, titles and official triples.
+
+    Returns the params written to ``root/params.yaml`` (QAC_PARAMS points there).
+    """
+    mirror = root / "mirror" / "marco"
     mirror.mkdir(parents=True)
     (mirror / "para.txt").write_text(PARA)
     (mirror / "para.title.txt").write_text(TITLES)
     (mirror / "train.query.txt").write_text("10\twhat is the sun\n11\twhere is paris\n")
     (mirror / "qrels.train.tsv").write_text("10\t0\t0\t1\n11\t0\t2\t1\n11\t0\t3\t1\n")
-    with gzip.open(tmp_path / "mirror" / "qidpidtriples.train.full.2.tsv.gz", "wt") as handle:
+    with gzip.open(root / "mirror" / "qidpidtriples.train.full.2.tsv.gz", "wt") as handle:
         handle.write(TRIPLES.replace("\n", "\r\n"))   # the official file has Windows line ends
-    params = {"profile": "test", "seed": 7, "data_dir": "data", "mlflow": {"system_metrics": False},
+    params = {"profile": "test", "seed": seed, "data_dir": "data", "mlflow": {"system_metrics": False},
               "datasets": {"marco": {"format": "msmarco-passage", "mirror": "marco", "url": None,
                                      "collection": "para.txt", "titles": "para.title.txt",
                                      "triples": "qidpidtriples.train.full.2.tsv.gz", "splits": ["train"],
                                      "topics": {"train": "train.query.txt"}, "qrels": {"train": "qrels.train.tsv"}}},
               "prepare": {"max_documents": None, "keep_judged_documents": True, "min_text_chars": 1},
               "train_dataset": "marco", "zero_shot": [],
-              "finetune": {"bm25_depth": 3, "r1_negatives": "official", "official_negatives": 1},
+              "finetune": finetune or {"bm25_depth": 3, "r1_negatives": "official", "official_negatives": 1},
               "evaluate": {"depth": 10, "metrics": ["RR@10"]},
-              "bm25": {"k1": 0.9, "b": 0.4, "stopwords": None, "stemmer": None}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
-    monkeypatch.setenv("QAC_DATA_MIRROR", str(tmp_path / "mirror"))
-    return tmp_path, params
+              "bm25": bm25 or {"k1": 0.9, "b": 0.4, "stopwords": None, "stemmer": None}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("QAC_PARAMS", str(root / "params.yaml"))
+    monkeypatch.setenv("QAC_DATA_MIRROR", str(root / "mirror"))
+    return params
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch, mlflow_store):
+    return tmp_path, marco_project(tmp_path, monkeypatch)
 
 
 def test_titles_are_read_beside_their_passages_and_must_keep_step(tmp_path):
