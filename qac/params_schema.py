@@ -84,6 +84,15 @@ class DatasetEntry(Section):
     hub_qrels: str | None = Field(default=None, description="format hf: the dataset holding its qrels")
     convert: Literal["cranfield", "cisi"] | None = Field(
         default=None, description="converter of a download in its native format (format beir)")
+    titles: str | None = Field(default=None, description="msmarco-passage: pid<TAB>title file in the collection's "
+                                                         "order (RocketQA's para.title.txt)")
+    triples: str | None = Field(default=None, description="msmarco-passage: official training triples "
+                                                          "(qid, positive, negative), retriever 1's negatives with "
+                                                          "finetune.r1_negatives: official")
+    triples_url: str | None = Field(default=None, description="where triples is downloaded from when neither the "
+                                                              "dataset folder nor the mirror root has it")
+    triples_md5: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{32}$",
+                                    description="MD5 the triples download must match")
     subsets: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*$")]] = Field(
         default_factory=list, description="beir: sub-collections in <subset>/ folders (CQADupStack's 12 forums), each "
                                           "searched in its own corpus, their figures averaged")
@@ -314,6 +323,13 @@ class FinetuneSection(Section):
     mine_depth: PositiveInt = Field(description="retriever 1 mining depth (paper: 200)")
     mine_skip_top: NonNegativeInt = Field(description="mined negatives start below this rank (0: from the top)")
     r2_use_bm25_negatives: bool = Field(description="paper release: retriever 2 sees mined negatives only")
+    r1_negatives: Literal["bm25", "official"] = Field(
+        description="retriever 1's negatives: bm25 (our BM25 top bm25_depth) or official (drawn from the training "
+                    "triples of datasets.<train_dataset>.triples, as the release)")
+    official_negatives: PositiveInt = Field(description="official: negatives kept per query (the release: 128)")
+    title_join: Literal["space", "sep"] = Field(
+        description="in-domain title and text for the dense encoder: space, or sep (title [SEP] text, as the "
+                    "release's Tevatron corpus); zero-shot sets are joined by a space, as BEIR")
     max_train_queries: PositiveInt | None = Field(
         description="keep a seeded random subset of the training queries (null: all)")
     max_grad_norm: PositiveFloat | None = Field(
@@ -795,6 +811,11 @@ def cross_field_problems(params: Params) -> list[Problem]:
             problems.append(Problem(f"datasets.{name}.subsets", "lists a folder twice"))
         if entry.convert is not None and entry.format != "beir":
             problems.append(Problem(f"datasets.{name}.convert", "a converted download needs format beir"))
+        if (entry.titles or entry.triples) and entry.format not in ("msmarco-passage", "trec"):
+            problems.append(Problem(f"datasets.{name}.{'titles' if entry.titles else 'triples'}",
+                                    "belongs to a passage collection (format msmarco-passage or trec)"))
+        if entry.triples_url and not entry.triples:
+            problems.append(Problem(f"datasets.{name}.triples_url", "name the file too (triples)"))
         if isinstance(entry.rel_threshold, dict):
             for split in entry.rel_threshold:
                 if split not in entry.splits:
@@ -802,6 +823,10 @@ def cross_field_problems(params: Params) -> list[Problem]:
                                             f"not one of the dataset's splits ({', '.join(entry.splits) or 'none'})"))
 
     train = params.datasets.get(params.train_dataset) if params.train_dataset else None
+    if train is not None and params.finetune.r1_negatives == "official" and not train.triples:
+        problems.append(Problem("finetune.r1_negatives", f"'official' needs the training triples of train_dataset "
+                                                         f"{params.train_dataset} (datasets.{params.train_dataset}."
+                                                         "triples)"))
     if train is not None and params.annotation.calibration_split not in train.splits:
         problems.append(Problem("annotation.calibration_split",
                                 f"{params.annotation.calibration_split!r} is not a split of train_dataset "

@@ -20,6 +20,7 @@ from qac.data.sources import DatasetSpec
 from qac.io import file_md5
 
 from test_prepare import serve
+from test_release_data import smoke_params
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -82,14 +83,16 @@ def test_two_forums_are_prepared_apart_and_averaged_into_one_figure(site, tmp_pa
     work = tmp_path / "work"
     work.mkdir()
     with serve(site) as base:
-        params = {"profile": "test", "seed": 1, "data_dir": "data", "mlflow": {"system_metrics": False},
-                  "datasets": {"cqadupstack": {"format": "beir", "url": f"{base}/cqadupstack.zip",
-                                               "md5": file_md5(site / "cqadupstack.zip"), "splits": ["test"],
-                                               "rel_threshold": 1, "subsets": ["android", "gis"]}},
-                  "prepare": {"max_documents": None, "keep_judged_documents": True, "min_text_chars": 1},
-                  "train_dataset": "cqadupstack", "zero_shot": [],
-                  "finetune": {"bm25_depth": 3}, "evaluate": {"depth": 10, "metrics": ["nDCG@10", "RR@10"]},
-                  "bm25": {"k1": 0.9, "b": 0.4, "stopwords": None, "stemmer": None}}
+        params = smoke_params(
+            profile="test", seed=1, data_dir="data",
+            datasets={"cqadupstack": {"format": "beir", "url": f"{base}/cqadupstack.zip",
+                                      "md5": file_md5(site / "cqadupstack.zip"), "splits": ["test"],
+                                      "rel_threshold": 1, "subsets": ["android", "gis"]},
+                      "scratch": {"format": "beir", "mirror": "scratch", "splits": ["train"]}},
+            prepare={"max_documents": None, "keep_judged_documents": True, "min_text_chars": 1},
+            train_dataset="scratch", pretrain_corpus="scratch", zero_shot=["cqadupstack"],
+            finetune={"bm25_depth": 3}, evaluate={"depth": 10, "metrics": ["nDCG@10", "RR@10"]},
+            bm25={"k1": 0.9, "b": 0.4, "stopwords": None, "stemmer": None})
         (work / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
         monkeypatch.chdir(work)
         monkeypatch.setenv("QAC_PARAMS", str(work / "params.yaml"))
@@ -107,8 +110,6 @@ def test_two_forums_are_prepared_apart_and_averaged_into_one_figure(site, tmp_pa
         load_prepared(out)
 
     # BM25 as the zero-shot baseline: each forum is searched in its own corpus only.
-    params["train_dataset"], params["zero_shot"] = "scratch", ["cqadupstack"]
-    (work / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     scratch = work / "data" / "test" / "datasets" / "scratch"
     (scratch / "qrels").mkdir(parents=True)
     (scratch / "corpus.jsonl").write_text(json.dumps({"_id": "s1", "title": "", "text": "alpha"}) + "\n")

@@ -16,6 +16,7 @@ from qac.data.errors import DataFormatError
 from qac.data.msmarco import iter_passage_collection, iter_triple_negatives
 from qac.data.prepared import TRAIN_NEGATIVES, load_prepared
 from qac.io import iter_jsonl
+from qac.params_schema import ParamsError
 from qac.retrieval import document_text, title_separator
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +36,23 @@ def load_stage(name: str):
     return module
 
 
+def smoke_params(**overrides) -> dict:
+    """The smoke profile's full parameters (every key the schema asks for) with ``overrides``.
+
+    ``datasets`` is replaced, not merged; other sections are merged key by key.
+    """
+    from qac.config import deep_merge, render_profile
+
+    params = render_profile("smoke")
+    if "datasets" in overrides:
+        params["datasets"] = {}
+    params = deep_merge(params, overrides)
+    params["mlflow"]["system_metrics"] = False
+    if "datasets" in overrides:   # the tables' columns name the smoke profile's datasets
+        params["tables"]["in_domain_columns"] = []
+    return params
+
+
 def marco_project(root: Path, monkeypatch, *, finetune: dict | None = None, bm25: dict | None = None,
                   seed: int = 7) -> dict:
     """A working directory whose mirror holds RocketQA-style passages, titles and official triples.
@@ -49,16 +67,17 @@ def marco_project(root: Path, monkeypatch, *, finetune: dict | None = None, bm25
     (mirror / "qrels.train.tsv").write_text("10\t0\t0\t1\n11\t0\t2\t1\n11\t0\t3\t1\n")
     with gzip.open(root / "mirror" / "qidpidtriples.train.full.2.tsv.gz", "wt") as handle:
         handle.write(TRIPLES.replace("\n", "\r\n"))   # the official file has Windows line ends
-    params = {"profile": "test", "seed": seed, "data_dir": "data", "mlflow": {"system_metrics": False},
-              "datasets": {"marco": {"format": "msmarco-passage", "mirror": "marco", "url": None,
-                                     "collection": "para.txt", "titles": "para.title.txt",
-                                     "triples": "qidpidtriples.train.full.2.tsv.gz", "splits": ["train"],
-                                     "topics": {"train": "train.query.txt"}, "qrels": {"train": "qrels.train.tsv"}}},
-              "prepare": {"max_documents": None, "keep_judged_documents": True, "min_text_chars": 1},
-              "train_dataset": "marco", "zero_shot": [],
-              "finetune": finetune or {"bm25_depth": 3, "r1_negatives": "official", "official_negatives": 1},
-              "evaluate": {"depth": 10, "metrics": ["RR@10"]},
-              "bm25": bm25 or {"k1": 0.9, "b": 0.4, "stopwords": None, "stemmer": None}}
+    params = smoke_params(
+        profile="test", seed=seed, data_dir="data",
+        datasets={"marco": {"format": "msmarco-passage", "mirror": "marco", "url": None,
+                            "collection": "para.txt", "titles": "para.title.txt",
+                            "triples": "qidpidtriples.train.full.2.tsv.gz", "splits": ["train"],
+                            "topics": {"train": "train.query.txt"}, "qrels": {"train": "qrels.train.tsv"}}},
+        prepare={"max_documents": None, "keep_judged_documents": True, "min_text_chars": 1},
+        train_dataset="marco", pretrain_corpus="marco", zero_shot=[],
+        finetune=finetune or {"bm25_depth": 3, "r1_negatives": "official", "official_negatives": 1},
+        evaluate={"depth": 10, "metrics": ["RR@10"]},
+        bm25=bm25 or {"k1": 0.9, "b": 0.4, "stopwords": None, "stemmer": None})
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(root)
     monkeypatch.setenv("QAC_PARAMS", str(root / "params.yaml"))
@@ -148,7 +167,14 @@ def test_prepare_keeps_titles_and_official_negatives_and_bm25_stage_samples_them
 def test_official_negatives_without_declared_triples_stop_the_bm25_stage(project):
     root, params = project
     del params["datasets"]["marco"]["triples"]
+    params["finetune"]["r1_negatives"] = "bm25"       # validation refuses 'official' without triples...
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert load_stage("prepare").main(["--dataset", "marco"]) == 0
-    with pytest.raises(SystemExit, match="datasets.marco.triples"):
+    with pytest.raises(ParamsError, match="datasets.marco.triples"):
+        params["finetune"]["r1_negatives"] = "official"
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
         load_stage("bm25").main([])
+    bm25 = load_stage("bm25")   # the stage's own check, behind the schema's
+    folder = root / "data" / "test" / "datasets" / "marco"
+    with pytest.raises(SystemExit, match="datasets.marco.triples"):
+        list(bm25.official_negatives(folder, load_prepared(folder), 2, 7))

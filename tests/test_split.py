@@ -336,10 +336,11 @@ def test_split_stage_writes_passages_punkt_and_metrics(shared_data, tmp_path, mo
     dataset = read_beir(shared_data / "scifact", [], name="scifact")
     dataset.corpus = dict(itertools.islice(dataset.corpus.items(), 40))
     write_prepared(prepare_dataset(dataset), tmp_path / "data" / "smoke" / "datasets" / "scifact")
-    params = {"profile": "smoke", "seed": 3, "data_dir": "data", "mlflow": {"system_metrics": False},
-              "pretrain_corpus": "scifact",
-              "split": {"tokenizer": "minilm", "max_len": 48, "short_span_prob": 0.15, "random_sampled_window": 100,
-                        "overlap_sentences": 2, "workers": 1, "punkt": "trained", "punkt_train_documents": None}}
+    from test_release_data import smoke_params
+
+    params = smoke_params(profile="smoke", seed=3, data_dir="data",
+                          split={"tokenizer": "minilm", "max_len": 48, "short_span_prob": 0.15, "workers": 1,
+                                 "punkt": "trained", "punkt_train_documents": None, "max_documents": None})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
@@ -381,10 +382,10 @@ def test_split_stage_without_nltk_punkt_and_network_stops_with_the_command(share
     dataset = read_beir(shared_data / "scifact", [], name="scifact")
     dataset.corpus = dict(itertools.islice(dataset.corpus.items(), 5))
     write_prepared(prepare_dataset(dataset), tmp_path / "data" / "paper" / "datasets" / "scifact")
-    params = {"profile": "paper", "seed": 3, "data_dir": "data", "mlflow": {"system_metrics": False},
-              "pretrain_corpus": "scifact",
-              "split": {"tokenizer": "minilm", "max_len": 48, "short_span_prob": 0.15, "random_sampled_window": 100,
-                        "overlap_sentences": 2, "workers": 1, "punkt": "pretrained", "punkt_train_documents": None}}
+    from test_release_data import smoke_params
+
+    params = smoke_params(profile="paper", seed=3, data_dir="data",
+                          split={"max_len": 48, "workers": 1, "punkt": "pretrained", "max_documents": None})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
