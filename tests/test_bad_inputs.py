@@ -191,7 +191,7 @@ def test_a_byte_order_mark_in_the_middle_of_a_concatenated_file(tmp_path):
 
 def test_a_no_break_space_inside_an_id(tmp_path):
     path = write(tmp_path / "corpus.jsonl", json.dumps({"_id": "d\u00a01", "text": "x"}) + "\n")
-    fails_naming(read_corpus_jsonl, path, "contains whitespace", line=1)
+    fails_naming(read_corpus_jsonl, path, "contains the whitespace NO-BREAK SPACE (U+00A0)", line=1)
 
 
 def test_a_control_character_inside_an_id(tmp_path):
@@ -231,3 +231,75 @@ def test_a_tsv_corpus_whose_rows_are_all_blank_text(tmp_path):
 def test_a_beir_qrels_header_in_another_order(tmp_path):
     path = write(tmp_path / "test.tsv", "corpus-id\tquery-id\tscore\nd1\tq1\t1\n")
     fails_naming(read_qrels_tsv, path, "expected the header", line=1)
+
+
+# --- numbers, comments, separators and paths as trec_eval reads them ------------------------------
+
+@pytest.mark.parametrize("grade", ["1_0", "\u0661", "\uff11", "1.0", "one"])
+def test_a_grade_trec_eval_would_not_read_as_written_is_refused(tmp_path, grade):
+    """Python's int() reads '1_0' as 10 and Arabic-Indic or full-width digits as numbers; trec_eval's atol reads
+    '1_0' as 1 and the others as 0. Neither is what the file says: the line is refused, naming the field."""
+    path = write(tmp_path / "qrels.txt", f"q1 0 d1 1\nq1 0 d2 {grade}\n")
+    error = fails_naming(read_trec_qrels, path, f"expected an integer, found {grade!r}", line=2)
+    assert error.field == "rel"
+    beir = write(tmp_path / "qrels" / "test.tsv", f"{HEADER}q1\td1\t{grade}\n")
+    assert fails_naming(read_qrels_tsv, beir, "expected an integer", line=2).field == "score"
+
+
+@pytest.mark.parametrize("score", ["1_0", "\u0661.5", "3,5"])
+def test_a_score_python_float_would_take_but_trec_eval_not_is_refused(tmp_path, score):
+    path = write(tmp_path / "run.trec", f"q1 Q0 d1 1 {score} x\n")
+    assert fails_naming(read_run, path, f"must be a number, got {score!r}", line=1).field == "score"
+
+
+def test_a_float_rank_is_read_since_ranks_are_ignored(tmp_path, capsys):
+    path = write(tmp_path / "run.trec", "q1 Q0 d1 1.0 3.0 x\nq1 Q0 d2 2.0 2.0 x\nq1 Q0 d3 3e0 1.0 x\n")
+    assert read_run(path) == {"q1": {"d1": 3.0, "d2": 2.0, "d3": 1.0}}
+    # A word in the rank column still means a shifted column.
+    shifted = write(tmp_path / "shifted.trec", "q1 Q0 d1 first 3.0 x\n")
+    assert fails_naming(read_run, shifted, "must be a number, got 'first'", line=1).field == "rank"
+
+
+def test_comment_lines_and_extra_run_fields_are_read_as_trec_eval_reads_them(tmp_path, capsys):
+    qrels = write(tmp_path / "qrels.txt", "# judged by two assessors\n" + TREC_QRELS + "#q9 0 d9 1\n")
+    run = write(tmp_path / "run.trec", "# produced by bm25\n  # indented comment\n"
+                + "".join(line + " extra trailing fields\n" for line in RUN.splitlines()))
+    assert read_qrels(qrels) == {"q1": {"d1": 2, "d2": 1}, "q2": {"d4": 1}}
+    assert read_run(run) == read_run(write(tmp_path / "plain.trec", RUN))
+    code, result, _ = qac_eval(capsys, qrels, run)
+    assert code == 0 and result["nDCG@10"] == pytest.approx(1.0)
+
+
+def test_an_extra_qrels_field_is_refused_saying_trec_eval_refuses_it_too(tmp_path):
+    path = write(tmp_path / "qrels.txt", "q1 0 d1 1 extra\n")
+    fails_naming(read_trec_qrels, path, "found 5 (trec_eval refuses extra fields here too)", line=1)
+
+
+def test_a_folder_given_as_a_file_is_named_as_a_folder(tmp_path, capsys):
+    folder = tmp_path / "qrels"
+    folder.mkdir()
+    for reader in (read_qrels, read_run, read_trec_qrels, read_qrels_tsv):
+        fails_naming(reader, folder, "is a folder, not a file")
+    fails_naming(read_run, tmp_path / "absent.trec", "file not found")
+    code, _, err = qac_eval(capsys, folder, write(tmp_path / "run.trec", RUN))
+    assert code == 2 and "is a folder, not a file" in err and "Traceback" not in err
+
+
+def test_space_separated_beir_qrels_are_recognised(tmp_path, capsys):
+    spaced = write(tmp_path / "qrels" / "test.tsv", "query-id corpus-id score\nq1 d1 2\nq1  d2 1\nq2 d4 1\n")
+    expected = {"q1": {"d1": 2, "d2": 1}, "q2": {"d4": 1}}
+    assert read_qrels_tsv(spaced) == expected and read_qrels(spaced) == expected
+    code, result, _ = qac_eval(capsys, spaced, write(tmp_path / "run.trec", RUN))
+    assert code == 0 and result["nDCG@10"] == pytest.approx(1.0)
+    # A tab-separated header with a space-separated row is named for what it is.
+    mixed = write(tmp_path / "mixed" / "test.tsv", HEADER + "q1 d1 1\n")
+    fails_naming(read_qrels_tsv, mixed, "the line is separated by spaces: this file must be tab-separated", line=2)
+
+
+def test_a_no_break_space_inside_a_run_or_qrels_id_is_named(tmp_path):
+    """str.split() splits on a no-break space, which gave '7 fields, expected 6'; trec_eval keeps it in the id."""
+    run = write(tmp_path / "run.trec", "q1 Q0 d1 1 3.0 x\nq1 Q0 d\u00a02 2 2.0 x\n")
+    error = fails_naming(read_run, run, "contains the whitespace NO-BREAK SPACE (U+00A0)", line=2)
+    assert error.field == "docid"
+    qrels = write(tmp_path / "qrels.txt", "q\u00a01 0 d1 1\n")
+    assert fails_naming(read_trec_qrels, qrels, "NO-BREAK SPACE", line=1).field == "qid"

@@ -163,6 +163,10 @@ def test_a_four_trial_two_worker_study_prunes_the_clearly_worse_trial(trial_inpu
     driver = subprocess.run([sys.executable, "-m", "qac.cli", "hpo", "--params", str(params_path), "--workers", "2"],
                             cwd=tmp_path, env=_job_env(), capture_output=True, text=True, timeout=230)
     assert driver.returncode == 0, driver.stdout[-3000:] + driver.stderr[-3000:]
+    # The command's own lines only: no Optuna "[I ...] Trial 0 finished", MLflow INFO (system metrics) or warnings.
+    output = driver.stdout + driver.stderr
+    for noise in ("[I ", "INFO mlflow", "Warning:", "warnings.warn"):
+        assert noise not in output, output[-3000:]
 
     trials = optuna.load_study(study_name="smoke-test", storage=storage).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED,

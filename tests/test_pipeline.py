@@ -207,3 +207,36 @@ def test_changing_one_parameter_reruns_only_its_dependents(smoke_study):
     # A dry run plans the stages whose own parameters or inputs changed; `tables`
     # follows only if the evaluate stages' outputs then change.
     assert planned == {f"evaluate@{v}" for v in params["pretrain"]["variants"]}
+
+
+def test_the_readme_experiment_command_runs_to_the_end(smoke_study):
+    """README: `dvc exp run profiles/smoke/dvc.yaml -S profiles/smoke/params.yaml:pretrain.common.lr=5e-5`.
+
+    DVC writes the value as `lr: 5e-05`, which YAML 1.1 (PyYAML) reads as a string: pre-training
+    once died with a TypeError inside torch. The experiment is aimed at one variant's pre-training,
+    the first stage the value reaches, so that only it reruns (its upstream is in the DVC cache).
+    """
+    import mlflow
+
+    work, env, _ = smoke_study
+    variant = "cocondenser-query-q4"
+    losses = work / "data" / "smoke" / "pretrain" / variant / "losses.tsv"
+    before = losses.read_text()
+    done = _run([str(BIN / "dvc"), "exp", "run", f"{PIPELINE}:pretrain@{variant}",
+                 "-S", f"{PARAMS}:pretrain.common.lr=5e-5"], work, env)
+    ran = {line.split("'")[1].rsplit(":", 1)[-1] for line in done.stdout.splitlines()
+           if line.startswith("Running stage")}
+    assert ran == {f"pretrain@{variant}"}, done.stdout
+    import re
+
+    assert re.search(r"\blr: 5e-0?5\b", (work / PARAMS).read_text())       # as DVC writes it
+    from qac.config import load_params
+
+    assert load_params(work / PARAMS)["pretrain"]["common"]["lr"] == 5e-05
+    after = losses.read_text()
+    assert len(after.splitlines()) == len(before.splitlines()) and after != before   # trained again, differently
+    client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("qac-smoke")
+    latest = client.search_runs([experiment.experiment_id], f"tags.`qac.variant` = '{variant}'",
+                                order_by=["attributes.start_time DESC"], max_results=1)[0]
+    assert float(latest.data.params["lr"]) == 5e-05

@@ -65,6 +65,12 @@ def make_project(root: Path, t5_dir: Path, n_passages: int = 14, **querygen) -> 
     params["data_dir"] = str(root / "data")
     params["querygen"].update(dict(queries_per_passage=3, max_new_tokens=8, max_source_len=40, batch_size=4,
                                    chunk_size=3), **querygen)
+    # Pre-training variants can draw on at most the 3 queries generated per passage (the schema checks it).
+    params["pretrain"]["variants"] = {"none": {"method": "none"},
+                                      "cocondenser-query-q3": {"method": "cocondenser", "context_type": "query",
+                                                               "query_count": 3}}
+    params["hpo"].update(variant="cocondenser-query-q3")
+    params["hpo"]["space"]["pretrain.query_count"] = {"type": "int", "low": 1, "high": 3}
     data = root / "data" / "smoke"
     data.mkdir(parents=True)
     write_passages(data / "passages.arrow", passage_records(n_passages))

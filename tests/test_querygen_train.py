@@ -416,6 +416,7 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     params = render_profile("smoke")
     params.update(data_dir=str(tmp_path / "data"), train_dataset="tinyset", pretrain_corpus="tinyset")
+    params["datasets"]["tinyset"] = {"format": "beir", "splits": ["train", "test"]}
     params["query_generator"].update(model="tiny:minilm", architecture="prefix_lm", max_source_len=24,
                                      max_target_len=6, batch_size=2, heldout_fraction=0.5, max_heldout=3, log_every=1,
                                      validation_pairs=1, eval_every=1, quality_candidates=2, judge_anchors=5,

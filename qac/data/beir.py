@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 from qac.data.dataset import Corpus, Dataset, Document, Qrels, Queries, is_empty_text
 from qac.data.errors import DataFormatError
-from qac.data.textfile import (QrelsCollector, check_id, check_new_id, iter_json_objects, iter_rows, parse_int,
+from qac.data.textfile import (QrelsCollector, check_id, check_new_id, iter_json_objects, iter_lines, iter_rows, parse_int,
                                require_rows, required_id, required_text)
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
@@ -80,7 +80,11 @@ def read_qrels_tsv(path: str | os.PathLike, *, skipped: Counter | None = None) -
     ``qrels_duplicate``) and is an error if they differ.
     """
     collector = QrelsCollector(path, "score", skipped)
-    for line, (qid, doc_id, score) in iter_rows(path, QRELS_HEADER):
+    # BEIR writes tabs; a copy saved through an editor or a spreadsheet may hold spaces instead: a header
+    # separated by spaces says which (ids cannot hold spaces: they go to whitespace-separated TREC files).
+    first = next((text for _, text in iter_lines(path)), "")
+    spaced = "\t" not in first and tuple(first.split()) == QRELS_HEADER
+    for line, (qid, doc_id, score) in iter_rows(path, QRELS_HEADER, whitespace=spaced):
         if line == 1 and (qid, doc_id, score) == QRELS_HEADER:
             continue
         if line == 1:

@@ -43,8 +43,7 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     line and the column of the first bad byte; so does a ``.gz`` file that is
     truncated or not gzip at all. A leading byte order mark is dropped.
     """
-    if not Path(path).is_file():
-        raise DataFormatError(path, None, None, "file not found")
+    check_file(path)
     line_number = 0
     try:
         with open_binary(path) as handle:
@@ -55,6 +54,18 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
         problem = ("not a gzip file" if line_number == 0 and isinstance(error, gzip.BadGzipFile)
                    else f"truncated or corrupt gzip data after line {line_number}")
         raise DataFormatError(path, line_number + 1, None, f"{problem} ({error})") from None
+
+
+def check_file(path: str | os.PathLike) -> None:
+    """Raise naming ``path`` unless it is a readable file: missing, a folder and other kinds each say so."""
+    path = Path(path)
+    if path.is_file():
+        return
+    if path.is_dir():
+        raise DataFormatError(path, None, None, "is a folder, not a file (name the file inside it)")
+    if path.exists():
+        raise DataFormatError(path, None, None, "is not a regular file")
+    raise DataFormatError(path, None, None, "file not found")
 
 
 def _decode(raw: bytes, path, line_number: int) -> str:
@@ -108,21 +119,71 @@ def iter_rows(path: str | os.PathLike, fields: tuple[str, ...], *,
               whitespace: bool = False) -> Iterator[tuple[int, list[str]]]:
     """Yield ``(line_number, values)`` for each non-blank line with exactly ``len(fields)`` columns.
 
-    Columns are tab separated, or separated by any run of whitespace with
-    ``whitespace=True`` (TREC qrels). ``fields`` names the columns for messages.
+    Columns are tab separated, or separated by any run of ASCII whitespace with
+    ``whitespace=True`` (as trec_eval splits its files: a no-break space inside
+    an id is part of the id, reported by name, never a separator). ``fields``
+    names the columns for messages.
     """
     for line_number, line in iter_lines(path):
         if not line.strip():
             continue
-        values = line.split() if whitespace else line.split("\t")
+        values = split_fields(line, fields, path, line_number) if whitespace else line.split("\t")
         if len(values) != len(fields):
-            separator = "whitespace" if whitespace else "tab"
-            raise DataFormatError(
-                path, line_number, None,
-                f"expected {len(fields)} {separator}-separated fields ({', '.join(fields)}), "
-                f"found {len(values)}",
-            )
+            raise DataFormatError(path, line_number, None, _count_problem(line, fields, values, whitespace))
         yield line_number, values
+
+
+# C's isspace in the "C" locale, trec_eval's separator (Python's str.split also splits on \x1c-\x1f and Unicode).
+_ASCII_WHITESPACE = re.compile(r"[ \t\n\r\f\v]+")
+
+
+def split_fields(line: str, fields: tuple[str, ...], path, line_number: int) -> list[str]:
+    """``line`` split on ASCII whitespace; a field holding other whitespace or an invisible character
+    (a no-break space pasted from a web page) is an error naming the field and the character."""
+    if line.isascii():
+        return line.split()
+    values = _ASCII_WHITESPACE.split(line.strip(" \t\n\r\f\v"))
+    for index, value in enumerate(values):
+        if not value.isprintable():
+            bad = next(ch for ch in value if not ch.isprintable())
+            name = fields[index] if index < len(fields) else f"field {index + 1}"
+            raise DataFormatError(path, line_number, name,
+                                  f"{value!r} contains {_describe(bad)}; fields of a TREC file are separated by "
+                                  "spaces or tabs, and an id must be one printable word")
+    return values
+
+
+def _count_problem(line: str, fields: tuple[str, ...], values: list[str], whitespace: bool) -> str:
+    separator = "whitespace" if whitespace else "tab"
+    problem = f"expected {len(fields)} {separator}-separated fields ({', '.join(fields)}), found {len(values)}"
+    if not whitespace and len(values) == 1 and len(line.split()) == len(fields):
+        problem += " (the line is separated by spaces: this file must be tab-separated)"
+    return problem
+
+
+def iter_trec_rows(path: str | os.PathLike, fields: tuple[str, ...], *, comments: str,
+                   extra_fields: bool) -> Iterator[tuple[int, list[str]]]:
+    """Rows of a whitespace-separated TREC file as trec_eval reads them.
+
+    ``comments``: ``line-start`` skips lines whose first character is ``#`` (trec_eval's
+    qrels), ``first-word`` also after leading blanks (trec_eval's runs). ``extra_fields``:
+    fields after the last named one are ignored (a run's), else a wrong count is an error
+    that says what trec_eval accepts. Blank lines are skipped.
+    """
+    for line_number, line in iter_lines(path):
+        stripped = line.lstrip(" \t\r\f\v")
+        if not stripped or (line.startswith("#") or (comments == "first-word" and stripped.startswith("#"))):
+            continue
+        values = split_fields(line, fields, path, line_number)
+        if len(values) == len(fields) or (extra_fields and len(values) > len(fields)):
+            yield line_number, values[:len(fields)]
+            continue
+        problem = _count_problem(line, fields, values, True)
+        if not extra_fields and len(values) > len(fields):
+            problem += " (trec_eval refuses extra fields here too)"
+        elif extra_fields:
+            problem += f" (trec_eval, too, needs at least these {len(fields)})"
+        raise DataFormatError(path, line_number, None, problem)
 
 
 def required_id(record: dict[str, Any], field: str, path, line: int) -> str:
@@ -159,8 +220,10 @@ def check_id(value: str, field: str, path, line: int | None) -> str:
 def _describe(ch: str) -> str:
     import unicodedata
 
-    name = unicodedata.name(ch, f"U+{ord(ch):04X}")
-    return "whitespace" if ch.isspace() else f"the invisible character {name}"
+    if ch in " \t":
+        return "whitespace"
+    name = f"{unicodedata.name(ch, 'an unnamed character')} (U+{ord(ch):04X})"
+    return f"the whitespace {name}" if ch.isspace() else f"the invisible character {name}"
 
 
 def require_rows(count: int, path, what: str, *, skipped: int = 0) -> None:
@@ -184,12 +247,35 @@ def required_text(record: dict[str, Any], field: str, path, line: int, *, defaul
     return value
 
 
+# Numbers as trec_eval (C's atol / atof) reads them: ASCII digits, no digit-group underscores (Python's int()
+# and float() take "1_000" and Arabic-Indic digits; atol reads "1_000" as 1).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?i:inf|infinity|nan)")
+
+
 def parse_int(value: str, field: str, path, line: int) -> int:
-    """An integer column (a relevance grade)."""
-    try:
+    """An integer column (a relevance grade): ASCII digits with an optional sign."""
+    if _INTEGER.fullmatch(value):
         return int(value)
-    except ValueError:
-        raise DataFormatError(path, line, field, f"expected an integer, found {value!r}") from None
+    hint = ""
+    if _NUMBER.fullmatch(value):
+        hint = " (trec_eval would silently cut it to its integer part)"
+    elif "_" in value or not value.isascii():
+        hint = " (ASCII digits only, no digit-group underscores: trec_eval reads only the leading ASCII digits)"
+    raise DataFormatError(path, line, field, f"expected an integer, found {value!r}{hint}")
+
+
+def parse_number(value: str, field: str, path, line: int) -> float:
+    """A decimal number column (a run's score): ASCII digits, optional fraction and exponent."""
+    if _NUMBER.fullmatch(value):
+        return float(value)
+    hint = (" (ASCII digits only, no digit-group underscores)" if "_" in value or not value.isascii() else "")
+    raise DataFormatError(path, line, field, f"must be a number, got {value!r}{hint}")
+
+
+def is_number(value: str) -> bool:
+    """Whether ``value`` reads as a number (:func:`parse_number` would accept it)."""
+    return _NUMBER.fullmatch(value) is not None
 
 
 def check_new_id(seen: dict[str, int], key: str, field: str, path, line: int) -> None:

@@ -12,7 +12,8 @@ from collections import Counter
 
 from qac.data.dataset import Qrels, Queries
 from qac.data.errors import DataFormatError
-from qac.data.textfile import QrelsCollector, check_id, check_new_id, iter_rows, parse_int, require_rows
+from qac.data.textfile import (QrelsCollector, check_id, check_new_id, iter_rows, iter_trec_rows, parse_int,
+                               require_rows)
 
 TOPIC_FIELDS = ("qid", "text")
 QRELS_FIELDS = ("qid", "iter", "docid", "rel")
@@ -39,7 +40,9 @@ def read_trec_qrels(path: str | os.PathLike, *, skipped: Counter | None = None) 
     ``qrels_duplicate``) and is an error if they differ.
     """
     collector = QrelsCollector(path, "rel", skipped)
-    for line, (qid, _iteration, doc_id, rel) in iter_rows(path, QRELS_FIELDS, whitespace=True):
+    # As trec_eval: a line starting with '#' is a comment; exactly four fields.
+    for line, (qid, _iteration, doc_id, rel) in iter_trec_rows(path, QRELS_FIELDS, comments="line-start",
+                                                                extra_fields=False):
         collector.add(check_id(qid, "qid", path, line), check_id(doc_id, "docid", path, line),
                       parse_int(rel, "rel", path, line), line)
     require_rows(len(collector.qrels), path, "judgements")

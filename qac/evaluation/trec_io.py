@@ -3,9 +3,17 @@
 Formats (whitespace separated unless noted):
 
 * TREC run: ``qid Q0 docid rank score tag``; ranks are ignored on reading (trec_eval
-  ranks by score), written as 1..n in trec_eval order.
-* TREC qrels: ``qid 0 docid rel`` (the second column is ignored).
-* BEIR qrels: tab separated ``query-id corpus-id score`` with that header line.
+  ranks by score; a rank must still be a number, ``2`` or ``2.0``), written as 1..n in
+  trec_eval order. As trec_eval, fields after the tag are ignored and a line whose first
+  word starts with ``#`` is a comment.
+* TREC qrels: ``qid 0 docid rel`` (the second column is ignored); as trec_eval, a line
+  starting with ``#`` is a comment, and a fifth field is an error.
+* BEIR qrels: tab separated ``query-id corpus-id score`` with that header line (a copy
+  separated by spaces, header included, is read too).
+
+Fields are split on ASCII whitespace, as trec_eval splits them: a no-break space inside an
+id is named as such. Numbers are read as trec_eval reads them (ASCII digits; no digit-group
+underscores, which Python's ``int`` would take).
 
 Every file is read through :mod:`qac.data.textfile`, the decoding path of all
 inputs: a byte order mark is dropped, ``.gz`` files are decompressed, and an
@@ -21,7 +29,7 @@ from typing import Mapping
 
 from qac.data import beir, trec
 from qac.data.errors import DataFormatError
-from qac.data.textfile import check_id, iter_lines, iter_rows, parse_int, require_rows
+from qac.data.textfile import check_id, is_number, iter_lines, iter_trec_rows, parse_number, require_rows
 from qac.evaluation.metrics import trec_order
 from qac.io import atomic_path
 
@@ -32,13 +40,18 @@ RUN_FIELDS = ("qid", "Q0", "docid", "rank", "score", "tag")
 def read_run(path: str | os.PathLike) -> dict[str, dict[str, float]]:
     """Read a TREC run file into ``{qid: {docid: score}}``; an empty run is an error."""
     run: dict[str, dict[str, float]] = {}
-    for line_number, (qid, _, doc_id, rank, score, _) in iter_rows(path, RUN_FIELDS, whitespace=True):
-        if not rank.isdigit():          # the cheap check first: this loop runs millions of times
-            parse_int(rank, "rank", path, line_number)
+    rows = iter_trec_rows(path, RUN_FIELDS, comments="first-word", extra_fields=True)
+    for line_number, (qid, _, doc_id, rank, score, _) in rows:
+        if not rank.isdigit() and not is_number(rank):   # the cheap check first: this loop runs millions of times
+            raise DataFormatError(path, line_number, "rank",
+                                  f"must be a number, got {rank!r} (ranks are ignored, as trec_eval ignores them, "
+                                  "but a word here means a missing or shifted column)")
         try:
             value = float(score)
         except ValueError:
-            raise DataFormatError(path, line_number, "score", f"must be a number, got {score!r}") from None
+            value = None
+        if value is None or "_" in score or not score.isascii():
+            value = parse_number(score, "score", path, line_number)
         if value != value:
             raise DataFormatError(path, line_number, "score", "is NaN")
         docs = run.setdefault(qid, {})
@@ -81,10 +94,12 @@ def read_beir_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
 
 
 def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
-    """Read qrels in either format: BEIR TSV when the first line is its header, TREC otherwise."""
+    """Read qrels in either format: BEIR when the first line is its header (tab- or space-separated),
+    TREC otherwise."""
     first = next((line for _, line in iter_lines(path)), None)
     if first is None:
         raise DataFormatError(path, None, None, "no judgements: the file is empty")
-    if first.split("\t")[0].strip() == BEIR_QRELS_HEADER[0]:
+    words = first.split("\t")[0].split()
+    if words and words[0] == BEIR_QRELS_HEADER[0]:
         return read_beir_qrels(path)
     return read_trec_qrels(path)
