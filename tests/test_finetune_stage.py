@@ -205,3 +205,39 @@ def test_a_failure_during_training_leaves_no_partial_output(tmp_path, tiny_bert_
             load_stage("finetune").main(["--variant", "none"])
     finetune_dir = root / "data" / "smoke" / "finetune"
     assert not finetune_dir.exists() or not any(finetune_dir.iterdir())
+
+
+def test_queries_that_do_not_fill_whole_batches_stop_the_stage_before_a_model_loads(tmp_path, tiny_bert_dir,
+                                                                                    shared_mlflow_store, monkeypatch):
+    """A batch of 7 over the study's training queries used to drop the remainder silently."""
+    from qac.config import write_params
+    from qac.train import finetune
+    from qac.train.finetune import IncompleteBatchError
+
+    loaded = []
+    monkeypatch.setattr(finetune.BiEncoder, "from_pretrained", staticmethod(lambda *a, **k: loaded.append(a)))
+    root = tmp_path / "study"
+    n = len(TOPICS)
+    with study_dir(root, tiny_bert_dir) as params:
+        params["finetune"].update(batch_size=7, incomplete_batch="error")
+        write_params(params, root / "params.yaml")
+        with pytest.raises(IncompleteBatchError) as caught:
+            load_stage("finetune").main(["--variant", "none"])
+    message = str(caught.value)
+    assert message.startswith(f"finetune@none r1: {n} training queries do not fill whole batches of 7 "
+                              f"(finetune.batch_size): {n // 7} batches would leave {n % 7} queries out")
+    assert "finetune.incomplete_batch: drop" in message
+    assert loaded == []
+    finetune_dir = root / "data" / "smoke" / "finetune"
+    assert not finetune_dir.exists() or not any(finetune_dir.iterdir())
+
+
+def test_whole_batches_leave_out_what_drop_allows_and_nothing_else():
+    from qac.train.finetune import FinetuneSettings, IncompleteBatchError, check_whole_batches
+
+    assert check_whole_batches(21, FinetuneSettings(batch_size=7)) == 0
+    assert check_whole_batches(19, FinetuneSettings(batch_size=7, incomplete_batch="drop")) == 5
+    with pytest.raises(IncompleteBatchError, match="19 training queries do not fill whole batches of 7"):
+        check_whole_batches(19, FinetuneSettings(batch_size=7))
+    with pytest.raises(IncompleteBatchError, match="6 training queries are fewer than one batch of 7"):
+        check_whole_batches(6, FinetuneSettings(batch_size=7, incomplete_batch="drop"))
