@@ -5,7 +5,7 @@ table reads as a list of variants (``cocondenser · query · C=5 · r1``); the
 DVC stage that made the run stays in the tag ``qac.stage``. Every run of a
 variant (pre-training, fine-tuning, evaluation) and every baseline carries the
 same variant parameters (``method``, ``context_type``, ``query_count``,
-``cotmae_decoder``, ``variant``, ``retriever``), so MLflow's compare view and
+``cotmae_decoder``, ``master_decoders``, ``variant``, ``retriever``), so MLflow's compare view and
 ``mlflow.search_runs`` can pivot on them.
 """
 
@@ -39,6 +39,7 @@ def variant_description(params: Mapping[str, Any], variant: str) -> dict[str, An
         "context_type": context,
         "query_count": settings.query_count if trained else 0,
         "cotmae_decoder": settings.cotmae_decoder if settings.method == "cotmae" else "none",
+        "master_decoders": ",".join(settings.master_decoders) if settings.method == "master" else "none",
         "init": settings.init,
     }
 
@@ -46,7 +47,7 @@ def variant_description(params: Mapping[str, Any], variant: str) -> dict[str, An
 def baseline_description(retriever: str) -> dict[str, Any]:
     """Variant parameters of a baseline that is no pre-training variant (BM25)."""
     return {"variant": retriever, "method": retriever, "context_type": "none", "query_count": 0,
-            "cotmae_decoder": "none", "retriever": retriever}
+            "cotmae_decoder": "none", "master_decoders": "none", "retriever": retriever}
 
 
 def variant_label(description: Mapping[str, Any]) -> str:
@@ -58,6 +59,9 @@ def variant_label(description: Mapping[str, Any]) -> str:
         parts.append(f"C={description['query_count']}")
     if description["method"] == "cotmae" and description.get("cotmae_decoder") not in (None, "none", "paper"):
         parts.append(f"decoder={description['cotmae_decoder']}")
+    decoders = description.get("master_decoders")
+    if description["method"] == "master" and decoders not in (None, "none", "mkp,cmp,npr,dor,gor"):
+        parts.append(f"decoders={decoders.replace(',', '+')}")
     return run_name(*parts)
 
 
