@@ -1,7 +1,7 @@
 """Pre-training throughput: writes the "pretrain" section of reports/benchmarks.md.
 
 What one optimizer step (forward, backward, AdamW) costs, in pairs and tokens
-per second, for coCondenser and CoT-MAE on the default profile's encoder
+per second, for coCondenser, CoT-MAE and MASTER on the default profile's encoder
 (all-MiniLM-L6-v2) on CPU, and the ratios that the implementation choices buy:
 
 - MLM logits at masked positions only vs over every position (full vocabulary);
@@ -13,7 +13,10 @@ Pairs come from ``data/<profile>/passages.arrow`` and ``queries.arrow`` when
 they exist, otherwise from the SciFact mirror: a passage is ~110 words of an
 abstract (about 144 word-pieces), its passage context the next ~110 words of
 the same abstract, its query context a SciFact claim (real queries of typical
-length). Collation (tokenising, masking) is outside the timed region.
+length). Collation (tokenising, masking) is outside the timed region. MASTER
+runs its five decoders: MKP and CMP on the anchor, NPR on the context, DOR on
+the query, GOR on the passage context standing in for a continuation of the
+same length (its TF-IDF weights are counted over the benchmark's anchors).
 
 ``--gpu`` times BERT-base (built from its configuration, random weights) with
 bf16 autocast and reports MFU = 6 * parameters * tokens / time / peak, for our
@@ -80,15 +83,39 @@ def corpus_pairs(passages: Path, queries: Path, count: int) -> list[tuple[str, s
     return triples
 
 
-def make_batches(tokenizer, triples, context: str, batch_size: int, steps: int, mask_ratios, pad_to):
-    collator = PairCollator(tokenizer, 144, 32, *mask_ratios, seed=0, pad_to=pad_to)
+def make_batches(tokenizer, triples, context: str, batch_size: int, steps: int, mask_ratios, pad_to,
+                 master: bool = False):
+    collator = (master_collator(tokenizer, triples, mask_ratios, pad_to) if master
+                else PairCollator(tokenizer, 144, 32, *mask_ratios, seed=0, pad_to=pad_to))
     batches = []
     for step in range(steps):
         chosen = [triples[(step * batch_size + i) % len(triples)] for i in range(batch_size)]
-        pairs = [Pair(i, anchor, query if context == "query" else passage, context)
-                 for i, (anchor, passage, query) in enumerate(chosen)]
+        if master:
+            from qac.data.master import MasterPair
+
+            pairs = [MasterPair(i, anchor, query if context == "query" else passage, context, row=i,
+                                queries=(query,), continuation=passage)
+                     for i, (anchor, passage, query) in enumerate(chosen)]
+        else:
+            pairs = [Pair(i, anchor, query if context == "query" else passage, context)
+                     for i, (anchor, passage, query) in enumerate(chosen)]
         batches.append(collator(pairs, step))
     return batches
+
+
+def master_collator(tokenizer, triples, mask_ratios, pad_to):
+    """MASTER's collator with inverse document frequencies counted over the triples' anchors."""
+    from collections import Counter
+
+    from qac.data.masking import MaskingVocab
+    from qac.data.master import MasterCollator, WordWeights, passage_words
+
+    anchors = [anchor for anchor, _, _ in triples]
+    frequency = Counter()
+    for words in passage_words(tokenizer, anchors, MaskingVocab.from_tokenizer(tokenizer)):
+        frequency.update(set(words))
+    weights = WordWeights(passages=len(anchors), document_frequency=dict(frequency))
+    return MasterCollator(tokenizer, 144, 32, *mask_ratios, seed=0, word_weights=weights, pad_to=pad_to)
 
 
 class StepTimer:
@@ -145,6 +172,7 @@ def cpu_table(args) -> str:
     from qac.models.cocondenser import CoCondenser
     from qac.models.cotmae import CoTMAE
     from qac.models.loading import load_tokenizer
+    from qac.models.master import Master
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
@@ -157,12 +185,14 @@ def cpu_table(args) -> str:
         "cocondenser": CoCondenser.from_spec(args.model, seed=0, n_head_layers=2, skip_from=3),
         "cotmae (paper decoder)": CoTMAE.from_spec(args.model, seed=0, decoder="paper"),
         "cotmae (release decoder)": CoTMAE.from_spec(args.model, seed=0, decoder="release"),
+        "master (5 decoders)": Master.from_spec(args.model, seed=0),
     }
     variants = [("cocondenser", "masked-only logits, dynamic padding", False, None),
                 ("cocondenser", "full-vocabulary logits, dynamic padding", True, None),
                 ("cocondenser", "masked-only logits, static padding 144", False, 144),
                 ("cotmae (paper decoder)", "masked-only logits, dynamic padding", False, None),
-                ("cotmae (release decoder)", "masked-only logits, dynamic padding", False, None)]
+                ("cotmae (release decoder)", "masked-only logits, dynamic padding", False, None),
+                ("master (5 decoders)", "masked-only logits, dynamic padding", False, None)]
     timers = {name: StepTimer(model.train(), device) for name, model in models.items()}
     configs = []
     for method, recipe, full_vocab, pad_to in variants:
@@ -170,7 +200,8 @@ def cpu_table(args) -> str:
             configs.append({"method": method, "recipe": recipe, "context": context, "full_vocab": full_vocab,
                             "timer": timers[method],
                             "batches": make_batches(tokenizer, triples, context, args.batch_size, args.steps + 1,
-                                                    models[method].mask_ratios, pad_to)})
+                                                    models[method].mask_ratios, pad_to,
+                                                    master=method.startswith("master"))})
     run_interleaved(configs, rounds=args.steps, warmup=1)
     rows, measured = [], {}
     for config in configs:
@@ -199,7 +230,7 @@ def cpu_table(args) -> str:
                        / speed("cocondenser", "masked-only logits, static padding 144", context),
                        "padded tokens, static / dynamic": static["padded_tokens"]
                        / measured[("cocondenser", base, context)]["padded_tokens"]})
-    for method in ("cocondenser", "cotmae (paper decoder)", "cotmae (release decoder)"):
+    for method in ("cocondenser", "cotmae (paper decoder)", "cotmae (release decoder)", "master (5 decoders)"):
         ratios.append({"ratio": f"query / passage context pairs per second ({method})",
                        "speed-up (CPU time)": speed(method, base, "query") / speed(method, base, "passage")})
     columns = ["ratio", "speed-up (CPU time)", "padded tokens, static / dynamic"]
@@ -220,6 +251,7 @@ def gpu_table(args) -> str:
 
     from qac.models.cocondenser import CoCondenser
     from qac.models.loading import load_tokenizer
+    from qac.models.master import TASKS, Master
 
     device = torch.device("cuda")
     tokenizer = load_tokenizer("minilm")            # bert-base-uncased's vocabulary
@@ -241,10 +273,23 @@ def gpu_table(args) -> str:
                             "timer": StepTimer(model, device, dtype),
                             "batches": make_batches(tokenizer, triples, context, args.gpu_batch_size,
                                                     args.steps + 2, model.mask_ratios, pad_to)})
+    # MASTER: the encoder reads the anchor, each 2-layer decoder its own text (embeddings and LM head shared).
+    master = Master(bert, head, decoders=TASKS).to(device)
+    decoder_parameters = sum(p.numel() for p in master.decoders["mkp"].parameters())
+    for context in ("passage", "query"):
+        configs.append({"recipe": "MASTER, ours: bf16, masked-only logits, dynamic padding", "context": context,
+                        "full_vocab": False, "timer": StepTimer(master, device, torch.bfloat16), "master": True,
+                        "batches": make_batches(tokenizer, triples, context, args.gpu_batch_size, args.steps + 2,
+                                                master.mask_ratios, None, master=True)})
     run_interleaved(configs, rounds=args.steps, warmup=2)
     rows = []
     for config in configs:
-        flops = 6 * parameters * config["tokens"] / config["seconds"]
+        if config.get("master"):
+            # 6 x parameters x tokens for the encoder over the anchors and each decoder over its own text
+            anchor = statistics.mean(int(b["anchor"]["attention_mask"].sum()) for b in config["batches"])
+            flops = 6 * (parameters * anchor + decoder_parameters * (config["tokens"] - anchor)) / config["seconds"]
+        else:
+            flops = 6 * parameters * config["tokens"] / config["seconds"]
         rows.append({"recipe": config["recipe"], "context": config["context"],
                      "pairs/s": args.gpu_batch_size / config["seconds"],
                      "tokens/s": config["tokens"] / config["seconds"],
@@ -252,7 +297,8 @@ def gpu_table(args) -> str:
         print(rows[-1], flush=True)
     return (f"GPU: {name}, BERT-base encoder ({parameters / 1e6:.0f}M parameters) + 2-layer head, "
             f"{args.gpu_batch_size} pairs per step, peak {peak / 1e12 if peak else 'unknown'} TFLOP/s bf16. "
-            f"MFU counts 6 x parameters x non-padding tokens.\n\n" + markdown_table(rows))
+            f"MFU counts 6 x parameters x non-padding tokens (MASTER: the encoder's over the anchors, a "
+            f"decoder's over its own text).\n\n" + markdown_table(rows))
 
 
 def main(argv=None) -> None:
