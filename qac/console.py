@@ -62,8 +62,11 @@ def variant_stage_arguments(description: str, argv: list[str] | None,
     return args
 
 
-def setup_console(verbose: bool = False) -> bool:
+def setup_console(verbose: bool = False, import_libraries: bool = True) -> bool:
     """Quiet the libraries unless verbose; returns whether the stage runs verbose.
+
+    ``import_libraries=False`` (the ``qac`` command, whose subcommands may never load
+    transformers) relies on the environment variables alone for libraries imported later.
 
     Sets the environment too, so processes the stage starts (workers,
     subprocesses) stay as quiet, and so transformers picks the level up even
@@ -92,6 +95,8 @@ def setup_console(verbose: bool = False) -> bool:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     quiet_optuna()
+    if not import_libraries and "transformers" not in sys.modules:
+        return False    # TRANSFORMERS_VERBOSITY above quiets it when it is imported
     try:
         import transformers
 
