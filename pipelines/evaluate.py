@@ -57,7 +57,7 @@ def evaluates_zero_shot(params: dict, variant: str, retriever: str) -> bool:
 
 
 def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths: tuple[int, int], device,
-                          out_dir: Path, separator: str = " ") -> dict:
+                          out_dir: Path, separator: str = " ", normalize: bool = False) -> dict:
     """Encode ``dataset``'s corpus once, search every evaluation split; write runs and per-query values.
 
     Returns ``{split: EvalResult}``. ``lengths`` are the query and passage max lengths of fine-tuning;
@@ -71,7 +71,8 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
     from qac.retrieval.search import dense_search
 
     query_max_len, passage_max_len = lengths
-    options = dict(batch_size=settings.get("batch_size", 128), pooling=model.pooling, device=device)
+    options = dict(batch_size=settings.get("batch_size", 128), pooling=model.pooling, device=device,
+                   normalize=normalize)
     doc_ids = list(dataset.corpus)
     doc_vectors = encode_texts(model.encoder, tokenizer,
                                [document_text(dataset.corpus[d].title, dataset.corpus[d].text, separator)
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.tracking import log_metrics, read_run_record, stage_run, tracking_uri, write_run_record
     from qac.tracking.naming import variant_description, variant_run_name
     from qac.tracking.record import log_dataset_inputs, reopened_run
+    from qac.retrieval.dense import baseline_settings, start_encoder
     from qac.train.biencoder import BiEncoder
 
     params = load_params()
@@ -169,15 +171,23 @@ def main(argv: list[str] | None = None) -> None:
                 if dataset_name != params["train_dataset"] and not evaluates_zero_shot(params, variant, name):
                     continue
                 started = time.perf_counter()
-                model = BiEncoder.from_pretrained(folder, pooling=params["finetune"].get("pooling", "cls"))
+                # The untuned start encoder is evaluated the way its model was trained (encoders.<spec>:
+                # pooling, normalisation, lengths); fine-tuned retrievers the way they were fine-tuned.
+                if name == "untuned":
+                    encoding = baseline_settings(params, start_encoder(params))
+                    used = (encoding["query_max_len"], encoding["passage_max_len"])
+                else:
+                    encoding, used = {"pooling": params["finetune"].get("pooling", "cls"), "normalize": False}, lengths
+                model = BiEncoder.from_pretrained(folder, pooling=encoding["pooling"])
                 tokenizer = load_tokenizer(str(folder))
                 # In-domain documents are encoded as fine-tuning saw them (finetune.title_join); zero-shot
                 # ones as BEIR encodes them, title and text joined by a space.
                 separator = (title_separator(params["finetune"].get("title_join", "space"), tokenizer)
                              if dataset_name == params["train_dataset"] else " ")
                 by_subset = {subset: evaluate_retriever_on(
-                    model.to(device), tokenizer, dataset, settings=settings, lengths=lengths, device=device,
-                    out_dir=Path(staging) / name / dataset_name / (subset or ""), separator=separator)
+                    model.to(device), tokenizer, dataset, settings=settings, lengths=used, device=device,
+                    out_dir=Path(staging) / name / dataset_name / (subset or ""), separator=separator,
+                    normalize=encoding["normalize"])
                     for subset, dataset in parts}
                 results[name][dataset_name] = combine_parts(by_subset, Path(staging) / name / dataset_name)
                 seconds[name] += time.perf_counter() - started

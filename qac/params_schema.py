@@ -360,6 +360,23 @@ class EvaluateSection(Section):
         description="also evaluate the start checkpoint of variant `none` without fine-tuning")
 
 
+class PublishedFigure(Section):
+    dataset: str = Field(description="a dataset name of the profile (datasets:)")
+    split: str = Field(description="its split")
+    measure: str = Field(description="the measure, as evaluate.metrics names it (nDCG@10, RR@10, ...)")
+    value: Annotated[float, Field(ge=0, le=1)] = Field(description="the published figure, a fraction")
+    source: str = Field(description="where it is published")
+
+
+class EncoderEntry(Section):
+    pooling: Literal["cls", "mean"] = Field(description="how the model was trained to pool its token states")
+    normalize: bool = Field(description="embeddings L2-normalised (cosine similarity), as the model was trained")
+    query_max_len: PositiveInt = Field(description="query tokens the model reads")
+    passage_max_len: PositiveInt = Field(description="passage tokens the model reads")
+    published: list[PublishedFigure] = Field(
+        default_factory=list, description="published figures of the model used this way, shown beside ours")
+
+
 class AnnotationSection(Section):
     documents: PositiveInt = Field(description="paper: 200 documents, one passage each, two pairs per document")
     judge: Literal["encoder_cosine"] = Field(
@@ -511,6 +528,9 @@ class Params(Section):
     bm25: Bm25Section = Field(description="BM25 negatives and baseline (bm25s, Lucene scoring)")
     evaluate: EvaluateSection = Field(description="retrieval and metrics (stage evaluate@<variant>)")
     annotation: AnnotationSection = Field(description="the Table 5 annotation study (stage annotation)")
+    encoders: dict[str, EncoderEntry] = Field(
+        default_factory=dict, description="by model spec (as pretrain inits name it): how a published encoder "
+        "was trained, so that its untuned baseline row is evaluated that way; others use the finetune settings")
     tables: TablesSection = Field(description="Tables 1-5 (stage tables)")
     check: CheckSection = Field(description="expected-score check (`qac check`)")
     hpo: HpoSection = Field(description="hyper-parameter search (`qac hpo`, docs/hpo.md)")

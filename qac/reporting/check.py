@@ -35,7 +35,7 @@ from qac.reporting.tables import FRACTION, PERCENT, Table, _SCALE
 SLACK_QUERIES = 2
 PAPER_ROUNDING = {PERCENT: 0.05, FRACTION: 0.0005}
 COUNT = "count"
-_CELL_FIELDS = {"table", "row", "column", "value", "unit", "tolerance", "rounding", "n"}
+_CELL_FIELDS = {"table", "row", "column", "value", "unit", "tolerance", "rounding", "n", "published"}
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,8 @@ def record(tables: Sequence[Table], profile: str, from_paper: bool = False) -> d
                      "n": cell.n_queries, "tolerance": tolerance(unit, cell.n_queries)}
             if entry["n"] is None:
                 del entry["n"]
+            if cell.published is not None:
+                entry["published"] = float(cell.published)   # the model's published figure, for the reader
         cells.append(entry)
     return {"profile": profile, "source": "the paper (qac/reporting/paper_results.yaml)" if from_paper
             else "this profile's DVC outputs", "slack_queries": SLACK_QUERIES, "cells": cells}

@@ -19,7 +19,7 @@ from qac.reporting.lineage import Study
 from qac.reporting.tables import FRACTION, Cell, Table
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
-              "run_id", "compared_source", "compared_run_id", "metric", "paper_row", "recipe", "note"]
+              "run_id", "compared_source", "compared_run_id", "metric", "paper_row", "published", "recipe", "note"]
 
 
 # ---------------------------------------------------------------- header block
@@ -121,6 +121,8 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
             mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column)}"
             ours += f" ({_p_text(cell.p_value)}{mde})"
     theirs = "–" if cell.paper is None else _number(cell.paper, table, column, signed=cell.difference)
+    if cell.paper is None and cell.published is not None:
+        theirs = f"{_number(cell.published, table, column)} published"
     return f"{ours} / {theirs}"
 
 
@@ -185,6 +187,7 @@ def to_csv(table: Table) -> str:
                 "source": cell.source or "", "compared_source": cell.compared_source or "",
                 "run_id": cell.run_id or "", "compared_run_id": cell.compared_run_id or "",
                 "metric": cell.metric or "", "paper_row": table.paper_rows.get(row, ""),
+                "published": "" if cell.published is None else repr(float(cell.published)),
                 "recipe": cell.recipe or "",
                 "note": cell.text if cell.text is not None else (cell.note or ""),
             })
@@ -211,6 +214,8 @@ def _latex_cell(table: Table, column: str, cell: Cell, footnote: int | None) -> 
         if cell.difference and cell.p_value is not None and cell.p_value < ALPHA:
             ours += "$^{*}$"
     theirs = "--" if cell.paper is None else latex_escape(_number(cell.paper, table, column, signed=cell.difference))
+    if cell.paper is None and cell.published is not None:
+        theirs = latex_escape(_number(cell.published, table, column)) + " (pub.)"
     return f"{ours} / {theirs}"
 
 

@@ -92,6 +92,7 @@ class Cell:
     compared_source: str | None = None
     mde: float | None = None
     recipe: str | None = None   # which recipe (qac/deviations.yaml) the run behind the value ran
+    published: float | None = None   # a published figure of the same model used the same way (encoders.<spec>)
 
 
 @dataclass
@@ -276,6 +277,30 @@ def _missing_row(ctx: TableContext, table: Table, row: str, reason: str, paper_o
         table.put(row, column.header, Cell(paper=paper_of(column.paper), note=reason), paper_row)
 
 
+def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
+    """The start encoder, evaluated the way its model was trained, with its published figures beside ours."""
+    from qac.retrieval.dense import baseline_settings, start_encoder
+
+    spec = start_encoder(ctx.params) if ctx.params else None
+    described = spec is not None and spec in (ctx.params.get("encoders") or {})
+    encoding = baseline_settings(ctx.params, spec) if described else None
+    row = "start encoder, not fine-tuned"
+    for column in ctx.columns:
+        cell = metric_cell(source, column.dataset, column.split, column.measure, PERCENT, None, column.missing)
+        for figure in (encoding or {}).get("published") or []:
+            if (figure["dataset"], figure["split"], figure["measure"]) == (column.dataset, column.split,
+                                                                           column.measure):
+                cell.published = float(figure["value"]) * _SCALE[PERCENT]
+                table.paper_rows[row] = f"published: {figure['source']}"
+        table.put(row, column.header, cell)
+    if encoding is not None:
+        how = (f"{encoding['pooling']} pooling, {'normalised' if encoding['normalize'] else 'not normalised'}, "
+               f"{encoding['query_max_len']}/{encoding['passage_max_len']} tokens")
+        table.notes.append(f"The start encoder ({spec}) is evaluated the way its model was trained ({how}; "
+                           "params encoders), beside its published figures; fine-tuned rows use finetune.pooling "
+                           "and its lengths.")
+
+
 def _retriever_row(variant: Variant, retriever: str) -> str:
     return f"{variant.label}, {RETRIEVER_LABELS[retriever]}"
 
@@ -307,7 +332,7 @@ def table1_in_domain(ctx: TableContext) -> Table:
                      paper.table1_paper_row("bm25", None, "bm25"))
     untuned = ctx.study.baseline("untuned")
     if untuned is not None:
-        _in_domain_cells(ctx, table, "start encoder, not fine-tuned", untuned, PERCENT, lambda col: None)
+        _untuned_row(ctx, table, untuned)
     for variant in ctx.study.variants():
         if variant.method == "none":
             for retriever in RETRIEVER_LABELS:

@@ -24,6 +24,32 @@ class DenseSettings:
     pooling: str = "cls"
     dtype: str = "auto"
     depth: int = 1000
+    normalize: bool = False
+
+
+def start_encoder(params: Mapping) -> str | None:
+    """The model spec the no-pre-training variant ``none`` starts from (its ``init``, else the common one)."""
+    pretrain = params.get("pretrain") or {}
+    none = (pretrain.get("variants") or {}).get("none")
+    if none is None:
+        return None
+    return none.get("init") or (pretrain.get("common") or {}).get("init")
+
+
+def baseline_settings(params: Mapping, spec: str | None) -> dict:
+    """How to encode with the untuned model ``spec``: as it was trained (``encoders.<spec>``), else as fine-tuned.
+
+    Returns ``pooling``, ``normalize``, ``query_max_len``, ``passage_max_len`` and the
+    ``published`` figures (empty for a model the params do not describe).
+    """
+    finetune = params.get("finetune") or {}
+    entry = (params.get("encoders") or {}).get(spec) if spec else None
+    if entry is None:
+        return {"pooling": finetune.get("pooling", "cls"), "normalize": False,
+                "query_max_len": finetune["query_max_len"],
+                "passage_max_len": finetune.get("corpus_max_len") or finetune["passage_max_len"], "published": []}
+    return {key: entry.get(key, []) if key == "published" else entry[key]
+            for key in ("pooling", "normalize", "query_max_len", "passage_max_len", "published")}
 
 
 def dense_retrieve(model, tokenizer, doc_ids: Sequence[str], doc_texts: Sequence[str],
@@ -36,7 +62,8 @@ def dense_retrieve(model, tokenizer, doc_ids: Sequence[str], doc_texts: Sequence
     """
     if len(doc_ids) != len(doc_texts):
         raise ValueError(f"{len(doc_ids)} document ids for {len(doc_texts)} texts")
-    common = dict(batch_size=settings.batch_size, pooling=settings.pooling, dtype=settings.dtype)
+    common = dict(batch_size=settings.batch_size, pooling=settings.pooling, dtype=settings.dtype,
+                  normalize=settings.normalize)
     if passage_embeddings is None:
         if ctx is not None:
             passage_embeddings = encode_distributed(model, tokenizer, list(doc_texts), ctx,

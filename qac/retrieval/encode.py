@@ -44,10 +44,13 @@ def encode_texts(
     dtype: str = "auto",
     sort_by_length: bool = True,
     desc: str = "encode",
+    normalize: bool = False,
 ) -> np.ndarray:
     """Encode ``texts`` with a Hugging Face encoder; returns ``float32 [len(texts), hidden]`` in input order.
 
-    ``desc`` labels the progress bar (shown on a terminal, rank 0 only).
+    ``desc`` labels the progress bar (shown on a terminal, rank 0 only). ``normalize``
+    L2-normalises each vector (a model trained for cosine similarity, such as
+    all-MiniLM-L6-v2: dot products of the outputs are then its cosines).
     """
     import torch
 
@@ -80,7 +83,10 @@ def encode_texts(
                 batch = {key: value.to(device) for key, value in batch.items()}
                 output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
                 hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-                out[rows] = pool(hidden, batch["attention_mask"], pooling).float().cpu().numpy()
+                pooled = pool(hidden, batch["attention_mask"], pooling).float()
+                if normalize:
+                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+                out[rows] = pooled.cpu().numpy()
                 bar.update(len(rows))
     finally:
         model.train(was_training)
