@@ -26,12 +26,16 @@ test: $(STAMP)
 
 # Each profile is run through its own folder: profiles/<name>/{params.yaml,
 # dvc.yaml,dvc.lock}. Running one changes no tracked file but that profile's
-# dvc.lock and reports/<name>/, and only when its results change.
+# dvc.lock and reports/<name>/, and only when its results change. `qac runs
+# sweep` first ends the MLflow runs that killed stages left RUNNING, also when
+# DVC then restores every stage from its cache.
 repro: $(STAMP)
+	$(BIN)/qac runs sweep
 	$(BIN)/dvc repro profiles/default/dvc.yaml
 	QAC_PROFILE=default $(BIN)/qac check --failures-only
 
 smoke: $(STAMP)
+	$(BIN)/qac runs sweep
 	$(BIN)/dvc repro profiles/smoke/dvc.yaml
 	QAC_PROFILE=smoke $(BIN)/qac check --failures-only
 
@@ -41,6 +45,7 @@ paper-dry: $(STAMP)
 
 # A small Optuna study on the smoke profile (docs/hpo.md).
 hpo-smoke: $(STAMP)
+	$(BIN)/qac runs sweep
 	$(BIN)/dvc repro profiles/smoke/dvc.yaml:generate_queries profiles/smoke/dvc.yaml:bm25
 	QAC_PROFILE=smoke $(BIN)/qac hpo --workers 2
 

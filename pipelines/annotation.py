@@ -1,8 +1,8 @@
 """Stage `annotation`: the Table 5 annotation study (sheet for people, labels, MLflow run).
 
 Reads data/<profile>/passages.arrow and queries.arrow, writes
-data/<profile>/annotation/ (sheet.csv, key.csv, labels.csv, summary.json,
-mlflow_run.json) and logs the MLflow run `annotation/table5`. Labels come from
+data/<profile>/annotation/ (sheet.csv, key.csv, labels.csv, summary.json) and logs
+the MLflow run `annotation/table5` (its record: data/<profile>/.runs/annotation/). Labels come from
 the automatic judge until `annotation.human_sheets` lists filled sheets.
 """
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             log_metrics(metrics)
             mlflow.log_artifact(str(Path(out) / annotation.LABELS_FILE))
             mlflow.log_artifact(str(Path(out) / "summary.json"))
-        write_run_record(out, run.info.run_id)
+        write_run_record(data, data / "annotation", run.info.run_id)
     shares = summary["shares"]
     print_summary("annotation", f"{summary['documents']} documents",
                   "high correlation " + ", ".join(f"{kind} {value['share']:.1%}" for kind, value in shares.items()),

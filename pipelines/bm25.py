@@ -11,7 +11,8 @@ Outputs under data/<profile>/bm25/:
                                (all but `train`) of `train_dataset` and the `zero_shot` datasets
   runs/<dataset>/<split>.per_query.json  {measure: {qid: value}} of each run (the tables' source)
   metrics.json                 {dataset: {split: {measure: value}}}
-  mlflow_run.json              the MLflow run `bm25 · baseline` (params method=bm25, retriever=bm25)
+The MLflow run `bm25 · baseline` (params method=bm25, retriever=bm25) is recorded in
+data/<profile>/.runs/bm25/mlflow_run.json, outside the output.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                     summary.setdefault(name, {})[split] = result.aggregate
                     log.info("%s/%s: %s", name, split, result.aggregate)
             write_json(Path(out) / "metrics.json", summary)
-            write_run_record(out, mlflow_run.info.run_id)
+            write_run_record(root, root / "bm25", mlflow_run.info.run_id)
     measure = measures[0]
     facts = [f"{name}/{split} {measure} {values[measure]:.3f}"
              for name, by_split in summary.items() for split, values in list(by_split.items())[:1]]

@@ -24,16 +24,20 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def retrievers_of(params: dict, variant: str, root: Path) -> list[tuple[str, Path, str | None]]:
-    """``(name, encoder folder, fine-tuning run id or None)`` for every retriever to evaluate."""
-    from qac.tracking import read_run_record
+    """``(name, encoder folder, fine-tuning run id or None)`` for every retriever to evaluate.
+
+    The run id is None for the untuned encoder, and for a fine-tuned one whose run this tracking
+    store does not hold (no record: DVC restored or pulled the output; or another store): its
+    measures then go to a run of their own.
+    """
+    from qac.tracking import linked_run_id, read_run_record
 
     found = []
     for name in ("r1", "r2"):
         folder = root / "finetune" / variant / name
-        record = read_run_record(folder)
-        if record is None:
-            raise SystemExit(f"{folder}/mlflow_run.json: missing (run the finetune@{variant} stage)")
-        found.append((name, folder, record["run_id"]))
+        if not folder.is_dir():
+            raise SystemExit(f"{folder}: missing (run the finetune@{variant} stage)")
+        found.append((name, folder, linked_run_id(read_run_record(root, folder), f"finetune@{variant} {name}")))
     if variant == "none" and params["evaluate"].get("untuned_baseline", False):
         found.append(("untuned", root / "pretrain" / variant / "encoder", None))
     return found
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.io import atomic_path, write_json
     from qac.models.loading import load_tokenizer
     from qac.retrieval import title_separator
-    from qac.tracking import log_metrics, read_run_record, stage_run, tracking_uri, write_run_record
+    from qac.tracking import linked_run_id, log_metrics, read_run_record, stage_run, tracking_uri, write_run_record
     from qac.tracking.naming import variant_description, variant_run_name
     from qac.tracking.record import log_dataset_inputs, reopened_run
     from qac.retrieval.dense import baseline_settings, start_encoder
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     lengths = (params["finetune"]["query_max_len"],
                params["finetune"].get("corpus_max_len") or params["finetune"]["passage_max_len"])
     retrievers = retrievers_of(params, variant, root)
-    parent = read_run_record(root / "pretrain" / variant)
+    parent = linked_run_id(read_run_record(root, root / "pretrain" / variant), f"pretrain@{variant}")
     device = init_distributed().device
     out_dir = root / "eval" / variant
     results: dict[str, dict[str, dict]] = {name: {} for name, _, _ in retrievers}
@@ -199,11 +203,12 @@ def main(argv: list[str] | None = None) -> None:
         description = variant_description(params, variant)
         for name, folder, run_id in retrievers:
             if run_id is None:
-                opened = stage_run(params, f"evaluate@{variant}", variant_run_name(description, name),
-                                   kind="baseline",
+                untuned = name == "untuned"
+                opened = stage_run(params, f"evaluate@{variant}",
+                                   variant_run_name(description, name if untuned else f"{name} eval"),
+                                   kind="baseline" if untuned else "evaluate",
                                    stage_params={"encoder": str(folder), **settings, **description, "retriever": name},
-                                   tags={"qac.retriever": name, "qac.variant": variant},
-                                   parent_run_id=parent["run_id"] if parent else None)
+                                   tags={"qac.retriever": name, "qac.variant": variant}, parent_run_id=parent)
             else:
                 opened = reopened_run(run_id)
             with opened as run:
@@ -214,8 +219,8 @@ def main(argv: list[str] | None = None) -> None:
                         log_dataset_inputs(folder, "evaluation", splits=list(by_split))
                     for split, result in by_split.items():
                         log_evaluation(result, dataset_name, split)
-                if run_id is None:
-                    write_run_record(Path(staging) / name, run.info.run_id, variant=variant, retriever=name)
+                if name == "untuned":
+                    write_run_record(root, out_dir / name, run.info.run_id, variant=variant, retriever=name)
     summary = {name: {dataset_name: {split: result.aggregate for split, result in by_split.items()}
                       for dataset_name, by_split in by_dataset.items()}
                for name, by_dataset in results.items()}

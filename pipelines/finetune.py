@@ -8,9 +8,10 @@ Retriever 2 starts again from the same pre-trained encoder and trains on the
 mined negatives (plus the BM25 ones with ``r2_use_bm25_negatives``).
 
 Writes ``data/<profile>/finetune/<variant>/`` as one unit: ``r1/``, ``r2/``
-(Hugging Face encoder folders with tokenizer and ``mlflow_run.json``) and
-``mined_negatives.jsonl``. Each retriever is an MLflow run
-``<method> · <context> · C=<count> · r1|r2`` nested under the pre-training run,
+(Hugging Face encoder folders with tokenizer) and ``mined_negatives.jsonl``.
+Each retriever is an MLflow run ``r1|r2 · <method> · <context> · C=<count>``
+(recorded in ``data/<profile>/.runs/finetune/<variant>/<r>/``) nested under the
+pre-training run when this store holds it (else under the study run),
 with the variant's parameters (method, context_type, query_count, retriever)
 and the training dataset as its input; ``--log-models`` (or
 ``mlflow.log_models``) adds the encoder as an artifact. Only the train split
@@ -38,7 +39,8 @@ def broadcast_path(path: Path | None, dist) -> Path:
 
 
 def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, settings, dataset, passage_text,
-                    start: Path, parent_run_id: str, staging: Path, dist, inputs: dict, log_models: bool = False):
+                    start: Path, parent_run_id: str | None, staging: Path, out_dir: Path, root: Path, dist,
+                    inputs: dict, log_models: bool = False):
     """Fine-tune one retriever from ``start``, save it to ``staging/<name>``.
 
     Returns the model, the tokenizer, the training queries and the per-step losses.
@@ -77,7 +79,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
             model.save(staging / name, tokenizer)
             if log_models:
                 log_encoder(staging / name, "encoder")
-            write_run_record(staging / name, run.info.run_id, variant=variant, retriever=name,
+            write_run_record(root, out_dir / name, run.info.run_id, variant=variant, retriever=name,
                              start=str(start), steps=len(losses))
     return model, tokenizer, queries, losses, left_out
 
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.io import atomic_path, write_jsonl
     from qac.models.loading import load_tokenizer
     from qac.retrieval import document_text, title_separator
-    from qac.tracking import read_run_record
+    from qac.tracking import linked_run_id, read_run_record
     from qac.tracking.record import models_requested
     from qac.train.finetune import FinetuneSettings
     from qac.train.groups import read_negatives, retriever2_negatives
@@ -116,10 +118,6 @@ def main(argv: list[str] | None = None) -> None:
     start = pretrain_dir / "encoder"
     if not start.is_dir():
         raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
-    parent = read_run_record(pretrain_dir)
-    if parent is None:
-        raise SystemExit(f"{pretrain_dir}/mlflow_run.json: missing, so the fine-tuning runs cannot nest "
-                         f"under the pre-training run (run the pretrain@{variant} stage)")
     bm25_negatives_path = root / "bm25" / "negatives.jsonl"
     dataset_dir = root / "datasets" / params["train_dataset"]
     dataset = load_prepared(dataset_dir)
@@ -134,10 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     passage_text = {doc_id: document_text(doc.title, doc.text, separator) for doc_id, doc in dataset.corpus.items()}
     inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
     common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
-                  start=start, parent_run_id=parent["run_id"], log_models=models_requested(params, args.log_models))
+                  start=start, log_models=models_requested(params, args.log_models))
 
     dist = init_distributed()
     out_dir = root / "finetune" / variant
+    # The pre-training run, when this store holds it; else the runs nest under the study run.
+    parent = linked_run_id(read_run_record(root, pretrain_dir), f"pretrain@{variant}") if dist.is_main else None
+    common.update(parent_run_id=parent, out_dir=out_dir, root=root)
     # Only the main process writes the output folder, as one atomic unit.
     output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(None)
     try:

@@ -6,18 +6,23 @@ Separate machines:    python pipelines/generate_queries.py --shard i/n   (each i
                       python pipelines/generate_queries.py --merge-only  (once all shards finished)
 
 A rerun after an interruption continues from the committed chunks
-(``data/<profile>/.queries.work/``); see ``qac.querygen.shards``.
+(``data/<profile>/.queries.work/``); see ``qac.querygen.shards``. It says so,
+and its MLflow run resumes the killed one (``qac.resumes_run``, whose id the
+work folder keeps). The run is recorded in ``data/<profile>/.runs/queries.arrow/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import asdict
 
 from qac.config import load_params, profile_dir
 from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+
+RUN_FILE = "mlflow_run.json"   # in the work folder: the run whose chunks it holds
 
 
 def parse_args(argv=None):
@@ -43,8 +48,9 @@ def main(argv=None) -> int:
     from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
     from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, pending_passages,
                                      work_dir_for)
-    from qac.redaction import redact_url
-    from qac.tracking import log_metrics, read_run_record, stage_run, tracking_uri
+    from qac.io import write_json
+    from qac.tracking import linked_run_id, log_metrics, read_run_record, stage_run, write_run_record
+    from qac.tracking.interrupted import end_interrupted_run
     from qac.tracking.record import log_file_input
 
     params = load_params()
@@ -77,16 +83,27 @@ def main(argv=None) -> int:
     merging = not (args.shard and not (args.merge or args.merge_only))
     tracked = contextlib.ExitStack()
     if ctx.is_main and merging:
-        generator_run = read_run_record(generator_dir) or {}
-        sampling = {"model": generator_run.get("model", str(generator_dir)), **asdict(settings),
+        generator_run = read_run_record(data, generator_dir)
+        sampling = {"model": (generator_run or {}).get("model", str(generator_dir)), **asdict(settings),
                     "batch_size": section["batch_size"], "chunk_size": section["chunk_size"], **compute}
-        # The record holds the store's address without credentials (qac.redaction).
-        parent = generator_run["run_id"] if generator_run.get("tracking_uri") == redact_url(tracking_uri()) else None
+        parent = linked_run_id(generator_run, "query_generator")
         run = tracked.enter_context(stage_run(
             params, "generate_queries", "generate_queries", kind="querygen", stage_params=sampling,
             inputs={"passages": passages_path, "generator": generator_dir},
             tags={"qac.world_size": ctx.world_size}, parent_run_id=parent))
         log_file_input(passages_path, "passages", "generation")
+        # The work folder names the run generating into it: a rerun after a kill resumes that run's work.
+        run_file = store.root / RUN_FILE
+        committed = len(store.committed())
+        if committed and run_file.is_file():
+            killed = json.loads(run_file.read_text(encoding="utf-8")).get("run_id")
+            print(f"generate_queries: resuming: {committed} chunk(s) committed by run {killed} kept",
+                  file=sys.stderr)
+            import mlflow
+
+            mlflow.set_tag("qac.resume.committed_chunks", committed)
+            end_interrupted_run(killed, run.info.run_id, resumed=True)
+        write_json(run_file, {"run_id": run.info.run_id})
     with tracked:
         started = time.perf_counter()
         generated_here = 0
@@ -119,7 +136,8 @@ def main(argv=None) -> int:
         if generated_all:
             summary["passages_per_second"] = generated_all / wall
         log_metrics(summary)
-        write_stage_metrics(data / "metrics", "queries", {**summary, "mlflow_run_id": run.info.run_id})
+        write_stage_metrics(data / "metrics", "queries", summary)
+        write_run_record(data, output, run.info.run_id)
     store.remove()
     cleanup()
     rate = f"{summary['passages_per_second']:.1f} passages/s" if generated_all else "nothing left to generate"

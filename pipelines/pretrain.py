@@ -3,7 +3,8 @@
 Writes ``data/<profile>/pretrain/<variant>/`` as one unit: ``encoder/`` (the
 Hugging Face folder fine-tuning starts from), ``checkpoint/`` (everything
 needed to resume), ``losses.tsv`` (the logged losses per step, for the
-report and ``dvc plots``) and ``mlflow_run.json``. The in-progress checkpoint
+report and ``dvc plots``); the MLflow run is recorded in
+``data/<profile>/.runs/pretrain/<variant>/mlflow_run.json``. The in-progress checkpoint
 lives in ``data/<profile>/.work/pretrain/<variant>/``, which DVC does not
 delete, so a rerun after an interruption resumes, if the settings and the
 input files are unchanged (else it starts over; the log and the run's
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                     step_log.write(staging / LOSSES_FILE)
                 if models_requested(params, args.log_models):
                     log_encoder(outputs["encoder"], "encoder")
-                write_run_record(staging, run_id, **record)
+                write_run_record(root, out_dir, run_id, **record)
         # The output is in place (renamed by atomic_path): only now may the work state go.
         if dist.is_main:
             shutil.rmtree(work_dir, ignore_errors=True)

@@ -198,10 +198,10 @@ def main(argv: list[str] | None = None) -> int:
 
         with atomic_path(data / "generator", directory=True) as tmp:
             save_generator(model, tokenizer, tmp)
-            write_run_record(tmp, run.info.run_id, model=spec, mode=mode)
+        write_run_record(data, data / "generator", run.info.run_id, model=spec, mode=mode)
         described = {"mode": mode, "model": spec, "architecture": architecture if mode == "train" else "pretrained"}
-        write_stage_metrics(data / "metrics", "query_generator", {**metrics, **described,
-                                                                   "mlflow_run_id": run.info.run_id})
+        # Results only: the run id is bookkeeping (its record above), so equal results give an equal file.
+        write_stage_metrics(data / "metrics", "query_generator", {**metrics, **described})
         # A tracked report: the same inputs give the same file, so no wall-clock figures in it.
         results = {key: value for key, value in metrics.items() if not is_timing(key)}
         with atomic_path(f"reports/query_generator/{params['profile']}.md") as tmp:

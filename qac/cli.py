@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "annotate": "qac.reporting.annotation_cli",
     "hpo": "qac.hpo.cli",
     "deviations": "qac.deviations_cli",
+    "runs": "qac.tracking.cli",
 }
 
 

@@ -41,21 +41,31 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(scope="session")
-def copy_repository():
-    """Copy the checkout without its environment, outputs and history (``qac/data`` is code and stays)."""
+def repository_copier(root: Path):
+    """``copy(destination)``: the checkout at ``root`` without its environment, outputs, history and DVC cache.
+
+    ``qac/data`` is code and stays. The copy starts from an empty DVC cache of
+    its own: the checkout's cache (``.dvc/cache``, run cache included, and
+    ``.dvc/tmp``) would let DVC restore stages instead of running them, and
+    grows to gigabytes.
+    """
     import shutil
 
     top_level_skip = {".venv", "data", "mlflow.db", "mlartifacts", "mlruns", ".git", "reports", "hpo"}
+    dvc_skip = {"cache", "tmp"}
+    root = Path(root).resolve()
 
     def ignore(directory, names):
         skipped = {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
-        if Path(directory).resolve() == REPO_ROOT.resolve():
+        here = Path(directory).resolve()
+        if here == root:
             skipped |= top_level_skip & set(names)
+        elif here == root / ".dvc":
+            skipped |= dvc_skip & set(names)
         return skipped
 
     def copy(destination: Path) -> Path:
-        shutil.copytree(REPO_ROOT, destination, ignore=ignore)
+        shutil.copytree(root, destination, ignore=ignore)
         return destination
 
     return copy
@@ -82,3 +92,9 @@ def postgres_url() -> str:
         yield url
     finally:
         postgres_server.stop(root)
+
+
+@pytest.fixture(scope="session")
+def copy_repository():
+    """Copy this checkout for a test study (see :func:`repository_copier`)."""
+    return repository_copier(REPO_ROOT)

@@ -1,7 +1,7 @@
 """A small smoke-profile study as the DVC stages leave it under data/<profile>/, every value set here.
 
 The files have the layout of docs/architecture.md: per-query metrics of each
-evaluated retriever, the ``mlflow_run.json`` record beside each output, BM25's
+evaluated retriever, the ``mlflow_run.json`` record of each output (under ``.runs/``), BM25's
 per-query files, the annotation summary and labels, the pre-training loss
 files. Means, differences and p-values in the tests are computed by hand
 from the values below.
@@ -82,8 +82,8 @@ UNTUNED = [0.05, 0.05, 0.05, 0.05]
 # Per document: passage-passage and passage-query labels (high/low).
 ANNOTATION = [("high", "high"), ("low", "high"), ("low", "high"), ("low", "low")]
 GENERATOR_METRICS = {"rougeL": 0.25, "self_retrieval/generated": 0.6, "heldout_pairs": 20, "mode": "train",
-                     "model": "tiny:minilm", "mlflow_run_id": "0" * 32}
-QUERIES_METRICS = {"candidates": 40, "duplicate_candidates": 2, "unique_ratio": 0.95, "mlflow_run_id": "1" * 32}
+                     "model": "tiny:minilm"}
+QUERIES_METRICS = {"candidates": 40, "duplicate_candidates": 2, "unique_ratio": 0.95}
 LOSSES = {"cocondenser-passage": [6.0, 5.0, 4.5], "cocondenser-query-q1": [6.0, 4.0, 3.0],
           "cocondenser-query-q5": [6.0, 4.5, 3.5], "cocondenser-mixed": [6.0, 4.8, 4.0],
           "cotmae-passage": [12.0, 11.0, 10.5], "cotmae-query-q5": [12.0, 10.0, 9.0]}
@@ -106,7 +106,9 @@ def _json(path: Path, value) -> None:
 
 
 def _record(folder: Path, name: str, **extra) -> None:
-    _json(folder / "mlflow_run.json", {"run_id": run_id(name), "tracking_uri": "sqlite:////elsewhere/mlflow.db",
+    """The run record of the output ``folder`` (``data/<profile>/<output>``), where qac.tracking keeps it."""
+    data = next(parent for parent in folder.parents if parent.parent.name == "data")
+    _json(data / ".runs" / folder.relative_to(data) / "mlflow_run.json", {"run_id": run_id(name), "tracking_uri": "sqlite:////elsewhere/mlflow.db",
                                        "git_commit": COMMIT, "git_dirty": False, **extra})
 
 
@@ -151,4 +153,6 @@ def write_study(root: Path) -> Path:
     _record(annotation, "annotation/table5")
     _json(data / "metrics" / "query_generator.json", GENERATOR_METRICS)
     _json(data / "metrics" / "queries.json", QUERIES_METRICS)
+    _record(data / "generator", "query_generator", model="tiny:minilm", mode="train")
+    _record(data / "queries.arrow", "generate_queries")
     return data

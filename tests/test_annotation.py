@@ -315,11 +315,10 @@ def test_annotation_stage_logs_table5_run(study_inputs, beir_dataset, tiny_bert_
     assert stage.main() == 0
 
     out = data / "annotation"
-    assert sorted(p.name for p in out.iterdir()) == ["key.csv", "labels.csv", "mlflow_run.json", "sheet.csv",
-                                                     "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["key.csv", "labels.csv", "sheet.csv", "summary.json"]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     table = table5_annotation(TableContext.from_params(load_study(params), params))
-    run_id = json.loads((out / "mlflow_run.json").read_text(encoding="utf-8"))["run_id"]
+    run_id = json.loads((data / ".runs" / "annotation" / "mlflow_run.json").read_text(encoding="utf-8"))["run_id"]
     pq = table.cell("passage-query", "high correlation %")
     assert pq.run_id == run_id
     assert pq.value == pytest.approx(100 * summary["shares"]["passage-query"]["share"])

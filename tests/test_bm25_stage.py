@@ -74,7 +74,8 @@ def test_stage_writes_negatives_runs_and_logs_the_baseline(project):
         "runs/tinytrain/test.trec", "runs/tinyzs/test.trec"]
     assert "z1 Q0 z1 1" in (out / "runs" / "tinyzs" / "test.trec").read_text()  # kept in the run file
 
-    record = json.loads((out / "mlflow_run.json").read_text())
+    assert not (out / "mlflow_run.json").exists()   # bookkeeping stays out of the DVC output
+    record = json.loads((out.parent / ".runs" / "bm25" / "mlflow_run.json").read_text())
     run = mlflow.get_run(record["run_id"])
     assert run.info.run_name == "bm25 · baseline" and run.data.tags["qac.stage"] == "bm25"
     assert (run.data.params["method"], run.data.params["retriever"]) == ("bm25", "bm25")

@@ -28,7 +28,7 @@ def evaluated(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F8
 
 def _run_id(root, retriever):
     folder = "finetune/none" if retriever != "untuned" else "eval/none"
-    return json.loads((root / "data" / "smoke" / folder / retriever / "mlflow_run.json").read_text())["run_id"]
+    return json.loads((root / "data" / "smoke" / ".runs" / folder / retriever / "mlflow_run.json").read_text())["run_id"]
 
 
 def test_every_retriever_is_evaluated_on_every_non_training_split(evaluated):
@@ -100,7 +100,7 @@ def test_the_untuned_encoder_has_its_own_run_under_the_pretraining_run(evaluated
     import mlflow
 
     root, _ = evaluated
-    pretrain_run = json.loads((root / "data/smoke/pretrain/none/mlflow_run.json").read_text())["run_id"]
+    pretrain_run = json.loads((root / "data/smoke/.runs/pretrain/none/mlflow_run.json").read_text())["run_id"]
     run = mlflow.MlflowClient(shared_mlflow_store).get_run(_run_id(root, "untuned"))
     assert run.info.run_name == "none · untuned"
     assert (run.data.params["method"], run.data.params["retriever"]) == ("none", "untuned")

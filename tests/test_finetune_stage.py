@@ -93,7 +93,7 @@ def make_study(root: Path, tiny_bert_dir: Path, variants=("none",)) -> dict:
         with stage_run(params, f"pretrain@{name}", f"pretrain/none/{name}", kind="pretrain",
                        tags={"qac.variant": name, "qac.method": "none"}) as run:
             pass
-        write_run_record(folder, run.info.run_id, variant=name, method="none")
+        write_run_record(data, folder, run.info.run_id, variant=name, method="none")
     return params
 
 
@@ -160,10 +160,12 @@ def test_finetune_runs_nest_under_the_pretraining_run(finetuned, shared_mlflow_s
 
     root, _, _ = finetuned
     out = root / "data" / "smoke" / "finetune" / "none"
-    pretrain_run = json.loads((root / "data/smoke/pretrain/none/mlflow_run.json").read_text())["run_id"]
+    records = root / "data" / "smoke" / ".runs"
+    pretrain_run = json.loads((records / "pretrain/none/mlflow_run.json").read_text())["run_id"]
     client = mlflow.MlflowClient(shared_mlflow_store)
+    assert not list(out.glob("**/mlflow_run.json"))    # bookkeeping stays out of the DVC output
     for name in ("r1", "r2"):
-        run = client.get_run(json.loads((out / name / "mlflow_run.json").read_text())["run_id"])
+        run = client.get_run(json.loads((records / "finetune/none" / name / "mlflow_run.json").read_text())["run_id"])
         assert run.info.run_name == f"none · {name}" and run.data.tags["qac.stage"] == "finetune@none"
         assert (run.data.params["method"], run.data.params["context_type"], run.data.params["query_count"],
                 run.data.params["retriever"]) == ("none", "none", "0", name)
@@ -182,13 +184,26 @@ def test_retriever_two_restarts_from_the_pretrained_encoder(finetuned):
     assert starts == [encoder, encoder]
 
 
-def test_missing_pretraining_run_record_fails_and_leaves_no_output(tmp_path, tiny_bert_dir, shared_mlflow_store):
+@pytest.mark.parametrize("lost", ["record", "store"])
+def test_an_unknown_pretraining_run_is_a_link_left_out(tmp_path, tiny_bert_dir, shared_mlflow_store, monkeypatch,
+                                                        capsys, lost):
+    """No record (DVC restored or pulled the encoder) or a store without the run (a new mlflow.db):
+    fine-tuning runs and nests under the study run instead of failing on ``Run with id=... not found``."""
+    import mlflow
+
     root = tmp_path / "study"
     with study_dir(root, tiny_bert_dir):
-        (root / "data/smoke/pretrain/none/mlflow_run.json").unlink()
-        with pytest.raises(SystemExit, match="mlflow_run.json"):
-            load_stage("finetune").main(["--variant", "none"])
-    assert not (root / "data" / "smoke" / "finetune").exists()
+        if lost == "record":
+            (root / "data/smoke/.runs/pretrain/none/mlflow_run.json").unlink()
+        else:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'new.db'}")
+        load_stage("finetune").main(["--variant", "none"])
+        record = json.loads((root / "data/smoke/.runs/finetune/none/r1/mlflow_run.json").read_text())
+    assert (root / "data" / "smoke" / "finetune" / "none" / "r1" / "config.json").is_file()
+    assert "not linked" in capsys.readouterr().err
+    run = mlflow.MlflowClient().get_run(record["run_id"])
+    parent = mlflow.MlflowClient().get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["qac.role"] == "study"
 
 
 def test_a_failure_during_training_leaves_no_partial_output(tmp_path, tiny_bert_dir, shared_mlflow_store,

@@ -40,7 +40,7 @@ def evaluated_study(tmp_path_factory, tiny_bert_dir, mlflow_store):
         load_stage("finetune").main(["--variant", VARIANT, "--log-models"])
         load_stage("finetune").main(["--variant", "none"])
         client = mlflow.MlflowClient(mlflow_store)
-        run_ids = {name: json.loads((root / "data/smoke/finetune" / VARIANT / name / "mlflow_run.json").read_text())
+        run_ids = {name: json.loads((root / "data/smoke/.runs/finetune" / VARIANT / name / "mlflow_run.json").read_text())
                    ["run_id"] for name in ("r1", "r2")}
         end_times = {name: client.get_run(run_id).info.end_time for name, run_id in run_ids.items()}
         load_stage("evaluate").main(["--variant", VARIANT])

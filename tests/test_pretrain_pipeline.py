@@ -42,12 +42,16 @@ def test_pretrain_stage_writes_encoder_checkpoint_and_run(smoke_params, mlflow_s
 
     main(["--variant", "cotmae-query-q4"])
     out = tmp_path / "data" / "smoke" / "pretrain" / "cotmae-query-q4"
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "encoder", "losses.tsv", "mlflow_run.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "encoder", "losses.tsv"]
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert "mlflow_run_id" not in state                 # bookkeeping stays out of the DVC output
+    assert all(set(metrics) & {"samples_per_second", "tokens_per_second"} == set() for _, metrics in state["history"])
     assert AutoModel.from_pretrained(out / "encoder").config.model_type == "bert"
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3
     assert not (tmp_path / "data" / "smoke" / ".work" / "pretrain" / "cotmae-query-q4").exists()
 
-    record = json.loads((out / "mlflow_run.json").read_text())
+    record = json.loads((tmp_path / "data" / "smoke" / ".runs" / "pretrain" / "cotmae-query-q4" / "mlflow_run.json")
+                        .read_text())
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(record["run_id"])
     assert run.info.run_name == "cotmae · query · C=4 · pretrain"
@@ -84,7 +88,7 @@ def test_method_none_exports_the_init_encoder(smoke_params, mlflow_store, tmp_pa
     for name, tensor in reference.state_dict().items():
         assert torch.equal(exported.state_dict()[name], tensor), name
     mlflow.set_tracking_uri(mlflow_store)
-    run = mlflow.get_run(json.loads((out / "mlflow_run.json").read_text())["run_id"])
+    run = mlflow.get_run(json.loads((tmp_path / "data/smoke/.runs/pretrain/none/mlflow_run.json").read_text())["run_id"])
     assert run.info.run_name == "none · pretrain" and run.data.tags["qac.method"] == "none"
 
 
@@ -120,7 +124,7 @@ def test_a_kill_while_publishing_keeps_the_work_checkpoint(smoke_params, mlflow_
     assert not (root / "pretrain" / "cotmae-query-q4").exists()
     assert json.loads((work / "checkpoint" / "state.json").read_text())["step"] == 3   # nothing trained is lost
     main(["--variant", "cotmae-query-q4"])
-    summary_run = json.loads((root / "pretrain" / "cotmae-query-q4" / "mlflow_run.json").read_text())["run_id"]
+    summary_run = json.loads((root / ".runs" / "pretrain" / "cotmae-query-q4" / "mlflow_run.json").read_text())["run_id"]
     import mlflow
 
     mlflow.set_tracking_uri(mlflow_store)
@@ -159,10 +163,11 @@ def test_a_killed_stage_ends_as_killed_and_the_resumed_run_has_the_whole_curve(s
     assert mlflow.get_run(killed["mlflow_run_id"]).info.status == "RUNNING"
 
     main(["--variant", "cotmae-query-q4"])
-    resumed = mlflow.get_run(json.loads((root / "pretrain" / "cotmae-query-q4" / "mlflow_run.json")
+    resumed = mlflow.get_run(json.loads((root / ".runs" / "pretrain" / "cotmae-query-q4" / "mlflow_run.json")
                                         .read_text())["run_id"])
     earlier = mlflow.get_run(killed["mlflow_run_id"])
-    assert earlier.info.status == "KILLED"
+    assert earlier.info.status == "KILLED" and "had ended" in earlier.data.tags["qac.swept"]
+    assert "qac.replaces_run" not in resumed.data.tags   # it resumed the killed run's work, it did not replace it
     assert earlier.data.tags["qac.continued_by"] == resumed.info.run_id
     assert resumed.data.tags["qac.resumes_run"] == earlier.info.run_id
     assert resumed.data.tags["qac.resume.from_step"] == str(killed["step"])

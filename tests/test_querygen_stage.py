@@ -125,8 +125,10 @@ def test_stage_writes_queries_metrics_and_mlflow_run(tmp_path, t5_dir, monkeypat
     metrics = json.loads((output.parent / "metrics" / "queries.json").read_text())
     assert metrics["passages"] == len(pids) and metrics["candidates"] == 3 * len(pids)
     assert metrics["queries"] == sum(len(r["queries"]) for r in records)
+    assert "mlflow_run_id" not in metrics                # bookkeeping: in the run record, not in a metrics file
     mlflow.set_tracking_uri(mlflow_store)
-    run = mlflow.get_run(metrics["mlflow_run_id"])
+    record = json.loads((output.parent / ".runs" / "queries.arrow" / "mlflow_run.json").read_text())
+    run = mlflow.get_run(record["run_id"])
     assert run.info.run_name == "generate_queries" and run.data.tags["qac.kind"] == "querygen"
     # The run covers generation: it lasts at least as long as generating took.
     timing = json.loads((output.parent / "metrics" / "timing" / "queries.json").read_text())

@@ -454,8 +454,9 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     assert len(queries) == 1
 
     metrics = json.loads((tmp_path / "data" / "smoke" / "metrics" / "query_generator.json").read_text())
-    record = json.loads((folder / "mlflow_run.json").read_text())
-    assert record["run_id"] == metrics["mlflow_run_id"] and metrics["architecture"] == "prefix_lm"
+    record = json.loads((tmp_path / "data" / "smoke" / ".runs" / "generator" / "mlflow_run.json").read_text())
+    assert "mlflow_run_id" not in metrics and not (folder / "mlflow_run.json").exists()
+    assert record["model"] and metrics["architecture"] == "prefix_lm"
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(record["run_id"])
     assert run.info.run_name == "query_generator" and run.data.tags["qac.kind"] == "query_generator"

@@ -35,11 +35,12 @@ def test_nested_params_are_redacted_and_other_values_kept():
 
 
 def test_the_run_record_holds_no_credentials(tmp_path, monkeypatch):
-    from qac.tracking import RUN_RECORD, write_run_record
+    from qac.tracking import write_run_record
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://user:{SECRET}@mlflow.example.org")
-    write_run_record(tmp_path, "abc")
-    record = json.loads((tmp_path / RUN_RECORD).read_text())
+    path = write_run_record(tmp_path, tmp_path / "bm25", "abc")
+    assert path == tmp_path / ".runs" / "bm25" / "mlflow_run.json"
+    record = json.loads(path.read_text())
     assert record["run_id"] == "abc" and record["tracking_uri"] == "https://***@mlflow.example.org"
     assert SECRET not in json.dumps(record)
 

@@ -199,7 +199,7 @@ def test_report_files_are_traceable_to_the_dvc_outputs(data, tmp_path):
     folder = tmp_path / "reports" / PROFILE
     assert report.directory == folder
     text = (folder / "tables.md").read_text(encoding="utf-8")
-    for line in ("**Profile**: smoke (SCALED DOWN", "**Data**", "**Models**", "**Git commits of the runs**: 0123456789ab",
+    for line in ("**Profile**: smoke (SCALED DOWN", "**Data**", "**Models**", "data/smoke/.runs/report_runs.csv",
                  "**Differences**", "MDE", "### Table 1", "### Table 5", "TREC DL 2020: not in the smoke profile"):
         assert line in text
     assert "40.0 / 37.4" in text                               # ours / paper
@@ -212,14 +212,20 @@ def test_report_files_are_traceable_to_the_dvc_outputs(data, tmp_path):
     values = [row for row in rows if row["kind"] == "value" and row["ours"]]
     # BM25, 2 x no pre-training, 4 coCondenser and 3 CoT-MAE retrievers with both measures; untuned: RR@10 only
     assert len(values) == 2 * 10 + 1
+    # The runs behind the cells: bookkeeping beside the DVC outputs, never in the tracked report.
+    runs = {(row["table"], row["row"], row["column"]): row
+            for row in csv.DictReader(io.StringIO((data / ".runs" / "report_runs.csv").read_text(encoding="utf-8")))}
+    assert "run_id" not in rows[0]
     for row in values:   # every number is the mean of the per-query file it names, from the run its record names
         measure = {"RR_at_10": "RR@10", "Hit_at_50": "Hit@50"}[row["metric"].rsplit("/", 1)[1]]
         per_query = json.loads((data / row["source"]).read_text())[measure]
         assert float(row["ours"]) == pytest.approx(100 * mean(list(per_query.values())))
-        record = json.loads((data / record_folder(row["source"]) / "mlflow_run.json").read_text())
-        assert row["run_id"] == record["run_id"]
+        record = json.loads((data / ".runs" / record_folder(row["source"]) / "mlflow_run.json").read_text())
+        link = runs[(row["table"], row["row"], row["column"])]
+        assert (link["run_id"], link["git_commit"]) == (record["run_id"], record["git_commit"])
     diffs = [row for row in rows if row["kind"] == "difference" and row["p_value"]]
-    assert diffs and all(row["compared_run_id"] and row["compared_source"] for row in diffs)
+    assert diffs and all(runs[(row["table"], row["row"], row["column"])]["compared_run_id"] and row["compared_source"]
+                         for row in diffs)
     # an MDE wherever the per-query differences vary, none where they are all the same
     for row in diffs:
         measure = {"RR_at_10": "RR@10", "Hit_at_50": "Hit@50"}[row["metric"].rsplit("/", 1)[1]]
@@ -380,7 +386,7 @@ def test_tables_use_the_recorded_runs_and_the_report_goes_to_the_study_run(data,
     # The pre-training record names that run; the other records name runs this store never held.
     record_path = tmp_path / "smoke"
     shutil.copytree(data, record_path)
-    record_file = record_path / "pretrain" / "cocondenser-passage" / "mlflow_run.json"
+    record_file = record_path / ".runs" / "pretrain" / "cocondenser-passage" / "mlflow_run.json"
     record_file.write_text(json.dumps({**json.loads(record_file.read_text()), "run_id": pretrain}))
     newer = client.create_run(experiment, run_name="finetune/r1/cocondenser-passage",
                               tags={"mlflow.parentRunId": pretrain, "qac.kind": "finetune", "qac.retriever": "r1",
@@ -414,3 +420,22 @@ def test_the_query_generators_quality_is_reported_from_its_stage_metrics(data, t
         "metrics/queries.json,candidates,40.0",
         "metrics/queries.json,duplicate_candidates,2.0",
         "metrics/queries.json,unique_ratio,0.95"]
+
+
+def test_other_runs_with_the_same_values_give_a_byte_identical_report(data, tmp_path):
+    """Run ids and commits are bookkeeping: a retrain that reproduces every value changes no report file."""
+    import shutil
+
+    from qac.reporting.report import write_report
+
+    write_report(PARAMS, tmp_path / "first", data)
+    rerun = tmp_path / "rerun" / PROFILE
+    shutil.copytree(data, rerun)
+    for path in (rerun / ".runs").glob("**/mlflow_run.json"):
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "run_id": "f" * 32, "git_commit": "a" * 40, "git_dirty": True}))
+    write_report(PARAMS, tmp_path / "second", rerun)
+    first, second = report_files(tmp_path / "first" / PROFILE), report_files(tmp_path / "second" / PROFILE)
+    assert sorted(first) == sorted(second)
+    assert all(first[name] == second[name] for name in first), [n for n in first if first[n] != second[n]]
+    assert "f" * 32 in (rerun / ".runs" / "report_runs.csv").read_text()   # the links moved, beside the report

@@ -32,8 +32,8 @@ def _exercise_store(tmp_path):
         log_metrics({"loss/total": 1.5}, step=1)
         log_metrics({"scifact/test/nDCG@10": 0.25})
         parent_id = run.info.run_id
-    write_run_record(tmp_path / "out", parent_id)
-    record = read_run_record(tmp_path / "out")
+    write_run_record(tmp_path, tmp_path / "out", parent_id)
+    record = read_run_record(tmp_path, "out")
     with stage_run(PARAMS, "finetune@x", "finetune/r1/x", kind="finetune",
                    parent_run_id=record["run_id"]) as child:
         child_id = child.info.run_id

@@ -50,10 +50,12 @@ def _save(figure, path: str | os.PathLike, title: str | None) -> Path:
     return Path(path)
 
 
-def figure_title(what: str, profile: str, commits: Sequence[str]) -> str:
-    """``<what> — <profile> profile, runs at <commit>``: a figure is never taken for another profile's."""
-    at = ", ".join(commit[:12] for commit in commits) if commits else "commit not recorded"
-    return f"{what}\n{profile} profile, runs at {at}"
+def figure_title(what: str, profile: str) -> str:
+    """``<what>`` and ``<profile> profile``: a figure is never taken for another profile's.
+
+    No run ids or commits: equal values draw a byte-identical figure.
+    """
+    return f"{what}\n{profile} profile"
 
 
 def plot_query_count(table3: Table, path: str | os.PathLike, title: str | None = None) -> Path | None:
@@ -177,13 +179,8 @@ def draw_figures(study: Study, tables: Sequence[Table], directory: str | os.Path
     profile = params["profile"]
 
     def title(what: str, keys: Sequence[str]) -> str:
-        runs = {run for key in keys if key in by_key for cell in by_key[key].cells.values()
-                for run in (cell.run_id, cell.compared_run_id) if run}
-        commits = sorted({commit for commit in study.run_commits(runs).values() if commit})
-        return figure_title(what, profile, commits)
+        return figure_title(what, profile)
 
-    loss_commits = sorted({(study.pretrain_record(v.name) or {}).get("git_commit") or "" for v in study.variants()}
-                          - {""})
     drawn = {
         QUERY_COUNT: plot_query_count(by_key["table3"], directory / QUERY_COUNT,
                                       title("Retriever 1 against the number of generated queries (Table 3)",
@@ -191,7 +188,7 @@ def draw_figures(study: Study, tables: Sequence[Table], directory: str | os.Path
         ZERO_SHOT: plot_zero_shot(by_key["table2"], directory / ZERO_SHOT,
                                   title("Zero-shot nDCG@10 (Table 2)", ["table2"])) if "table2" in by_key else None,
         PRETRAIN_LOSS: plot_pretrain_losses(study, directory / PRETRAIN_LOSS,
-                                            figure_title("Pre-training loss by context type", profile, loss_commits)),
+                                            figure_title("Pre-training loss by context type", profile)),
     }
     reasons = {QUERY_COUNT: "no Table 3 values", ZERO_SHOT: "no Table 2 values",
                PRETRAIN_LOSS: "no pretrain/<variant>/losses.tsv in the DVC outputs"}

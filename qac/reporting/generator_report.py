@@ -61,10 +61,11 @@ def checked_table(study: Study) -> Table:
     out."""
     table = Table("generator", TITLE, FRACTION, [VALUE, COUNT_COLUMN], count_columns={COUNT_COLUMN})
     found = {stage: study.stage_metrics(stage) or {} for stage in STAGES}
+    runs = {stage: (study.stage_record(stage) or {}).get("run_id") for stage in STAGES}
 
     def cell(stage: str, metric: str, n: int | None) -> Cell:
         return Cell(value=float(found[stage][metric]), metric=metric, n_queries=n, source=f"metrics/{stage}.json",
-                    run_id=found[stage].get("mlflow_run_id"))
+                    run_id=runs[stage])
 
     for stage, metric, counted_by in CHECKED_MEANS:
         if isinstance(found[stage].get(metric), (int, float)) and found[stage].get(counted_by):

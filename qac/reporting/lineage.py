@@ -10,10 +10,12 @@ docs/architecture.md), never from the MLflow store:
 - ``annotation/summary.json`` and ``annotation/labels.csv`` for Table 5;
 - ``pretrain/<variant>/losses.tsv`` for the loss curves.
 
-The ``mlflow_run.json`` record beside each output (``finetune/<variant>/<r>/``,
-``eval/<variant>/untuned/``, ``bm25/``, ``annotation/``, ``pretrain/<variant>/``)
-names the MLflow run and git commit that produced it; the tables carry that
-run id beside each number as a link into MLflow, nothing more.
+The run record of each output (``.runs/<output>/mlflow_run.json`` for
+``finetune/<variant>/<r>``, ``eval/<variant>/untuned``, ``bm25``, ``annotation``,
+``pretrain/<variant>``; outside the DVC outputs, see qac.tracking) names the
+MLflow run and git commit that produced it. The tables keep that run id beside
+each number as a link into MLflow (``.runs/report_runs.csv``), nothing more:
+no tracked report carries it, and an absent record is a link left out.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from qac.evaluation.report import SUBSETS_FILE, subset_mean
-from qac.tracking import RUN_RECORD
+from qac.tracking import RECORDS_DIR, RUN_RECORD, record_path
 from qac.train.step_log import LOSSES_FILE
 
 PER_QUERY_SUFFIX = ".per_query.json"
@@ -44,9 +46,9 @@ def read_json(path: Path) -> Any:
         raise ValueError(f"{path}:{error.lineno}:{error.colno}: malformed JSON ({error.msg})") from None
 
 
-def read_record(folder: Path) -> dict[str, Any] | None:
-    """The ``mlflow_run.json`` a stage left in ``folder``, checked to name a run; None if absent."""
-    path = folder / RUN_RECORD
+def read_record(root: Path, folder: Path) -> dict[str, Any] | None:
+    """The run record of the output ``folder`` (under ``root``), checked to name a run; None if absent."""
+    path = record_path(root, folder)
     if not path.is_file():
         return None
     record = read_json(path)
@@ -205,8 +207,8 @@ class Study:
 
     def _source(self, name: str, folder: Path, record_folder: Path) -> Source | None:
         if name not in self._sources:
-            self._sources[name] = (Source(name, self.root, folder, read_record(record_folder),
-                                          record_folder / RUN_RECORD)
+            self._sources[name] = (Source(name, self.root, folder, read_record(self.root, record_folder),
+                                          record_path(self.root, record_folder))
                                    if folder.is_dir() else None)
         return self._sources[name]
 
@@ -228,7 +230,7 @@ class Study:
         raise ValueError(f"unknown baseline {retriever!r}: bm25 or untuned")
 
     def pretrain_record(self, variant: str) -> dict[str, Any] | None:
-        return read_record(self.root / "pretrain" / variant)
+        return read_record(self.root, self.root / "pretrain" / variant)
 
     def pretrain_losses(self, variant: str) -> list[dict[str, float]] | None:
         """Rows of ``pretrain/<variant>/losses.tsv`` (``step`` and each loss), or None when absent."""
@@ -245,7 +247,7 @@ class Study:
             raise ValueError(f"{summary_path}: field 'shares' missing")
         labels = folder / "labels.csv"
         return Annotation(summary, labels.read_text(encoding="utf-8") if labels.is_file() else None,
-                          read_record(folder), summary_path.relative_to(self.root).as_posix())
+                          read_record(self.root, folder), summary_path.relative_to(self.root).as_posix())
 
     def stage_metrics(self, stage: str) -> dict[str, Any] | None:
         """``metrics/<stage>.json`` (a stage's DVC metrics), or None when the stage wrote none."""
@@ -256,6 +258,11 @@ class Study:
         if not isinstance(metrics, dict):
             raise ValueError(f"{path}: expected a JSON object of metrics")
         return metrics
+
+    def stage_record(self, stage: str) -> dict[str, Any] | None:
+        """The run record of the output a metrics stage describes (``query_generator``, ``queries``)."""
+        output = {"query_generator": "generator", "queries": "queries.arrow"}.get(stage, stage)
+        return read_record(self.root, self.root / output)
 
     def run_commits(self, run_ids: set[str]) -> dict[str, str | None]:
         """``{run id: git commit}`` of the records that name ``run_ids`` (those the tables used)."""
@@ -269,9 +276,8 @@ class Study:
         return found
 
     def records(self) -> list[dict[str, Any]]:
-        """Every run record under the profile folder (for finding the study run in MLflow)."""
-        return [read_json(path) for path in sorted(self.root.glob(f"**/{RUN_RECORD}"))
-                if not any(part.startswith(".") for part in path.relative_to(self.root).parts)]
+        """Every run record of the profile's outputs (for finding the study run in MLflow)."""
+        return [read_json(path) for path in sorted((self.root / RECORDS_DIR).glob(f"**/{RUN_RECORD}"))]
 
 
 def read_losses(path: str | os.PathLike) -> list[dict[str, float]]:

@@ -1,11 +1,13 @@
-"""Write tables as Markdown, CSV (one line per cell, with run ids) and LaTeX.
+"""Write tables as Markdown, CSV (one line per cell) and LaTeX.
 
-Each table is preceded by a header block naming the profile, data, models
-and the git commits of the runs, so a scaled-down table is never taken for
-the paper's. A displayed cell reads ``ours / paper``; a difference cell
-``+1.2 (p=0.031; MDE 0.9) / +0.4``; a missing value ``n/a`` with a numbered
-note saying why. The CSV names, for every number, the DVC-tracked file it was
-computed from and the MLflow run id of that file's record.
+Each table is preceded by a header block naming the profile, data and
+models, so a scaled-down table is never taken for the paper's. A displayed
+cell reads ``ours / paper``; a difference cell ``+1.2 (p=0.031; MDE 0.9) /
++0.4``; a missing value ``n/a`` with a numbered note saying why. The CSV
+names, for every number, the DVC-tracked file it was computed from. The
+MLflow run and git commit behind each cell are bookkeeping, not results:
+:func:`runs_csv` lists them for a file outside the tracked report, so
+equal values give a byte-identical report whichever runs produced them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from qac.reporting.lineage import Study
 from qac.reporting.tables import FRACTION, Cell, Table
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
-              "run_id", "compared_source", "compared_run_id", "metric", "paper_row", "published", "recipe", "note"]
+              "compared_source", "metric", "paper_row", "published", "recipe", "note"]
+# The MLflow runs behind the cells: bookkeeping, kept out of the tracked report (see runs_csv).
+RUN_FIELDS = ["table", "row", "column", "run_id", "git_commit", "compared_run_id", "compared_git_commit"]
 
 
 # ---------------------------------------------------------------- header block
@@ -69,11 +73,8 @@ def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table
     byte-identical when rebuilt.
     """
     tables = list(tables)
-    used = {run for table in tables for cell in table.cells.values()
-            for run in (cell.run_id, cell.compared_run_id) if run}
     sources = {path for table in tables for cell in table.cells.values() if cell.value is not None
                for path in (cell.source, cell.compared_source) if path}
-    commits = sorted({commit or "not recorded" for commit in study.run_commits(used).values()})
     profile = params["profile"]
     scale = ("the paper's scale (MS MARCO, BERT-base)" if profile == "paper"
              else "SCALED DOWN: small data and models; numbers are not comparable to the paper's")
@@ -83,8 +84,8 @@ def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table
         ("Models", _models(params)),
         ("Recipe", _recipe(params)),
         ("Source", f"{len(sources)} DVC-tracked output files under data/{profile}/ (per-query metrics, annotation "
-                   f"labels), produced by {len(used)} MLflow runs; each CSV row names its file and run id"),
-        ("Git commits of the runs", ", ".join(c[:12] for c in commits) or "none"),
+                   f"labels); each CSV row names its file. The MLflow run and git commit behind each cell, where "
+                   f"recorded: data/{profile}/.runs/report_runs.csv (not tracked: equal values give an equal report)"),
         ("Measures", "R@k (hit rate) = share of queries with a relevant document in the top k (MS MARCO's "
                      "official R@k); R@k (recall) = standard recall; RR@10 = MRR@10. Cells read ours / paper."),
         ("Differences", "Δ = with − without query context, mean over queries; p = paired randomization test "
@@ -165,6 +166,25 @@ def to_markdown(table: Table) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def runs_csv(tables: Iterable[Table], study: Study) -> str:
+    """One line per cell with a recorded run: the MLflow run id and git commit of its value (and of the compared one)."""
+    tables = list(tables)
+    used = {run for table in tables for cell in table.cells.values()
+            for run in (cell.run_id, cell.compared_run_id) if run}
+    commits = study.run_commits(used)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=RUN_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for table in tables:
+        for (row, column), cell in table.cells.items():
+            if cell.run_id or cell.compared_run_id:
+                writer.writerow({"table": table.key, "row": row, "column": column, "run_id": cell.run_id or "",
+                                 "git_commit": commits.get(cell.run_id) or "",
+                                 "compared_run_id": cell.compared_run_id or "",
+                                 "compared_git_commit": commits.get(cell.compared_run_id) or ""})
+    return buffer.getvalue()
+
+
 def to_csv(table: Table) -> str:
     """One line per cell with its run id(s) and metric key: the trace from a number to its run."""
     buffer = io.StringIO()
@@ -185,7 +205,6 @@ def to_csv(table: Table) -> str:
                 "mde": "" if cell.mde is None else repr(float(cell.mde)),
                 "n_queries": "" if cell.n_queries is None else cell.n_queries,
                 "source": cell.source or "", "compared_source": cell.compared_source or "",
-                "run_id": cell.run_id or "", "compared_run_id": cell.compared_run_id or "",
                 "metric": cell.metric or "", "paper_row": table.paper_rows.get(row, ""),
                 "published": "" if cell.published is None else repr(float(cell.published)),
                 "recipe": cell.recipe or "",

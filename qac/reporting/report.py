@@ -21,6 +21,7 @@ from qac.reporting.lineage import Study, load_study
 from qac.reporting.tables import Table, build_tables
 
 __all__ = ["Report", "load_study", "write_report", "log_to_study_run"]
+RUNS_FILE = "report_runs.csv"
 
 
 @dataclass
@@ -59,6 +60,11 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
         if generator:
             (Path(tmp) / "generator.csv").write_text(generator_report.to_csv(generator), encoding="utf-8")
         plot_data.write_plot_data(study, tables, Path(tmp) / "plots")
+    # Which MLflow runs the cells came from: bookkeeping, beside the DVC outputs, not in the report.
+    from qac.tracking import RECORDS_DIR
+
+    with atomic_path(study.root / RECORDS_DIR / RUNS_FILE) as tmp:
+        Path(tmp).write_text(render.runs_csv(tables, study), encoding="utf-8")
     return Report(tables=tables, header=header, figures=figures, directory=target)
 
 
@@ -113,6 +119,11 @@ def log_to_study_run(study: Study, directory: str | os.PathLike, tracking_uri: s
     if not runs:
         return (f"tables: the MLflow store ({redacted_uri(uri)}) holds none of the runs the DVC records name: "
                 "report not logged to MLflow")
+    from qac.tracking import RECORDS_DIR
+
+    lineage = study.root / RECORDS_DIR / RUNS_FILE
     for run_id in runs:
         client.log_artifacts(run_id, str(directory))
+        if lineage.is_file():
+            client.log_artifact(run_id, str(lineage))
     return f"tables: report logged to MLflow study run {', '.join(runs)}"

@@ -3,10 +3,18 @@
 Every stage opens its run through :func:`stage_run`. Runs form a tree that
 mirrors the study: a study run per (profile, git commit) is the parent of the
 pre-training runs, and each fine-tuning run is a child of the pre-training run
-whose checkpoint it started from. A stage finds its parent through the
-``mlflow_run.json`` file that the upstream stage wrote next to its outputs, so
+whose checkpoint it started from. A stage finds its parent through the run
+record (``mlflow_run.json``) that the upstream stage left for its output, so
 the tree survives stages running in separate processes (and on separate
 machines, with a tracking server).
+
+Run records are bookkeeping, not results: they live in
+``data/<profile>/.runs/<output>/mlflow_run.json``, outside every DVC output,
+so a byte-identical result keeps its hash and nothing reruns downstream of it.
+A record that is absent (DVC restored the output from its cache, or pulled
+it) or names a run the tracking store lacks (a new ``mlflow.db``, another
+``MLFLOW_TRACKING_URI``) is a link left out: the stage runs, its run nests
+under the study run instead, and a line on stderr says so.
 """
 
 from __future__ import annotations
@@ -16,10 +24,14 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 RUN_RECORD = "mlflow_run.json"
+RECORDS_DIR = ".runs"   # under data/<profile>/: beside the DVC outputs, inside none
+# Files DVC itself rewrites when it runs a profile: not a change to the code a run used.
+DVC_WRITTEN = (":(exclude)profiles/*/dvc.lock",)
 _INVALID_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 
 
@@ -48,8 +60,9 @@ def git_state(cwd: str | os.PathLike | None = None) -> tuple[str, bool]:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
         ).stdout.strip()
+        # The profile's dvc.lock is DVC's bookkeeping, rewritten by every `dvc repro`.
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *DVC_WRITTEN],
             cwd=cwd, capture_output=True, text=True, check=True,
         ).stdout
         return commit, bool(status.strip())
@@ -108,27 +121,64 @@ def study_run_id(params: Mapping[str, Any]) -> str:
     return run.info.run_id
 
 
-def read_run_record(directory: str | os.PathLike) -> dict[str, Any] | None:
-    """The ``mlflow_run.json`` an upstream stage left in ``directory``, if any."""
-    path = Path(directory) / RUN_RECORD
-    if not path.exists():
+def record_path(root: str | os.PathLike, output: str | os.PathLike) -> Path:
+    """Where the run record of ``output`` (a path under the profile folder ``root``) lives.
+
+    ``record_path("data/smoke", "finetune/none/r1") == data/smoke/.runs/finetune/none/r1/mlflow_run.json``.
+    """
+    root, output = Path(root), Path(output)
+    inside = output.is_absolute() or output.parts[:len(root.parts)] == root.parts
+    relative = output.resolve().relative_to(root.resolve()) if inside else output
+    return root / RECORDS_DIR / relative / RUN_RECORD
+
+
+def read_run_record(root: str | os.PathLike, output: str | os.PathLike) -> dict[str, Any] | None:
+    """The run record an upstream stage left for ``output``, or None (no record: a link left out)."""
+    path = record_path(root, output)
+    if not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None   # bookkeeping only: a damaged record is a missing link, never a failed stage
+    return record if isinstance(record, dict) and isinstance(record.get("run_id"), str) else None
 
 
-def write_run_record(directory: str | os.PathLike, run_id: str, **extra: Any) -> None:
-    """Leave the run id next to a stage's outputs so downstream stages can nest under it.
+def write_run_record(root: str | os.PathLike, output: str | os.PathLike, run_id: str, **extra: Any) -> Path:
+    """Record the run that produced ``output`` (under ``root``), so downstream stages can nest under it.
 
     The git commit rides along so the reports can cite the code behind each
-    output from the DVC outputs alone, without the MLflow store.
+    output without the MLflow store. Not a DVC output: written beside them.
     """
     from qac.io import write_json
     from qac.redaction import redact_url
 
     commit, dirty = git_state()
-    # A DVC output: the store's address without its credentials.
-    write_json(Path(directory) / RUN_RECORD, {"run_id": run_id, "tracking_uri": redact_url(tracking_uri()),
-                                              "git_commit": commit, "git_dirty": dirty, **extra})
+    path = record_path(root, output)
+    # The store's address without its credentials.
+    write_json(path, {"run_id": run_id, "tracking_uri": redact_url(tracking_uri()),
+                      "git_commit": commit, "git_dirty": dirty, **extra})
+    return path
+
+
+def linked_run_id(record: Mapping[str, Any] | None, what: str) -> str | None:
+    """The run id of ``record`` if this tracking store holds that run, else None with a line saying so.
+
+    ``what`` names the upstream output for the message (``pretrain@none``).
+    """
+    if not record:
+        print(f"note: no run record for {what}: its MLflow run is not linked", file=sys.stderr)
+        return None
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.MlflowClient(tracking_uri()).get_run(record["run_id"])
+    except MlflowException:
+        print(f"note: run {record['run_id']} of {what} is not in this tracking store: not linked",
+              file=sys.stderr)
+        return None
+    return record["run_id"]
 
 
 def flatten(prefix: str, value: Any) -> dict[str, Any]:
@@ -164,9 +214,13 @@ def stage_run(
     source files it ran as ``code/qac_modules.json``. ``parent_run_id``
     defaults to the study run. Only rank 0 of a distributed job should call this.
     """
-    mlflow, _ = _setup(params)
+    mlflow, experiment = _setup(params)
     from qac.io import path_md5
+    from qac.tracking.interrupted import link_killed_predecessors, process_tags, sweep_orphaned_runs
     from qac.tracking.record import CODE_ARTIFACT, loaded_code, log_stage_config
+
+    # Runs whose process is gone (killed) end as KILLED before this one starts.
+    sweep_orphaned_runs(mlflow.MlflowClient(), [experiment.experiment_id])
 
     commit, dirty = git_state()
     all_tags = {
@@ -176,6 +230,7 @@ def stage_run(
         "qac.git_commit": commit,
         "qac.git_dirty": str(dirty).lower(),
         "mlflow.source.git.commit": commit,
+        **process_tags(),
     }
     for name, path in (inputs or {}).items():
         if Path(path).exists():
@@ -186,6 +241,8 @@ def stage_run(
     system_metrics = bool(params.get("mlflow", {}).get("system_metrics", False))
     with mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags,
                           log_system_metrics=system_metrics) as run:
+        link_killed_predecessors(mlflow.MlflowClient(), experiment.experiment_id, run.info.run_id,
+                                 stage, params["profile"])
         if stage_params:
             flat = {k: v for k, v in flatten("", stage_params).items()}
             from qac.redaction import redact_url

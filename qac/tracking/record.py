@@ -153,12 +153,18 @@ def reopened_run(run_id: str) -> Iterator[Any]:
     """
     import mlflow
 
+    from qac.tracking.interrupted import process_tags
+
     client = mlflow.MlflowClient()
-    before = client.get_run(run_id).info
+    before = client.get_run(run_id)
+    # While reopened, the run is this process's: a sweep must not take it for an orphan.
+    owner = {key: before.data.tags[key] for key in process_tags() if key in before.data.tags}
     with mlflow.start_run(run_id=run_id) as run:
+        mlflow.set_tags(process_tags())
         yield run
-    if before.end_time is not None:
-        client.set_terminated(run_id, status=before.status, end_time=before.end_time)
+        mlflow.set_tags(owner)
+    if before.info.end_time is not None:
+        client.set_terminated(run_id, status=before.info.status, end_time=before.info.end_time)
 
 
 def models_requested(params: Mapping[str, Any], flag: bool = False) -> bool:

@@ -206,6 +206,26 @@ def resume_decision(state: Mapping[str, Any] | None, fingerprint: str,
     return False, "settings changed"
 
 
+def results_only_state(checkpoint: str | Path) -> None:
+    """Strip bookkeeping from a checkpoint's ``state.json`` that becomes a DVC output.
+
+    The work checkpoint keeps the MLflow run id (a resumed run links the killed
+    one) and the throughput of each logged step; in the output they would give
+    a byte-identical retrain another hash and rerun every stage downstream.
+    """
+    import json
+
+    from qac.train.checkpoint import STATE_FILE
+    from qac.train.step_log import THROUGHPUT
+
+    path = Path(checkpoint) / STATE_FILE
+    state = json.loads(path.read_text(encoding="utf-8"))
+    state.pop("mlflow_run_id", None)
+    state["history"] = [[step, {key: value for key, value in metrics.items() if key not in THROUGHPUT}]
+                        for step, metrics in state.get("history") or []]
+    path.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+
+
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {side: {name: tensor.to(device, non_blocking=True) for name, tensor in tensors.items()}
             for side, tensors in batch.items()}
@@ -376,6 +396,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
         model.save_encoder(out_dir / "encoder", tokenizer)
         with atomic_path(out_dir / "checkpoint", directory=True) as tmp:
             shutil.copytree(checkpoint_dir, tmp, dirs_exist_ok=True)
+            results_only_state(tmp)
     from qac.distributed import barrier
 
     barrier()

@@ -15,7 +15,8 @@ from typing import Mapping
 
 LOSSES_FILE = "losses.tsv"
 # Wall-clock throughput and the schedule are not losses: they stay in MLflow.
-NOT_LOSSES = frozenset({"lr", "samples_per_second", "tokens_per_second"})
+THROUGHPUT = frozenset({"samples_per_second", "tokens_per_second"})
+NOT_LOSSES = frozenset({"lr"}) | THROUGHPUT
 
 
 class StepLog:
