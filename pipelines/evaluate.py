@@ -9,7 +9,7 @@ as one unit, ``data/<profile>/eval/<variant>/<retriever>/<dataset>/<split>.trec`
 and ``<split>.per_query.json``, plus ``metrics/eval/<variant>.json``. Metrics
 go into the retriever's fine-tuning run as ``<dataset>/<split>/<measure>``
 with the per-query values as the artifact ``per_query/<dataset>/<split>.json``;
-the untuned encoder gets its own run ``none · untuned`` under the pre-training
+the untuned encoder gets its own run ``untuned · none`` under the pre-training
 run. Fine-tuning runs keep their end time, so their duration stays the
 training's; each run gets ``eval/seconds`` and the evaluated datasets as MLflow
 inputs (context ``evaluation``). Graded sets count labels >= the split's

@@ -12,7 +12,7 @@ input files are unchanged (else it starts over; the log and the run's
 links to it and re-logs the loss history of the checkpoint
 (qac.tracking.interrupted). The work checkpoint is deleted only after the
 output folder is in place. Runs alone or under ``torchrun``.
-The MLflow run is ``<method> · <context> · C=<count> · pretrain``; with
+The MLflow run is ``C=<count> · <context> · <method> · pretrain``; with
 ``--log-models`` (or ``mlflow.log_models``) the encoder is logged as its artifact.
 """
 
@@ -80,14 +80,14 @@ def main(argv: list[str] | None = None) -> None:
     if dist.is_main:    # what an earlier run killed while writing left behind
         for path in (out_dir, work_dir / "checkpoint"):
             remove_orphaned_staging(path)
-    tags = {"qac.variant": args.variant, "qac.method": settings.method,
-            "qac.context_type": settings.context_type if settings.method != "none" else "none",
-            "qac.query_count": settings.query_count if settings.method != "none" else 0,
-            "qac.cotmae_decoder": settings.cotmae_decoder if settings.method == "cotmae" else "none",
-            "qac.master_decoders": ",".join(settings.master_decoders) if settings.method == "master" else "none"}
+    # The variant's identity as tags too, each only where it means something (qac.tracking.naming).
+    tags = {f"qac.{key}": value for key, value in description.items() if key != "init"}
+    # A setting that plays no part in this variant (C of a passage-context run) is not logged as one.
+    unused = {"query_count", "cotmae_decoder", "master_decoders"} - set(description)
     stage = f"pretrain@{args.variant}"
     tracked = (stage_run(params, stage, variant_run_name(description, "pretrain"), kind="pretrain",
-                         stage_params={**settings.to_dict(), **description}, inputs=inputs, tags=tags)
+                         stage_params={**{k: v for k, v in settings.to_dict().items() if k not in unused},
+                                       **description}, inputs=inputs, tags=tags)
                if dist.is_main else contextlib.nullcontext())
     # Only the main process writes the output folder, as one atomic unit.
     output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(out_dir)

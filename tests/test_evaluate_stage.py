@@ -102,7 +102,7 @@ def test_the_untuned_encoder_has_its_own_run_under_the_pretraining_run(evaluated
     root, _ = evaluated
     pretrain_run = json.loads((root / "data/smoke/.runs/pretrain/none/mlflow_run.json").read_text())["run_id"]
     run = mlflow.MlflowClient(shared_mlflow_store).get_run(_run_id(root, "untuned"))
-    assert run.info.run_name == "none · untuned"
+    assert run.info.run_name == "untuned · none"
     assert (run.data.params["method"], run.data.params["retriever"]) == ("none", "untuned")
     assert run.data.tags["mlflow.parentRunId"] == pretrain_run
     assert run.data.tags["qac.retriever"] == "untuned" and run.data.tags["qac.variant"] == "none"

@@ -166,9 +166,10 @@ def test_finetune_runs_nest_under_the_pretraining_run(finetuned, shared_mlflow_s
     assert not list(out.glob("**/mlflow_run.json"))    # bookkeeping stays out of the DVC output
     for name in ("r1", "r2"):
         run = client.get_run(json.loads((records / "finetune/none" / name / "mlflow_run.json").read_text())["run_id"])
-        assert run.info.run_name == f"none · {name}" and run.data.tags["qac.stage"] == "finetune@none"
-        assert (run.data.params["method"], run.data.params["context_type"], run.data.params["query_count"],
-                run.data.params["retriever"]) == ("none", "none", "0", name)
+        assert run.info.run_name == f"{name} · none" and run.data.tags["qac.stage"] == "finetune@none"
+        assert (run.data.params["method"], run.data.params["context_type"],
+                run.data.params["retriever"]) == ("none", "none", name)
+        assert "query_count" not in run.data.params     # nothing pre-trained: no C to speak of
         assert run.data.tags["mlflow.parentRunId"] == pretrain_run
         assert run.data.tags["qac.kind"] == "finetune" and run.data.tags["qac.retriever"] == name
         assert run.data.tags["qac.variant"] == "none"

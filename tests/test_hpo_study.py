@@ -345,4 +345,25 @@ def test_the_report_names_the_best_trial_and_explains_missing_figures(tmp_path):
     for name in ("optimization_history", "intermediate_values", "param_importances"):
         assert (tmp_path / "full" / f"{name}.png").stat().st_size > 1000
     assert json.loads((tmp_path / "full" / "summary.json").read_text())["best"]["number"] == 1
+    assert summary["best"]["tied_with"] == [] and "Best: trial 1" in (tmp_path / "full" / "summary.md").read_text()
     assert study_summary(study, "nDCG@10")["states"]["pruned"] == 1
+
+
+def test_tied_trials_are_reported_as_a_tie_without_importances(tmp_path):
+    """Four trials with the same dev score: no trial is called best, and no importance is drawn."""
+    study = optuna.create_study(direction="maximize", study_name="tied")
+    for x in (0.1, 0.5, 0.9, 0.3):
+        study.add_trial(create_trial(value=0.25, params={"x": x}, distributions={"x": FloatDistribution(0, 1)}))
+    study.add_trial(create_trial(value=0.125, params={"x": 0.7}, distributions={"x": FloatDistribution(0, 1)}))
+    summary = write_study_report(study, "nDCG@10", tmp_path / "tied")
+    assert [summary["best"]["number"], *summary["best"]["tied_with"]] == [0, 1, 2, 3]
+    text = (tmp_path / "tied" / "summary.md").read_text()
+    assert "Tie: trials 0, 1, 2, 3 all reach nDCG@10 = 0.2500; none is better." in text and "Best:" not in text
+    assert summary["figures"]["param_importances"] == "written"   # values differ: trial 4 is worse
+
+    flat = optuna.create_study(direction="maximize", study_name="flat")
+    for x in (0.1, 0.5, 0.9):
+        flat.add_trial(create_trial(value=0.25, params={"x": x}, distributions={"x": FloatDistribution(0, 1)}))
+    summary = write_study_report(flat, "nDCG@10", tmp_path / "flat")
+    assert summary["figures"]["param_importances"].endswith("values all tie")
+    assert not (tmp_path / "flat" / "param_importances.png").exists()

@@ -56,11 +56,12 @@ def test_search_runs_pivots_fine_tuning_runs_on_the_variant(evaluated_study, mlf
     assert len(runs) == 4
     table = runs.set_index("tags.mlflow.runName")[
         ["params.method", "params.context_type", "params.query_count", "params.retriever", "tags.qac.stage"]]
-    assert table.loc["cocondenser · query · C=2 · r1"].tolist() == [
+    assert table.loc["r1 · C=2 · query · cocondenser"].tolist() == [
         "cocondenser", "query", "2", "r1", f"finetune@{VARIANT}"]
-    assert table.loc["cocondenser · query · C=2 · r2"].tolist() == [
+    assert table.loc["r2 · C=2 · query · cocondenser"].tolist() == [
         "cocondenser", "query", "2", "r2", f"finetune@{VARIANT}"]
-    assert table.loc["none · r1"].tolist() == ["none", "none", "0", "r1", "finetune@none"]
+    # no query count where no query was read: the cell stays empty rather than claiming C
+    assert table.loc["r1 · none"].fillna("-").tolist() == ["none", "none", "-", "r1", "finetune@none"]
     # The compare view's question: a metric against the context type, one row per retriever.
     pivot = runs.pivot_table(index="params.context_type", columns="params.retriever",
                              values="metrics.tinyset/test/nDCG_at_10", aggfunc="max")
@@ -138,9 +139,13 @@ def test_run_names_lead_with_what_differs():
 
     query = {"method": "cocondenser", "context_type": "query", "query_count": 5, "cotmae_decoder": "none"}
     passage = {"method": "cotmae", "context_type": "passage", "query_count": 5, "cotmae_decoder": "paper"}
-    assert variant_run_name(query, "r1") == "cocondenser · query · C=5 · r1"
-    assert variant_run_name(passage, "pretrain") == "cotmae · passage · pretrain"
-    assert variant_label({"method": "none", "context_type": "none", "query_count": 0}) == "none"
+    assert variant_run_name(query, "r1") == "r1 · C=5 · query · cocondenser"
+    assert variant_run_name(query, "pretrain") == "C=5 · query · cocondenser · pretrain"
+    assert variant_run_name(passage, "pretrain") == "passage · cotmae · pretrain"
+    assert variant_label({"method": "none", "context_type": "none"}) == "none"
     assert variant_label({**passage, "context_type": "mixed", "cotmae_decoder": "nearby"}) == (
-        "cotmae · mixed · C=5 · decoder=nearby")
+        "decoder=nearby · C=5 · mixed · cotmae")
+    # 24 characters of a runs-table column keep what tells the runs apart
+    names = {variant_run_name({**query, "query_count": c}, r)[:14] for c in (1, 5) for r in ("r1", "r2")}
+    assert len(names) == 4
     assert baseline_description("bm25")["method"] == "bm25"

@@ -109,7 +109,11 @@ def test_fine_tuning_runs_pivot_on_the_variant(smoke_study):
     work, _, _ = smoke_study
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["qac-smoke"], filter_string="tags.`qac.kind` = 'finetune'")
-    assert len(runs) and runs[["params.method", "params.context_type", "params.query_count"]].notna().all().all()
+    assert len(runs) and runs[["params.method", "params.context_type"]].notna().all().all()
+    # C only where queries were read
+    read_queries = runs["params.context_type"].isin(["query", "mixed"])
+    assert runs.loc[read_queries, "params.query_count"].notna().all()
+    assert runs.loc[~read_queries, "params.query_count"].isna().all()
     assert set(runs["params.retriever"]) == {"r1", "r2"}
 
 
@@ -156,6 +160,19 @@ def test_every_stage_declares_the_code_it_ran(smoke_study):
         checked.add(stage)
     assert checked >= {"prepare", "split_passages", "query_generator", "generate_queries", "pretrain", "bm25",
                        "finetune", "evaluate", "annotation"}
+
+
+def test_dvc_writing_its_lock_marks_no_run_dirty(smoke_study):
+    """The copy was committed before `dvc repro`: DVC rewriting profiles/smoke/dvc.lock is not a code change."""
+    work, _, _ = smoke_study
+    import mlflow
+
+    store = work / "mlflow.db"
+    client = mlflow.MlflowClient(f"sqlite:///{store}")
+    runs = client.search_runs([client.get_experiment_by_name("qac-smoke").experiment_id], max_results=1000)
+    stage_runs = [run for run in runs if "qac.stage" in run.data.tags]
+    assert stage_runs and {run.data.tags["qac.git_dirty"] for run in stage_runs} == {"false"}
+    assert all(run.info.status != "RUNNING" for run in runs)
 
 
 def test_second_repro_is_a_no_op(smoke_study):
@@ -240,3 +257,52 @@ def test_the_readme_experiment_command_runs_to_the_end(smoke_study):
     latest = client.search_runs([experiment.experiment_id], f"tags.`qac.variant` = '{variant}'",
                                 order_by=["attributes.start_time DESC"], max_results=1)[0]
     assert float(latest.data.params["lr"]) == 5e-05
+
+
+def test_outputs_and_metrics_hold_no_run_bookkeeping(smoke_study):
+    work, _, _ = smoke_study
+    data = work / "data" / "smoke"
+    declared = [path for path in data.rglob("*") if path.is_file() and ".runs" not in path.parts
+                and ".work" not in path.parts and "timing" not in path.parts]
+    assert not [path for path in declared if path.name == "mlflow_run.json"]
+    for path in declared:
+        if path.suffix in (".json", ".md", ".csv", ".tsv"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            assert "mlflow_run_id" not in text and "sqlite:" not in text, path
+    assert (data / ".runs" / "finetune" / "none" / "r1" / "mlflow_run.json").is_file()
+
+
+def test_a_forced_rerun_without_the_store_reproduces_every_hash(smoke_study, tmp_path):
+    """No MLflow store (or another one): fine-tuning reruns, links nothing, and writes the same bytes,
+    so DVC's lock is unchanged and nothing downstream is out of date."""
+    work, env, _ = smoke_study
+    lock = (work / "profiles" / "smoke" / "dvc.lock").read_text()
+    status = _run([str(BIN / "dvc"), "status", PIPELINE], work, env).stdout
+    other = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'another.db'}"}
+    forced = _run([str(BIN / "dvc"), "repro", "-f", "-s", f"{PIPELINE}:finetune@none"], work, other)
+    assert "Running stage" in forced.stdout and "not linked" in forced.stdout + forced.stderr
+    assert (work / "profiles" / "smoke" / "dvc.lock").read_text() == lock
+    assert _run([str(BIN / "dvc"), "status", PIPELINE], work, env).stdout == status   # nothing more to rerun
+
+
+def test_the_check_fails_on_a_regression(smoke_study, tmp_path):
+    """`qac check` can fail: fine-tuning one variant at ten times its learning rate moves its cells
+    beyond two queries' worth of the 300 SciFact test queries."""
+    work, env, _ = smoke_study
+    variant = "cocondenser-query-q4"
+    expected = tmp_path / "expected.yaml"
+    smoke = {**env, "QAC_PROFILE": "smoke"}
+    _run([str(BIN / "qac"), "check", "--record", "--expected", str(expected)], work, smoke)
+    assert _run([str(BIN / "qac"), "check", "--expected", str(expected)], work, smoke).returncode == 0
+    params = yaml.safe_load((work / PARAMS).read_text())
+    params["finetune"]["lr"] = 10 * float(params["finetune"].get("lr", 2e-5))
+    perturbed = tmp_path / "params.yaml"
+    perturbed.write_text(yaml.safe_dump(params, sort_keys=False))
+    for stage in ("finetune", "evaluate"):
+        _run([sys.executable, f"pipelines/{stage}.py", "--variant", variant], work,
+             {**env, "QAC_PARAMS": str(perturbed)})
+    failed = _run([str(BIN / "qac"), "check", "--expected", str(expected)], work, smoke, check=False)
+    assert failed.returncode == 1 and "NOT reproduced" in failed.stdout
+    failing = [line for line in failed.stdout.splitlines() if line.startswith("FAIL")]
+    assert failing and all("table" in line for line in failing)
+    assert any("coCondenser" in line and "C=4" in line for line in failing), failing

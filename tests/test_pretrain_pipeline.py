@@ -54,7 +54,7 @@ def test_pretrain_stage_writes_encoder_checkpoint_and_run(smoke_params, mlflow_s
                         .read_text())
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(record["run_id"])
-    assert run.info.run_name == "cotmae · query · C=4 · pretrain"
+    assert run.info.run_name == "C=4 · query · cotmae · pretrain"
     assert run.data.tags["qac.stage"] == "pretrain@cotmae-query-q4"
     tags = run.data.tags
     assert (tags["qac.variant"], tags["qac.method"], tags["qac.context_type"], tags["qac.query_count"],
@@ -90,6 +90,7 @@ def test_method_none_exports_the_init_encoder(smoke_params, mlflow_store, tmp_pa
     mlflow.set_tracking_uri(mlflow_store)
     run = mlflow.get_run(json.loads((tmp_path / "data/smoke/.runs/pretrain/none/mlflow_run.json").read_text())["run_id"])
     assert run.info.run_name == "none · pretrain" and run.data.tags["qac.method"] == "none"
+    assert "query_count" not in run.data.params and "qac.query_count" not in run.data.tags
 
 
 def test_unknown_variant_and_unknown_key_are_rejected(smoke_params):

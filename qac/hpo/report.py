@@ -3,12 +3,15 @@
 ``write_study_report`` writes, into one folder (replaced atomically):
 
 - ``summary.json`` / ``summary.md``: the best trial (value, parameters,
-  retry of which trial), the count of trials per state;
+  retry of which trial), the count of trials per state. Trials that reach the
+  best value exactly are a tie (``best.tied_with``): the report names them all
+  and calls none of them the best;
 - ``trials.csv``: one row per trial (Optuna's trials data frame);
 - ``optimization_history.png``, ``intermediate_values.png``,
   ``param_importances.png``: ``optuna.visualization.matplotlib`` figures.
   Importances need at least ``MIN_TRIALS_FOR_IMPORTANCE`` complete trials whose
-  parameters vary; with fewer the summary says why the figure is missing.
+  parameters vary and whose values differ; otherwise the summary says why the
+  figure is missing (equal importances of equal values would explain nothing).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ def study_summary(study, metric: str) -> dict[str, Any]:
             "retry_of": best.system_attrs.get("failed_trial"),
             "intermediate_values": {str(step): value for step, value in sorted(best.intermediate_values.items())},
             "duration_seconds": best.duration.total_seconds() if best.duration else None,
+            # Equal values are equal: a tie is named as one, whatever order Optuna keeps.
+            "tied_with": [t.number for t in complete if t.value == best.value and t.number != best.number],
         }
     return summary
 
@@ -62,8 +67,14 @@ def summary_markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
         lines.append("No trial has completed yet.")
     else:
         retry = f" (retry of trial {best['retry_of']})" if best["retry_of"] is not None else ""
-        lines += [f"Best: trial {best['number']}{retry}, {summary['metric']} = {best['value']:.4f}.", "",
-                  "| parameter | value |", "|---|---|"]
+        tied = best.get("tied_with") or []
+        if tied:
+            numbers = ", ".join(str(n) for n in sorted([best["number"], *tied]))
+            lines += [f"Tie: trials {numbers} all reach {summary['metric']} = {best['value']:.4f}; none is better. "
+                      f"Parameters of trial {best['number']}{retry}:", "", "| parameter | value |", "|---|---|"]
+        else:
+            lines += [f"Best: trial {best['number']}{retry}, {summary['metric']} = {best['value']:.4f}.", "",
+                      "| parameter | value |", "|---|---|"]
         lines += [f"| `{key}` | {_format(value)} |" for key, value in best["params"].items()]
     lines += ["", "## Figures", ""]
     for name, status in figures.items():
@@ -77,13 +88,14 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def _complete_with_varying_params(study) -> tuple[int, bool]:
+def _complete_with_varying_params(study) -> tuple[int, bool, bool]:
+    """Complete trials, whether their parameters vary, and whether their values do."""
     from optuna.trial import TrialState
 
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     varying = any(len({repr(t.params.get(key)) for t in complete}) > 1
                   for key in {key for t in complete for key in t.params})
-    return len(complete), varying
+    return len(complete), varying, len({t.value for t in complete}) > 1
 
 
 def draw_figures(study, out_dir: Path) -> dict[str, str]:
@@ -95,7 +107,7 @@ def draw_figures(study, out_dir: Path) -> dict[str, str]:
     import optuna
     from optuna.visualization import matplotlib as optuna_plots
 
-    n_complete, varying = _complete_with_varying_params(study)
+    n_complete, varying, values_differ = _complete_with_varying_params(study)
     any_intermediate = any(t.intermediate_values for t in study.get_trials(deepcopy=False))
     plans = {
         "optimization_history": (optuna_plots.plot_optimization_history,
@@ -103,9 +115,11 @@ def draw_figures(study, out_dir: Path) -> dict[str, str]:
         "intermediate_values": (optuna_plots.plot_intermediate_values,
                                 None if any_intermediate else "no trial reported an intermediate value"),
         "param_importances": (optuna_plots.plot_param_importances,
-                              None if n_complete >= MIN_TRIALS_FOR_IMPORTANCE and varying else
-                              f"needs {MIN_TRIALS_FOR_IMPORTANCE} complete trials whose parameters vary; "
-                              f"has {n_complete} complete, parameters {'vary' if varying else 'all equal'}"),
+                              None if n_complete >= MIN_TRIALS_FOR_IMPORTANCE and varying and values_differ else
+                              f"needs {MIN_TRIALS_FOR_IMPORTANCE} complete trials whose parameters vary and whose "
+                              f"values differ; has {n_complete} complete, parameters "
+                              f"{'vary' if varying else 'all equal'}, values "
+                              f"{'differ' if values_differ else 'all tie'}"),
     }
     status: dict[str, str] = {}
     for name, (plot, skip_reason) in plans.items():
@@ -162,5 +176,7 @@ def log_report_to_mlflow(run_id: str, summary: dict[str, Any], report_dir: str |
         client.log_metric(run_id, f"trials/{state}", count)
     if summary["best"] is not None:
         client.log_metric(run_id, metric_key("best", summary["metric"]), summary["best"]["value"])
-        client.set_tag(run_id, "qac.best_trial", str(summary["best"]["number"]))
+        tied = summary["best"].get("tied_with") or []
+        client.set_tag(run_id, "qac.best_trial", str(summary["best"]["number"]) if not tied else
+                       "tie: " + ",".join(str(n) for n in sorted([summary["best"]["number"], *tied])))
     client.log_artifacts(run_id, str(report_dir), artifact_path="hpo_report")

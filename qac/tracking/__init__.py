@@ -205,7 +205,7 @@ def stage_run(
 ) -> Iterator[Any]:
     """Open the MLflow run of one stage and yield the active run.
 
-    ``run_name`` says what ran, leading with what differs (``cocondenser · query · C=5 · pretrain``,
+    ``run_name`` says what ran, leading with what differs (``C=5 · query · cocondenser · pretrain``,
     :mod:`qac.tracking.naming`); ``stage`` is the DVC stage (tag ``qac.stage``); ``kind`` is the
     kind of stage (``split``, ``pretrain``, ``finetune``, ...). Tags record the git
     commit and dirty flag, the DVC stage, the profile and the MD5 of every input
