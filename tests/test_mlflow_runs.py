@@ -37,6 +37,8 @@ def evaluated_study(tmp_path_factory, tiny_bert_dir, mlflow_store):
         write_params(params, root / "params.yaml")
         pretrain_dir = root / "data" / "smoke" / "pretrain"
         shutil.copytree(pretrain_dir / "none", pretrain_dir / VARIANT)
+        records = root / "data" / "smoke" / ".runs" / "pretrain"
+        shutil.copytree(records / "none", records / VARIANT)   # its run record too: the runs nest under it
         load_stage("finetune").main(["--variant", VARIANT, "--log-models"])
         load_stage("finetune").main(["--variant", "none"])
         client = mlflow.MlflowClient(mlflow_store)
