@@ -3,7 +3,7 @@
 A tracking server or an Optuna database is often given as a URL with its
 credentials (``postgresql://user:secret@db/optuna``,
 ``https://user:token@mlflow.example``). Such a URL must never reach a file
-DVC tracks (``mlflow_run.json``), a report, an MLflow param, or the console.
+a run record (``mlflow_run.json``), a report, an MLflow param, or the console.
 :func:`redact_url` is the one function every writer and logger calls;
 :func:`redact_values` applies it to every string in nested params.
 """
