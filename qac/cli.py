@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "hpo": "qac.hpo.cli",
     "deviations": "qac.deviations_cli",
     "runs": "qac.tracking.cli",
+    "metrics": "qac.reporting.metrics_cli",
 }
 
 

@@ -22,3 +22,40 @@ def test_which_keys_are_timing():
     assert [key for key in ("seconds", "train_seconds", "passages_per_second", "passages_per_second_per_process",
                             "queries_per_passage", "rougeL", "pairs/train") if is_timing(key)] == [
         "seconds", "train_seconds", "passages_per_second", "passages_per_second_per_process"]
+
+
+def test_qac_metrics_lists_one_profiles_results_one_value_a_line(tmp_path, monkeypatch, capsys):
+    """`qac metrics`: the profile's declared metrics files, narrow enough for a terminal; timing apart."""
+    import json
+    from pathlib import Path
+
+    from qac.cli import main
+
+    data = tmp_path / "data" / "smoke"
+    files = {"metrics/split.json": {"passages": 120, "mean_tokens": 41.23456},
+             "metrics/eval/none.json": {"r1": {"scifact": {"test": {"nDCG@10": 0.5, "RR@10": 0.25}}}},
+             "bm25/metrics.json": {"scifact": {"test": {"nDCG@10": 0.75}}},
+             "metrics/timing/split.json": {"seconds": 3.5}}
+    for name, value in files.items():
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_text(json.dumps(value))
+    (tmp_path / "data" / "default" / "metrics").mkdir(parents=True)   # another profile: never listed
+    (tmp_path / "data" / "default" / "metrics" / "split.json").write_text('{"passages": 1}')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QAC_PARAMS", str(Path(__file__).resolve().parent.parent / "profiles/smoke/params.yaml"))
+
+    assert main(["metrics"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "metrics of profile smoke (data/smoke/)"
+    assert [line.split() for line in lines[1:]] == [
+        ["metrics/split.json", "passages", "120"], ["metrics/split.json", "mean_tokens", "41.2346"],
+        ["metrics/eval/none.json", "r1/scifact/test/nDCG@10", "0.5000"],
+        ["metrics/eval/none.json", "r1/scifact/test/RR@10", "0.2500"],
+        ["bm25/metrics.json", "scifact/test/nDCG@10", "0.7500"]]
+    assert max(map(len, lines)) <= 80
+
+    assert main(["metrics", "nDCG@10", "--timing"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert main(["metrics", "--timing"]) == 0
+    assert "metrics/timing/split.json  seconds" in capsys.readouterr().out.replace("   ", "  ")
+    assert main(["metrics", "no-such-measure"]) == 1
