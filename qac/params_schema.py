@@ -986,10 +986,12 @@ def cross_field_problems(params: Params) -> list[Problem]:
 # ----------------------------------------------------------------------------- reading
 
 def yaml_loader():
-    """A PyYAML SafeLoader that also reads YAML 1.2 floats such as ``5e-05`` and ``1e-4`` as numbers.
+    """A PyYAML SafeLoader that reads numbers as YAML 1.2 does, as DVC reads and writes params files.
 
-    YAML 1.1 (PyYAML) wants a dot and a signed exponent (``5.0e-05``); DVC's ``-S key=5e-5`` writes
-    ``5e-05`` and people type ``1e-4``: both are floats in YAML 1.2, which DVC itself reads.
+    YAML 1.1 (PyYAML) wants a dot and a signed exponent in a float (``5.0e-05``); DVC's ``-S key=5e-5``
+    writes ``5e-05`` and people type ``1e-4``: both are floats here. And YAML 1.1 reads ``24:00:00`` as
+    the base-60 integer 86400, which DVC writes unquoted (a string in YAML 1.2) when it rewrites the
+    file: here it stays the string it is.
     """
     import yaml
 
@@ -998,6 +1000,16 @@ def yaml_loader():
         class ParamsLoader(yaml.SafeLoader):
             pass
 
+        sexagesimal = re.compile(r"\|\[-\+\]\?\[(?:0-9|1-9)\]\[0-9_\]\*\(\?::\[0-5\]\?\[0-9\]\)\+(?:\\\.\[0-9_\]\*)?")
+        resolvers = {}
+        for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
+            kept = []
+            for tag, pattern in entries:
+                if tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+                    pattern = re.compile(sexagesimal.sub("", pattern.pattern), pattern.flags)
+                kept.append((tag, pattern))
+            resolvers[first] = kept
+        ParamsLoader.yaml_implicit_resolvers = resolvers
         ParamsLoader.add_implicit_resolver(
             "tag:yaml.org,2002:float",
             re.compile(_YAML12_FLOAT),

@@ -165,6 +165,9 @@ def test_floats_as_dvc_writes_them_read_as_numbers(tmp_path, smoke):
     assert yaml.safe_load("lr: 5e-05")["lr"] == "5e-05"     # what PyYAML alone makes of it
     # Integers stay integers, strings strings.
     assert read_yaml("a: 5\nb: 1_000\nc: e5\nd: '5e-05'\n") == {"a": 5, "b": 1000, "c": "e5", "d": "5e-05"}
+    # YAML 1.1's base-60 numbers are YAML 1.2 strings, as DVC writes a Slurm time unquoted.
+    assert read_yaml("t: 24:00:00\nu: 1:30.5\n") == {"t": "24:00:00", "u": "1:30.5"}
+    assert yaml.safe_load("t: 24:00:00") == {"t": 86400}
 
 
 # --- bad parameters of other kinds ---------------------------------------------------------
@@ -310,3 +313,29 @@ def test_a_program_error_keeps_its_traceback(monkeypatch, capsys):
 
     assert call_main(user, [], prog="stage") == 2
     assert capsys.readouterr().err == "stage: error: data/x: missing (run the stage y)\n"
+
+
+def test_the_params_file_as_dvc_exp_run_rewrites_it_is_read_back(tmp_path):
+    """`dvc exp run ... -S profiles/smoke/params.yaml:pretrain.common.lr=5e-5` rewrites the whole file as YAML 1.2:
+    `lr: 5e-05` (a string to PyYAML) and `time: 24:00:00` unquoted (the base-60 integer 86400 to PyYAML).
+    A one-stage pipeline on the real smoke params reads them back as DVC meant them (the smoke pipeline test
+    runs the README's command on the study itself)."""
+    bin_dir = Path(sys.executable).parent
+    (tmp_path / "profiles" / "smoke").mkdir(parents=True)
+    (tmp_path / "profiles" / "smoke" / "params.yaml").write_text(
+        (REPO / "profiles" / "smoke" / "params.yaml").read_text())
+    reader = ("from qac.config import load_params; p = load_params(); "
+              "print(repr(p['pretrain']['common']['lr']), repr(p['cluster']['sweep']['time']))")
+    (tmp_path / "profiles" / "smoke" / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"read": {
+        "wdir": "../..", "cmd": f'QAC_PARAMS=profiles/smoke/params.yaml python -c "{reader}" > read.txt',
+        "params": [{"profiles/smoke/params.yaml": ["pretrain.common"]}], "outs": ["read.txt"]}}}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    for command in (["git", "init", "-q"], [str(bin_dir / "dvc"), "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=qac", "-c", "user.email=qac@localhost", "commit", "-qm", "study"],
+                    [str(bin_dir / "dvc"), "exp", "run", "profiles/smoke/dvc.yaml",
+                     "-S", "profiles/smoke/params.yaml:pretrain.common.lr=5e-5"]):
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    text = (tmp_path / "profiles" / "smoke" / "params.yaml").read_text()
+    assert "lr: 5e-05" in text and yaml.safe_load(text)["pretrain"]["common"]["lr"] == "5e-05"
+    assert (tmp_path / "read.txt").read_text().split() == ["5e-05", "'24:00:00'"]
