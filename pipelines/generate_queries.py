@@ -46,8 +46,8 @@ def main(argv=None) -> int:
     from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed
     from qac.reporting.dvc_metrics import write_stage_metrics
     from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
-    from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, pending_passages,
-                                     work_dir_for)
+    from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, passages_tokenizer,
+                                     pending_passages, work_dir_for)
     from qac.io import write_json
     from qac.tracking import linked_run_id, log_metrics, read_run_record, stage_run, write_run_record
     from qac.tracking.interrupted import end_interrupted_run
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
             return 0
 
         wall = time.perf_counter() - started   # every rank has finished: this covers the whole run
-        totals = store.merge(output)
+        totals = store.merge(output, *passages_tokenizer(passages_path))
         summary = totals.summary()
         summary["passages_per_second_per_process"] = totals.passages / totals.seconds if totals.seconds else 0.0
         if generated_all:

@@ -257,6 +257,12 @@ class PretrainCommon(Section):
     checkpoint_every: PositiveInt = Field(description="steps between resumable checkpoints")
     log_every: PositiveInt = Field(description="steps between logged losses")
     dtype: DType = Field(description="autocast dtype; auto: bf16 on GPU, fp32 on CPU")
+    compile: bool = Field(description="torch.compile the model: faster steps on a GPU, the same loss to float "
+                                      "tolerance")
+    loader_workers: NonNegativeInt = Field(
+        description="DataLoader processes collating steps ahead (0: collate in the loop); the batches are the "
+                    "same at any number")
+    prefetch_batches: PositiveInt = Field(description="steps each loader process collates ahead")
 
 
 def _override(name: str, info: Any) -> tuple[Any, Any]:

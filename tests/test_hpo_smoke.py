@@ -62,8 +62,11 @@ def build_trial_inputs(shared_data: Path, root: Path) -> None:
             span_words = text.split()
             pretrain_queries.append({"pid": pids[k], "queries": [" ".join(span_words[i:i + 8])
                                                                  for i in range(0, 32, 8) if span_words[i:i + 8]]})
-    write_passages(root / "passages.arrow", passages)
-    write_queries(root / "queries.arrow", pretrain_queries)
+    from qac.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer("minilm")      # the smoke profile's split.tokenizer
+    write_passages(root / "passages.arrow", passages, tokenizer=tokenizer, tokenizer_name="minilm")
+    write_queries(root / "queries.arrow", pretrain_queries, tokenizer=tokenizer, tokenizer_name="minilm")
 
     # Negatives: the documents sharing the most words with the query, positives removed.
     doc_words = {doc_id: set(_words(doc.full_text)) for doc_id, doc in corpus.items()}

@@ -23,8 +23,11 @@ def _sentence(rng: np.random.Generator, length: int) -> str:
 
 
 def write_corpus(directory: Path, documents: int = 6, spans: int = 3, queries: int = 4, seed: int = 0,
-                 single_span_documents: int = 1) -> tuple[Path, Path]:
-    """Documents of ``spans`` passages each (plus single-span documents with no passage context)."""
+                 single_span_documents: int = 1, tokenizer: str = "minilm") -> tuple[Path, Path]:
+    """Documents of ``spans`` passages each (plus single-span documents with no passage context),
+    with the token ids of ``tokenizer`` (a model spec), as the split and generation stages write them."""
+    from qac.models.loading import load_tokenizer
+
     rng = np.random.default_rng(seed)
     passages, query_records = [], []
     layout = [spans] * documents + [1] * single_span_documents
@@ -42,8 +45,9 @@ def write_corpus(directory: Path, documents: int = 6, spans: int = 3, queries: i
                                                           for _ in range(queries)]})
     directory.mkdir(parents=True, exist_ok=True)
     passages_path, queries_path = directory / "passages.arrow", directory / "queries.arrow"
-    write_passages(passages_path, passages)
-    write_queries(queries_path, query_records)
+    loaded = load_tokenizer(tokenizer)
+    write_passages(passages_path, passages, tokenizer=loaded, tokenizer_name=tokenizer)
+    write_queries(queries_path, query_records, tokenizer=loaded, tokenizer_name=tokenizer)
     return passages_path, queries_path
 
 

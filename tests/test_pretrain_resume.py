@@ -126,9 +126,13 @@ def test_a_checkpoint_trained_on_other_inputs_is_not_resumed(tmp_path, capsys):
     # The queries were regenerated (another top_k): same passages, other queries.
     from qac.data.arrowstore import open_queries, write_queries
 
+    from qac.models.loading import load_tokenizer
+
     records = open_queries(old / "queries.arrow").to_pylist()
-    write_queries(new / "queries.arrow", [{**record, "queries": [f"{query} again" for query in record["queries"]]}
-                                          for record in records])
+    write_queries(new / "queries.arrow", [{"pid": record["pid"], "queries": [f"{query} again" for query in
+                                                                           record["queries"]]}
+                                          for record in records], tokenizer=load_tokenizer("minilm"),
+                  tokenizer_name="minilm")
     work = tmp_path / "work"
     pretrain(settings, passages=old / "passages.arrow", queries=old / "queries.arrow", work_dir=work,
              out_dir=tmp_path / "out-old", remove_work=False)    # leaves the checkpoint of step 3 behind

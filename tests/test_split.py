@@ -85,6 +85,12 @@ def test_split_of_a_hand_worked_document(counter):
     [split] = split_documents([("d1", TEXT)], PunktSentenceTokenizer(), counter, settings(max_len=9))
     assert split.sentences == 3 and split.long_sentences == 0
     first, second = split.passages
+    # Each text's and overlap's token ids are stored beside it (no special tokens): those of the tokenizer.
+    ids = {key: [passage.pop(key) for passage in split.passages] for key in ("input_ids", "overlap_ids")}
+    tokens = counter.tokenizer.convert_ids_to_tokens
+    assert tokens(ids["input_ids"][1]) == ["zeta", "eta", "theta", "io", "##ta", "."]
+    assert ids["input_ids"] == counter.ids([first["text"], second["text"]])
+    assert ids["overlap_ids"] == [counter.ids([first["contexts"]["overlap"]])[0], []]
     # 4 + 3 = 7 <= 9, + 6 = 13 > 9.
     assert first == {
         "pid": "d1#0", "doc_id": "d1", "position": 0, "text": "Alpha beta gamma. Delta epsilon.", "n_tokens": 7,

@@ -58,6 +58,19 @@ QUERIES_SCHEMA = pa.schema([
     pa.field("queries", pa.list_(pa.string()), nullable=False),
 ])
 
+# Token ids written beside the texts (qac.data.tokens): without special tokens, untruncated;
+# the file's schema metadata names the tokenizer. Readers that need no ids ignore them.
+TOKEN_ID = pa.int32()
+PASSAGE_ID_FIELDS = [
+    pa.field("input_ids", pa.list_(TOKEN_ID), nullable=False),      # ids of `text`
+    pa.field("overlap_ids", pa.list_(TOKEN_ID), nullable=False),    # ids of `contexts.overlap`
+]
+QUERY_ID_FIELDS = [
+    pa.field("query_ids", pa.list_(pa.list_(TOKEN_ID)), nullable=False),   # ids of each of `queries`
+]
+PASSAGES_TOKENS_SCHEMA = pa.schema(list(PASSAGES_SCHEMA) + PASSAGE_ID_FIELDS)
+QUERIES_TOKENS_SCHEMA = pa.schema(list(QUERIES_SCHEMA) + QUERY_ID_FIELDS)
+
 
 class ArrowRecordWriter:
     """Append records (dicts) to an Arrow stream file in batches of ``ROWS_PER_BATCH`` rows.
@@ -321,9 +334,55 @@ def open_queries(path: str | os.PathLike) -> pa.Table:
     return open_table(path, QUERIES_SCHEMA)
 
 
-def write_passages(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
-    return write_records(path, PASSAGES_SCHEMA, records)
+def write_passages(path: str | os.PathLike, records: Iterable[dict[str, Any]], tokenizer=None,
+                   tokenizer_name: str | None = None) -> int:
+    """Write ``passages.arrow``; with ``tokenizer``, also the token ids (computed where a record lacks them)."""
+    if tokenizer is None:
+        return write_records(path, PASSAGES_SCHEMA, records)
+    from qac.data.tokens import TextEncoder, TokenizerStamp
+
+    encode = TextEncoder(tokenizer)
+
+    def with_ids(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for key, texts in (("input_ids", [r["text"] for r in batch]),
+                           ("overlap_ids", [(r.get("contexts") or {}).get("overlap") or "" for r in batch])):
+            missing = [i for i, r in enumerate(batch) if key not in r]
+            for i, ids in zip(missing, encode([texts[i] for i in missing])):
+                batch[i][key] = ids
+        return batch
+
+    schema = PASSAGES_TOKENS_SCHEMA.with_metadata(TokenizerStamp.of(tokenizer, tokenizer_name).metadata())
+    return write_records(path, schema, _in_batches(records, with_ids))
 
 
-def write_queries(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
-    return write_records(path, QUERIES_SCHEMA, records)
+def write_queries(path: str | os.PathLike, records: Iterable[dict[str, Any]], tokenizer=None,
+                  tokenizer_name: str | None = None) -> int:
+    """Write ``queries.arrow``; with ``tokenizer``, also each query's token ids."""
+    if tokenizer is None:
+        return write_records(path, QUERIES_SCHEMA, records)
+    from qac.data.tokens import TextEncoder, TokenizerStamp
+
+    encode = TextEncoder(tokenizer)
+
+    def with_ids(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        flat = encode([query for record in batch for query in record["queries"]])
+        start = 0
+        for record in batch:
+            record["query_ids"] = flat[start:start + len(record["queries"])]
+            start += len(record["queries"])
+        return batch
+
+    schema = QUERIES_TOKENS_SCHEMA.with_metadata(TokenizerStamp.of(tokenizer, tokenizer_name).metadata())
+    return write_records(path, schema, _in_batches(records, with_ids))
+
+
+def _in_batches(records: Iterable[dict[str, Any]], transform) -> Iterator[dict[str, Any]]:
+    """``records`` passed through ``transform`` a record batch's worth at a time (one tokenizer call each)."""
+    pending: list[dict[str, Any]] = []
+    for record in records:
+        pending.append(dict(record))
+        if len(pending) == ROWS_PER_BATCH:
+            yield from transform(pending)
+            pending = []
+    if pending:
+        yield from transform(pending)

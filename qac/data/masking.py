@@ -14,6 +14,7 @@ masks exactly the same tokens as a single process.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -28,6 +29,16 @@ class MaskingVocab:
     vocab_size: int
     special_ids: frozenset[int]
     is_continuation: np.ndarray   # bool per vocabulary id: the word-piece starts with "##"
+
+    @property
+    def is_special(self) -> np.ndarray:
+        """Bool per vocabulary id: a special token (never masked, belongs to no word)."""
+        table = self.__dict__.get("_is_special")
+        if table is None:
+            table = np.zeros(len(self.is_continuation), dtype=bool)
+            table[[i for i in self.special_ids if 0 <= i < len(table)]] = True
+            object.__setattr__(self, "_is_special", table)
+        return table
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "MaskingVocab":
@@ -145,3 +156,169 @@ def weighted_word_mask(token_ids: list[int], vocab: MaskingVocab, probability: f
         if len(chosen) == budget:
             break
     return mask_positions(token_ids, sorted(chosen), vocab, rng)
+def whole_word_mask_batch(flat_ids: np.ndarray, lengths: np.ndarray, keys, vocab: MaskingVocab,
+                          probability: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`whole_word_mask` of many sequences at once, with the same result for each.
+
+    ``flat_ids`` holds the sequences one after another (int64), ``lengths``
+    their lengths; sequence i is masked with the draws of
+    ``np.random.default_rng(keys[i])``, exactly as :func:`whole_word_mask`
+    would use them. Returns flat ``(inputs, labels)``. Words, budgets and the
+    80/10/10 replacement are array operations over the whole batch; per
+    sequence remain only the generator's draws and the greedy walk over the
+    permuted words up to the budget.
+    """
+    flat_ids = np.asarray(flat_ids, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    inputs = flat_ids.copy()
+    labels = np.full(len(flat_ids), IGNORE_INDEX, dtype=np.int64)
+    if probability <= 0 or not len(flat_ids):
+        return inputs, labels
+    sequence_start = np.cumsum(lengths) - lengths
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    inside = ~vocab.is_special[flat_ids]
+    follows_word = np.zeros(len(flat_ids), dtype=bool)          # previous position of the same sequence is in a word
+    follows_word[1:] = inside[:-1]
+    follows_word[sequence_start[lengths > 0]] = False
+    starts_word = inside & ~(vocab.is_continuation[flat_ids] & follows_word)
+    word_start = np.flatnonzero(starts_word)
+    word_length = np.bincount((np.cumsum(starts_word) - 1)[inside], minlength=len(word_start))
+    word_row = row[word_start]
+    words = np.bincount(word_row, minlength=len(lengths))
+    first_word = np.cumsum(words) - words
+    maskable = np.bincount(word_row, weights=word_length, minlength=len(lengths))
+    budgets = np.maximum(1, np.round(probability * maskable)).astype(np.int64).tolist()
+
+    chosen, draws, random_tokens = [], [], []
+    for index, rng in enumerate(seeded_generators(keys)):
+        count = int(words[index])
+        if count == 0:
+            continue
+        lengths_of = word_length[first_word[index]:first_word[index] + count]
+        budget = budgets[index]
+        order = rng.permutation(count)
+        ordered = lengths_of[order]
+        cumulative = ordered.cumsum()
+        # Words up to the first that passes the budget are all taken; after it,
+        # each word only if it still fits, until the budget is met.
+        fits = int(cumulative.searchsorted(budget, side="right"))
+        taken = order[:fits]
+        used = int(cumulative[fits - 1]) if fits else 0
+        if used < budget and fits < count:
+            extra = []
+            for word, length in zip(order[fits:].tolist(), ordered[fits:].tolist()):
+                if used + length <= budget:
+                    extra.append(word)
+                    used += length
+                    if used == budget:
+                        break
+            taken = np.concatenate([taken, np.asarray(extra, dtype=taken.dtype)])
+        counts = lengths_of[taken]
+        # positions word by word, in the order the words were taken
+        positions = (np.repeat(word_start[first_word[index] + taken] - np.cumsum(counts) + counts, counts)
+                     + np.arange(int(counts.sum())))
+        chosen.append(positions)
+        draws.append(rng.random(len(positions)))
+        random_tokens.append(rng.integers(0, vocab.vocab_size, size=len(positions)))
+    if not chosen:
+        return inputs, labels
+    chosen, draws, random_tokens = np.concatenate(chosen), np.concatenate(draws), np.concatenate(random_tokens)
+    labels[chosen] = flat_ids[chosen]
+    inputs[chosen[draws < 0.8]] = vocab.mask_id
+    replace = (draws >= 0.8) & (draws < 0.9)
+    inputs[chosen[replace]] = random_tokens[replace]
+    return inputs, labels
+
+
+# ---------------------------------------------------------------------------
+# ``np.random.default_rng(key)`` for many keys at once.
+#
+# A sequence's mask is drawn from ``default_rng([seed, 2, step, index, side])``.
+# Building a generator costs ~30 us, most of it NumPy's SeedSequence hashing
+# the key and PCG64 seeding itself from it, which is more than masking the
+# sequence. Both algorithms are fixed by NumPy (numpy/random/bit_generator.pyx,
+# pcg64.h) and are computed here for a whole batch of keys with array
+# operations; one PCG64 then takes each resulting state in turn. The streams
+# are exactly default_rng's (tests/test_masking.py compares them).
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+_INIT_A, _MULT_A = 0x43B0D7E5, 0x931E8875
+_INIT_B, _MULT_B = 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+_POOL = 4
+_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
+_MASK128 = (1 << 128) - 1
+
+
+def _u32(value) -> np.ndarray:
+    return np.asarray(value, dtype=np.uint64) & _MASK32
+
+
+class _Hash:
+    """SeedSequence's hashmix, its constant advancing with each use (vectorised over keys)."""
+
+    def __init__(self):
+        self.const = np.uint64(_INIT_A)
+
+    def __call__(self, value: np.ndarray) -> np.ndarray:
+        value = _u32(value ^ self.const)
+        self.const = np.uint64((int(self.const) * _MULT_A) & 0xFFFFFFFF)
+        value = _u32(value * self.const)
+        return value ^ (value >> np.uint64(16))
+
+
+def _mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    result = _u32(np.uint64(_MIX_L) * x + (np.uint64(1 << 32) - _u32(np.uint64(_MIX_R) * y)))
+    return result ^ (result >> np.uint64(16))
+
+
+def _seed_words(keys: np.ndarray) -> np.ndarray:
+    """SeedSequence(key).generate_state(8, uint32) for each row of ``keys`` (uint32 words each)."""
+    entropy = keys.astype(np.uint64)
+    hashmix = _Hash()
+    pool = [hashmix(entropy[:, i] if i < entropy.shape[1] else np.zeros(len(entropy), dtype=np.uint64))
+            for i in range(_POOL)]
+    for source in range(_POOL):
+        for target in range(_POOL):
+            if source != target:
+                pool[target] = _mix(pool[target], hashmix(pool[source]))
+    for source in range(_POOL, entropy.shape[1]):
+        for target in range(_POOL):
+            pool[target] = _mix(pool[target], hashmix(entropy[:, source]))
+    const, words = _INIT_B, []
+    for index in range(8):
+        value = _u32(pool[index % _POOL] ^ np.uint64(const))
+        const = (const * _MULT_B) & 0xFFFFFFFF
+        value = _u32(value * np.uint64(const))
+        words.append(value ^ (value >> np.uint64(16)))
+    return np.stack(words, axis=1)
+
+
+def _pcg64_state(words: list[int]) -> dict:
+    """The PCG64 state NumPy seeds from 8 uint32 words (pcg64_set_seed)."""
+    w = [words[2 * k] | (words[2 * k + 1] << 32) for k in range(4)]     # little-endian uint64 view
+    initstate, initseq = (w[0] << 64) | w[1], (w[2] << 64) | w[3]
+    inc = ((initseq << 1) | 1) & _MASK128
+    state = inc & _MASK128                                              # state 0, one step
+    state = (state + initstate) & _MASK128
+    state = (state * _PCG_MULT + inc) & _MASK128
+    return {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+
+
+def seeded_generators(keys) -> Iterator[np.random.Generator]:
+    """``np.random.default_rng(list(key))`` for each key, in order (one generator object, reseeded:
+    use each before asking for the next). Keys of small non-negative ints take the fast path."""
+    keys = [tuple(int(k) for k in key) for key in keys]
+    if not keys:
+        return
+    width = len(keys[0])
+    if any(len(key) != width or min(key) < 0 or max(key) >= 1 << 32 for key in keys) or width == 0:
+        for key in keys:
+            yield np.random.default_rng(list(key))
+        return
+    words = _seed_words(np.asarray(keys, dtype=np.uint64)).tolist()
+    bit_generator = np.random.PCG64(0)
+    generator = np.random.Generator(bit_generator)
+    for row in words:
+        bit_generator.state = _pcg64_state(row)
+        yield generator

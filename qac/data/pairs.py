@@ -39,7 +39,8 @@ import torch
 
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, MappedTable, RowGather, open_mapped, scan_tables
 from qac.data.errors import DataFormatError
-from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask
+from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask, whole_word_mask_batch
+from qac.data.tokens import SpecialTokens, TextEncoder, check_stamp, with_special_tokens
 
 CONTEXT_TYPES = ("passage", "query", "mixed")
 PASSAGE_CONTEXTS = ("random_sampled", "nearby", "overlap", "next")
@@ -70,6 +71,8 @@ class PairCorpus:
     # here: row reads then release the pages they touched (see RowGather).
     passages_mapped: MappedTable | None = field(default=None, repr=False)
     queries_mapped: MappedTable | None = field(default=None, repr=False)
+    # True when the files' token ids (checked against the reader's tokenizer) are read with the texts.
+    with_ids: bool = False
 
     def __len__(self) -> int:
         return len(self.anchors)
@@ -84,9 +87,11 @@ class PairCorpus:
         self._query_rows = RowGather(self.queries, self.queries_mapped) if self.queries is not None else None
 
     def rows(self, indices) -> list[dict]:
-        """``pid``, ``doc_id``, ``position``, ``text`` and ``contexts`` of anchors ``indices`` (with ``row``)."""
+        """``pid``, ``doc_id``, ``position``, ``text`` and ``contexts`` of anchors ``indices`` (with ``row``;
+        with ``input_ids`` and ``overlap_ids`` when the corpus reads ids)."""
         rows = self.anchors[np.asarray(indices, dtype=np.int64)]
-        records = self._passage_rows.rows(rows)
+        columns = list(PASSAGES_SCHEMA.names) + (["input_ids", "overlap_ids"] if self.with_ids else [])
+        records = self._passage_rows.rows(rows, columns)
         for record, row in zip(records, rows.tolist()):
             record["row"] = row
         return records
@@ -98,11 +103,14 @@ class PairCorpus:
         return self.rows([index])[0]["text"]
 
     def passage_candidates(self, record: dict) -> list:
-        """Candidates of a passage context: the overlap text, or the context passages' rows."""
+        """Candidates of a passage context: the overlap text (with its ids when the corpus reads
+        ids: ``(text, ids)``), or the context passages' rows."""
         contexts = record["contexts"]
         if self.passage_context == "overlap":
             overlap = contexts["overlap"].strip()
-            return [overlap] if overlap else []
+            if not overlap:
+                return []
+            return [(overlap, record["overlap_ids"])] if self.with_ids else [overlap]
         if self.passage_context == "next":     # the span after the anchor: its nearby pid at position + 1
             following = f"{record['doc_id']}#{record['position'] + 1}"
             return [self._context_row(record, pid) for pid in contexts["nearby"] if pid == following]
@@ -123,21 +131,33 @@ class PairCorpus:
         """Candidate passage-context texts of anchor ``index``."""
         candidates = self.passage_candidates(self.rows([index])[0])
         if self.passage_context == "overlap":
-            return candidates
+            return [candidate[0] if isinstance(candidate, tuple) else candidate for candidate in candidates]
         return self.texts_of(candidates)
 
-    def query_candidates(self, row: int) -> list[str]:
-        """The first ``query_count`` non-blank queries of passage ``row``."""
-        values = self._query_rows.rows([row], ["queries"])[0]["queries"] if row < self.queries.num_rows else []
-        return [query for query in values[:self.query_count] if query.strip()]
+    def query_candidates(self, row: int) -> list:
+        """The first ``query_count`` non-blank queries of passage ``row`` (``(text, ids)`` when reading ids)."""
+        if row >= self.queries.num_rows:
+            return []
+        columns = ["queries", "query_ids"] if self.with_ids else ["queries"]
+        record = self._query_rows.rows([row], columns)[0]
+        values = record["queries"][:self.query_count]
+        if self.with_ids:
+            return [(query, ids) for query, ids in zip(values, record["query_ids"]) if query.strip()]
+        return [query for query in values if query.strip()]
 
     def queries_of(self, index: int) -> list[str]:
-        return self.query_candidates(int(self.anchors[index]))
+        return [query[0] if isinstance(query, tuple) else query
+                for query in self.query_candidates(int(self.anchors[index]))]
 
     def texts_of(self, rows: list[int]) -> list[str]:
         if not rows:
             return []
         return [record["text"] for record in self._passage_rows.rows(rows, ["text"])]
+
+    def texts_and_ids_of(self, rows: list[int]) -> list[tuple[str, list[int]]]:
+        if not rows:
+            return []
+        return [(record["text"], record["input_ids"]) for record in self._passage_rows.rows(rows, ["text", "input_ids"])]
 
 
 def _has_passage_context(part: pa.Table, passage_context: str) -> np.ndarray:
@@ -179,8 +199,12 @@ def _check_query_rows(passages: pa.Table, queries: pa.Table, offset: int, path: 
 
 def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.PathLike | None,
                      context_type: str, *, passage_context: str = "random_sampled",
-                     query_count: int = 1) -> PairCorpus:
-    """Map ``passages.arrow`` (and ``queries.arrow``) and index the anchors ``context_type`` can use."""
+                     query_count: int = 1, tokenizer=None, tokenizer_name: str | None = None) -> PairCorpus:
+    """Map ``passages.arrow`` (and ``queries.arrow``) and index the anchors ``context_type`` can use.
+
+    With ``tokenizer`` the pairs carry the files' token ids, which must have been
+    made by that tokenizer (qac.data.tokens.check_stamp, before any scan).
+    """
     if context_type not in CONTEXT_TYPES:
         raise ValueError(f"context_type must be one of {CONTEXT_TYPES}, got {context_type!r}")
     if passage_context not in PASSAGE_CONTEXTS:
@@ -190,6 +214,8 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
     passages_path = Path(passages_path)
     passages_mapped = open_mapped(passages_path, PASSAGES_SCHEMA)
     passages = passages_mapped.table
+    if tokenizer is not None:
+        check_stamp(passages_path, passages.schema, tokenizer, tokenizer_name, "input_ids")
     needs_queries = context_type in ("query", "mixed")
     queries, queries_mapped, query_parts = None, None, iter(())
     if needs_queries:
@@ -197,6 +223,8 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
             raise ValueError(f"context_type {context_type!r} needs a queries file")
         queries_mapped = open_mapped(queries_path, QUERIES_SCHEMA)
         queries = queries_mapped.table
+        if tokenizer is not None:
+            check_stamp(queries_path, queries.schema, tokenizer, tokenizer_name, "query_ids")
         if queries.num_rows > passages.num_rows:
             raise DataFormatError(queries_path, passages.num_rows + 1, "pid",
                                   f"{queries.num_rows} rows for {passages.num_rows} passages")
@@ -224,7 +252,7 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
                         passage_context=passage_context, query_count=query_count, path=passages_path,
                         total_passages=passages.num_rows, skipped_no_passage_context=no_context,
                         skipped_no_query=no_query, passages_mapped=passages_mapped,
-                        queries_mapped=queries_mapped)
+                        queries_mapped=queries_mapped, with_ids=tokenizer is not None)
     if not len(corpus):
         raise ValueError(f"{passages_path}: no passage has a {context_type} context ({corpus.stats()})")
     return corpus
@@ -237,6 +265,10 @@ class Pair:
     context: str
     context_kind: str     # "passage" | "query"
     row: int = -1         # the anchor's row of passages.arrow
+    # Token ids of anchor and context (no special tokens), when read from the files;
+    # None: the collator tokenises the texts.
+    anchor_ids: object = field(default=None, compare=False, repr=False)
+    context_ids: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -277,26 +309,60 @@ class PairSampler:
             drawn.append((kind, candidates[int(rng.integers(len(candidates)))]))
         # Passage contexts named by row are read in one gather from the mapped table.
         wanted = [choice for kind, choice in drawn if kind == "passage" and isinstance(choice, int)]
-        texts = iter(self.corpus.texts_of(wanted))
+        with_ids = self.corpus.with_ids
+        gathered = iter(self.corpus.texts_and_ids_of(wanted) if with_ids else self.corpus.texts_of(wanted))
         pairs = []
         for index, (record, (kind, choice)) in enumerate(zip(records, drawn)):
-            context = next(texts) if kind == "passage" and isinstance(choice, int) else choice
-            pairs.append(Pair(index=index, anchor=record["text"], context=context, context_kind=kind,
-                              row=record["row"]))
+            context = next(gathered) if kind == "passage" and isinstance(choice, int) else choice
+            if with_ids:      # (text, ids) throughout
+                pairs.append(Pair(index=index, anchor=record["text"], context=context[0], context_kind=kind,
+                                  row=record["row"], anchor_ids=record["input_ids"], context_ids=context[1]))
+            else:
+                pairs.append(Pair(index=index, anchor=record["text"], context=context, context_kind=kind,
+                                  row=record["row"]))
         return pairs
+
+
+def pad_and_mask(sequences: list[np.ndarray], mask_keys: list[tuple[int, ...]], vocab: MaskingVocab,
+                 mask_ratio: float, pad_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    """One batch side from id arrays that already carry their special tokens.
+
+    ``input_ids`` (whole-word masked), ``attention_mask`` and ``labels``
+    (original ids at masked positions, ``-100`` elsewhere), padded to the
+    longest sequence or to ``pad_to``. Sequence i is masked with a generator
+    seeded by ``mask_keys[i]`` (qac.data.masking.whole_word_mask_batch), so its
+    mask depends on that key alone, not on the batch it sits in. Every
+    collator (coCondenser, CoT-MAE, others to come) builds its sides with it.
+    """
+    lengths = np.fromiter((len(ids) for ids in sequences), dtype=np.int64, count=len(sequences))
+    width = pad_to or int(lengths.max())
+    flat = np.concatenate(sequences).astype(np.int64, copy=False)
+    inputs, targets = whole_word_mask_batch(flat, lengths, mask_keys, vocab, mask_ratio)
+    # scatter the flat sequences into [rows, width], left-aligned
+    rows = np.repeat(np.arange(len(sequences)), lengths)
+    columns = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    input_ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
+    labels = np.full((len(sequences), width), IGNORE_INDEX, dtype=np.int64)
+    attention = np.zeros((len(sequences), width), dtype=np.int64)
+    input_ids[rows, columns] = inputs
+    labels[rows, columns] = targets
+    attention[rows, columns] = 1
+    return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention),
+            "labels": torch.from_numpy(labels)}
 
 
 @dataclass
 class PairCollator:
-    """Tokenize, mask and pad a list of pairs into ``{"anchor": side, "context": side}``.
+    """Mask and pad a list of pairs into ``{"anchor": side, "context": side}`` (see :func:`pad_and_mask`).
 
-    A side holds ``input_ids`` (masked), ``attention_mask`` and ``labels``
-    (original ids at masked positions, ``-100`` elsewhere; all ``-100`` when the
-    side's mask ratio is 0). Passages are truncated to ``max_len`` tokens and
-    queries to ``query_max_len``, special tokens included. Padding is dynamic
-    (to the longest sequence of the side) unless ``pad_to`` fixes a length.
-    Each sequence is masked with a generator seeded by ``(seed, step, pair
-    index, side)``, so masks do not depend on how the batch is split or padded.
+    Pairs read from the stage files carry their token ids; the collator adds the
+    special tokens and cuts passages to ``max_len`` tokens and queries to
+    ``query_max_len``, special tokens included, exactly as the tokenizer would
+    (qac.data.tokens.with_special_tokens). Pairs without ids have their texts
+    tokenised here (tests, benchmarks). Padding is dynamic (to the longest
+    sequence of the side) unless ``pad_to`` fixes a length. Each sequence is
+    masked with a generator seeded by ``(seed, 2, step, pair index, side)``, so
+    masks do not depend on how the batch is split or padded.
     """
 
     tokenizer: object
@@ -309,16 +375,61 @@ class PairCollator:
 
     def __post_init__(self):
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
+        self.special = SpecialTokens.of(self.tokenizer)
+        self._encode = None
         if self.pad_to is not None and self.pad_to < max(self.max_len, self.query_max_len):
             raise ValueError(f"pad_to={self.pad_to} is shorter than max_len={self.max_len}")
+
+    def _ids(self, pairs: list[Pair], attribute: str, text: str) -> list:
+        ids = [getattr(pair, attribute) for pair in pairs]
+        missing = [row for row, value in enumerate(ids) if value is None]
+        if missing:
+            if self._encode is None:
+                self._encode = TextEncoder(self.tokenizer)
+            for row, value in zip(missing, self._encode([getattr(pairs[row], text) for row in missing])):
+                ids[row] = value
+        return ids
+
+    def __call__(self, pairs: list[Pair], step: int) -> dict[str, dict[str, torch.Tensor]]:
+        anchors = [with_special_tokens(ids, self.max_len, self.special)
+                   for ids in self._ids(pairs, "anchor_ids", "anchor")]
+        # Passage and query contexts have their own length limits.
+        contexts = [with_special_tokens(ids, self.query_max_len if pair.context_kind == "query" else self.max_len,
+                                        self.special)
+                    for pair, ids in zip(pairs, self._ids(pairs, "context_ids", "context"))]
+        keys = [(self.seed, 2, step, pair.index) for pair in pairs]
+        pad = self.special.pad_id
+        return {"anchor": pad_and_mask(anchors, [key + (0,) for key in keys], self.vocab, self.anchor_mask_ratio,
+                                       pad, self.pad_to),
+                "context": pad_and_mask(contexts, [key + (1,) for key in keys], self.vocab, self.context_mask_ratio,
+                                        pad, self.pad_to)}
+
+
+@dataclass
+class TextPairCollator:
+    """The collator as it was before token ids were stored: tokenise the texts, then mask word by word.
+
+    Kept as the definition :class:`PairCollator` must equal (tests) and as the
+    baseline of ``benchmarks/bench_pretrain.py``.
+    """
+
+    tokenizer: object
+    max_len: int
+    query_max_len: int
+    anchor_mask_ratio: float
+    context_mask_ratio: float
+    seed: int
+    pad_to: int | None = None
+
+    def __post_init__(self):
+        self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
 
     def _tokenize(self, texts: list[str], max_len: int) -> list[list[int]]:
         if not texts:
             return []
         return self.tokenizer(texts, truncation=True, max_length=max_len, add_special_tokens=True)["input_ids"]
 
-    def _side(self, token_ids: list[list[int]], indices: list[int], side: int, step: int,
-              mask_ratio: float) -> dict[str, torch.Tensor]:
+    def _side(self, token_ids, indices, side, step, mask_ratio):
         length = self.pad_to or max(len(ids) for ids in token_ids)
         pad = self.tokenizer.pad_token_id
         input_ids = torch.full((len(token_ids), length), pad, dtype=torch.long)
@@ -335,8 +446,6 @@ class PairCollator:
     def __call__(self, pairs: list[Pair], step: int) -> dict[str, dict[str, torch.Tensor]]:
         indices = [pair.index for pair in pairs]
         anchors = self._tokenize([pair.anchor for pair in pairs], self.max_len)
-        # Passage and query contexts have their own length limits; tokenize each
-        # kind with its limit, then put the rows back in pair order.
         contexts: list[list[int]] = [[] for _ in pairs]
         for kind, limit in (("passage", self.max_len), ("query", self.query_max_len)):
             rows = [row for row, pair in enumerate(pairs) if pair.context_kind == kind]

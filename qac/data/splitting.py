@@ -104,16 +104,19 @@ class TokenCounter:
             self._backend.no_padding()
 
     def lengths(self, texts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.ids(texts)]
+
+    def ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text (no special tokens): what passages.arrow stores beside the text."""
         if not texts:
             return []
         if self._backend is not None:
-            return [len(encoding.ids) for encoding in
-                    self._backend.encode_batch_fast(list(texts), add_special_tokens=False)]
+            return [encoding.ids for encoding in self._backend.encode_batch_fast(list(texts), add_special_tokens=False)]
         options = dict(add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False,
                        verbose=False)
         if self.batched:
-            return [len(ids) for ids in self.tokenizer(list(texts), **options)["input_ids"]]
-        return [len(self.tokenizer(text, **options)["input_ids"]) for text in texts]
+            return list(self.tokenizer(list(texts), **options)["input_ids"])
+        return [self.tokenizer(text, **options)["input_ids"] for text in texts]
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
         """Character span of every token of ``text``."""
@@ -240,9 +243,9 @@ def _fit_ranges(work: "_DocumentWork", ranges, max_len: int, counter: TokenCount
     """Re-tokenize passages; split any that is too long between its units (rare: non-additive tokenizers)."""
     fitted = []
     texts = [work.span_text(a, b) for a, b in ranges]
-    for (a, b), n_tokens in zip(ranges, counter.lengths(texts)):
-        if n_tokens <= max_len or b - a == 1:
-            fitted.append(((a, b), n_tokens))
+    for (a, b), ids in zip(ranges, counter.ids(texts)):
+        if len(ids) <= max_len or b - a == 1:
+            fitted.append(((a, b), ids))
         else:
             middle = (a + b) // 2
             fitted.extend(_fit_ranges(work, [(a, middle), (middle, b)], max_len, counter))
@@ -270,8 +273,10 @@ def overlap_range(start: int, end: int, lengths: Sequence[int], settings: SplitS
 
 
 def passage_records(doc_id: str, texts: list[str], n_tokens: list[int], overlaps: list[str],
-                    window: int) -> list[dict[str, Any]]:
-    """The ``passages.arrow`` rows of one document (format in docs/architecture.md)."""
+                    window: int, ids: list[list[int]] | None = None,
+                    overlap_ids: list[list[int]] | None = None) -> list[dict[str, Any]]:
+    """The ``passages.arrow`` rows of one document (format in docs/architecture.md); with ``ids``
+    and ``overlap_ids``, the token ids of each text and overlap (qac.data.tokens)."""
     pids = [f"{doc_id}#{k}" for k in range(len(texts))]
     records = []
     for k, pid in enumerate(pids):
@@ -288,6 +293,9 @@ def passage_records(doc_id: str, texts: list[str], n_tokens: list[int], overlaps
                 "overlap": overlaps[k],
             },
         })
+        if ids is not None:
+            records[-1]["input_ids"] = ids[k]
+            records[-1]["overlap_ids"] = overlap_ids[k]
     return records
 
 
@@ -303,7 +311,9 @@ class _DocumentWork:
     long_sentences: int
     ranges: list[tuple[int, int]] = field(default_factory=list)   # passages as unit ranges
     n_tokens: list[int] = field(default_factory=list)
+    ids: list[list[int]] = field(default_factory=list)            # token ids per passage
     overlaps: list[str] = field(default_factory=list)
+    overlap_ids: list[list[int]] = field(default_factory=list)
 
     def span_text(self, start: int, end: int) -> str:
         return self.text[self.units[start][0]:self.units[end - 1][1]]
@@ -331,20 +341,22 @@ def split_documents(documents: Sequence[tuple[str, str]], sentence_splitter, cou
     _add_overlaps(works, counter, settings)
     return [DocumentSplit(work.doc_id,
                           passage_records(work.doc_id, [work.span_text(a, b) for a, b in work.ranges],
-                                          work.n_tokens, work.overlaps, settings.random_sampled_window),
+                                          work.n_tokens, work.overlaps, settings.random_sampled_window,
+                                          work.ids, work.overlap_ids),
                           work.sentences, work.long_sentences)
             for work in works]
 
 
 def _check_passages(works: list[_DocumentWork], counter: TokenCounter, max_len: int) -> None:
     """Set each passage's ``n_tokens`` from its re-tokenized text, re-splitting any that overflows."""
-    counts = iter(counter.lengths([work.span_text(a, b) for work in works for a, b in work.ranges]))
+    all_ids = iter(counter.ids([work.span_text(a, b) for work in works for a, b in work.ranges]))
     for work in works:
-        work.n_tokens = [next(counts) for _ in work.ranges]
-        if any(n > max_len for n in work.n_tokens):
+        work.ids = [next(all_ids) for _ in work.ranges]
+        if any(len(ids) > max_len for ids in work.ids):
             fitted = _fit_ranges(work, work.ranges, max_len, counter)
             work.ranges = [rng for rng, _ in fitted]
-            work.n_tokens = [n for _, n in fitted]
+            work.ids = [ids for _, ids in fitted]
+        work.n_tokens = [len(ids) for ids in work.ids]
 
 
 def _add_overlaps(works: list[_DocumentWork], counter: TokenCounter, settings: SplitSettings) -> None:
@@ -352,6 +364,7 @@ def _add_overlaps(works: list[_DocumentWork], counter: TokenCounter, settings: S
     pending = []
     for work in works:
         work.overlaps = [""] * len(work.ranges)
+        work.overlap_ids = [[] for _ in work.ranges]
         for k, (start, end) in enumerate(work.ranges):
             units = overlap_range(start, end, work.lengths, settings)
             if units is not None:
@@ -359,9 +372,9 @@ def _add_overlaps(works: list[_DocumentWork], counter: TokenCounter, settings: S
     while pending:
         texts = [work.span_text(*units) for work, _, units in pending]
         retry = []
-        for (work, k, (first, last)), text, n_tokens in zip(pending, texts, counter.lengths(texts)):
-            if n_tokens <= settings.max_len:
-                work.overlaps[k] = text
+        for (work, k, (first, last)), text, ids in zip(pending, texts, counter.ids(texts)):
+            if len(ids) <= settings.max_len:
+                work.overlaps[k], work.overlap_ids[k] = text, ids
             elif last - first > 1:
                 retry.append((work, k, (first, last - 1)))
         pending = retry
@@ -498,5 +511,7 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
             stats.add(split)
             yield from split.passages
 
-    write_passages(passages_path, records())
+    from qac.models.loading import load_tokenizer
+
+    write_passages(passages_path, records(), tokenizer=load_tokenizer(tokenizer_spec), tokenizer_name=tokenizer_spec)
     return stats, punkt_model

@@ -2,7 +2,9 @@
 
 Both classes have one method, ``forward_backward(batch, scale_loss)``, which
 accumulates the batch's gradient into the parameters and returns the logged
-loss parts; the training loop does not know which one it holds.
+loss parts as detached 0-dim tensors on the device (read them with ``float``
+only when logging: each read waits for the device); the training loop does
+not know which one it holds.
 
 :class:`GradCachedStep` (Gao et al., "Scaling Deep Contrastive Learning Batch
 Size under Memory Limited Setup", 2021) lets the contrastive loss see a batch
@@ -49,11 +51,11 @@ class FullBatchStep:
         self.device = device
         self.autocast_dtype = autocast_dtype
 
-    def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, float]:
+    def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, torch.Tensor]:
         with _autocast(self.device, self.autocast_dtype):
             output = self.module(batch)
         scale_loss(output.loss).backward()
-        return {name: float(value) for name, value in output.parts.items()}
+        return {name: value.detach() for name, value in output.parts.items()}
 
 
 class RngState:
@@ -92,7 +94,7 @@ class GradCachedStep:
         self.device = device
         self.autocast_dtype = autocast_dtype
 
-    def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, float]:
+    def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, torch.Tensor]:
         chunks = [(side, chunk) for side in ("anchor", "context")
                   for chunk in split_side(batch[side], self.chunk_size)]
 
@@ -113,8 +115,9 @@ class GradCachedStep:
 
         # 3. Each chunk again with autograd; DDP synchronises on the last backward only.
         _, world_size = process_group()
-        local_masked = sum(int((chunk["labels"] != -100).sum()) for _, chunk in chunks)
-        masked = all_reduce_sum(torch.tensor(float(local_masked), device=self.device)).clamp(min=1)
+        local_masked = sum((chunk["labels"] != -100).sum() for side in ("anchor", "context")
+                           for chunk in [batch[side]])
+        masked = all_reduce_sum(local_masked.to(torch.get_default_dtype())).clamp(min=1)
         # float64 sums: the logged values must not lose what a float64 model computes
         mlm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         head_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -138,7 +141,7 @@ class GradCachedStep:
             head_sum += output.head_mlm_sum.detach()
         after_first_pass.restore()
 
-        mlm = float(all_reduce_sum(mlm_sum) / masked)
-        head_mlm = float(all_reduce_sum(head_sum) / masked)
-        value = float(contrastive.value)
+        mlm = all_reduce_sum(mlm_sum) / masked
+        head_mlm = all_reduce_sum(head_sum) / masked
+        value = contrastive.value.detach()
         return {"loss": weight * (mlm + head_mlm) + value, "mlm": mlm, "head_mlm": head_mlm, "contrastive": value}

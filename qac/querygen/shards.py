@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, ArrowRecordWriter, open_mapped, open_passages
+from qac.data.arrowstore import PASSAGES_SCHEMA, open_mapped, open_passages, write_queries
 from qac.data.errors import DataFormatError
 from qac.io import atomic_path, file_md5, write_json
 from qac.querygen.generate import GenerationStats, QueryGenerator, SamplingSettings
@@ -171,9 +171,10 @@ class ChunkStore:
         write_json(marker_path, {"chunk": chunk, "passages": len(pids), "first_pid": pids[0], "last_pid": pids[-1],
                                  "md5": file_md5(data_path), "stats": stats.as_dict()})
 
-    def merge(self, output: str | os.PathLike) -> GenerationStats:
+    def merge(self, output: str | os.PathLike, tokenizer=None, tokenizer_name: str | None = None) -> GenerationStats:
         """Concatenate every chunk in order into ``output`` (atomically); the summed counts.
 
+        With ``tokenizer`` each query's token ids are stored beside it (qac.data.tokens).
         Fails, writing nothing, when a chunk is missing or its size disagrees with the manifest.
         """
         n_chunks, chunk_size = self.manifest["chunks"], self.manifest["chunk_size"]
@@ -183,20 +184,36 @@ class ChunkStore:
             raise RuntimeError(f"{self.root}: {len(missing)} of {n_chunks} chunks not generated yet ({shown}); "
                                "run the remaining shards before merging")
         total = GenerationStats()
-        with ArrowRecordWriter(output, QUERIES_SCHEMA) as out:
+        for chunk in range(n_chunks):    # every marker checked before anything is written
+            marker = self.marker(chunk)
+            expected = min(chunk_size, self.manifest["passages"] - chunk * chunk_size)
+            if marker["passages"] != expected:
+                raise RuntimeError(f"{self._paths(chunk)[1]}: {marker['passages']} passages, expected {expected}")
+            total.add(GenerationStats.from_dict(marker["stats"]))
+
+        def records() -> Iterator[dict]:
             for chunk in range(n_chunks):
-                marker = self.marker(chunk)
-                expected = min(chunk_size, self.manifest["passages"] - chunk * chunk_size)
-                if marker["passages"] != expected:
-                    raise RuntimeError(f"{self._paths(chunk)[1]}: {marker['passages']} passages, expected {expected}")
                 with open(self._paths(chunk)[0], encoding="utf-8") as handle:
                     for line in handle:
-                        out.write(json.loads(line))
-                total.add(GenerationStats.from_dict(marker["stats"]))
+                        yield json.loads(line)
+
+        write_queries(output, records(), tokenizer=tokenizer, tokenizer_name=tokenizer_name)
         return total
 
     def remove(self) -> None:
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def passages_tokenizer(passages_path: str | os.PathLike):
+    """``(tokenizer, spec)`` that made the token ids of ``passages.arrow`` (None, None when it holds none):
+    queries get their ids from the same tokenizer, so pairs are of one vocabulary."""
+    from qac.data.tokens import TokenizerStamp
+    from qac.models.loading import load_tokenizer
+
+    stamp = TokenizerStamp.from_schema(open_mapped(passages_path, PASSAGES_SCHEMA).table.schema)
+    if stamp is None:
+        return None, None
+    return load_tokenizer(stamp.name), stamp.name
 
 
 def build_manifest(passages_path: str | os.PathLike, generator_source: str, settings: SamplingSettings,

@@ -40,6 +40,9 @@ METHODS = ("none", "cocondenser", "cotmae", "master")
 MASTER_TASKS = ("mkp", "cmp", "npr", "dor", "gor")
 DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64")
 LogFn = Callable[[int, dict[str, float]], None]
+# Settings that change how fast a run goes, not what it computes: left out of the fingerprint,
+# so a resume with other values continues the same run.
+NOT_SHAPING = ("log_every", "checkpoint_every", "loader_workers", "prefetch_batches")
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class PretrainSettings:
     checkpoint_every: int = 50
     log_every: int = 10
     dtype: str = "auto"               # auto, bf16, fp16, fp32; fp64 trains in float64 (repeatability checks)
+    compile: bool = False             # torch.compile the model (same loss to float tolerance)
+    loader_workers: int = 2           # DataLoader worker processes collating batches (0: in the loop)
+    prefetch_batches: int = 4         # steps collated ahead per worker
     seed: int = 42
 
     @classmethod
@@ -119,9 +125,12 @@ class PretrainSettings:
         if self.batch_size % self.grad_accumulation:
             raise ValueError(f"{where}: batch_size {self.batch_size} is not a multiple of "
                              f"grad_accumulation {self.grad_accumulation}")
-        for name in ("steps", "batch_size", "grad_accumulation", "checkpoint_every", "log_every", "max_len"):
+        for name in ("steps", "batch_size", "grad_accumulation", "checkpoint_every", "log_every", "max_len",
+                     "prefetch_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{where}: {name} must be at least 1, got {getattr(self, name)}")
+        if self.loader_workers < 0:
+            raise ValueError(f"{where}: loader_workers must be at least 0, got {self.loader_workers}")
         if self.method == "master":
             self.validate_master(where)
 
@@ -146,7 +155,7 @@ class PretrainSettings:
     def fingerprint(self, inputs_md5: Mapping[str, str] | None = None) -> str:
         """Hash of everything that shapes the weights: the settings (logging cadence left
         out) and the MD5 of each input file (``{"passages": ..., "queries": ...}``)."""
-        shaping = {k: v for k, v in self.to_dict().items() if k not in ("log_every", "checkpoint_every")}
+        shaping = {k: v for k, v in self.to_dict().items() if k not in NOT_SHAPING}
         if inputs_md5:
             shaping["inputs_md5"] = dict(inputs_md5)
         return hashlib.md5(json.dumps(shaping, sort_keys=True).encode()).hexdigest()
@@ -231,6 +240,44 @@ def _to_device(batch: dict, device: torch.device) -> dict:
             for side, tensors in batch.items()}
 
 
+class StepBatches(torch.utils.data.Dataset):
+    """Item ``k``: this process's collated micro-batches of step ``first_step + k``.
+
+    A step's pairs and masks are a pure function of ``(seed, step)``
+    (qac.data.pairs), so the batches are the same whichever worker process
+    collates them, and with any number of workers.
+    """
+
+    def __init__(self, sampler, collator, batch_size: int, accumulation: int, rank: int, world: int,
+                 first_step: int, steps: int):
+        self.sampler, self.collator = sampler, collator
+        self.batch_size, self.accumulation, self.rank, self.world = batch_size, accumulation, rank, world
+        self.first_step, self.steps = first_step, steps
+
+    def __len__(self) -> int:
+        return max(0, self.steps - self.first_step)
+
+    def __getitem__(self, index: int) -> tuple[int, list[dict]]:
+        from qac.data.pairs import shard
+
+        step = self.first_step + index
+        pairs = self.sampler.batch(step, self.batch_size)
+        micro = self.batch_size // self.accumulation
+        return step, [self.collator(shard(pairs[m * micro:(m + 1) * micro], self.rank, self.world), step)
+                      for m in range(self.accumulation)]
+
+
+def step_loader(batches: StepBatches, workers: int, prefetch: int, device: torch.device):
+    """A DataLoader over :class:`StepBatches`, in step order: ``workers`` processes collate
+    ahead (``prefetch`` steps each), into pinned memory when the model is on a GPU."""
+    # Its own generator: the loader draws its workers' base seed from it, and a draw from the
+    # global one would move the dropout masks (and a resumed run would draw it twice).
+    return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=workers,
+                                       pin_memory=device.type == "cuda",
+                                       prefetch_factor=prefetch if workers else None,
+                                       persistent_workers=False, generator=torch.Generator().manual_seed(0))
+
+
 def build_step(module, model, settings: PretrainSettings, device, autocast_dtype):
     """Gradient-cached step for coCondenser when ``grad_cache_chunk`` is set, the plain step otherwise."""
     from qac.models.grad_cache import FullBatchStep, GradCachedStep
@@ -259,7 +306,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     :func:`qac.models.factory.required_inputs`); they join the fingerprint. Returns a summary: steps run,
     where training resumed, corpus counts, the model's settings.
     """
-    from qac.data.pairs import load_pair_corpus, shard
+    from qac.data.pairs import load_pair_corpus
     from qac.distributed import autocast_dtype as pick_autocast, init_distributed
     from qac.models.factory import build_batches, build_pretraining_model
     from qac.models.loading import load_tokenizer
@@ -289,7 +336,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
         # whatever the process count or BLAS (docs/architecture.md, "Resuming and repeatability").
         model = model.double()
     corpus = load_pair_corpus(passages, queries, settings.context_type, passage_context=settings.passage_context,
-                              query_count=settings.query_count)
+                              query_count=settings.query_count, tokenizer=tokenizer, tokenizer_name=settings.init)
     extra_inputs = dict(extra_inputs or {})
     sampler, collator = build_batches(settings, model, tokenizer, corpus, {"queries": queries, **extra_inputs})
     optimizer, scheduler = build_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay,
@@ -332,9 +379,10 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
 
         module = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                          broadcast_buffers=False)
+    if settings.compile:
+        module = torch.compile(module)
     step_fn = build_step(module, model, settings, device, amp_dtype)
     accumulation = settings.grad_accumulation
-    micro_size = settings.batch_size // accumulation
 
     def checkpoint(step: int) -> None:
         save_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
@@ -344,49 +392,59 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
 
     from qac.console import progress
 
+    from qac.train.throughput import SPEED_KEYS, ThroughputWindow, peak_flops, trainable_parameters
+
     model.train()
-    window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-    window_parts: dict[str, float] = defaultdict(float)
+    device_name, peak = peak_flops(device)
+    window = ThroughputWindow(trainable_parameters(model), peak)
+    window_parts: dict[str, torch.Tensor] = {}
     last_metrics: dict[str, float] = {}
+    batches = step_loader(StepBatches(sampler, collator, settings.batch_size, accumulation, dist.rank, world,
+                                      start_step, settings.steps),
+                          settings.loader_workers, settings.prefetch_batches, device)
     bar = progress(total=settings.steps, initial=start_step, desc=f"pretrain {settings.method}", unit="step")
+    loader = iter(batches)
     for step in range(start_step, settings.steps):
-        pairs = sampler.batch(step, settings.batch_size)
-        for micro in range(accumulation):
-            local_pairs = shard(pairs[micro * micro_size:(micro + 1) * micro_size], dist.rank, world)
-            batch = _to_device(collator(local_pairs, step), device)
-            window_tokens += sum(int(side["attention_mask"].sum()) for side in batch.values())
+        waited = time.perf_counter()
+        loaded_step, micro_batches = next(loader)
+        window.waiting += time.perf_counter() - waited
+        assert loaded_step == step
+        for micro, batch in enumerate(micro_batches):
+            window.add_batch(batch)
+            batch = _to_device(batch, device)
             last_micro = micro == accumulation - 1
             with contextlib.nullcontext() if last_micro or not dist.enabled else module.no_sync():
                 parts = step_fn.forward_backward(batch, lambda loss: scaler.scale(loss / accumulation))
+            # summed on the device: read only at logging steps (a read waits for the device)
             for name, value in parts.items():
-                window_parts[name] += value / accumulation
+                window_parts[name] = window_parts.get(name, 0.0) + value.double() / accumulation
         learning_rate = scheduler.get_last_lr()[0]
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        window_steps += 1
+        window.steps += 1
+        window.pairs += settings.batch_size
 
         done = step + 1
         if done % settings.log_every == 0 or done == settings.steps:
-            tokens = float(all_reduce_sum(torch.tensor(float(window_tokens), device=device)))
-            elapsed = time.perf_counter() - window_start
-            metrics = {name: value / window_steps for name, value in window_parts.items()}
-            metrics.update(lr=learning_rate, samples_per_second=window_steps * settings.batch_size / elapsed,
-                           tokens_per_second=tokens / elapsed)
+            counts = all_reduce_sum(torch.tensor([float(window.real_tokens), float(window.padded_tokens)],
+                                                 dtype=torch.float64, device=device)).tolist()
+            metrics = {name: float(value) / window.steps for name, value in window_parts.items()}
+            metrics["lr"] = learning_rate
+            metrics.update(window.report(*counts))
             if dist.is_main:
-                history.append([done, metrics])
+                history.append([done, {k: v for k, v in metrics.items() if k not in SPEED_KEYS}])
                 if log is not None:
                     log(done, metrics)
             last_metrics = metrics
             bar.set_postfix({name: f"{value:.3f}" for name, value in metrics.items() if name.startswith("loss")},
                             refresh=False)
-            window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-            window_parts = defaultdict(float)
+            window_parts = {}
         if done % settings.checkpoint_every == 0 or done == settings.steps:
             paused = time.perf_counter()
             checkpoint(done)
-            window_start += time.perf_counter() - paused    # throughput leaves checkpoint writing out
+            window.pause(time.perf_counter() - paused)    # throughput leaves checkpoint writing out
         bar.update(1)
     bar.close()
 
@@ -406,4 +464,5 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
             "discarded_checkpoint": discarded_checkpoint, "discard_reason": discard_reason,
             "inputs_md5": inputs,
             "grad_cache": type(step_fn).__name__ == "GradCachedStep", "corpus": corpus.stats(),
-            "model": model.describe(), "world_size": world, "final_metrics": last_metrics}
+            "model": model.describe(), "world_size": world, "final_metrics": last_metrics,
+            "device": device_name, "peak_flops": peak, "loader_workers": settings.loader_workers}
