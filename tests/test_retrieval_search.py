@@ -39,3 +39,43 @@ def test_to_run_skips_missing_results():
 def test_dimension_mismatch_is_an_error():
     with pytest.raises(ValueError, match="dimension"):
         search(np.zeros((1, 4)), np.zeros((2, 3)))
+
+
+def test_torch_search_equals_faiss_and_the_reference_on_distinct_scores():
+    from qac.retrieval.search import search_reference, torch_search
+
+    rng = np.random.default_rng(1)
+    passages = rng.normal(size=(400, 16)).astype(np.float32)
+    queries = rng.normal(size=(23, 16)).astype(np.float32)
+    faiss_scores, faiss_indices = search(queries, passages, k=30)
+    scores, indices = torch_search(queries, passages, k=30, batch_size=7)
+    reference_scores, reference_indices = search_reference(queries, passages, k=30)
+    np.testing.assert_array_equal(indices, faiss_indices)
+    np.testing.assert_array_equal(indices, reference_indices)
+    # float32 products summed in another order: the same to float32 rounding of the scores' size
+    np.testing.assert_allclose(scores, faiss_scores, rtol=0, atol=16 * np.finfo(np.float32).eps * 16)
+
+
+def test_torch_search_breaks_ties_as_trec_eval_does():
+    """Score descending, then document id descending, also where ties straddle the k-th place."""
+    from qac.retrieval.search import search_reference, tie_ranks, torch_search
+
+    rng = np.random.default_rng(2)
+    # small integers: every product is exact, and many scores tie
+    passages = rng.integers(-2, 3, size=(300, 6)).astype(np.float32)
+    queries = rng.integers(-2, 3, size=(40, 6)).astype(np.float32)
+    doc_ids = [f"doc{rng.integers(0, 10**6):06d}-{i}" for i in range(len(passages))]
+    ranks = tie_ranks(doc_ids)
+    scores, indices = torch_search(queries, passages, k=25, ranks=ranks, batch_size=16)
+    reference_scores, reference_indices = search_reference(queries, passages, k=25, ranks=ranks)
+    np.testing.assert_array_equal(indices, reference_indices)
+    np.testing.assert_array_equal(scores, reference_scores)
+    for row, query in zip(indices, queries):
+        exact = passages @ query
+        kth = exact[row[-1]]
+        assert (exact > kth).sum() < 25 < (exact >= kth).sum() or (exact >= kth).sum() == 25
+        keys = [(exact[i], doc_ids[i]) for i in row]
+        assert keys == sorted(keys, reverse=True)            # the order trec_eval reads a run in
+        outside = [doc_ids[i] for i in np.flatnonzero(exact == kth) if i not in set(row.tolist())]
+        inside = [doc_ids[i] for i in row if exact[i] == kth]
+        assert all(o < min(inside) for o in outside)         # the boundary keeps the highest ids

@@ -56,8 +56,14 @@ def load_backbone(spec: str, seed: int = 0, dropout: float | None = None) -> tup
     return bert, lm_head
 
 
-def new_layers(config, count: int, seed: int, attn_implementation: str | None = None) -> nn.ModuleList:
-    """``count`` freshly initialised BERT layers (condenser head, CoT-MAE decoder)."""
+def new_layers(config, count: int, seed: int, attn_implementation: str | None = "sdpa") -> nn.ModuleList:
+    """``count`` freshly initialised BERT layers (condenser head, CoT-MAE decoder).
+
+    Attention runs through PyTorch's scaled_dot_product_attention (fused
+    kernels on a GPU) with the boolean masks of :func:`padding_mask` and
+    ``qac.models.cotmae.windowed_causal_mask``; ``"eager"`` runs the same
+    mathematics as explicit products (tests compare the two).
+    """
     from transformers import BertModel
     from transformers.models.bert.modeling_bert import BertLayer
 
@@ -73,21 +79,31 @@ def new_layers(config, count: int, seed: int, attn_implementation: str | None = 
 
 
 def run_layers(layers: nn.ModuleList, hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``hidden`` through ``layers``; ``mask`` is a boolean "may attend" mask (True: attend)."""
+    if mask is not None and mask.dtype == torch.bool:
+        mask = layer_mask(layers, mask, hidden.dtype if hidden.is_floating_point() else torch.float32)
     for layer in layers:
         output = layer(hidden, mask)
         hidden = output[0] if isinstance(output, tuple) else output
     return hidden
 
 
-def additive_mask(allowed: torch.Tensor) -> torch.Tensor:
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A ``[B, 1, Q, K]`` boolean "may attend" mask as the additive float mask eager attention adds."""
-    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
-        ~allowed, torch.finfo(torch.float32).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)
 
 
 def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Additive mask letting every position attend to the non-padding keys."""
-    return additive_mask(attention_mask[:, None, None, :].bool())
+    """``[B, 1, 1, K]`` boolean mask: every position may attend to the non-padding keys (True)."""
+    return attention_mask[:, None, None, :].bool()
+
+
+def layer_mask(layers: nn.ModuleList, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The mask ``layers`` take: boolean for SDPA, additive in ``dtype`` for eager attention."""
+    if layers and layers[0].attention.self.config._attn_implementation == "eager":
+        return additive_mask(allowed, dtype)
+    return allowed
 
 
 class PretrainingModel(nn.Module):

@@ -63,7 +63,7 @@ class CoCondenser(PretrainingModel):
             raise ValueError(f"n_head_layers must be at least 1, got {n_head_layers}")
         self.bert = bert
         self.lm_head = lm_head
-        self.head = new_layers(bert.config, n_head_layers, seed, attn_implementation="eager")
+        self.head = new_layers(bert.config, n_head_layers, seed)
         self.contrastive = PairContrastiveLoss(temperature)
         self.skip_from = skip_from
         self.mlm_probability = mlm_probability

@@ -28,21 +28,20 @@ from __future__ import annotations
 import torch
 
 from qac.data.masking import IGNORE_INDEX
-from qac.models.backbone import (PretrainingModel, PretrainOutput, additive_mask, load_backbone, new_layers,
-                                 padding_mask, run_layers)
+from qac.models.backbone import (PretrainingModel, PretrainOutput, load_backbone, new_layers, padding_mask,
+                                 run_layers)
 from qac.models.losses import masked_lm_sum, mean_over_processes
 
 DECODERS = ("paper", "release")
 
 
 def windowed_causal_mask(attention_mask: torch.Tensor, window: int) -> torch.Tensor:
-    """Additive ``[B, 1, L, L]`` mask: query t sees key 0 ([CLS]) and keys t-window+1 .. t, never padding."""
+    """Boolean ``[B, 1, L, L]`` mask: query t sees key 0 ([CLS]) and keys t-window+1 .. t, never padding."""
     length = attention_mask.shape[1]
     query = torch.arange(length, device=attention_mask.device)[:, None]
     key = torch.arange(length, device=attention_mask.device)[None, :]
     allowed = (key == 0) | ((key <= query) & (key > query - window))
-    allowed = allowed[None, None] & attention_mask[:, None, None, :].bool()
-    return additive_mask(allowed)
+    return allowed[None, None] & attention_mask[:, None, None, :].bool()
 
 
 def next_token_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -66,7 +65,7 @@ class CoTMAE(PretrainingModel):
         self.bert = bert
         self.lm_head = lm_head
         self.decoder_kind = decoder
-        self.decoder = new_layers(bert.config, decoder_layers, seed, attn_implementation="eager")
+        self.decoder = new_layers(bert.config, decoder_layers, seed)
         self.decoder_weight = decoder_weight
         self.attention_window = attention_window
         self.mask_ratio = mask_ratio
