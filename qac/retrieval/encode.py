@@ -45,12 +45,16 @@ def encode_texts(
     sort_by_length: bool = True,
     desc: str = "encode",
     normalize: bool = False,
+    token_ids: Sequence | None = None,
 ) -> np.ndarray:
     """Encode ``texts`` with a Hugging Face encoder; returns ``float32 [len(texts), hidden]`` in input order.
 
     ``desc`` labels the progress bar (shown on a terminal, rank 0 only). ``normalize``
     L2-normalises each vector (a model trained for cosine similarity, such as
     all-MiniLM-L6-v2: dot products of the outputs are then its cosines).
+    ``token_ids``: the texts' ids as stored beside them (no special tokens,
+    qac.data.tokens), which skips tokenisation; batches are then padded as
+    integer arrays.
     """
     import torch
 
@@ -67,7 +71,15 @@ def encode_texts(
     if len(texts) == 0:
         return np.zeros((0, hidden_size), dtype=np.float32)
 
-    token_ids = tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
+    if token_ids is None:
+        token_ids = tokenizer(list(texts), truncation=True, max_length=max_length,
+                              add_special_tokens=True)["input_ids"]
+    else:
+        from qac.data.tokens import SpecialTokens, with_special_tokens
+
+        special = SpecialTokens.of(tokenizer)
+        token_ids = [with_special_tokens(ids, max_length, special) for ids in token_ids]
+    pad_id = tokenizer.pad_token_id or 0
     order = np.argsort([-len(ids) for ids in token_ids], kind="stable") if sort_by_length else np.arange(len(texts))
     amp = autocast_dtype(dtype, device)
     autocast = torch.autocast(device_type=device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
@@ -79,8 +91,8 @@ def encode_texts(
         with torch.inference_mode(), autocast, progress(total=len(texts), desc=desc, unit="text") as bar:
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
-                batch = tokenizer.pad({"input_ids": [token_ids[i] for i in rows]}, return_tensors="pt")
-                batch = {key: value.to(device) for key, value in batch.items()}
+                batch = {key: torch.from_numpy(value).to(device)
+                         for key, value in pad_ids([token_ids[i] for i in rows], pad_id).items()}
                 output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
                 hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
                 pooled = pool(hidden, batch["attention_mask"], pooling).float()
@@ -91,6 +103,19 @@ def encode_texts(
     finally:
         model.train(was_training)
     return out
+
+
+def pad_ids(sequences: Sequence, pad_id: int) -> dict[str, np.ndarray]:
+    """``input_ids`` and ``attention_mask`` (int64) of sequences padded on the right to the longest."""
+    lengths = np.fromiter((len(ids) for ids in sequences), dtype=np.int64, count=len(sequences))
+    flat = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in sequences])
+    rows = np.repeat(np.arange(len(sequences)), lengths)
+    columns = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    input_ids = np.full((len(sequences), int(lengths.max())), pad_id, dtype=np.int64)
+    attention = np.zeros(input_ids.shape, dtype=np.int64)
+    input_ids[rows, columns] = flat
+    attention[rows, columns] = 1
+    return {"input_ids": input_ids, "attention_mask": attention}
 
 
 def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
