@@ -182,3 +182,20 @@ def test_a_killed_stage_ends_as_killed_and_the_resumed_run_has_the_whole_curve(s
     assert [row["step"] for row in curve] == list(range(1, steps + 1))
     before_kill = {m.step: m.value for m in mlflow.MlflowClient().get_metric_history(earlier.info.run_id, "loss")}
     assert all(row["loss"] == before_kill[row["step"]] for row in curve if row["step"] <= killed["step"])
+
+
+def test_master_stage_reads_its_inputs_and_logs_every_decoder(smoke_params, mlflow_store, tmp_path):
+    import mlflow
+
+    from test_pretrain_corpus import write_master_inputs
+
+    write_master_inputs(tmp_path / "data" / "smoke")
+    main(["--variant", "master-passage"])
+    out = tmp_path / "data" / "smoke" / "pretrain" / "master-passage"
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3
+    run = mlflow.MlflowClient(mlflow_store).get_run(json.loads((out / "mlflow_run.json").read_text())["run_id"])
+    assert run.data.tags["qac.method"] == "master"
+    assert run.data.tags["qac.master_decoders"] == "mkp,cmp,npr,dor,gor"
+    assert run.data.params["master_decoders"] == "mkp,cmp,npr,dor,gor"
+    header = (out / "losses.tsv").read_text().splitlines()[0].split("\t")
+    assert header[:2] == ["step", "loss"] and set(header[2:]) == {"mlm", "mkp", "cmp", "npr", "dor", "gor"}
