@@ -19,7 +19,7 @@ def _keys(mapping, prefix=""):
     out = set()
     for key, value in mapping.items():
         out.add(prefix + key)
-        if isinstance(value, dict) and key not in ("datasets", "variants", "space", "kind_prefixes", "stages"):
+        if isinstance(value, dict) and key not in ("datasets", "variants", "space", "kind_prefixes", "stages", "encoders"):
             out |= _keys(value, prefix + key + ".")
     return out
 
