@@ -120,3 +120,40 @@ def test_explicit_bf16_runs_on_cpu_and_auto_stays_fp32_there(tiny):
     assert not np.array_equal(mixed, reference)          # bf16 really ran: its 8-bit mantissa shows
     cosine = (mixed * reference).sum(1) / np.linalg.norm(mixed, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() > 0.99
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_loader_workers_and_batch_size_do_not_change_embeddings(tiny, pooling):
+    """Two worker processes and any batch size give the in-process, one-batch result (order restored)."""
+    model, tokenizer = tiny
+    texts = TEXTS * 3
+    reference = encode_texts(model, tokenizer, texts, max_length=32, batch_size=len(texts), pooling=pooling)
+    in_process = encode_texts(model, tokenizer, texts, max_length=32, batch_size=4, pooling=pooling)
+    workers = encode_texts(model, tokenizer, texts, max_length=32, batch_size=4, pooling=pooling,
+                           loader_workers=2, prefetch_batches=2)
+    # The batches are fixed before the loader starts: workers change nothing, bit for bit.
+    np.testing.assert_array_equal(workers, in_process)
+    # Another batch size pads differently; float32 rounding of values of this scale.
+    tolerance = 1e-5 * float(np.abs(reference).max())
+    for batch_size in (1, 3, 7):
+        other = encode_texts(model, tokenizer, texts, max_length=32, batch_size=batch_size, pooling=pooling,
+                             loader_workers=2)
+        np.testing.assert_allclose(other, reference, rtol=0, atol=tolerance)
+    for row, text in zip(workers, texts):
+        np.testing.assert_allclose(row, reference_embedding(model, tokenizer, text, pooling), rtol=0, atol=tolerance)
+
+
+def test_stored_ids_through_workers_equal_tokenised_texts(tiny):
+    model, tokenizer = tiny
+    stored = tokenizer(TEXTS, add_special_tokens=False)["input_ids"]
+    from_texts = encode_texts(model, tokenizer, TEXTS, max_length=32, batch_size=2)
+    from_ids = encode_texts(model, tokenizer, TEXTS, max_length=32, batch_size=2, token_ids=stored, loader_workers=2)
+    np.testing.assert_array_equal(from_ids, from_texts)
+
+
+def test_bad_loader_settings(tiny):
+    model, tokenizer = tiny
+    with pytest.raises(ValueError, match="loader_workers"):
+        encode_texts(model, tokenizer, TEXTS, max_length=8, loader_workers=-1)
+    with pytest.raises(ValueError, match="prefetch_batches"):
+        encode_texts(model, tokenizer, TEXTS, max_length=8, prefetch_batches=0)

@@ -1,7 +1,11 @@
 """Dense encoding of queries and passages into float32 vectors.
 
-Texts are tokenised once, sorted by length and encoded in batches of similar
-length (little padding, so much less compute), then put back in input order.
+Texts are tokenised once (or read as stored ids), sorted by length and encoded
+in batches of similar length (little padding, so much less compute), then put
+back in input order. A ``torch.utils.data.DataLoader`` pads the batches
+(optionally in worker processes, pinned memory, batches prepared ahead); the
+batches are fixed before the loader starts, so the results do not depend on
+the number of workers.
 Pooling is the [CLS] vector (the paper's and Tevatron's choice) or the
 attention-masked mean. On GPU the forward pass runs under autocast (bf16, or
 fp16 without bf16 support; ``qac.distributed.autocast_dtype``); outputs are
@@ -46,6 +50,8 @@ def encode_texts(
     desc: str = "encode",
     normalize: bool = False,
     token_ids: Sequence | None = None,
+    loader_workers: int = 0,
+    prefetch_batches: int = 4,
 ) -> np.ndarray:
     """Encode ``texts`` with a Hugging Face encoder; returns ``float32 [len(texts), hidden]`` in input order.
 
@@ -54,7 +60,9 @@ def encode_texts(
     all-MiniLM-L6-v2: dot products of the outputs are then its cosines).
     ``token_ids``: the texts' ids as stored beside them (no special tokens,
     qac.data.tokens), which skips tokenisation; batches are then padded as
-    integer arrays.
+    integer arrays. ``loader_workers`` processes pad batches ahead of the
+    forward pass (0: in this process), ``prefetch_batches`` each; the batches
+    and so the results are the same for any worker count.
     """
     import torch
 
@@ -66,6 +74,10 @@ def encode_texts(
         raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if loader_workers < 0:
+        raise ValueError(f"loader_workers must be >= 0, got {loader_workers}")
+    if prefetch_batches < 1:
+        raise ValueError(f"prefetch_batches must be >= 1, got {prefetch_batches}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     hidden_size = model.config.hidden_size
     if len(texts) == 0:
@@ -84,25 +96,63 @@ def encode_texts(
     amp = autocast_dtype(dtype, device)
     autocast = torch.autocast(device_type=device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
 
+    batches = EncodeBatches(token_ids, [order[start:start + batch_size] for start in range(0, len(order), batch_size)],
+                            pad_id)
+    loader = encode_loader(batches, loader_workers, prefetch_batches, device)
+
     out = np.empty((len(texts), hidden_size), dtype=np.float32)
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode(), autocast, progress(total=len(texts), desc=desc, unit="text") as bar:
-            for start in range(0, len(order), batch_size):
-                rows = order[start:start + batch_size]
-                batch = {key: torch.from_numpy(value).to(device)
-                         for key, value in pad_ids([token_ids[i] for i in rows], pad_id).items()}
-                output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            for rows, input_ids, attention_mask in loader:
+                input_ids = input_ids.to(device, non_blocking=True)
+                attention_mask = attention_mask.to(device, non_blocking=True)
+                output = model(input_ids=input_ids, attention_mask=attention_mask)
                 hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-                pooled = pool(hidden, batch["attention_mask"], pooling).float()
+                pooled = pool(hidden, attention_mask, pooling).float()
                 if normalize:
                     pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+                rows = rows.numpy()
                 out[rows] = pooled.cpu().numpy()
                 bar.update(len(rows))
     finally:
         model.train(was_training)
     return out
+
+
+class EncodeBatches:
+    """Map-style dataset of fixed batches: item ``i`` is ``(rows, input_ids, attention_mask)`` of batch ``i``.
+
+    ``rows`` are the batch's positions in the input (int64 tensor); ids are
+    padded on the right with ``pad_id`` to the batch's longest sequence.
+    """
+
+    def __init__(self, token_ids: Sequence, batches: Sequence[np.ndarray], pad_id: int):
+        self.token_ids = token_ids
+        self.batches = batches
+        self.pad_id = pad_id
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int):
+        import torch
+
+        rows = np.asarray(self.batches[index], dtype=np.int64)
+        padded = pad_ids([self.token_ids[i] for i in rows], self.pad_id)
+        return (torch.from_numpy(rows), torch.from_numpy(padded["input_ids"]),
+                torch.from_numpy(padded["attention_mask"]))
+
+
+def encode_loader(batches: EncodeBatches, workers: int, prefetch: int, device):
+    """A DataLoader yielding ``batches`` in order: ``workers`` processes, pinned memory on CUDA."""
+    import torch
+
+    return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=workers,
+                                       pin_memory=device.type == "cuda",
+                                       prefetch_factor=prefetch if workers > 0 else None,
+                                       generator=torch.Generator())
 
 
 def pad_ids(sequences: Sequence, pad_id: int) -> dict[str, np.ndarray]:
