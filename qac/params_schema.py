@@ -117,6 +117,10 @@ class SplitSection(Section):
         description="passages a random_sampled context is drawn from")
     overlap_sentences: NonNegativeInt = Field(
         description="overlap context: last k sentences of the span plus what follows")
+    spans: Literal["bounded", "overflow"] = Field(
+        description="bounded: a span never exceeds max_len (long sentences cut); overflow (the release): a span closes "
+                    "after the sentence that crosses its target, and pre-training crops one over pretrain max_len to "
+                    "a random window (seeded per step and pair)")
     workers: PositiveInt = Field(description="processes splitting documents")
     chunk_size: PositiveInt = Field(description="documents per worker task (output does not depend on it)")
     max_documents: NonNegativeInt | None = Field(
@@ -250,6 +254,10 @@ class PretrainCommon(Section):
     passage_context: Literal["random_sampled", "nearby", "overlap", "next"] = Field(
         description="how a passage context is drawn: random_sampled | nearby | overlap | next (the following span, "
                     "MASTER's NPR)")
+    single_span_documents: Literal["drop", "self"] = Field(
+        description="passage and mixed contexts of a document split into one span: drop (no other span, not an "
+                    "anchor) or self (the release: paired with itself, so the passage, query and mixed variants see "
+                    "the same anchors)")
     pad_to: PositiveInt | None = Field(
         description="null: pad each batch side to its longest sequence; N: pad everything to N")
     dropout: DropoutProbability | None = Field(

@@ -111,6 +111,12 @@ def _run_pretrain(params, entry, tmp_path):
                        log=lambda step, values: logged.append(values))
     assert summary["steps"] == 2 and (tmp_path / "out" / "encoder").exists()
     assert logged and all(math.isfinite(values["loss"]) for values in logged)
+    if entry.id == "single-span-documents":    # write_corpus holds a single-span document
+        from qac.data.pairs import load_pair_corpus
+
+        corpus = load_pair_corpus(data / "passages.arrow", None, "passage",
+                                  single_span=settings.single_span_documents)
+        assert corpus.self_paired == (settings.single_span_documents == "self")
     return logged
 
 
@@ -184,7 +190,46 @@ def _run_bm25(params, entry, tmp_path, model_dir):
     return records
 
 
-RUNNERS = {"pretrain": _run_pretrain, "finetune": _run_finetune, "bm25": _run_bm25}
+def _run_split(params, entry, tmp_path, model_dir):
+    """The split stage's function on the smoke profile's first 40 SciFact documents, then a pre-training batch."""
+    import itertools
+    import json
+
+    from conftest import SHARED_DATA
+    from qac.data.arrowstore import PASSAGES_SCHEMA, iter_records
+    from qac.data.pairs import PairCollator, PairSampler, load_pair_corpus
+    from qac.data.splitting import SplitSettings, split_corpus_file
+    from qac.models.loading import load_tokenizer
+    from qac.train.pretrain import PretrainSettings
+
+    source = SHARED_DATA / "scifact" / "corpus.jsonl"
+    if not source.exists():
+        pytest.skip(f"data mirror {SHARED_DATA} not present")
+    corpus = tmp_path / "corpus.jsonl"
+    with open(source, encoding="utf-8") as lines:
+        corpus.write_text("".join(itertools.islice(lines, params["split"]["max_documents"])), encoding="utf-8")
+    settings = SplitSettings.from_params(params)
+    stats, _ = split_corpus_file(corpus, tmp_path / "passages.arrow", tmp_path / "punkt",
+                                 tokenizer_spec=params["split"]["tokenizer"], settings=settings, punkt="trained",
+                                 progress=False)
+    max_len = params["split"]["max_len"]
+    lengths = [record["n_tokens"] for record in iter_records(tmp_path / "passages.arrow", PASSAGES_SCHEMA)]
+    assert stats.passages == len(lengths) > stats.documents
+    if params["split"]["spans"] == "bounded":
+        assert max(lengths) <= max_len
+    else:           # spans close after the sentence that crosses the limit
+        assert max(lengths) > max_len
+    variant = PretrainSettings.from_params(params, "cocondenser-passage")
+    assert variant.spans == params["split"]["spans"]
+    pairs = load_pair_corpus(tmp_path / "passages.arrow", None, "passage")
+    collator = PairCollator(load_tokenizer(params["split"]["tokenizer"]), variant.max_len, variant.query_max_len,
+                            0.3, 0.3, variant.seed, crop=variant.spans == "overflow")
+    batch = collator(PairSampler(pairs, "passage", variant.seed).batch(0, 32), 0)
+    assert batch["anchor"]["input_ids"].shape[1] <= variant.max_len
+    return json.dumps(stats.as_metrics())
+
+
+RUNNERS = {"pretrain": _run_pretrain, "finetune": _run_finetune, "bm25": _run_bm25, "split": _run_split}
 CASES = [(entry.id, recipe) for entry in deviations.switches() for recipe in deviations.RECIPES]
 
 

@@ -11,8 +11,11 @@ Which passages can be anchors:
 - ``passage``: passages whose chosen passage context (``passage_context``:
   ``random_sampled``, ``nearby``, ``overlap``, or ``next``: the span after the
   anchor, which MASTER's NPR decoder recovers) is non-empty. Single-span
-  documents have no other span, so their passages are skipped and counted in
-  :attr:`PairCorpus.skipped_no_passage_context`.
+  documents have no other span: with ``single_span: drop`` their passages are
+  skipped and counted in :attr:`PairCorpus.skipped_no_passage_context`; with
+  ``self`` (the release) such a passage is its own context (counted in
+  :attr:`PairCorpus.self_paired`), so the passage, query and mixed variants
+  draw from the same anchors.
 - ``query``: passages with at least one generated query (skipped otherwise and
   counted in :attr:`PairCorpus.skipped_no_query`).
 - ``mixed``: passages with both; a passage that lacks one kind is skipped, so
@@ -43,6 +46,7 @@ from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask, whole_
 from qac.data.tokens import SpecialTokens, TextEncoder, check_stamp, with_special_tokens
 
 CONTEXT_TYPES = ("passage", "query", "mixed")
+SINGLE_SPAN = ("drop", "self")
 PASSAGE_CONTEXTS = ("random_sampled", "nearby", "overlap", "next")
 # Rows checked at a time when the corpus is loaded: bounds the memory of the scan.
 _SCAN_ROWS = 1 << 13
@@ -67,6 +71,8 @@ class PairCorpus:
     total_passages: int = 0
     skipped_no_passage_context: int = 0
     skipped_no_query: int = 0
+    single_span: str = "drop"             # drop | self: a single-span document's passage is its own context
+    self_paired: int = 0
     # The mappings behind ``passages`` and ``queries``, when they were mapped
     # here: row reads then release the pages they touched (see RowGather).
     passages_mapped: MappedTable | None = field(default=None, repr=False)
@@ -78,9 +84,12 @@ class PairCorpus:
         return len(self.anchors)
 
     def stats(self) -> dict[str, int]:
-        return {"anchors": len(self), "passages": self.total_passages,
-                "skipped_no_passage_context": self.skipped_no_passage_context,
-                "skipped_no_query": self.skipped_no_query}
+        stats = {"anchors": len(self), "passages": self.total_passages,
+                 "skipped_no_passage_context": self.skipped_no_passage_context,
+                 "skipped_no_query": self.skipped_no_query}
+        if self.single_span == "self":
+            stats["self_paired"] = self.self_paired
+        return stats
 
     def __post_init__(self):
         self._passage_rows = RowGather(self.passages, self.passages_mapped)
@@ -106,6 +115,8 @@ class PairCorpus:
         """Candidates of a passage context: the overlap text (with its ids when the corpus reads
         ids: ``(text, ids)``), or the context passages' rows."""
         contexts = record["contexts"]
+        if self.single_span == "self" and _single_span(record["position"], len(contexts["nearby"])):
+            return [record["row"]]
         if self.passage_context == "overlap":
             overlap = contexts["overlap"].strip()
             if not overlap:
@@ -130,7 +141,7 @@ class PairCorpus:
     def passage_contexts(self, index: int) -> list[str]:
         """Candidate passage-context texts of anchor ``index``."""
         candidates = self.passage_candidates(self.rows([index])[0])
-        if self.passage_context == "overlap":
+        if candidates and not isinstance(candidates[0], int):     # an overlap text (with its ids)
             return [candidate[0] if isinstance(candidate, tuple) else candidate for candidate in candidates]
         return self.texts_of(candidates)
 
@@ -160,7 +171,17 @@ class PairCorpus:
         return [(record["text"], record["input_ids"]) for record in self._passage_rows.rows(rows, ["text", "input_ids"])]
 
 
-def _has_passage_context(part: pa.Table, passage_context: str) -> np.ndarray:
+def _single_span(position, nearby):
+    """A passage of a single-span document: the first, with no neighbour (nearby holds the pids
+    at positions k - 1 and k + 1 that exist). Works on scalars and on NumPy columns."""
+    return (position == 0) & (nearby == 0)
+
+
+def _has_passage_context(part: pa.Table, passage_context: str, single_span: str = "drop") -> np.ndarray:
+    if single_span == "self":
+        nearby = pc.list_value_length(pc.struct_field(part.column("contexts"), "nearby")).to_numpy(
+            zero_copy_only=False)
+        return _has_passage_context(part, passage_context) | _single_span(part.column("position").to_numpy(), nearby)
     contexts = part.column("contexts")
     if passage_context == "overlap":
         overlap = pc.struct_field(contexts, "overlap")
@@ -199,8 +220,12 @@ def _check_query_rows(passages: pa.Table, queries: pa.Table, offset: int, path: 
 
 def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.PathLike | None,
                      context_type: str, *, passage_context: str = "random_sampled",
-                     query_count: int = 1, tokenizer=None, tokenizer_name: str | None = None) -> PairCorpus:
+                     query_count: int = 1, tokenizer=None, tokenizer_name: str | None = None,
+                     single_span: str = "drop") -> PairCorpus:
     """Map ``passages.arrow`` (and ``queries.arrow``) and index the anchors ``context_type`` can use.
+
+    ``single_span``: ``drop`` skips a single-span document's passage in the passage and
+    mixed variants (it has no other span); ``self`` pairs it with itself (the release).
 
     With ``tokenizer`` the pairs carry the files' token ids, which must have been
     made by that tokenizer (qac.data.tokens.check_stamp, before any scan).
@@ -211,6 +236,8 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
         raise ValueError(f"passage_context must be one of {PASSAGE_CONTEXTS}, got {passage_context!r}")
     if query_count < 1:
         raise ValueError(f"query_count must be at least 1, got {query_count}")
+    if single_span not in SINGLE_SPAN:
+        raise ValueError(f"single_span_documents must be one of {SINGLE_SPAN}, got {single_span!r}")
     passages_path = Path(passages_path)
     passages_mapped = open_mapped(passages_path, PASSAGES_SCHEMA)
     passages = passages_mapped.table
@@ -232,12 +259,15 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
 
     # One pass over both files, a slice at a time, read rather than mapped: the
     # corpus keeps row numbers only, and the scan leaves no pages resident.
-    anchors, no_context, no_query, offset = [], 0, 0, 0
+    anchors, no_context, no_query, self_paired, offset = [], 0, 0, 0, 0
     for part in scan_tables(passages_path, PASSAGES_SCHEMA, _SCAN_ROWS):
         keep = np.ones(part.num_rows, dtype=bool)
+        paired_with_self = None
         if context_type in ("passage", "mixed"):
-            keep = _has_passage_context(part, passage_context)
+            keep = _has_passage_context(part, passage_context, single_span)
             no_context += int((~keep).sum())
+            if single_span == "self":
+                paired_with_self = keep & ~_has_passage_context(part, passage_context)
         if needs_queries:
             query_part = next(query_parts, None)
             if query_part is not None:
@@ -245,13 +275,16 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
             has_query = _has_query(query_part, part.num_rows, query_count)
             no_query += int((keep & ~has_query).sum())
             keep &= has_query
+        if paired_with_self is not None:
+            self_paired += int((keep & paired_with_self).sum())
         anchors.append(offset + np.flatnonzero(keep))
         offset += part.num_rows
     corpus = PairCorpus(passages=passages, queries=queries,
                         anchors=np.concatenate(anchors) if anchors else np.zeros(0, dtype=np.int64),
                         passage_context=passage_context, query_count=query_count, path=passages_path,
                         total_passages=passages.num_rows, skipped_no_passage_context=no_context,
-                        skipped_no_query=no_query, passages_mapped=passages_mapped,
+                        skipped_no_query=no_query, single_span=single_span, self_paired=self_paired,
+                        passages_mapped=passages_mapped,
                         queries_mapped=queries_mapped, with_ids=tokenizer is not None)
     if not len(corpus):
         raise ValueError(f"{passages_path}: no passage has a {context_type} context ({corpus.stats()})")
@@ -362,7 +395,10 @@ class PairCollator:
     tokenised here (tests, benchmarks). Padding is dynamic (to the longest
     sequence of the side) unless ``pad_to`` fixes a length. Each sequence is
     masked with a generator seeded by ``(seed, 2, step, pair index, side)``, so
-    masks do not depend on how the batch is split or padded.
+    masks do not depend on how the batch is split or padded. With ``crop``
+    (``split.spans: overflow``) a passage over ``max_len`` keeps a random window
+    (:func:`crop_span`, drawn from ``(seed, 3, step, pair index, side)``) instead
+    of its head.
     """
 
     tokenizer: object
@@ -372,6 +408,7 @@ class PairCollator:
     context_mask_ratio: float
     seed: int
     pad_to: int | None = None
+    crop: bool = False
 
     def __post_init__(self):
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
@@ -390,12 +427,17 @@ class PairCollator:
                 ids[row] = value
         return ids
 
+    def _passage(self, ids, step: int, index: int, side: int) -> np.ndarray:
+        if self.crop:
+            ids = crop_span(ids, max(1, self.max_len - self.special.count), crop_rng(self.seed, step, index, side))
+        return with_special_tokens(ids, self.max_len, self.special)
+
     def __call__(self, pairs: list[Pair], step: int) -> dict[str, dict[str, torch.Tensor]]:
-        anchors = [with_special_tokens(ids, self.max_len, self.special)
-                   for ids in self._ids(pairs, "anchor_ids", "anchor")]
+        anchors = [self._passage(ids, step, pair.index, 0)
+                   for pair, ids in zip(pairs, self._ids(pairs, "anchor_ids", "anchor"))]
         # Passage and query contexts have their own length limits.
-        contexts = [with_special_tokens(ids, self.query_max_len if pair.context_kind == "query" else self.max_len,
-                                        self.special)
+        contexts = [with_special_tokens(ids, self.query_max_len, self.special) if pair.context_kind == "query"
+                    else self._passage(ids, step, pair.index, 1)
                     for pair, ids in zip(pairs, self._ids(pairs, "context_ids", "context"))]
         keys = [(self.seed, 2, step, pair.index) for pair in pairs]
         pad = self.special.pad_id
@@ -453,6 +495,25 @@ class TextPairCollator:
                 contexts[row] = ids
         return {"anchor": self._side(anchors, indices, 0, step, self.anchor_mask_ratio),
                 "context": self._side(contexts, indices, 1, step, self.context_mask_ratio)}
+
+
+def crop_rng(seed: int, step: int, index: int, side: int) -> np.random.Generator:
+    """The crop's generator of one sequence: a function of ``(seed, step, pair index, side)`` only,
+    as the masking's, so a crop does not depend on how a batch is split or on DataLoader workers."""
+    return np.random.default_rng([seed, 3, step, index, side])
+
+
+def crop_span(ids, limit: int, rng: np.random.Generator):
+    """A random window of ``limit`` consecutive tokens of ``ids`` (the release's training crop of an
+    overflowing span: its start drawn uniformly); ``ids`` unchanged when it fits. Works on lists
+    and integer arrays."""
+    if limit < 1:
+        raise ValueError(f"crop limit must be at least 1, got {limit}")
+    excess = len(ids) - limit
+    if excess <= 0:
+        return ids
+    start = int(rng.integers(0, excess + 1))
+    return ids[start:start + limit]
 
 
 def shard(pairs: list, rank: int, world_size: int) -> list:

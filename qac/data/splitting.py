@@ -9,16 +9,20 @@ What the paper does (and what this module reproduces, deterministically):
    ``max_len`` or, with probability ``short_span_prob``, a length drawn
    uniformly from ``[2, max_len]`` (the "short spans" of coCondenser/CoT-MAE).
 
-Where we are stricter than the release: no passage ever exceeds ``max_len``
-tokens. The release closes a passage after the sentence that crosses the
-limit and crops it in training; here a sentence joins a passage only if the
-passage stays within its target (a passage always takes at least one
-sentence, so a short target never leaves it empty), and a sentence longer than
-``max_len`` is first cut into pieces at token boundaries (preferring word
-starts). Passages are cut from the document text by character offsets, never
+``split.spans`` chooses how a passage meets its target:
+
+- ``bounded`` (stricter than the release): no passage ever exceeds ``max_len``
+  tokens. A sentence joins a passage only if the passage stays within its
+  target (a passage always takes at least one sentence, so a short target
+  never leaves it empty), and a sentence longer than ``max_len`` is first cut
+  into pieces at token boundaries (preferring word starts).
+- ``overflow`` (the release): a passage takes sentences until it reaches its
+  target, so it closes after the sentence that crosses the limit and may hold
+  more than ``max_len`` tokens; sentences are never cut. Pre-training crops
+  such a passage to a random window of its length (qac.data.pairs.crop_span). Passages are cut from the document text by character offsets, never
 decoded from token ids, and every passage, piece and overlap text is
 re-tokenized: ``n_tokens`` is the length of the text as a stage downstream will
-tokenize it, and is checked to be ``<= max_len`` (a passage that a
+tokenize it, and with ``bounded`` is checked to be ``<= max_len`` (a passage that a
 non-additive tokenizer makes longer is split again between its sentences).
 
 Each passage records its contexts (the passage-passage baseline):
@@ -54,6 +58,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from qac.data.arrowstore import write_passages
 
+SPAN_RULES = ("bounded", "overflow")
+
 
 @dataclass(frozen=True)
 class SplitSettings:
@@ -64,6 +70,11 @@ class SplitSettings:
     random_sampled_window: int = 100
     overlap_sentences: int = 2
     seed: int = 42
+    spans: str = "bounded"           # bounded: never over max_len; overflow: close after the crossing sentence
+
+    @property
+    def overflow(self) -> bool:
+        return self.spans == "overflow"
 
     def __post_init__(self):
         if self.max_len < 2:
@@ -72,13 +83,16 @@ class SplitSettings:
             raise ValueError(f"split.short_span_prob must be in [0, 1], not {self.short_span_prob}")
         if self.random_sampled_window < 1 or self.overlap_sentences < 1:
             raise ValueError("split.random_sampled_window and split.overlap_sentences must be >= 1")
+        if self.spans not in SPAN_RULES:
+            raise ValueError(f"split.spans must be one of {', '.join(SPAN_RULES)}, not {self.spans!r}")
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "SplitSettings":
         split = params["split"]
         return cls(max_len=int(split["max_len"]), short_span_prob=float(split["short_span_prob"]),
                    random_sampled_window=int(split["random_sampled_window"]),
-                   overlap_sentences=int(split["overlap_sentences"]), seed=int(params["seed"]))
+                   overlap_sentences=int(split["overlap_sentences"]), seed=int(params["seed"]),
+                   spans=str(split["spans"]))
 
 
 class TokenCounter:
@@ -153,18 +167,21 @@ def draw_targets(rng: random.Random, settings: SplitSettings):
             yield settings.max_len
 
 
-def group_units(lengths: Sequence[int], targets: Iterator[int]) -> list[tuple[int, int]]:
+def group_units(lengths: Sequence[int], targets: Iterator[int], overflow: bool = False) -> list[tuple[int, int]]:
     """Greedy grouping of units (sentences) into ``[start, end)`` ranges.
 
     A range takes the next unit while its total stays within the range's
-    target, and always takes at least one unit.
+    target, and always takes at least one unit. With ``overflow`` (the
+    release's rule) a range takes the next unit while its total is below the
+    target: it closes after the unit that reaches or crosses the target, so
+    its total may exceed it.
     """
     ranges = []
     start = 0
     while start < len(lengths):
         target = next(targets)
         total, end = lengths[start], start + 1
-        while end < len(lengths) and total + lengths[end] <= target:
+        while end < len(lengths) and (total < target if overflow else total + lengths[end] <= target):
             total += lengths[end]
             end += 1
         ranges.append((start, end))
@@ -333,11 +350,17 @@ def split_documents(documents: Sequence[tuple[str, str]], sentence_splitter, cou
     works = []
     for (doc_id, text), spans in zip(documents, sentence_spans):
         lengths = [next(all_lengths) for _ in spans]
-        units, unit_lengths, long_sentences = sentence_units(text, spans, lengths, settings.max_len, counter)
+        if settings.overflow:   # sentences stay whole; a passage over max_len is cropped in training
+            units = [span for span, length in zip(spans, lengths) if length]
+            unit_lengths = [length for length in lengths if length]
+            long_sentences = sum(length > settings.max_len for length in lengths)
+        else:
+            units, unit_lengths, long_sentences = sentence_units(text, spans, lengths, settings.max_len, counter)
         work = _DocumentWork(doc_id, text, units, unit_lengths, len(spans), long_sentences)
-        work.ranges = group_units(unit_lengths, draw_targets(document_rng(settings.seed, doc_id), settings))
+        work.ranges = group_units(unit_lengths, draw_targets(document_rng(settings.seed, doc_id), settings),
+                                  overflow=settings.overflow)
         works.append(work)
-    _check_passages(works, counter, settings.max_len)
+    _check_passages(works, counter, None if settings.overflow else settings.max_len)
     _add_overlaps(works, counter, settings)
     return [DocumentSplit(work.doc_id,
                           passage_records(work.doc_id, [work.span_text(a, b) for a, b in work.ranges],
@@ -347,12 +370,13 @@ def split_documents(documents: Sequence[tuple[str, str]], sentence_splitter, cou
             for work in works]
 
 
-def _check_passages(works: list[_DocumentWork], counter: TokenCounter, max_len: int) -> None:
-    """Set each passage's ``n_tokens`` from its re-tokenized text, re-splitting any that overflows."""
+def _check_passages(works: list[_DocumentWork], counter: TokenCounter, max_len: int | None) -> None:
+    """Set each passage's ids and ``n_tokens`` from its re-tokenized text, re-splitting any over ``max_len``
+    (None: none)."""
     all_ids = iter(counter.ids([work.span_text(a, b) for work in works for a, b in work.ranges]))
     for work in works:
         work.ids = [next(all_ids) for _ in work.ranges]
-        if any(len(ids) > max_len for ids in work.ids):
+        if max_len is not None and any(len(ids) > max_len for ids in work.ids):
             fitted = _fit_ranges(work, work.ranges, max_len, counter)
             work.ranges = [rng for rng, _ in fitted]
             work.ids = [ids for _, ids in fitted]

@@ -81,6 +81,8 @@ class PretrainSettings:
     master_dor_queries: int = 10      # generated queries joined into the DOR decoder's text
     mixed_query_prob: float = 0.5
     passage_context: str = "random_sampled"
+    single_span_documents: str = "drop"   # drop | self: a single-span document's passage paired with itself (release)
+    spans: str = "bounded"            # split.spans: overflow crops a passage over max_len at random (release)
     pad_to: int | None = None         # None: dynamic padding to the longest sequence of a batch side
     dropout: float | None = None      # None: the init checkpoint's dropout; 0 for exactly repeatable runs
     checkpoint_every: int = 50
@@ -98,6 +100,8 @@ class PretrainSettings:
         if variant not in variants:
             raise ValueError(f"params: no pretrain.variants.{variant} (known: {', '.join(variants) or 'none'})")
         merged = {**(section.get("common") or {}), **(variants[variant] or {}), "seed": params.get("seed", 42)}
+        if "spans" in (params.get("split") or {}):    # how the split stage cut the passages
+            merged["spans"] = params["split"]["spans"]
         return cls.from_mapping(merged, where=f"pretrain.variants.{variant}")
 
     @classmethod
@@ -119,6 +123,10 @@ class PretrainSettings:
             raise ValueError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.method == "none":
             return
+        if self.single_span_documents not in ("drop", "self"):
+            raise ValueError(f"{where}: single_span_documents must be drop or self, got {self.single_span_documents!r}")
+        if self.spans not in ("bounded", "overflow"):
+            raise ValueError(f"{where}: spans (split.spans) must be bounded or overflow, got {self.spans!r}")
         if self.cocondenser_loss_weights not in ("paper", "release"):
             raise ValueError(f"{where}: cocondenser_loss_weights must be paper or release, "
                              f"got {self.cocondenser_loss_weights!r}")
@@ -336,7 +344,8 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
         # whatever the process count or BLAS (docs/architecture.md, "Resuming and repeatability").
         model = model.double()
     corpus = load_pair_corpus(passages, queries, settings.context_type, passage_context=settings.passage_context,
-                              query_count=settings.query_count, tokenizer=tokenizer, tokenizer_name=settings.init)
+                              query_count=settings.query_count, tokenizer=tokenizer, tokenizer_name=settings.init,
+                              single_span=settings.single_span_documents)
     extra_inputs = dict(extra_inputs or {})
     sampler, collator = build_batches(settings, model, tokenizer, corpus, {"queries": queries, **extra_inputs})
     optimizer, scheduler = build_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay,
