@@ -149,3 +149,35 @@ def test_single_span_documents_paired_with_themselves(tmp_path):
     assert seen and all(pair.context == pair.anchor for pair in seen)
     with pytest.raises(ValueError, match="single_span_documents"):
         load_pair_corpus(passages, None, "passage", single_span="keep")
+
+
+def test_crops_from_stored_ids_are_the_same_with_any_number_of_loader_workers(tmp_path, shared_data, tokenizer):
+    """Passages read as stored token ids (90 words, over the 24-token limit) are cropped at random; the
+    batches a DataLoader collates are the same with 0 and 2 worker processes, and equal the text path's."""
+    import torch
+
+    from test_tokens import _scifact_corpus
+    from qac.train.pretrain import StepBatches, step_loader
+
+    passages, queries = _scifact_corpus(shared_data, tmp_path, tokenizer, documents=6)
+    corpus = load_pair_corpus(passages, queries, "mixed", query_count=3, tokenizer=tokenizer, single_span="self")
+    collator = PairCollator(tokenizer, 24, 16, 0.15, 0.15, seed=1, crop=True)
+    runs = {}
+    for workers in (0, 2):
+        batches = StepBatches(PairSampler(corpus, "mixed", seed=1), collator, batch_size=8, accumulation=1,
+                              rank=0, world=1, first_step=0, steps=3)
+        runs[workers] = [micro for _, micros in step_loader(batches, workers, prefetch=2, device=torch.device("cpu"))
+                         for micro in micros]
+    assert len(runs[0]) == len(runs[2]) == 3
+    for a, b in zip(runs[0], runs[2]):
+        for side in ("anchor", "context"):
+            for name in a[side]:
+                assert torch.equal(a[side][name], b[side][name])
+    # The same crops when the collator tokenises the texts itself.
+    sampler = PairSampler(corpus, "mixed", seed=1)
+    pairs = sampler.batch(1, 8)
+    from_text = collator([Pair(p.index, p.anchor, p.context, p.context_kind, p.row) for p in pairs], 1)
+    assert torch.equal(from_text["anchor"]["input_ids"], collator(pairs, 1)["anchor"]["input_ids"])
+    heads = PairCollator(tokenizer, 24, 16, 0.15, 0.15, seed=1)(pairs, 1)["anchor"]["labels"]
+    assert runs[0][0]["anchor"]["input_ids"].shape[1] == 24
+    assert not torch.equal(collator(pairs, 1)["anchor"]["labels"], heads)
