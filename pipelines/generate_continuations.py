@@ -47,8 +47,8 @@ def main(argv=None) -> int:
     from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed
     from qac.querygen.continuation import (ContinuationGenerator, ContinuationSettings, continuation_quality,
                                            load_causal_lm)
-    from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, pending_passages,
-                                     work_dir_for)
+    from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, passages_tokenizer,
+                                     pending_passages, work_dir_for)
     from qac.reporting.dvc_metrics import write_stage_metrics
     from qac.tracking import log_metrics, stage_run
     from qac.tracking.record import log_file_input
@@ -108,7 +108,9 @@ def main(argv=None) -> int:
             return 0
 
         wall = time.perf_counter() - started
-        totals = store.merge(output)
+        # The continuation's token ids beside its text, by the tokenizer of the passages' ids (the encoder's):
+        # the GOR decoder reads them as queries.arrow's, stamp checked.
+        totals = store.merge(output, *passages_tokenizer(passages_path))
         texts = [(record["queries"] or [""])[0] for record in iter_records(output, QUERIES_SCHEMA, ["queries"])]
         summary = continuation_quality(texts, totals)
         if totals.seconds:

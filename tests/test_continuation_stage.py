@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.data.arrowstore import write_passages
+from qac.data.arrowstore import PASSAGES_TOKENS_SCHEMA, QUERIES_TOKENS_SCHEMA, iter_records, open_mapped, write_passages
+from qac.data.tokens import TextEncoder, TokenizerStamp
+from qac.models.loading import load_tokenizer
 from qac.querygen.continuation import (ContinuationGenerator, ContinuationSettings, continuation_quality,
                                        distinct_n, load_causal_lm, tiny_causal_lm)
 from qac.querygen.generate import GenerationStats
@@ -32,7 +34,8 @@ def gpt2_dir(tmp_path_factory) -> Path:
     return path
 
 
-def make_project(root: Path, gpt2_dir: Path, n_passages: int = 14, **continuation) -> Path:
+def make_project(root: Path, gpt2_dir: Path, n_passages: int = 14, tokenizer: str | None = None,
+                 **continuation) -> Path:
     from qac.config import render_profile
 
     params = render_profile("smoke")
@@ -41,7 +44,8 @@ def make_project(root: Path, gpt2_dir: Path, n_passages: int = 14, **continuatio
                                        chunk_size=3), **continuation)
     data = root / "data" / "smoke"
     data.mkdir(parents=True)
-    write_passages(data / "passages.arrow", passage_records(n_passages))
+    write_passages(data / "passages.arrow", passage_records(n_passages),
+                   tokenizer=load_tokenizer(tokenizer) if tokenizer else None, tokenizer_name=tokenizer)
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     return root / "params.yaml"
 
@@ -104,6 +108,21 @@ def test_stage_writes_continuations_and_quality_metrics(tmp_path, gpt2_dir, monk
     assert metrics["distinct_1"] == pytest.approx(distinct_n([t for t in texts if t], 1))
     assert set(metrics) >= {"mean_words", "mean_tokens", "distinct_2", "empty_share", "duplicate_share"}
     assert "passages_per_second" not in metrics
+
+
+def test_continuations_carry_token_ids_stamped_with_the_passages_tokenizer(tmp_path, gpt2_dir, monkeypatch,
+                                                                          mlflow_store):
+    """The GOR decoder reads the continuation's ids, made by the tokenizer of the passages' ids."""
+    output = run_stage(make_project(tmp_path, gpt2_dir, tokenizer="minilm"), monkeypatch)
+    passages = output.parent / "passages.arrow"
+    stamp = TokenizerStamp.from_schema(open_mapped(output, QUERIES_TOKENS_SCHEMA).table.schema)
+    assert stamp == TokenizerStamp.from_schema(open_mapped(passages, PASSAGES_TOKENS_SCHEMA).table.schema)
+    assert stamp.name == "minilm"
+    records = list(iter_records(output, QUERIES_TOKENS_SCHEMA))
+    encode = TextEncoder(load_tokenizer("minilm"))
+    assert any(record["queries"][0].strip() for record in records)
+    for record in records:
+        assert record["query_ids"] == encode(record["queries"])
 
 
 def test_shards_and_merge_give_identical_bytes(tmp_path, gpt2_dir, monkeypatch, mlflow_store, reference):

@@ -64,7 +64,8 @@ def write_master_inputs(directory: Path, tokenizer_spec: str = "tiny:minilm") ->
     rng = np.random.default_rng(1)
     continuations = directory / "continuations.arrow"
     write_queries(continuations, [{"pid": record["pid"], "queries": [" ".join(rng.choice(WORDS, size=8))]}
-                                  for record in iter_records(passages_path, PASSAGES_SCHEMA)])
+                                  for record in iter_records(passages_path, PASSAGES_SCHEMA)],
+                  tokenizer=load_tokenizer(tokenizer_spec), tokenizer_name=tokenizer_spec)
     return {"word_frequencies": frequencies, "continuations": continuations}
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from qac.data.arrowstore import iter_records, write_passages, write_queries, PASSAGES_SCHEMA
+from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, iter_records, write_passages, write_queries
 from qac.data.errors import DataFormatError
 from qac.data.masking import MaskingVocab, seeded_generators, whole_word_mask, whole_word_mask_batch
 from qac.data.pairs import PairCollator, PairSampler, TextPairCollator, load_pair_corpus
@@ -151,3 +151,92 @@ def test_batches_are_the_same_with_any_number_of_loader_workers(tmp_path, shared
             for side in ("anchor", "context"):
                 for name in a[side]:
                     assert torch.equal(a[side][name], b[side][name])
+
+
+def _master_inputs(directory, passages, tokenizer):
+    """MASTER's word frequencies and continuations (some empty, some with outer blanks) beside a SciFact corpus."""
+    from qac.data.master import WordWeights, count_word_frequencies
+
+    (directory / "word_frequencies.json").write_text(json.dumps(count_word_frequencies(passages, tokenizer)))
+    records = list(iter_records(passages, PASSAGES_SCHEMA))
+    texts = ["" if row % 5 == 0 else (" " if row % 7 == 0 else "") + record["text"][::-1][:200] + "  "
+             for row, record in enumerate(records)]
+    write_queries(directory / "continuations.arrow", [{"pid": record["pid"], "queries": [text]}
+                                                       for record, text in zip(records, texts)],
+                  tokenizer=tokenizer, tokenizer_name="minilm")
+    return WordWeights.load(directory / "word_frequencies.json"), directory / "continuations.arrow"
+
+
+def _master_sampler(corpus, context_type, queries, continuations, tokenizer, dor_queries=2):
+    from qac.data.master import MasterSampler, MasterSources
+
+    sources = MasterSources(queries, continuations, dor_queries=dor_queries, tokenizer=tokenizer,
+                            tokenizer_name="minilm")
+    return MasterSampler(PairSampler(corpus, context_type, seed=5), sources)
+
+
+@pytest.mark.parametrize("context_type,passage_context,max_len", [
+    ("passage", "next", 128),      # NPR: the next span
+    ("query", "random_sampled", 40),  # NPR: a generated query; DOR joined queries cut at max_len
+])
+def test_master_stored_ids_collate_to_the_batches_of_tokenising_collation(tmp_path, shared_data, tokenizer,
+                                                                          context_type, passage_context, max_len):
+    from qac.data.master import MasterCollator, TextMasterCollator
+
+    passages, queries = _scifact_corpus(shared_data, tmp_path, tokenizer)
+    weights, continuations = _master_inputs(tmp_path, passages, tokenizer)
+    corpus = load_pair_corpus(passages, queries, context_type, passage_context=passage_context, query_count=3,
+                              tokenizer=tokenizer, tokenizer_name="minilm")
+    sampler = _master_sampler(corpus, context_type, queries, continuations, tokenizer)
+    stored = MasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights)
+    tokenising = TextMasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights)
+    for step in range(3):
+        pairs = sampler.batch(step, 16)
+        assert all(pair.anchor_ids is not None and pair.context_ids is not None and pair.query_ids is not None
+                   and pair.continuation_ids is not None for pair in pairs)
+        assert any(not pair.continuation for pair in pairs) and any(pair.continuation for pair in pairs)
+        expected, actual = tokenising(pairs, step), stored(pairs, step)
+        assert set(actual) == set(expected) == {"anchor", "mkp", "cmp", "npr", "dor", "gor"}
+        for side in expected:
+            for name in ("input_ids", "attention_mask", "labels"):
+                assert torch.equal(actual[side][name], expected[side][name]), (step, side, name)
+            assert (expected[side]["labels"] != -100).any(), side
+
+
+def test_master_batches_are_the_same_with_any_number_of_loader_workers(tmp_path, shared_data, tokenizer):
+    from qac.data.master import MasterCollator
+
+    passages, queries = _scifact_corpus(shared_data, tmp_path, tokenizer, documents=12)
+    weights, continuations = _master_inputs(tmp_path, passages, tokenizer)
+    corpus = load_pair_corpus(passages, queries, "passage", passage_context="next", tokenizer=tokenizer)
+    collator = MasterCollator(tokenizer, 128, 24, 0.3, 0.5, seed=1, word_weights=weights)
+    runs = {}
+    for workers in (0, 2):
+        batches = StepBatches(_master_sampler(corpus, "passage", queries, continuations, tokenizer), collator,
+                              batch_size=8, accumulation=2, rank=0, world=1, first_step=3, steps=9)
+        runs[workers] = list(step_loader(batches, workers, prefetch=2, device=torch.device("cpu")))
+    assert [step for step, _ in runs[0]] == list(range(3, 9)) == [step for step, _ in runs[2]]
+    for (_, micro_a), (_, micro_b) in zip(runs[0], runs[2]):
+        assert len(micro_a) == len(micro_b) == 2
+        for a, b in zip(micro_a, micro_b):
+            assert set(a) == set(b) == {"anchor", "mkp", "cmp", "npr", "dor", "gor"}
+            for side in a:
+                for name in a[side]:
+                    assert torch.equal(a[side][name], b[side][name])
+
+
+def test_master_continuations_of_another_tokenizer_stop_the_reader(tmp_path, shared_data, tokenizer):
+    from qac.data.master import MasterSources
+
+    passages, queries = _scifact_corpus(shared_data, tmp_path, tokenizer, documents=3)
+    _, continuations = _master_inputs(tmp_path, passages, tokenizer)
+    other = load_tokenizer("minilm")
+    other.add_tokens(["qacnewpiece"])
+    with pytest.raises(DataFormatError, match="continuations.arrow.*made by tokenizer 'minilm'.*differ") as error:
+        MasterSources(None, continuations, tokenizer=other, tokenizer_name="other-tokenizer")
+    assert "other-tokenizer" in str(error.value) and "\n" not in str(error.value)
+    write_queries(tmp_path / "bare.arrow", iter_records(continuations, QUERIES_SCHEMA))      # texts only
+    with pytest.raises(DataFormatError, match="bare.arrow.*holds no token ids"):
+        MasterSources(None, tmp_path / "bare.arrow", tokenizer=tokenizer)
+    with pytest.raises(DataFormatError, match="made by tokenizer 'minilm'"):
+        MasterSources(queries, None, tokenizer=other)

@@ -22,6 +22,14 @@ decoder   text                                             masked (labels)
                                                            uniformly
 ========  ==============================================  =========================================
 
+Texts come as the token ids the stage files store (passages.arrow's
+``input_ids``, queries.arrow's and continuations.arrow's ``query_ids``, each
+file stamped with its tokenizer and checked against the run's,
+qac.data.tokens); the collator adds special tokens, cuts, pads and masks
+integer arrays. Pairs without ids (tests, benchmarks) have their texts
+tokenised by the collator; :class:`TextMasterCollator` is the collator that
+tokenised every text itself, kept as the definition the batches must equal.
+
 Masked tokens follow BERT's 80/10/10 recipe everywhere (MASTER's release
 does the same). A pair without a text for a decoder (no generated query, an
 empty continuation) gives that decoder ``[CLS] [SEP]`` and no label: it adds
@@ -55,7 +63,8 @@ import torch
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_mapped, scan_tables
 from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, weighted_word_mask, whole_word_mask,
                               word_spans, word_strings)
-from qac.data.pairs import Pair, PairSampler
+from qac.data.pairs import Pair, PairSampler, pad_and_mask
+from qac.data.tokens import SpecialTokens, TextEncoder, check_stamp, with_special_tokens
 
 TASKS = ("mkp", "cmp", "npr", "dor", "gor")
 # Masking-generator side of each decoder's sequence (anchor 0 and context 1 are PairCollator's).
@@ -118,48 +127,68 @@ class WordWeights:
 
 @dataclass(frozen=True)
 class MasterPair(Pair):
-    """A pair and the anchor's DOR and GOR texts."""
+    """A pair and the anchor's DOR and GOR texts (with their token ids, no special tokens, when read
+    from the stage files; None: the collator tokenises the texts)."""
 
     queries: tuple[str, ...] = ()
     continuation: str = ""
+    query_ids: object = field(default=None, compare=False, repr=False)          # one id list per kept query
+    continuation_ids: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass
 class MasterSources:
-    """The generated queries and continuations of passage rows (memory-mapped; row i is passage row i)."""
+    """The generated queries and continuations of passage rows (memory-mapped; row i is passage row i).
+
+    With ``tokenizer`` the files' token ids are read too; each file must have
+    been stamped with that tokenizer (qac.data.tokens.check_stamp, on opening).
+    """
 
     queries_path: str | os.PathLike | None = None
     continuations_path: str | os.PathLike | None = None
     dor_queries: int = 10
+    tokenizer: object = field(default=None, repr=False)
+    tokenizer_name: str | None = None
 
     def __post_init__(self):
         self._queries = self._open(self.queries_path)
         self._continuations = self._open(self.continuations_path)
 
-    @staticmethod
-    def _open(path) -> RowGather | None:
+    def _open(self, path) -> RowGather | None:
         if path is None:
             return None
         mapped = open_mapped(path, QUERIES_SCHEMA)
+        if self.tokenizer is not None:
+            check_stamp(path, mapped.table.schema, self.tokenizer, self.tokenizer_name, "query_ids")
         return RowGather(mapped.table, mapped)
 
-    @staticmethod
-    def _lists(gather: RowGather | None, rows: list[int]) -> list[list[str]]:
+    def _lists(self, gather: RowGather | None, rows: list[int]) -> list[tuple[list[str], list | None]]:
+        """``(texts, ids)`` of each row (ids None unless read with a tokenizer); rows past the file: empty."""
+        with_ids = self.tokenizer is not None
         if gather is None:
-            return [[] for _ in rows]
+            return [([], [] if with_ids else None) for _ in rows]
+        columns = ["queries", "query_ids"] if with_ids else ["queries"]
         inside = [row for row in rows if row < gather.num_rows]
-        values = iter(record["queries"] for record in gather.rows(inside, ["queries"])) if inside else iter(())
-        return [next(values) if row < gather.num_rows else [] for row in rows]
+        values = iter(gather.rows(inside, columns)) if inside else iter(())
+        out = []
+        for row in rows:
+            record = next(values) if row < gather.num_rows else {"queries": [], "query_ids": []}
+            out.append((record["queries"], record["query_ids"] if with_ids else None))
+        return out
 
     def attach(self, pairs: list[Pair]) -> list[MasterPair]:
         rows = [pair.row for pair in pairs]
         queries = self._lists(self._queries, rows)
         continuations = self._lists(self._continuations, rows)
         out = []
-        for pair, texts, continuation in zip(pairs, queries, continuations):
-            kept = tuple(text for text in texts if text.strip())[:self.dor_queries]
+        for pair, (texts, ids), (continuation, continuation_ids) in zip(pairs, queries, continuations):
+            kept = [index for index, text in enumerate(texts) if text.strip()][:self.dor_queries]
             out.append(MasterPair(**{name: getattr(pair, name) for name in pair.__dataclass_fields__},
-                                  queries=kept, continuation=continuation[0] if continuation else ""))
+                                  queries=tuple(texts[index] for index in kept),
+                                  continuation=continuation[0] if continuation else "",
+                                  query_ids=None if ids is None else [ids[index] for index in kept],
+                                  continuation_ids=None if continuation_ids is None else
+                                  (continuation_ids[0] if continuation_ids else [])))
         return out
 
 
@@ -189,7 +218,125 @@ def pack_side(rows: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int 
 
 @dataclass
 class MasterCollator:
-    """Tokenize and mask a list of :class:`MasterPair` into the anchor side and one side per decoder."""
+    """Mask and pad a list of :class:`MasterPair` into the anchor side and one side per decoder.
+
+    Reads the pairs' stored ids (texts without ids are tokenised here), adds
+    the special tokens and cuts as the tokenizer would
+    (qac.data.tokens.with_special_tokens): the anchor, the NPR passage and the
+    continuation at ``max_len``, a query context at ``query_max_len``. The
+    anchor and the NPR, DOR and GOR sides are masked a batch at a time
+    (:func:`qac.data.pairs.pad_and_mask`); MKP and CMP depend on the anchor's
+    words and on the encoder's mask, and are masked per sequence. Batches
+    equal :class:`TextMasterCollator`'s for the same seed (tested).
+    """
+
+    tokenizer: object
+    max_len: int
+    query_max_len: int
+    mask_ratio: float
+    decoder_mask_ratio: float
+    seed: int
+    decoders: tuple[str, ...] = TASKS
+    word_weights: WordWeights | None = None
+    pad_to: int | None = None
+
+    def __post_init__(self):
+        self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
+        self.special = SpecialTokens.of(self.tokenizer)
+        self.decoders = tuple(self.decoders)
+        self._encode = None
+        if "mkp" in self.decoders and self.word_weights is None:
+            raise ValueError("the mkp decoder needs word frequencies (the word_frequencies stage's file)")
+        if self.pad_to is not None and self.pad_to < max(self.max_len, self.query_max_len):
+            raise ValueError(f"pad_to={self.pad_to} is shorter than max_len={self.max_len}")
+
+    def _text_ids(self, texts: list[str]) -> list[list[int]]:
+        if self._encode is None:
+            self._encode = TextEncoder(self.tokenizer)
+        return self._encode(texts)
+
+    def _ids(self, pairs: list[MasterPair], attribute: str, text) -> list:
+        """``getattr(pair, attribute)`` of each pair, or the ids of ``text(pair)`` where it is None."""
+        ids = [getattr(pair, attribute) for pair in pairs]
+        missing = [row for row, value in enumerate(ids) if value is None]
+        if missing:
+            for row, value in zip(missing, self._text_ids([text(pairs[row]) for row in missing])):
+                ids[row] = value
+        return ids
+
+    def joined_queries(self, pieces: list) -> np.ndarray:
+        """``[CLS] q1 [SEP] q2 [SEP] ...`` of the queries' ids, cut at ``max_len`` tokens (ending in [SEP])."""
+        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        ids = [cls_id]
+        for piece in pieces:
+            ids.extend(list(piece) + [sep_id])
+        if len(ids) > self.max_len:
+            ids = ids[:self.max_len - 1] + [sep_id]
+        return np.asarray(ids if len(ids) > 1 else [cls_id, sep_id], dtype=np.int64)
+
+    def _query_ids(self, pairs: list[MasterPair]) -> list[list]:
+        ids = [pair.query_ids for pair in pairs]
+        missing = [row for row, value in enumerate(ids) if value is None]
+        flat = self._text_ids([query for row in missing for query in pairs[row].queries])
+        start = 0
+        for row in missing:
+            count = len(pairs[row].queries)
+            ids[row], start = flat[start:start + count], start + count
+        return ids
+
+    def mkp(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        spans = word_spans(ids, self.vocab)
+        words = word_strings(self.tokenizer.convert_ids_to_tokens(ids), spans)
+        weights = [self.word_weights.idf(word) for word in words]
+        return weighted_word_mask(ids, self.vocab, self.decoder_mask_ratio, weights, rng)
+
+    def cmp(self, ids: list[int], encoder_labels: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        """The anchor with every maskable token the encoder's mask left masked (80/10/10)."""
+        seen = [position for start, end in word_spans(ids, self.vocab) for position in range(start, end)
+                if encoder_labels[position] == IGNORE_INDEX]
+        return mask_positions(ids, seen, self.vocab, rng)
+
+    def __call__(self, pairs: list[MasterPair], step: int) -> dict[str, dict[str, torch.Tensor]]:
+        pad, rate = self.special.pad_id, self.decoder_mask_ratio
+        keys = [(self.seed, 2, step, pair.index) for pair in pairs]
+        anchors = [with_special_tokens(ids, self.max_len, self.special)
+                   for ids in self._ids(pairs, "anchor_ids", lambda pair: pair.anchor)]
+        batch = {"anchor": pad_and_mask(anchors, [key + (0,) for key in keys], self.vocab, self.mask_ratio,
+                                        pad, self.pad_to)}
+        sequences: dict[str, list[np.ndarray]] = {}
+        if "npr" in self.decoders:
+            sequences["npr"] = [
+                with_special_tokens(ids, self.query_max_len if pair.context_kind == "query" else self.max_len,
+                                    self.special)
+                for pair, ids in zip(pairs, self._ids(pairs, "context_ids", lambda pair: pair.context))]
+        if "dor" in self.decoders:
+            sequences["dor"] = [self.joined_queries(ids) for ids in self._query_ids(pairs)]
+        if "gor" in self.decoders:
+            sequences["gor"] = [with_special_tokens(ids, self.max_len, self.special)
+                                for ids in self._ids(pairs, "continuation_ids", lambda pair: pair.continuation)]
+        for task in self.decoders:
+            if task in sequences:
+                batch[task] = pad_and_mask(sequences[task], [key + (SIDES[task],) for key in keys], self.vocab,
+                                           rate, pad, self.pad_to)
+                continue
+            rows = []
+            lengths = batch["anchor"]["attention_mask"].sum(dim=1).tolist()
+            for row, pair in enumerate(pairs):
+                rng = np.random.default_rng([self.seed, 2, step, pair.index, SIDES[task]])
+                ids = anchors[row].tolist()
+                if task == "mkp":
+                    rows.append(self.mkp(ids, rng))
+                else:
+                    encoder_labels = batch["anchor"]["labels"][row, :lengths[row]].tolist()
+                    rows.append(self.cmp(ids, encoder_labels, rng))
+            batch[task] = pack_side(rows, pad, self.pad_to)
+        return batch
+
+
+@dataclass
+class TextMasterCollator:
+    """The MASTER collator as it was before token ids were stored: tokenise the texts, then mask word
+    by word. Kept as the definition :class:`MasterCollator` must equal (tests)."""
 
     tokenizer: object
     max_len: int
@@ -281,7 +428,8 @@ def master_batches(settings, mask_ratios: tuple[float, float], tokenizer, sample
         raise ValueError(f"MASTER decoders {list(decoders)} need the input file(s) {', '.join(missing)}")
     sources = MasterSources(queries_path=inputs.get("queries") if "dor" in decoders else None,
                             continuations_path=inputs.get("continuations") if "gor" in decoders else None,
-                            dor_queries=int(settings.master_dor_queries))
+                            dor_queries=int(settings.master_dor_queries), tokenizer=tokenizer,
+                            tokenizer_name=settings.init)
     weights = WordWeights.load(inputs["word_frequencies"]) if "mkp" in decoders else None
     collator = MasterCollator(tokenizer, settings.max_len, settings.query_max_len, *mask_ratios,
                               seed=settings.seed, decoders=decoders, word_weights=weights, pad_to=settings.pad_to)
@@ -301,5 +449,6 @@ def required_inputs(settings) -> list[str]:
     return needs
 
 
-__all__ = ["TASKS", "MasterCollator", "MasterPair", "MasterSampler", "MasterSources", "WordWeights",
+__all__ = ["TASKS", "MasterCollator", "MasterPair", "MasterSampler", "MasterSources", "TextMasterCollator",
+           "WordWeights",
            "count_word_frequencies", "master_batches", "pack_side", "required_inputs"]
