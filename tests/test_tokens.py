@@ -240,3 +240,25 @@ def test_master_continuations_of_another_tokenizer_stop_the_reader(tmp_path, sha
         MasterSources(None, tmp_path / "bare.arrow", tokenizer=tokenizer)
     with pytest.raises(DataFormatError, match="made by tokenizer 'minilm'"):
         MasterSources(queries, None, tokenizer=other)
+
+
+def test_master_crops_overflowing_passages_as_the_pair_collator(tmp_path, shared_data, tokenizer):
+    """split.spans: overflow: MASTER's anchor and NPR passage are the windows PairCollator draws, and MKP reads
+    the anchor's window."""
+    from qac.data.master import MasterCollator
+
+    passages, queries = _scifact_corpus(shared_data, tmp_path, tokenizer, documents=12)
+    weights, continuations = _master_inputs(tmp_path, passages, tokenizer)
+    corpus = load_pair_corpus(passages, queries, "passage", passage_context="next", tokenizer=tokenizer)
+    pairs = _master_sampler(corpus, "passage", queries, continuations, tokenizer).batch(2, 16)
+    master = MasterCollator(tokenizer, 40, 24, 0.3, 0.5, seed=3, word_weights=weights, crop=True)(pairs, 2)
+    plain = PairCollator(tokenizer, 40, 24, 0.3, 0.5, seed=3, crop=True)(pairs, 2)
+    heads = PairCollator(tokenizer, 40, 24, 0.3, 0.5, seed=3)(pairs, 2)
+    assert not torch.equal(plain["anchor"]["labels"], heads["anchor"]["labels"])       # windows, not heads
+    for ours, theirs in (("anchor", "anchor"), ("npr", "context")):
+        for name in ("input_ids", "attention_mask", "labels"):
+            assert torch.equal(master[ours][name], plain[theirs][name]), (ours, name)
+    anchor = plain["anchor"]
+    original = torch.where(anchor["labels"] != -100, anchor["labels"], anchor["input_ids"])
+    chosen = master["mkp"]["labels"] != -100
+    assert chosen.any() and torch.equal(master["mkp"]["labels"][chosen], original[chosen])

@@ -63,7 +63,7 @@ import torch
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_mapped, scan_tables
 from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, weighted_word_mask, whole_word_mask,
                               word_spans, word_strings)
-from qac.data.pairs import Pair, PairSampler, pad_and_mask
+from qac.data.pairs import Pair, PairSampler, crop_rng, crop_span, pad_and_mask
 from qac.data.tokens import SpecialTokens, TextEncoder, check_stamp, with_special_tokens
 
 TASKS = ("mkp", "cmp", "npr", "dor", "gor")
@@ -227,7 +227,11 @@ class MasterCollator:
     anchor and the NPR, DOR and GOR sides are masked a batch at a time
     (:func:`qac.data.pairs.pad_and_mask`); MKP and CMP depend on the anchor's
     words and on the encoder's mask, and are masked per sequence. Batches
-    equal :class:`TextMasterCollator`'s for the same seed (tested).
+    equal :class:`TextMasterCollator`'s for the same seed (tested). With
+    ``crop`` (``split.spans: overflow``) the anchor and the NPR passage keep a
+    random window of an overflowing passage, drawn as
+    :class:`qac.data.pairs.PairCollator` draws it (sides 0 and 1), so MKP and
+    CMP read the window the encoder reads.
     """
 
     tokenizer: object
@@ -239,6 +243,7 @@ class MasterCollator:
     decoders: tuple[str, ...] = TASKS
     word_weights: WordWeights | None = None
     pad_to: int | None = None
+    crop: bool = False
 
     def __post_init__(self):
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
@@ -263,6 +268,11 @@ class MasterCollator:
             for row, value in zip(missing, self._text_ids([text(pairs[row]) for row in missing])):
                 ids[row] = value
         return ids
+
+    def _passage(self, ids, step: int, index: int, side: int) -> np.ndarray:
+        if self.crop:
+            ids = crop_span(ids, max(1, self.max_len - self.special.count), crop_rng(self.seed, step, index, side))
+        return with_special_tokens(ids, self.max_len, self.special)
 
     def joined_queries(self, pieces: list) -> np.ndarray:
         """``[CLS] q1 [SEP] q2 [SEP] ...`` of the queries' ids, cut at ``max_len`` tokens (ending in [SEP])."""
@@ -299,15 +309,15 @@ class MasterCollator:
     def __call__(self, pairs: list[MasterPair], step: int) -> dict[str, dict[str, torch.Tensor]]:
         pad, rate = self.special.pad_id, self.decoder_mask_ratio
         keys = [(self.seed, 2, step, pair.index) for pair in pairs]
-        anchors = [with_special_tokens(ids, self.max_len, self.special)
-                   for ids in self._ids(pairs, "anchor_ids", lambda pair: pair.anchor)]
+        anchors = [self._passage(ids, step, pair.index, 0)
+                   for pair, ids in zip(pairs, self._ids(pairs, "anchor_ids", lambda pair: pair.anchor))]
         batch = {"anchor": pad_and_mask(anchors, [key + (0,) for key in keys], self.vocab, self.mask_ratio,
                                         pad, self.pad_to)}
         sequences: dict[str, list[np.ndarray]] = {}
         if "npr" in self.decoders:
             sequences["npr"] = [
-                with_special_tokens(ids, self.query_max_len if pair.context_kind == "query" else self.max_len,
-                                    self.special)
+                with_special_tokens(ids, self.query_max_len, self.special) if pair.context_kind == "query"
+                else self._passage(ids, step, pair.index, 1)
                 for pair, ids in zip(pairs, self._ids(pairs, "context_ids", lambda pair: pair.context))]
         if "dor" in self.decoders:
             sequences["dor"] = [self.joined_queries(ids) for ids in self._query_ids(pairs)]
@@ -432,7 +442,8 @@ def master_batches(settings, mask_ratios: tuple[float, float], tokenizer, sample
                             tokenizer_name=settings.init)
     weights = WordWeights.load(inputs["word_frequencies"]) if "mkp" in decoders else None
     collator = MasterCollator(tokenizer, settings.max_len, settings.query_max_len, *mask_ratios,
-                              seed=settings.seed, decoders=decoders, word_weights=weights, pad_to=settings.pad_to)
+                              seed=settings.seed, decoders=decoders, word_weights=weights, pad_to=settings.pad_to,
+                              crop=settings.spans == "overflow")
     return MasterSampler(sampler, sources), collator
 
 
