@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
                 r1, tokenizer, queries, passage_text, depth=section["mine_depth"],
                 skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
                 passage_max_len=settings.corpus_length, batch_size=section.get("encode_batch_size", 128),
-                dist=dist)
+                loader_workers=section.get("loader_workers", 0), dist=dist)
             if dist.is_main:
                 write_jsonl(mined_path, records)
             barrier()

@@ -353,6 +353,10 @@ class FinetuneSection(Section):
     log_every: PositiveInt = Field(description="steps between loss / lr metrics")
     encode_batch_size: PositiveInt = Field(
         description="texts per forward pass when retriever 1 encodes the corpus for mining")
+    loader_workers: NonNegativeInt = Field(
+        description="DataLoader processes padding training steps and encoding batches ahead (0: in the loop); the "
+                    "batches are the same at any number")
+    prefetch_batches: PositiveInt = Field(description="batches each loader process prepares ahead")
 
 
 class Bm25Section(Section):

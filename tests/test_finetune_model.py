@@ -106,3 +106,57 @@ def test_training_lowers_the_loss_and_follows_the_linear_schedule(tiny_bert_dir)
 def test_fewer_training_queries_than_one_batch_is_an_error(tiny_bert_dir):
     with pytest.raises(ValueError, match="fewer than one batch"):
         _toy_training(tiny_bert_dir, batch_size=16)
+
+
+def _realistic_groups(tiny_bert_dir):
+    """Queries and passages of different lengths (some cut at the maximum), 3 epochs of groups."""
+    from transformers import AutoTokenizer
+
+    from qac.train.finetune import FinetuneSettings
+    from qac.train.groups import GroupSampler, TrainingQuery
+
+    words = "protein cell membrane signalling pathway receptor binding affinity assay cohort".split()
+    passage_text = {f"d{i}": " ".join(words[j % len(words)] for j in range(i * 3 + 1)) for i in range(24)}
+    queries = [TrainingQuery(f"q{i}", " ".join(words[: 1 + i % 9]) + f" number {i}?", (f"d{i}",), (f"d{23 - i}",))
+               for i in range(12)]
+    settings = FinetuneSettings(query_max_len=6, passage_max_len=20, train_n_passages=3, batch_size=4, epochs=3,
+                                seed=3)
+    return AutoTokenizer.from_pretrained(tiny_bert_dir), GroupSampler(queries, sorted(passage_text), 2, seed=3), \
+        passage_text, settings
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_loader_batches_equal_the_tokenizer_batches_at_any_worker_count(tiny_bert_dir, world_size):
+    from qac.train.finetune import collate, step_batches, step_loader, steps_per_epoch
+
+    tokenizer, sampler, passage_text, settings = _realistic_groups(tiny_bert_dir)
+    per_epoch = steps_per_epoch(len(sampler), settings.batch_size)
+    local = settings.batch_size // world_size
+    for rank in range(world_size):
+        batches = step_batches(sampler, passage_text, tokenizer, settings, per_epoch, rank, world_size)
+        assert len(batches) == per_epoch * settings.epochs
+        expected = []
+        for epoch in range(settings.epochs):
+            groups = sampler.epoch(epoch)
+            for index in range(per_epoch):
+                start = index * settings.batch_size + rank * local
+                expected.append(collate(groups[start:start + local], passage_text, tokenizer, settings))
+        for workers in (0, 2):
+            got = list(step_loader(batches, workers, 2, torch.device("cpu")))
+            assert len(got) == len(expected)
+            for (queries, passages), (want_queries, want_passages) in zip(got, expected):
+                for side, want in ((queries, want_queries), (passages, want_passages)):
+                    assert sorted(side) == sorted(want)
+                    for key in want:
+                        assert torch.equal(side[key], want[key]), key
+    # the cut at the maximum length is exercised
+    assert max(len(tokenizer(text)["input_ids"]) for text in passage_text.values()) > settings.passage_max_len
+
+
+def test_training_with_loader_workers_gives_the_same_losses_and_logs_speed(tiny_bert_dir):
+    losses, logged = _toy_training(tiny_bert_dir, epochs=3)
+    workers, logged_workers = _toy_training(tiny_bert_dir, epochs=3, loader_workers=2, prefetch_batches=2)
+    assert workers == losses
+    for _, values in logged_workers:
+        assert 0 < values["padding_efficiency"] <= 1 and values["tokens_per_second"] > 0
+        assert 0 <= values["data_wait_share"] <= 1

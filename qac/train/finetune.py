@@ -5,11 +5,18 @@ under ``torchrun`` each of the W processes encodes a contiguous 1/W of them,
 and :meth:`BiEncoder.compute_loss` gathers the representations so the loss is
 the one a single process would compute on the whole batch. The order of the
 groups comes from :class:`GroupSampler`, identical on every process.
+
+Texts are tokenised once per run (every query and every passage the epochs'
+groups use, without special tokens); a ``torch.utils.data.DataLoader``
+(``loader_workers`` processes, pinned memory) slices, wraps and pads the ids of
+each step ahead of the step: the batches equal the tokenizer's own padded
+batches, for any number of workers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -40,6 +47,8 @@ class FinetuneSettings:
     seed: int = 42
     log_every: int = 1
     incomplete_batch: str = "error"  # queries that do not fill a last whole batch: error | drop (counted)
+    loader_workers: int = 0         # DataLoader processes padding steps ahead (0: in the loop; params: 2)
+    prefetch_batches: int = 4       # steps each loader process prepares ahead
 
     @classmethod
     def from_params(cls, section: Mapping[str, Any], seed: int) -> "FinetuneSettings":
@@ -76,6 +85,77 @@ def collate(groups: Sequence[TrainingGroup], passage_text: Mapping[str, str], to
                          max_length=settings.passage_max_len, truncation=True, padding=True,
                          return_tensors="pt")
     return dict(queries), dict(passages)
+
+
+class FinetuneBatches(torch.utils.data.Dataset):
+    """Item ``k``: ``(queries, passages)`` of global step ``k`` for process ``rank``, padded from stored ids.
+
+    ``epochs`` are the sampler's group orders, one per epoch; ``query_ids`` maps a
+    query text and ``passage_ids`` a document id to its ids without special tokens.
+    The tensors equal :func:`collate`'s (same ``input_ids``, ``attention_mask`` and,
+    where the tokenizer gives them, zero ``token_type_ids``).
+    """
+
+    def __init__(self, epochs: Sequence[Sequence[TrainingGroup]], per_epoch: int, world_size: int, rank: int,
+                 query_ids: Mapping[str, Any], passage_ids: Mapping[str, Any], special, type_ids: bool,
+                 settings: FinetuneSettings):
+        self.epochs, self.per_epoch, self.rank = epochs, per_epoch, rank
+        self.global_batch, self.local = settings.batch_size, settings.batch_size // world_size
+        self.query_ids, self.passage_ids, self.special, self.type_ids = query_ids, passage_ids, special, type_ids
+        self.query_max_len, self.passage_max_len = settings.query_max_len, settings.passage_max_len
+
+    def __len__(self) -> int:
+        return self.per_epoch * len(self.epochs)
+
+    def groups(self, step: int) -> Sequence[TrainingGroup]:
+        epoch, index = divmod(step, self.per_epoch)
+        start = index * self.global_batch + self.rank * self.local
+        return self.epochs[epoch][start:start + self.local]
+
+    def __getitem__(self, step: int):
+        from qac.data.tokens import with_special_tokens
+
+        groups = self.groups(step)
+        queries = [with_special_tokens(self.query_ids[group.query], self.query_max_len, self.special)
+                   for group in groups]
+        passages = [with_special_tokens(self.passage_ids[doc_id], self.passage_max_len, self.special)
+                    for group in groups for doc_id in group.passages]
+        return self._tensors(queries), self._tensors(passages)
+
+    def _tensors(self, sequences) -> dict[str, torch.Tensor]:
+        from qac.retrieval.encode import pad_ids
+
+        padded = pad_ids(sequences, self.special.pad_id)
+        tensors = {"input_ids": torch.from_numpy(padded["input_ids"])}
+        if self.type_ids:
+            tensors["token_type_ids"] = torch.zeros_like(tensors["input_ids"])
+        tensors["attention_mask"] = torch.from_numpy(padded["attention_mask"])
+        return tensors
+
+
+def step_batches(sampler: GroupSampler, passage_text: Mapping[str, str], tokenizer, settings: FinetuneSettings,
+                 per_epoch: int, rank: int, world_size: int) -> FinetuneBatches:
+    """The run's batches: every epoch's groups drawn, the texts they use tokenised once."""
+    from qac.data.tokens import SpecialTokens, TextEncoder
+
+    epochs = [sampler.epoch(epoch) for epoch in range(settings.epochs)]
+    used = [groups[:per_epoch * settings.batch_size] for groups in epochs]
+    query_texts = list(dict.fromkeys(group.query for groups in used for group in groups))
+    doc_ids = list(dict.fromkeys(doc_id for groups in used for group in groups for doc_id in group.passages))
+    encoder = TextEncoder(tokenizer)
+    query_ids = dict(zip(query_texts, encoder(query_texts)))
+    passage_ids = dict(zip(doc_ids, encoder([passage_text[doc_id] for doc_id in doc_ids])))
+    type_ids = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+    return FinetuneBatches(epochs, per_epoch, world_size, rank, query_ids, passage_ids, SpecialTokens.of(tokenizer),
+                           type_ids, settings)
+
+
+def step_loader(batches: FinetuneBatches, workers: int, prefetch: int, device: torch.device):
+    """A DataLoader yielding ``batches`` in step order (``workers`` processes, pinned memory on CUDA)."""
+    return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, num_workers=workers,
+                                       pin_memory=device.type == "cuda",
+                                       prefetch_factor=prefetch if workers > 0 else None,
+                                       persistent_workers=False, generator=torch.Generator())
 
 
 class IncompleteBatchError(ValueError, UserError):
@@ -159,17 +239,25 @@ def train_biencoder(
     local = settings.batch_size // world_size
 
     from qac.console import progress
+    from qac.models.losses import all_reduce_sum
+    from qac.train.throughput import ThroughputWindow, peak_flops, trainable_parameters
 
+    batches = step_batches(sampler, passage_text, tokenizer, settings, per_epoch, rank, world_size)
+    loader = iter(step_loader(batches, settings.loader_workers, settings.prefetch_batches, device))
+    _, peak = peak_flops(device)
+    window = ThroughputWindow(trainable_parameters(model), peak)
     losses: list[float] = []
+    pending: list[torch.Tensor] = []     # step losses on the device, read at logging steps
     step = 0
     bar = progress(total=total_steps, desc="fine-tune", unit="step", rank=rank)
     for epoch in range(settings.epochs):
-        groups = sampler.epoch(epoch)
         for index in range(per_epoch):
-            start = index * settings.batch_size + rank * local
-            queries, passages = collate(groups[start:start + local], passage_text, tokenizer, settings)
-            queries = {key: value.to(device) for key, value in queries.items()}
-            passages = {key: value.to(device) for key, value in passages.items()}
+            waited = time.perf_counter()
+            queries, passages = next(loader)
+            window.waiting += time.perf_counter() - waited
+            window.add_batch({"queries": queries, "passages": passages})
+            queries = {key: value.to(device, non_blocking=True) for key, value in queries.items()}
+            passages = {key: value.to(device, non_blocking=True) for key, value in passages.items()}
             autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype
                         else contextlib.nullcontext())
             with autocast:
@@ -190,12 +278,23 @@ def train_biencoder(
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            global_loss = loss.item() / world_size  # compute_loss scales by W for DDP's averaging
-            losses.append(global_loss)
+            window.steps += 1
+            window.pairs += settings.batch_size
+            pending.append(loss.detach())
             bar.update(1)
-            bar.set_postfix(loss=f"{global_loss:.3f}", refresh=False)
-            if on_step is not None and (step % settings.log_every == 0 or step == total_steps):
-                on_step(step, {"loss": global_loss, "lr": lr, "epoch": epoch + (index + 1) / per_epoch})
+            if step % settings.log_every == 0 or step == total_steps:
+                # compute_loss scales by W for DDP's averaging
+                losses.extend((torch.stack(pending).double() / world_size).tolist())
+                pending = []
+                global_loss = losses[-1]
+                bar.set_postfix(loss=f"{global_loss:.3f}", refresh=False)
+                counts = all_reduce_sum(torch.tensor([float(window.real_tokens), float(window.padded_tokens)],
+                                                     dtype=torch.float64, device=device)).tolist()
+                if on_step is not None:
+                    on_step(step, {"loss": global_loss, "lr": lr, "epoch": epoch + (index + 1) / per_epoch,
+                                   **window.report(*counts)})
+                else:
+                    window.report(*counts)
     bar.close()
     model.eval()
     return losses

@@ -25,6 +25,7 @@ def mine_with_retriever(
     query_max_len: int,
     passage_max_len: int,
     batch_size: int = 128,
+    loader_workers: int = 0,
     dist=None,
 ) -> list[dict] | None:
     """Records ``{qid, positives, negatives}`` (the ``bm25/negatives.jsonl`` format), one per query.
@@ -40,7 +41,7 @@ def mine_with_retriever(
 
     dist = dist or init_distributed()
     model.eval().to(dist.device)
-    options = dict(batch_size=batch_size, pooling=model.pooling, device=dist.device)
+    options = dict(batch_size=batch_size, pooling=model.pooling, device=dist.device, loader_workers=loader_workers)
     doc_ids = list(passage_text)
     doc_vectors = encode_distributed(model.encoder, tokenizer, [passage_text[d] for d in doc_ids], dist,
                                      max_length=passage_max_len, **options)
