@@ -193,7 +193,8 @@ def test_master_stage_reads_its_inputs_and_logs_every_decoder(smoke_params, mlfl
     main(["--variant", "master-passage"])
     out = tmp_path / "data" / "smoke" / "pretrain" / "master-passage"
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3
-    run = mlflow.MlflowClient(mlflow_store).get_run(json.loads((out / "mlflow_run.json").read_text())["run_id"])
+    record = tmp_path / "data" / "smoke" / ".runs" / "pretrain" / "master-passage" / "mlflow_run.json"
+    run = mlflow.MlflowClient(mlflow_store).get_run(json.loads(record.read_text())["run_id"])
     assert run.data.tags["qac.method"] == "master"
     assert run.data.tags["qac.master_decoders"] == "mkp,cmp,npr,dor,gor"
     assert run.data.params["master_decoders"] == "mkp,cmp,npr,dor,gor"
