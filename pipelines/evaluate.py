@@ -76,7 +76,7 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
 
     query_max_len, passage_max_len = lengths
     options = dict(batch_size=settings.get("batch_size", 128), pooling=model.pooling, device=device,
-                   normalize=normalize)
+                   normalize=normalize, loader_workers=settings.get("loader_workers", 0))
     doc_ids = list(dataset.corpus)
     doc_vectors = encode_texts(model.encoder, tokenizer,
                                [document_text(dataset.corpus[d].title, dataset.corpus[d].text, separator)

@@ -369,6 +369,9 @@ class Bm25Section(Section):
 class EvaluateSection(Section):
     depth: PositiveInt = Field(description="documents retrieved per query")
     batch_size: PositiveInt = Field(description="texts per forward pass when encoding")
+    loader_workers: NonNegativeInt = Field(
+        description="DataLoader processes padding encoding batches ahead (0: in the loop); the vectors are the same "
+                    "at any number")
     metrics: list[str] = Field(min_length=1, description="measures: RR[@k], R@k, Hit@k, P@k, nDCG[@k], AP")
     zero_shot_variants: list[str] | None = Field(
         description="variants evaluated on the zero-shot datasets (null: all)")
