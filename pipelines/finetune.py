@@ -40,9 +40,11 @@ def broadcast_path(path: Path | None, dist) -> Path:
 
 def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, settings, dataset, passage_text,
                     start: Path, parent_run_id: str | None, staging: Path, out_dir: Path, root: Path, dist,
-                    inputs: dict, log_models: bool = False):
+                    inputs: dict, log_models: bool = False, section_key: str = "finetune", stage: str | None = None):
     """Fine-tune one retriever from ``start``, save it to ``staging/<name>``.
 
+    ``section_key`` names the params section of the recipe (``finetune``; ``beir_retriever`` for
+    Table 2's zero-shot retriever) and ``stage`` the DVC stage (default ``finetune@<variant>``).
     Returns the model, the tokenizer, the training queries and the per-step losses.
     """
     from qac.tracking import log_metrics, stage_run, write_run_record
@@ -51,15 +53,16 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
     from qac.train.finetune import check_whole_batches, fine_tune_retriever
     from qac.train.groups import negative_pool_stats, training_queries
 
-    section = params["finetune"]
+    section = params[section_key]
+    stage = stage or f"finetune@{variant}"
     queries = training_queries(dataset.queries, dataset.qrels["train"], negatives,
                                rel_threshold=dataset.rel_threshold("train"),
                                max_queries=section.get("max_train_queries"), seed=params["seed"],
                                corpus_ids=dataset.corpus)
     # Before the model loads: the queries must fill whole batches (or be left out knowingly).
-    left_out = check_whole_batches(len(queries), settings, where=f"finetune@{variant} {name}")
+    left_out = check_whole_batches(len(queries), settings, where=f"{stage} {name}")
     description = {**variant_description(params, variant), "retriever": name}
-    tracked = (stage_run(params, f"finetune@{variant}", variant_run_name(description, name), kind="finetune",
+    tracked = (stage_run(params, stage, variant_run_name(description, name), kind="finetune",
                          stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"],
                                        **description},
                          inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant},

@@ -20,7 +20,7 @@ import yaml
 LEDGER = Path(__file__).with_name("deviations.yaml")
 DOC = Path(__file__).resolve().parent.parent / "docs" / "deviations.md"
 RECIPES = ("paper", "release")
-STAGES = ("pretrain", "finetune", "evaluate", "split", "querygen", "prepare", "bm25", "tables", "none")
+STAGES = ("pretrain", "finetune", "evaluate", "split", "querygen", "prepare", "bm25", "beir", "tables", "none")
 _MISSING = object()
 
 
@@ -155,9 +155,10 @@ def recipe_of(params: Mapping[str, Any], overrides: Mapping[str, Any] | None = N
 def recipe_summary(params: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> str:
     """One line: ``release`` / ``paper`` when every switch runs that recipe, else each switch's recipe."""
     recipes = recipe_of(params, overrides)
-    names = {entry["recipe"] for entry in recipes.values()}
-    if names == {"release"} or names == {"paper"}:
-        return f"{names.pop()} recipe ({len(recipes)} switches, qac/deviations.yaml)"
+    # A switch whose two recipes agree (paper/release) sides with either.
+    for name in ("release", "paper"):
+        if recipes and all(name in (entry["recipe"] or "").split("/") for entry in recipes.values()):
+            return f"{name} recipe ({len(recipes)} switches, qac/deviations.yaml)"
     parts = [f"{key} {entry['recipe'] or 'neither'}" for key, entry in recipes.items()]
     return "mixed recipe: " + ", ".join(parts)
 

@@ -421,13 +421,58 @@ class TableColumn(Section):
     missing: str | None = Field(default=None, description="a column the profile cannot produce: the reason")
 
 
+class HardNegativesSource(Section):
+    mirror: str | None = Field(description="path of the file under the data mirror root, looked for first")
+    url: str | None = Field(description="public URL it is downloaded from when the mirror and cache lack it")
+    md5: str | None = Field(description="pinned MD5 of the download (null: downloaded with a warning)")
+
+
+class BeirRetrieverSection(Section):
+    hard_negatives: HardNegativesSource = Field(
+        description="sentence-transformers' msmarco-hard-negatives.jsonl.gz: mirror path, URL, checksum")
+    negatives: Literal["hard_negatives", "bm25"] = Field(
+        description="training negatives: hard_negatives (the file above, the paper's footnote 2) or bm25 (the "
+                    "bm25 stage's negatives.jsonl)")
+    systems: list[str] | None = Field(
+        description="mining systems of the file whose negatives are used, in this order (null: all, file order, "
+                    "as train_msmarco_v3.py)")
+    negatives_per_system: PositiveInt = Field(description="negatives kept from each system (train_msmarco_v3.py: 5)")
+    ce_score_margin: NonNegativeFloat | None = Field(
+        description="skip negatives scored by the cross-encoder above the lowest positive's score minus this "
+                    "(train_msmarco_v3.py: 3); null: keep every negative (the only choice for an unscored file)")
+    pooling: Literal["cls", "mean"] = Field(description="how a text's embedding is read (train_msmarco_v3.py: mean)")
+    loss: Literal["cosine_mnrl", "dot_infonce"] = Field(
+        description="cosine_mnrl: MultipleNegativesRankingLoss over cosines times scale (train_msmarco_v3.py); "
+                    "dot_infonce: InfoNCE over dot products divided by 1 / scale (Tevatron, scale 1)")
+    scale: PositiveFloat = Field(description="similarity scale, the inverse temperature (MNRL: 20)")
+    batch_size: PositiveInt = Field(description="queries per step, each with its positive and negatives "
+                                                "(train_msmarco_v3.py: 75)")
+    train_n_passages: Annotated[int, Field(ge=2)] = Field(
+        description="passages per query: 1 positive + the rest hard negatives (train_msmarco_v3.py: 2, a triple)")
+    query_max_len: PositiveInt = Field(description="query tokens (train_msmarco_v3.py: 350, one length for all)")
+    passage_max_len: PositiveInt = Field(description="passage tokens, training and zero-shot corpora (350)")
+    lr: LearningRate = Field(description="peak learning rate (sentence-transformers' default 2e-5)")
+    epochs: PositiveInt = Field(description="epochs over the training queries (train_msmarco_v3.py: 10)")
+    warmup_ratio: Fraction = Field(description="share of the steps with a rising learning rate (the script: "
+                                               "1000 steps)")
+    weight_decay: NonNegativeFloat = Field(description="AdamW weight decay (sentence-transformers' default 0.01)")
+    max_grad_norm: PositiveFloat | None = Field(description="gradient clipping norm (sentence-transformers: 1.0)")
+    incomplete_batch: Literal["error", "drop"] = Field(
+        description="training queries that do not fill a last whole batch: error or drop (counted)")
+    max_train_queries: PositiveInt | None = Field(
+        description="keep a seeded random subset of the training queries (null: all)")
+    dtype: DType = Field(description="autocast on GPU (the script trains with AMP)")
+    log_every: PositiveInt = Field(description="steps between loss / lr metrics")
+
+
 class TablesSection(Section):
     out_dir: str = Field(description="reports folder (reports/<profile>/)")
     main_query_count: PositiveInt | None = Field(
         description="C of the query-context rows in Tables 1, 2, 4 (null: the largest); the paper's Table 1 "
                     "QaC rows are C=5")
-    zero_shot_retriever: Literal["r1", "r2"] = Field(
-        description="Table 2: the retriever trained with BM25 negatives (r1), as for the paper's BEIR runs")
+    zero_shot_retriever: Literal["r1", "r2", "beir"] = Field(
+        description="Table 2's retriever: beir (trained by the beir_retriever stage on sentence-transformers' "
+                    "MS MARCO hard negatives, the paper's footnote 2), or retriever r1 / r2 of fine-tuning")
     permutations: PositiveInt = Field(description="paired randomization test permutations")
     in_domain_columns: list[TableColumn] = Field(
         description="Tables 1, 3 and 4 columns: {label, short, dataset, split, measure, paper} or {label, missing, "
@@ -548,6 +593,9 @@ class Params(Section):
     finetune: FinetuneSection = Field(description="two-stage fine-tuning of the retrievers (stage finetune@<variant>)")
     bm25: Bm25Section = Field(description="BM25 negatives and baseline (bm25s, Lucene scoring)")
     evaluate: EvaluateSection = Field(description="retrieval and metrics (stage evaluate@<variant>)")
+    beir_retriever: BeirRetrieverSection = Field(
+        description="Table 2's zero-shot retriever recipe (stage beir_retriever, when tables.zero_shot_retriever "
+                    "is beir)")
     annotation: AnnotationSection = Field(description="the Table 5 annotation study (stage annotation)")
     encoders: dict[str, EncoderEntry] = Field(
         default_factory=dict, description="by model spec (as pretrain inits name it): how a published encoder "

@@ -59,8 +59,12 @@ def test_no_cell_is_borrowed_from_another_configuration(paper_params):
         assert (spec["method"], spec["context_type"]) == (method, context_type), cell
         if context_type != "passage":
             assert spec["query_count"] == query_count, cell
-        assert cell.outputs == [f"data/paper/eval/{cell.variant}/{cell.retriever}/"
-                                + cell.outputs[0].split(f"/{cell.retriever}/", 1)[1]]
+        if cell.retriever == "beir":   # Table 2: the beir_retriever stage's zero-shot retriever of the variant
+            assert cell.table == "table2_beir" and cell.stages[-1] == "beir_retriever", cell
+            assert cell.outputs == [f"data/paper/beir/{cell.variant}/eval/{cell.row}/test.per_query.json"]
+        else:
+            assert cell.outputs == [f"data/paper/eval/{cell.variant}/{cell.retriever}/"
+                                    + cell.outputs[0].split(f"/{cell.retriever}/", 1)[1]]
         assert cell.recipe.startswith("release recipe"), cell      # the paper profile runs what the authors ran
 
 

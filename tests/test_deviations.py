@@ -229,7 +229,37 @@ def _run_split(params, entry, tmp_path, model_dir):
     return json.dumps(stats.as_metrics())
 
 
-RUNNERS = {"pretrain": _run_pretrain, "finetune": _run_finetune, "bm25": _run_bm25, "split": _run_split}
+def _run_beir(params, entry, tmp_path, model_dir):
+    """Table 2's retriever: with ``beir`` the footnote's recipe trains on hard negatives read from the real file
+    format (the whole stage runs in tests/test_beir_retriever.py); otherwise it trains nothing."""
+    from qac.data.hard_negatives import read_hard_negatives
+    from qac.train.finetune import fine_tune_retriever
+    from qac.train.groups import TrainingQuery
+    from qac.train.zero_shot import recipe_settings, trained_variants
+    from test_beir_retriever import SCORED, write_file
+
+    value = deviations.lookup(params, entry.switch)
+    if value != "beir":
+        assert trained_variants(params) == []
+        return []
+    assert trained_variants(params)
+    section = params["beir_retriever"]
+    selected = read_hard_negatives(write_file(tmp_path / "hn.jsonl.gz", SCORED),
+                                   per_system=section["negatives_per_system"],
+                                   ce_score_margin=section["ce_score_margin"], systems=section["systems"])
+    texts = {"0": "the sun is a star", "1": "python is a language", "2": "paris is in france", "3": "water boils"}
+    queries = [TrainingQuery("10", "what is the sun", ("0",), tuple(selected.negatives["10"])),
+               TrainingQuery("11", "where is paris", ("2", "3"), tuple(selected.negatives["11"]))]
+    settings = dataclasses.replace(recipe_settings(section, params["seed"]), batch_size=2, epochs=1,
+                                   query_max_len=16, passage_max_len=16, dtype="fp32")
+    model, _, losses = fine_tune_retriever(model_dir, queries, list(texts), texts, settings)
+    assert model.normalize and model.pooling == section["pooling"]
+    assert losses and all(math.isfinite(loss) for loss in losses)
+    return losses
+
+
+RUNNERS = {"pretrain": _run_pretrain, "finetune": _run_finetune, "bm25": _run_bm25, "split": _run_split,
+           "beir": _run_beir}
 CASES = [(entry.id, recipe) for entry in deviations.switches() for recipe in deviations.RECIPES]
 
 

@@ -153,14 +153,16 @@ def test_floats_as_dvc_writes_them_read_as_numbers(tmp_path, smoke):
     """``dvc exp run -S ...lr=5e-5`` writes ``lr: 5e-05``, which YAML 1.1 reads as a string."""
     path = edited(tmp_path, smoke, lambda p: None)
     text = path.read_text()
-    # pretrain.common, finetune (in flow or block style, as the section's size makes the writer choose)
+    # pretrain.common, finetune and beir_retriever (in flow or block style, as the section's size makes the
+    # writer choose)
     pretrain_lr, finetune_lr = re.compile(r" lr: 0\.0001(?=[,\n])"), re.compile(r" lr: 2\.0e-05(?=[,\n])")
-    assert len(pretrain_lr.findall(text)) == 1 and len(finetune_lr.findall(text)) == 1
+    assert len(pretrain_lr.findall(text)) == 1 and len(finetune_lr.findall(text)) == 2
     text = finetune_lr.sub(" lr: 1e-4", pretrain_lr.sub(" lr: 5e-05", text))
     assert "lr: 5e-05" in text and "lr: 1e-4" in text
     path.write_text(text)
     params = load_params(path)
     assert params["pretrain"]["common"]["lr"] == 5e-05 and params["finetune"]["lr"] == 1e-4
+    assert params["beir_retriever"]["lr"] == 1e-4
     assert isinstance(params["pretrain"]["common"]["lr"], float)
     assert yaml.safe_load("lr: 5e-05")["lr"] == "5e-05"     # what PyYAML alone makes of it
     # Integers stay integers, strings strings.

@@ -160,10 +160,15 @@ def _plan(profile: _Profile, cell: PlannedCell) -> PlannedCell:
             reason = f"{cell.row} is not among the profile's zero_shot datasets"
         elif profile.zero_shot_variants is not None and variant not in profile.zero_shot_variants:
             reason = f"{variant} is not in evaluate.zero_shot_variants"
-        elif profile.zero_shot_retrievers is not None and retriever not in profile.zero_shot_retrievers:
+        elif (retriever != "beir" and profile.zero_shot_retrievers is not None
+              and retriever not in profile.zero_shot_retrievers):
             reason = f"{retriever} is not in evaluate.zero_shot_retrievers"
-        return profile.variant_cell(cell, method, context_type, paper.PAPER_QUERY_COUNT, retriever, cell.row,
-                                    "test", reason)
+        planned = profile.variant_cell(cell, method, context_type, paper.PAPER_QUERY_COUNT, retriever, cell.row,
+                                       "test", reason)
+        if retriever == "beir" and planned.status == PRODUCED:   # the beir_retriever stage trains and scores it
+            planned.stages = [f"pretrain@{planned.variant}", "beir_retriever"]
+            planned.outputs = [f"{profile.root}/beir/{planned.variant}/eval/{cell.row}/test.per_query.json"]
+        return planned
     if cell.table == "table3_query_count":
         match = re.fullmatch(r"(.+) q=(\d+)", cell.row)
         method = {name: key for key, name in paper.METHOD_NAMES.items()}[match.group(1)]

@@ -213,7 +213,11 @@ class Study:
         return self._sources[name]
 
     def finetuned(self, variant: str, retriever: str) -> Source | None:
-        """Retriever ``r1``/``r2`` of ``variant``: ``eval/<variant>/<r>/``, run from ``finetune/<variant>/<r>/``."""
+        """Retriever ``r1``/``r2`` of ``variant``: ``eval/<variant>/<r>/``, run from ``finetune/<variant>/<r>/``;
+        ``beir`` (Table 2's zero-shot retriever): ``beir/<variant>/eval/``, run from ``beir/<variant>/encoder/``."""
+        if retriever == "beir":
+            return self._source(f"beir/{variant}", self.root / "beir" / variant / "eval",
+                                self.root / "beir" / variant / "encoder")
         return self._source(f"finetune/{retriever}/{variant}", self.root / "eval" / variant / retriever,
                             self.root / "finetune" / variant / retriever)
 

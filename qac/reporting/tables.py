@@ -25,7 +25,8 @@ from qac.tracking import metric_key
 PERCENT = "percent"
 FRACTION = "fraction"
 _SCALE = {PERCENT: 100.0, FRACTION: 1.0}
-RETRIEVER_LABELS = {"r1": "retriever 1", "r2": "retriever 2"}
+RETRIEVER_LABELS = {"r1": "retriever 1", "r2": "retriever 2",
+                    "beir": "zero-shot retriever on MS MARCO hard negatives"}
 # Pre-training methods with rows of their own, in table order (MASTER: qac.models.master).
 PRETRAINING_METHODS = ("cocondenser", "cotmae", "master")
 PAPER_COLUMN_LABELS = {

@@ -56,7 +56,7 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
 class BiEncoder(nn.Module):
     """A shared-weight bi-encoder around a Hugging Face encoder (``AutoModel``)."""
 
-    def __init__(self, encoder: nn.Module, pooling: str = "cls", temperature: float = 1.0):
+    def __init__(self, encoder: nn.Module, pooling: str = "cls", temperature: float = 1.0, normalize: bool = False):
         super().__init__()
         if pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
@@ -67,13 +67,17 @@ class BiEncoder(nn.Module):
         self.encoder = encoder
         self.pooling = pooling
         self.temperature = temperature
+        # Unit-length representations: scores are cosines (sentence-transformers' MultipleNegativesRankingLoss
+        # with scale s is this InfoNCE with temperature 1 / s).
+        self.normalize = normalize
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, pooling: str = "cls", temperature: float = 1.0) -> "BiEncoder":
+    def from_pretrained(cls, path: str | Path, pooling: str = "cls", temperature: float = 1.0,
+                        normalize: bool = False) -> "BiEncoder":
         """Load the encoder of a Hugging Face folder (or any model spec of ``qac.models.loading``)."""
         from qac.models.loading import load_model
 
-        return cls(load_model(str(path)), pooling=pooling, temperature=temperature)
+        return cls(load_model(str(path)), pooling=pooling, temperature=temperature, normalize=normalize)
 
     def save(self, path: str | Path, tokenizer=None) -> None:
         """Write the encoder (and tokenizer) as a folder ``AutoModel`` can load."""
@@ -84,7 +88,8 @@ class BiEncoder(nn.Module):
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         output = self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                               **({"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {}))
-        return pool(output.last_hidden_state, batch["attention_mask"], self.pooling)
+        pooled = pool(output.last_hidden_state, batch["attention_mask"], self.pooling)
+        return F.normalize(pooled, p=2, dim=-1) if self.normalize else pooled
 
     # Queries and passages share the encoder; the two names keep call sites readable.
     encode_query = encode

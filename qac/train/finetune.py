@@ -43,6 +43,7 @@ class FinetuneSettings:
     max_grad_norm: float = 1.0      # Tevatron trains with the HF Trainer, which clips at 1.0
     temperature: float = 1.0
     pooling: str = "cls"
+    similarity: str = "dot"         # dot | cosine (unit-length representations; the zero-shot recipe's MNRL)
     dtype: str = "auto"             # autocast dtype on GPU; CPU always runs fp32
     seed: int = 42
     log_every: int = 1
@@ -315,7 +316,8 @@ def fine_tune_retriever(
     from qac.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(str(start))
-    model = BiEncoder.from_pretrained(start, pooling=settings.pooling, temperature=settings.temperature)
+    model = BiEncoder.from_pretrained(start, pooling=settings.pooling, temperature=settings.temperature,
+                                      normalize=settings.similarity == "cosine")
     sampler = GroupSampler(queries, corpus_ids, settings.n_negatives, settings.seed)
     losses = train_biencoder(model, tokenizer, sampler, passage_text, settings, **train_options)
     return model, tokenizer, losses

@@ -1,0 +1,168 @@
+"""DVC stage ``beir_retriever``: Table 2's zero-shot retriever, trained as the paper's footnote 2 says.
+
+Runs only when ``tables.zero_shot_retriever`` is ``beir`` (otherwise it writes
+an empty output and Table 2 reads retriever 1 or 2 of the evaluate stage). For
+each variant Table 2 reports (``evaluate.zero_shot_variants``; null: all) it
+starts again from ``pretrain/<variant>/encoder`` and trains with the
+``beir_retriever`` recipe (:mod:`qac.train.zero_shot`: pooling, loss and scale,
+batch, lengths) on the train dataset's queries with negatives from
+sentence-transformers' ``msmarco-hard-negatives.jsonl.gz``
+(:mod:`qac.data.hard_negatives`; ``beir_retriever.negatives: bm25`` uses the
+bm25 stage's instead), through the same loop as the finetune stage. The
+retriever is then evaluated on every ``zero_shot`` dataset, encoded with its
+own pooling and similarity (unit-length vectors for cosine). Writes, as one
+unit, ``data/<profile>/beir/<variant>/encoder/`` (Hugging Face folder; its MLflow run, recorded under
+``data/<profile>/.runs/``, nests under the pre-training run and holds the
+evaluation's metrics) and
+``data/<profile>/beir/<variant>/eval/<dataset>/<split>.per_query.json`` and
+``.trec``, plus ``data/<profile>/metrics/beir.json``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HERE = Path(__file__).resolve().parent
+
+
+def _stage_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"qac_stage_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def training_negatives(params: dict, dataset, root: Path) -> tuple[dict, dict]:
+    """``(qid -> negatives, facts)`` from the recipe's source, before any model loads."""
+    from qac.data.hard_negatives import HardNegativesError, locate_hard_negatives, read_hard_negatives
+    from qac.train.groups import read_negatives
+
+    section = params["beir_retriever"]
+    if section["negatives"] == "bm25":
+        path = root / "bm25" / "negatives.jsonl"
+        if not path.is_file():
+            raise SystemExit(f"{path}: missing, but beir_retriever.negatives is 'bm25' (run the bm25 stage)")
+        return read_negatives(path), {"source": str(path)}
+    path = locate_hard_negatives(section["hard_negatives"])
+    try:
+        selected = read_hard_negatives(path, per_system=int(section["negatives_per_system"]),
+                                       ce_score_margin=section["ce_score_margin"], systems=section["systems"],
+                                       keep=dataset.qrels["train"])
+    except HardNegativesError as error:
+        raise SystemExit(str(error)) from None
+    if not selected.negatives:
+        raise SystemExit(f"{path}: no query of {dataset.name}'s train split has a hard negative "
+                         f"({selected.lines} lines, {selected.outside} outside the train split)")
+    return selected.negatives, {"source": str(path), **selected.stats()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+
+    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    setup_console(parser.parse_args([] if argv is None else argv).verbose)
+    clock = StageClock()
+
+    from qac.config import load_params, profile_dir
+    from qac.data.prepared import load_prepared, load_prepared_parts
+    from qac.distributed import cleanup, init_distributed
+    from qac.io import atomic_path, write_json
+    from qac.retrieval import document_text
+    from qac.tracking import linked_run_id, read_run_record
+    from qac.tracking.record import models_requested, reopened_run
+    from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
+
+    params = load_params()
+    root = profile_dir(params)
+    out_dir = root / "beir"
+    metrics_path = root / "metrics" / "beir.json"
+    variants = trained_variants(params)
+    if not variants:
+        with atomic_path(out_dir, directory=True) as staging:
+            (Path(staging) / "variants.json").write_text("[]\n", encoding="utf-8")
+        write_json(metrics_path, {})
+        print_summary("beir_retriever", f"nothing to train (tables.zero_shot_retriever: "
+                      f"{params['tables']['zero_shot_retriever']})", seconds=clock.seconds)
+        return
+
+    # Every input checked before any model loads.
+    starts = {}
+    for variant in variants:
+        start = root / "pretrain" / variant / "encoder"
+        if not start.is_dir():
+            raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
+        starts[variant] = start
+    dataset_dir = root / "datasets" / params["train_dataset"]
+    dataset = load_prepared(dataset_dir)
+    if "train" not in dataset.qrels:
+        raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to train on")
+    section = params["beir_retriever"]
+    try:
+        settings = recipe_settings(section, params["seed"])
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    negatives, facts = training_negatives(params, dataset, root)
+    # train_msmarco_v3.py trains on the passage text alone (BEIR's MS MARCO corpus has no titles).
+    passage_text = {doc_id: document_text("", doc.text, " ") for doc_id, doc in dataset.corpus.items()}
+
+    finetune_stage, evaluate_stage = _stage_module("finetune"), _stage_module("evaluate")
+    from qac.evaluation.report import log_evaluation
+
+    dist = init_distributed()
+    summary: dict[str, dict] = {}
+    try:
+        with atomic_path(out_dir, directory=True) as staging:
+            staging = Path(staging)
+            for variant in variants:
+                start = starts[variant]
+                # The pre-training run, when this store holds it; else the run nests under the study run.
+                parent_run_id = linked_run_id(read_run_record(root, root / "pretrain" / variant),
+                                              f"pretrain@{variant}") if dist.is_main else None
+                folder = staging / variant
+                folder.mkdir(parents=True, exist_ok=True)
+                model, tokenizer, _, losses, _ = finetune_stage.train_retriever(
+                    "encoder", negatives, variant=variant, params=params, settings=settings, dataset=dataset,
+                    passage_text=passage_text, start=start, parent_run_id=parent_run_id, staging=folder,
+                    out_dir=out_dir / variant, root=root, dist=dist,
+                    inputs={"encoder": start, "dataset": dataset_dir}, section_key="beir_retriever",
+                    stage="beir_retriever", log_models=models_requested(params, False))
+                results = {}
+                for dataset_name in params.get("zero_shot", []):
+                    parts = load_prepared_parts(root / "datasets" / dataset_name)
+                    by_subset = {subset: evaluate_stage.evaluate_retriever_on(
+                        model, tokenizer, part, settings=params["evaluate"],
+                        lengths=(settings.query_max_len, settings.passage_max_len), device=dist.device,
+                        out_dir=folder / "eval" / dataset_name / (subset or ""), separator=" ",
+                        normalize=settings.similarity == "cosine")
+                        for subset, part in parts}
+                    results[dataset_name] = evaluate_stage.combine_parts(by_subset, folder / "eval" / dataset_name)
+                record = read_run_record(root, out_dir / variant / "encoder")
+                if record is not None:
+                    with reopened_run(record["run_id"]):
+                        for dataset_name, by_split in results.items():
+                            for split, result in by_split.items():
+                                log_evaluation(result, dataset_name, split)
+                summary[variant] = {dataset_name: {split: result.aggregate for split, result in by_split.items()}
+                                    for dataset_name, by_split in results.items()}
+                summary[variant]["train"] = {"steps": len(losses), **facts}
+                del model
+            (staging / "variants.json").write_text(json.dumps(variants) + "\n", encoding="utf-8")
+    finally:
+        cleanup()
+    write_json(metrics_path, summary)
+    print_summary("beir_retriever", f"{len(variants)} zero-shot retrievers ({RETRIEVER} recipe)",
+                  f"{facts.get('queries', len(negatives))} training queries with negatives",
+                  seconds=clock.seconds)
+
+
+if __name__ == "__main__":
+    from qac.console import run_main
+
+    run_main(main)

@@ -1,0 +1,49 @@
+"""The zero-shot (BEIR) retriever of Table 2, trained as the paper's footnote 2 says.
+
+The paper trains its BEIR retriever with sentence-transformers' MS MARCO hard
+negatives; the release points to BEIR's ``train_msmarco_v3.py``: mean pooling,
+MultipleNegativesRankingLoss over cosine similarities scaled by 20, batches of
+75 (query, positive, hard negative) triples, 350 tokens. The recipe here runs
+that through the project's own fine-tuning loop (:func:`qac.train.finetune.train_biencoder`):
+MNRL with scale ``s`` over unit-length vectors is InfoNCE with temperature
+``1 / s`` over the positive, the query's hard negative and every other passage
+of the batch, which is what :class:`qac.train.biencoder.BiEncoder` computes.
+The settings come from ``beir_retriever`` in params.yaml (qac.params_schema).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from qac.train.finetune import FinetuneSettings
+
+LOSSES = ("cosine_mnrl", "dot_infonce")   # cosine MNRL (train_msmarco_v3) | dot-product InfoNCE (Tevatron)
+NEGATIVE_SOURCES = ("hard_negatives", "bm25")   # sentence-transformers' file | the bm25 stage's negatives
+
+#: The value of ``tables.zero_shot_retriever`` that trains and scores this retriever.
+RETRIEVER = "beir"
+
+
+def recipe_settings(section: Mapping[str, Any], seed: int) -> FinetuneSettings:
+    """:class:`FinetuneSettings` of the zero-shot recipe from the ``beir_retriever`` section."""
+    loss = section["loss"]
+    if loss not in LOSSES:
+        raise ValueError(f"beir_retriever.loss: {loss!r} is not one of {', '.join(LOSSES)}")
+    return FinetuneSettings(
+        query_max_len=int(section["query_max_len"]), passage_max_len=int(section["passage_max_len"]),
+        train_n_passages=int(section["train_n_passages"]), batch_size=int(section["batch_size"]),
+        lr=float(section["lr"]), epochs=int(section["epochs"]), warmup_ratio=float(section["warmup_ratio"]),
+        weight_decay=float(section["weight_decay"]), max_grad_norm=section["max_grad_norm"],
+        temperature=1.0 / float(section["scale"]), pooling=section["pooling"],
+        similarity="cosine" if loss == "cosine_mnrl" else "dot", dtype=section["dtype"], seed=seed,
+        log_every=int(section["log_every"]), incomplete_batch=section["incomplete_batch"])
+
+
+def trained_variants(params: Mapping[str, Any]) -> list[str]:
+    """The variants whose zero-shot retriever is trained: none unless ``tables.zero_shot_retriever`` is
+    ``beir``; then those of ``evaluate.zero_shot_variants`` (null: every variant), the ones Table 2 reports."""
+    if (params.get("tables") or {}).get("zero_shot_retriever") != RETRIEVER:
+        return []
+    declared = list((params.get("pretrain") or {}).get("variants") or {})
+    chosen = (params.get("evaluate") or {}).get("zero_shot_variants")
+    return declared if chosen is None else [name for name in declared if name in chosen]
