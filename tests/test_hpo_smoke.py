@@ -89,7 +89,7 @@ def smoke_params(tmp_path: Path) -> dict:
     params["tables"]["in_domain_columns"] = [{"label": "RR@10", "dataset": None, "split": "test", "measure": "RR@10",
                                               "paper": "mrr@10"}]
     params["hpo"].update({
-        "study_name": "smoke-test", "n_trials": 4, "dev": {"queries": 8}, "pretrain_steps": 3,
+        "study_name": "smoke-test", "n_trials": 4, "dev": {**params["hpo"]["dev"], "queries": 8}, "pretrain_steps": 3,
         "finetune_epochs": 1, "eval_every": 2, "report_dir": str(tmp_path / "reports"),
         "space": {"pretrain.lr": {"type": "float", "low": 1e-5, "high": 1e-3, "log": True},
                   "finetune.lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}},
@@ -189,8 +189,11 @@ def test_a_four_trial_two_worker_study_prunes_the_clearly_worse_trial(trial_inpu
     assert summary["best"]["number"] in (0, 1, 3) and summary["best"]["value"] == good[0].value
     assert summary["figures"]["optimization_history"] == "written"
     assert summary["figures"]["intermediate_values"] == "written"
-    assert summary["figures"]["param_importances"] == ("needs 3 complete trials whose parameters vary; "
-                                                       "has 3 complete, parameters all equal")
+    assert summary["figures"]["param_importances"] == ("needs 3 complete trials whose parameters vary and whose "
+                                                       "values differ; has 3 complete, parameters all equal, "
+                                                       "values all tie")
+    # The three equal trials tie: the report names the others beside the one Optuna keeps.
+    assert sorted([summary["best"]["number"], *summary["best"]["tied_with"]]) == [t.number for t in good]
     assert (report / "optimization_history.png").stat().st_size > 0
     assert not (report / "param_importances.png").exists()
 
