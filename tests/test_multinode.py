@@ -36,6 +36,8 @@ import torch
 from test_pretrain_corpus import write_corpus
 from test_pretrain_distributed import ROUNDING, weight_tolerance
 from test_querygen_stage import STAGE, make_project, reference, subprocess_env, t5_dir  # noqa: F401 (fixtures)
+# Speed figures (padding efficiency included: each process pads its own share) depend on the layout.
+from qac.train.throughput import SPEED_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -156,7 +158,7 @@ def test_two_nodes_pretrain_finetune_and_encode_like_one_node(tmp_path):
     assert one_losses["pretrain"].keys() == two_losses["pretrain"].keys() == {"1", "2", "3"}
     for step, metrics in one_losses["pretrain"].items():
         for part, value in metrics.items():
-            if part not in ("lr", "samples_per_second", "tokens_per_second"):
+            if part != "lr" and part not in SPEED_KEYS:
                 assert two_losses["pretrain"][step][part] == pytest.approx(value, rel=ROUNDING, abs=ROUNDING)
     one_weights = torch.load(single / "out" / "pretrain" / "checkpoint" / "model.pt", weights_only=True)
     two_weights = torch.load(two / "pretrain" / "checkpoint" / "model.pt", weights_only=True)
