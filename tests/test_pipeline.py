@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from qac.config import write_params
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # The module's first test sets up the whole smoke study (minutes on 2 cores): a longer timeout.
@@ -268,7 +270,7 @@ def test_the_readme_experiment_command_runs_to_the_end(smoke_study):
     assert len(after.splitlines()) == len(before.splitlines()) and after != before   # trained again, differently
     client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("qac-smoke")
-    latest = client.search_runs([experiment.experiment_id], f"tags.`qac.variant` = '{variant}'",
+    latest = client.search_runs([experiment.experiment_id], f"tags.`qac.stage` = 'pretrain@{variant}'",
                                 order_by=["attributes.start_time DESC"], max_results=1)[0]
     assert float(latest.data.params["lr"]) == 5e-05
 
@@ -308,10 +310,13 @@ def test_the_check_fails_on_a_regression(smoke_study, tmp_path):
     smoke = {**env, "QAC_PROFILE": "smoke"}
     _run([str(BIN / "qac"), "check", "--record", "--expected", str(expected)], work, smoke)
     assert _run([str(BIN / "qac"), "check", "--expected", str(expected)], work, smoke).returncode == 0
-    params = yaml.safe_load((work / PARAMS).read_text())
+    # Read and written as DVC does (YAML 1.2 numbers): PyYAML alone turns a Slurm time 24:00:00 into 86400.
+    from qac.params_schema import read_yaml
+
+    params = read_yaml((work / PARAMS).read_text())
     params["finetune"]["lr"] = 10 * float(params["finetune"].get("lr", 2e-5))
     perturbed = tmp_path / "params.yaml"
-    perturbed.write_text(yaml.safe_dump(params, sort_keys=False))
+    write_params(params, perturbed)
     for stage in ("finetune", "evaluate"):
         _run([sys.executable, f"pipelines/{stage}.py", "--variant", variant], work,
              {**env, "QAC_PARAMS": str(perturbed)})

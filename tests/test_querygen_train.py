@@ -482,7 +482,7 @@ def test_stage_refuses_a_generation_prefix_the_generator_never_learned(tmp_path,
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
     stage = load_stage()
-    with pytest.raises(ValueError, match=r"params\.yaml: querygen\.prefix 'title: ' differs .*'query: '"):
+    with pytest.raises(ValueError, match=r"params\.yaml:\d+: parameter querygen\.prefix: 'title: ' differs .*'query: '"):
         stage.main()
 
 
