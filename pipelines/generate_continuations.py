@@ -44,7 +44,7 @@ def main(argv=None) -> int:
 
     from qac.console import progress
     from qac.data.arrowstore import QUERIES_SCHEMA, iter_records
-    from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed
+    from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed, sum_over_ranks
     from qac.querygen.continuation import (ContinuationGenerator, ContinuationSettings, continuation_quality,
                                            load_causal_lm)
     from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, passages_tokenizer,
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
                 stats = generate_chunks(store, generator, passages_path, shard, int(section["batch_size"]), bar.update)
             bar.close()
             generated_here = stats.passages
-        generated_all = _sum_over_ranks(generated_here, ctx.device)   # also a barrier
+        generated_all = sum_over_ranks(generated_here, ctx.device)   # also a barrier
         if not merging:
             if ctx.is_main:
                 print(f"shard {args.shard} done; merge with --merge-only once every shard has finished",
@@ -127,16 +127,6 @@ def main(argv=None) -> int:
                   seconds=clock.seconds)
     return 0
 
-
-def _sum_over_ranks(value: int, device) -> int:
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    total = torch.tensor([value], dtype=torch.long, device=device)
-    dist.all_reduce(total)
-    return int(total.item())
 
 
 if __name__ == "__main__":

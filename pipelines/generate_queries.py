@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     import torch
 
     from qac.console import progress
-    from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed
+    from qac.distributed import autocast_dtype, barrier, cleanup, init_distributed, sum_over_ranks
     from qac.reporting.dvc_metrics import write_stage_metrics
     from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
     from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, passages_tokenizer,
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
                                         bar.update)
             bar.close()
             generated_here = stats.passages
-        generated_all = _sum_over_ranks(generated_here, ctx.device)   # also a barrier
+        generated_all = sum_over_ranks(generated_here, ctx.device)   # also a barrier
         if not merging:
             if ctx.is_main:
                 print(f"shard {args.shard} done; merge with --merge-only once every shard has finished",
@@ -145,17 +145,6 @@ def main(argv=None) -> int:
                   seconds=clock.seconds)
     return 0
 
-
-def _sum_over_ranks(value: int, device) -> int:
-    """Sum an integer over the torchrun ranks (the value itself in a single process)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    total = torch.tensor([value], dtype=torch.long, device=device)
-    dist.all_reduce(total)
-    return int(total.item())
 
 
 if __name__ == "__main__":

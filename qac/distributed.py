@@ -81,6 +81,18 @@ def broadcast_object(compute):
     return holder[0]
 
 
+def sum_over_ranks(value: int, device) -> int:
+    """Sum an integer over the torchrun ranks (the value itself in a single process); also a barrier."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    total = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(total)
+    return int(total.item())
+
+
 def cleanup() -> None:
     import torch.distributed as dist
 
