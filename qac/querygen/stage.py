@@ -1,0 +1,149 @@
+"""The sharded generation stage: what ``generate_queries`` and ``generate_continuations`` run alike.
+
+Both write one record per row of ``passages.arrow`` through the chunk store of
+:mod:`qac.querygen.shards`, and differ only in the generator and in the figures
+they report. :func:`run_sharded_generation` holds the rest: rank 0 prepares the
+store before the other ranks, each process takes its shard (``--shard i/n``
+further split among torchrun ranks) with its own progress bar, the generated
+count is summed over the ranks, and the merging process opens the stage's
+MLflow run before generation and merges, logs and writes the metrics in it.
+
+The work folder names the run generating into it (``mlflow_run.json``): a
+rerun after a kill says that it resumes, tags its run with the chunks it kept
+and ends the killed run as resumed by this one (:mod:`qac.tracking.interrupted`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Mapping
+
+from qac.querygen.generate import GenerationStats
+from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, passages_tokenizer,
+                                 pending_passages, work_dir_for)
+
+RUN_FILE = "mlflow_run.json"   # in the work folder: the run whose chunks it holds
+
+
+def sharded_stage_arguments(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a sharded generation stage (``--shard``, ``--merge``, ``--merge-only``, ``-v``),
+    parsed, with the console set up for it."""
+    from qac.console import add_verbose_flag, setup_console
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shard", help="i/n: generate only shard i of n (0-based); no merge unless --merge")
+    parser.add_argument("--merge", action="store_true", help="with --shard: merge afterwards (all shards must be done)")
+    parser.add_argument("--merge-only", action="store_true", help="only merge the committed chunks of all shards")
+    args = add_verbose_flag(parser).parse_args(argv)
+    setup_console(args.verbose)
+    return args
+
+
+def run_sharded_generation(args: argparse.Namespace, ctx, *, stage: str, passages_path: str | os.PathLike,
+                           output: str | os.PathLike, source: str, settings: Any, section: Mapping[str, Any],
+                           compute: Mapping[str, Any], open_run: Callable[[], ContextManager[Any]],
+                           make_generator: Callable[[], Any],
+                           summarize: Callable[[GenerationStats], dict[str, float]]) -> tuple[dict, Any] | None:
+    """Generate ``output`` from ``passages_path`` in resumable chunks; ``(summary, run)`` in the merging process.
+
+    ``source``, ``settings`` and ``compute`` fingerprint the chunks (:func:`build_manifest`); ``section`` is the
+    stage's params section (``batch_size``, ``chunk_size``, ``max_passages``). ``open_run()`` opens the stage's
+    MLflow run, ``make_generator()`` loads the generator (not called by ``--merge-only``) and ``summarize(totals)``
+    gives the figures of the merged output, to which the throughput is added; they go to MLflow and to
+    ``metrics/<output stem>.json``. Every other process, and a shard-only run, gets None.
+    """
+    import torch
+
+    from qac.console import progress
+    from qac.distributed import barrier, cleanup, sum_over_ranks
+    from qac.reporting.dvc_metrics import write_stage_metrics
+    from qac.tracking import log_metrics
+
+    output = Path(output)
+    manifest = build_manifest(passages_path, source, settings, int(section["chunk_size"]), compute,
+                              section.get("max_passages"))
+    store = ChunkStore(work_dir_for(output), manifest)
+    if ctx.is_main:
+        store.prepare()
+    barrier()
+    if not ctx.is_main:
+        store.prepare()
+
+    shard = (ShardSpec.parse(args.shard) if args.shard else ShardSpec()).within(ctx.rank, ctx.world_size)
+    # The run is open from before generation to after the merge, so its
+    # duration is the stage's; a shard-only process (merged later) records none.
+    merging = not (args.shard and not (args.merge or args.merge_only))
+    tracked = contextlib.ExitStack()
+    run = None
+    if ctx.is_main and merging:
+        from qac.tracking.record import log_file_input
+
+        run = tracked.enter_context(open_run())
+        log_file_input(passages_path, "passages", "generation")
+        _resume_killed_run(stage, store, run)
+    with tracked:
+        started = time.perf_counter()
+        generated_here = 0
+        if not args.merge_only:
+            generator = make_generator()
+            # One bar per process (each generates its own shard), each on its own line.
+            bar = progress(total=pending_passages(store, shard), unit="passage", main_only=False,
+                           desc=f"{output.stem} shard {shard.index}/{shard.count}", position=ctx.local_rank)
+            with torch.inference_mode():
+                stats = generate_chunks(store, generator, passages_path, shard, int(section["batch_size"]),
+                                        bar.update)
+            bar.close()
+            generated_here = stats.passages
+        generated_all = sum_over_ranks(generated_here, ctx.device)   # also a barrier
+        if not merging:
+            if ctx.is_main:
+                print(f"shard {args.shard} done; merge with --merge-only once every shard has finished",
+                      file=sys.stderr)
+            cleanup()
+            return None
+        if not ctx.is_main:
+            cleanup()
+            return None
+
+        wall = time.perf_counter() - started   # every rank has finished: this covers the whole run
+        # Token ids beside each text, by the tokenizer of the passages' ids, so pairs are of one vocabulary.
+        totals = store.merge(output, *passages_tokenizer(passages_path))
+        summary = summarize(totals)
+        summary["passages_per_second_per_process"] = totals.passages / totals.seconds if totals.seconds else 0.0
+        if generated_all:
+            summary["passages_per_second"] = generated_all / wall
+        log_metrics(summary)
+        write_stage_metrics(output.parent / "metrics", output.stem, summary)
+    store.remove()
+    cleanup()
+    return summary, run
+
+
+def _resume_killed_run(stage: str, store: ChunkStore, run) -> None:
+    """Name ``run`` in the work folder; when a killed run left committed chunks there, say so and link the two."""
+    from qac.io import write_json
+    from qac.tracking.interrupted import end_interrupted_run
+
+    run_file = store.root / RUN_FILE
+    committed = len(store.committed())
+    if committed and run_file.is_file():
+        killed = json.loads(run_file.read_text(encoding="utf-8")).get("run_id")
+        print(f"{stage}: resuming: {committed} chunk(s) committed by run {killed} kept", file=sys.stderr)
+        import mlflow
+
+        mlflow.set_tag("qac.resume.committed_chunks", committed)
+        end_interrupted_run(killed, run.info.run_id, resumed=True)
+    write_json(run_file, {"run_id": run.info.run_id})
+
+
+def rate(summary: Mapping[str, Any]) -> str:
+    """The summary line's rate: passages per second, or that nothing was left to generate."""
+    if "passages_per_second" in summary:
+        return f"{summary['passages_per_second']:.1f} passages/s"
+    return "nothing left to generate"
