@@ -100,6 +100,17 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
+def autocast_context(device, dtype):
+    """``torch.autocast`` to ``dtype`` on ``device``'s type; no autocast (a null context) when ``dtype`` is None."""
+    import contextlib
+
+    import torch
+
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
 def autocast_dtype(setting: str, device) -> "object | None":
     """Mixed-precision dtype for a ``dtype`` param: auto = bf16 (fp16 without bf16) on GPU, none on CPU.
 

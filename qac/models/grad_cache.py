@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from qac.distributed import autocast_context
 from qac.models.losses import all_reduce_sum, at_least_fp32, process_group
 
 ScaleLoss = Callable[[torch.Tensor], torch.Tensor]
@@ -35,12 +36,6 @@ ScaleLoss = Callable[[torch.Tensor], torch.Tensor]
 
 def _identity(loss: torch.Tensor) -> torch.Tensor:
     return loss
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class FullBatchStep:
@@ -52,7 +47,7 @@ class FullBatchStep:
         self.autocast_dtype = autocast_dtype
 
     def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, torch.Tensor]:
-        with _autocast(self.device, self.autocast_dtype):
+        with autocast_context(self.device, self.autocast_dtype):
             output = self.module(batch)
         scale_loss(output.loss).backward()
         return {name: value.detach() for name, value in output.parts.items()}
@@ -100,7 +95,7 @@ class GradCachedStep:
 
         # 1. [CLS] vectors of every chunk, no activations kept.
         states, vectors = [], {"anchor": [], "context": []}
-        with torch.no_grad(), _autocast(self.device, self.autocast_dtype):
+        with torch.no_grad(), autocast_context(self.device, self.autocast_dtype):
             for side, chunk in chunks:
                 states.append(RngState(self.device))
                 vectors[side].append(at_least_fp32(self.model.encode_side(chunk).cls))
@@ -128,7 +123,7 @@ class GradCachedStep:
             no_sync = getattr(self.module, "no_sync", None)
             with (contextlib.nullcontext() if last or no_sync is None else no_sync()):
                 state.restore()
-                with _autocast(self.device, self.autocast_dtype):
+                with autocast_context(self.device, self.autocast_dtype):
                     output = self.module(chunk, mode="side")
                 gradient = cached[side][position[side]]
                 position[side] += 1

@@ -23,15 +23,15 @@ nothing).
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from qac.querygen.generate import GenerationStats
-from qac.querygen.sampling import passage_uniforms, sample_tokens
+from qac.distributed import autocast_context
+from qac.querygen.generate import GenerationStats, decode_longest_first
+from qac.querygen.sampling import check_sampling, passage_uniforms, sample_tokens
 
 TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=2, n_inner=128, n_positions=512)
 
@@ -51,12 +51,7 @@ class ContinuationSettings:
     def __post_init__(self):
         if self.max_source_len < 1 or self.max_new_tokens < 1:
             raise ValueError("continuation.max_source_len and continuation.max_new_tokens must be >= 1")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"continuation.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"continuation.top_k must be >= 0 (0: no top-k), got {self.top_k}")
-        if not self.temperature > 0:
-            raise ValueError(f"continuation.temperature must be > 0, got {self.temperature}")
+        check_sampling("continuation", self.top_k, self.top_p, self.temperature)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "ContinuationSettings":
@@ -116,11 +111,6 @@ class ContinuationGenerator:
         if self.eos_id is None:
             raise ValueError(f"continuation model {getattr(config, '_name_or_path', '')!r} has no end-of-sequence id")
 
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """The last ``max_source_len`` tokens of each text (no special tokens; an empty text reads end-of-sequence)."""
         ids = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
@@ -130,18 +120,8 @@ class ContinuationGenerator:
                  on_batch: Callable[[int], None] | None = None) -> tuple[list[list[str]], GenerationStats]:
         """``[[continuation]]`` per ``(pid, text)``, in input order, and counts (batches longest first)."""
         encoded = self.encode([text for _, text in passages])
-        order = sorted(range(len(passages)), key=lambda i: (-len(encoded[i]), i))
-        results: list[list[str]] = [[] for _ in passages]
-        stats = GenerationStats()
-        for start in range(0, len(order), batch_size):
-            members = order[start:start + batch_size]
-            texts, batch_stats = self._generate_batch([passages[i][0] for i in members], [encoded[i] for i in members])
-            for i, text in zip(members, texts):
-                results[i] = [text]
-            stats.add(batch_stats)
-            if on_batch:
-                on_batch(len(members))
-        return results, stats
+        texts, stats = decode_longest_first(passages, encoded, batch_size, self._generate_batch, on_batch)
+        return [[text] for text in texts], stats
 
     @torch.no_grad()
     def _generate_batch(self, pids: list[str], encoded: list[list[int]]) -> tuple[list[str], GenerationStats]:
@@ -156,7 +136,7 @@ class ContinuationGenerator:
         lengths = torch.zeros(rows, dtype=torch.long)
         alive = torch.ones(rows, dtype=torch.bool)
         stats = GenerationStats()
-        with self._autocast():
+        with autocast_context(self.device, self.autocast_dtype):
             output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
             for step in range(steps):
                 logits = output.logits[:, -1].float()

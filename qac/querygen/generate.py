@@ -41,13 +41,13 @@ batched and the canonical decisions apply the same one.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from qac.querygen.sampling import filtered_distribution, passage_uniforms, sample_tokens
+from qac.distributed import autocast_context
+from qac.querygen.sampling import check_sampling, filtered_distribution, passage_uniforms, sample_tokens
 
 # Prune finished rows from the batch once this share of the active rows is done.
 _PRUNE_FRACTION = 0.125
@@ -73,14 +73,9 @@ class SamplingSettings:
     def __post_init__(self):
         if self.queries_per_passage < 1:
             raise ValueError(f"querygen.queries_per_passage must be >= 1, got {self.queries_per_passage}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"querygen.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"querygen.top_k must be >= 0 (0: no top-k), got {self.top_k}")
+        check_sampling("querygen", self.top_k, self.top_p, self.temperature)
         if self.repeat_penalty < 0:
             raise ValueError(f"querygen.repeat_penalty must be >= 0, got {self.repeat_penalty}")
-        if not self.temperature > 0:
-            raise ValueError(f"querygen.temperature must be > 0, got {self.temperature}")
         if self.max_new_tokens < 1 or self.max_source_len < 2:
             raise ValueError("querygen.max_new_tokens must be >= 1 and max_source_len >= 2")
         if not 0 <= self.min_new_tokens < self.max_new_tokens:
@@ -151,6 +146,30 @@ class GenerationStats:
             "dropped_duplicates": self.dropped_duplicates,
             "recomputed_decision_rate": self.recomputed / self.decisions if self.decisions else 0.0,
         }
+
+
+def decode_longest_first(passages: Sequence[tuple[str, str]], encoded: Sequence[list[int]], batch_size: int,
+                         decode_batch: Callable[[list[str], list[list[int]]], tuple[list, GenerationStats]],
+                         on_batch: Callable[[int], None] | None = None) -> tuple[list, GenerationStats]:
+    """What ``decode_batch(pids, encoded)`` gives each ``(pid, text)`` (token ids ``encoded``), in input order,
+    and the summed counts.
+
+    Passages are batched longest first so a batch holds passages of similar
+    length; as each passage samples from its own random stream, the order never
+    changes what it gets. ``on_batch`` hears the size of each finished batch.
+    """
+    order = sorted(range(len(passages)), key=lambda i: (-len(encoded[i]), i))
+    results: list = [None] * len(passages)
+    stats = GenerationStats()
+    for start in range(0, len(order), batch_size):
+        members = order[start:start + batch_size]
+        outputs, batch_stats = decode_batch([passages[i][0] for i in members], [encoded[i] for i in members])
+        for i, output in zip(members, outputs):
+            results[i] = output
+        stats.add(batch_stats)
+        if on_batch:
+            on_batch(len(members))
+    return results, stats
 
 
 def clean_candidates(candidates: Sequence[str], drop_duplicates: bool, drop_empty: bool) -> tuple[list[str], GenerationStats]:
@@ -260,19 +279,7 @@ class QueryGenerator:
         settings = self.settings
         encoded = self.tokenizer([settings.prefix + text for _, text in passages], truncation=True,
                                  max_length=settings.max_source_len)["input_ids"]
-        order = sorted(range(len(passages)), key=lambda i: (-len(encoded[i]), i))
-        results: list[list[str]] = [[] for _ in passages]
-        stats = GenerationStats()
-        for start in range(0, len(order), batch_size):
-            members = order[start:start + batch_size]
-            candidates, batch_stats = self._generate_batch([passages[i][0] for i in members],
-                                                           [encoded[i] for i in members])
-            for i, texts in zip(members, candidates):
-                results[i] = texts
-            stats.add(batch_stats)
-            if on_batch:
-                on_batch(len(members))
-        return results, stats
+        return decode_longest_first(passages, encoded, batch_size, self._generate_batch, on_batch)
 
     def generate(self, passages: Sequence[tuple[str, str]], batch_size: int,
                  on_batch: Callable[[int], None] | None = None) -> tuple[list[list[str]], GenerationStats]:
@@ -288,11 +295,6 @@ class QueryGenerator:
         return queries, stats
 
     # -- decoding -------------------------------------------------------
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-
     def _encode(self, input_ids, attention_mask):
         hidden = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self._encode_output(hidden)
@@ -321,7 +323,7 @@ class QueryGenerator:
         lengths = torch.zeros(rows, dtype=torch.long)       # tokens before end of sequence
         stats = GenerationStats()
 
-        with self._autocast():
+        with autocast_context(self.device, self.autocast_dtype):
             if self.batch_invariant:
                 # Encode each passage alone: these are the canonical encoder states, reused as they are
                 # (right-padded) by the batch, so a recomputed decision only reruns the decoder.
@@ -428,5 +430,5 @@ def resolve_batch_invariant(setting: str | bool, dtype: torch.dtype | None) -> b
     raise ValueError(f"querygen.batch_invariant must be auto, true or false, got {setting!r}")
 
 
-__all__ = ["SamplingSettings", "GenerationStats", "QueryGenerator", "clean_candidates", "load_generator",
-           "generator_from_settings", "resolve_batch_invariant", "filtered_distribution"]
+__all__ = ["SamplingSettings", "GenerationStats", "QueryGenerator", "clean_candidates", "decode_longest_first",
+           "load_generator", "generator_from_settings", "resolve_batch_invariant", "filtered_distribution"]

@@ -20,7 +20,6 @@ without improvement. Every result is a folder that
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from qac.distributed import autocast_context
 from qac.querygen.pairs import Pair
 
 
@@ -163,7 +163,7 @@ def validation_loss(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
-    with torch.no_grad(), _autocast(device, autocast_dtype):
+    with torch.no_grad(), autocast_context(device, autocast_dtype):
         for start in range(0, len(pairs), settings.batch_size):
             batch = encode_pairs(tokenizer, pairs[start:start + settings.batch_size], settings)
             batch = {key: value.to(device) for key, value in batch.items()}
@@ -174,8 +174,6 @@ def validation_loss(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
     return total / tokens if tokens else float("nan")
 
 
-def _autocast(device, dtype):
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
 def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSettings, device,
@@ -213,7 +211,7 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
         for start in range(0, len(order), settings.batch_size):
             batch = encode_pairs(tokenizer, [pairs[i] for i in order[start:start + settings.batch_size]], settings)
             batch = {key: value.to(device) for key, value in batch.items()}
-            with _autocast(device, autocast_dtype):
+            with autocast_context(device, autocast_dtype):
                 # labels alone: the model shifts them right behind decoder_start_token_id
                 loss = model(**batch).loss
             loss.backward()

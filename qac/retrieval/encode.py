@@ -18,7 +18,6 @@ rank 0 in order.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import numpy as np
@@ -68,7 +67,7 @@ def encode_texts(
 
     from qac.console import progress
 
-    from qac.distributed import autocast_dtype
+    from qac.distributed import autocast_context, autocast_dtype
 
     if pooling not in POOLINGS:
         raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
@@ -94,7 +93,7 @@ def encode_texts(
     pad_id = tokenizer.pad_token_id or 0
     order = np.argsort([-len(ids) for ids in token_ids], kind="stable") if sort_by_length else np.arange(len(texts))
     amp = autocast_dtype(dtype, device)
-    autocast = torch.autocast(device_type=device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+    autocast = autocast_context(device, amp)
 
     batches = EncodeBatches(token_ids, [order[start:start + batch_size] for start in range(0, len(order), batch_size)],
                             pad_id)
