@@ -63,8 +63,8 @@ import torch
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_mapped, scan_tables
 from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, weighted_word_mask, whole_word_mask,
                               word_spans, word_strings)
-from qac.data.pairs import Pair, PairSampler, crop_rng, crop_span, pad_and_mask
-from qac.data.tokens import SpecialTokens, TextEncoder, check_stamp, with_special_tokens
+from qac.data.pairs import Pair, PairSampler, StoredIdsReader, check_pad_to, pad_and_mask
+from qac.data.tokens import SpecialTokens, check_stamp, with_special_tokens
 
 TASKS = ("mkp", "cmp", "npr", "dor", "gor")
 # Masking-generator side of each decoder's sequence (anchor 0 and context 1 are PairCollator's).
@@ -216,8 +216,31 @@ def pack_side(rows: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int 
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
+class WordDecoderMasks:
+    """The two decoders that mask the anchor's words, MKP and CMP, and the checks of the settings shared by
+    the MASTER collators (dataclasses with ``tokenizer``, ``vocab``, ``decoders``, ``decoder_mask_ratio``,
+    ``word_weights``, ``max_len``, ``query_max_len`` and ``pad_to``)."""
+
+    def _check_settings(self) -> None:
+        if "mkp" in self.decoders and self.word_weights is None:
+            raise ValueError("the mkp decoder needs word frequencies (the word_frequencies stage's file)")
+        check_pad_to(self.pad_to, self.max_len, self.query_max_len)
+
+    def mkp(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        spans = word_spans(ids, self.vocab)
+        words = word_strings(self.tokenizer.convert_ids_to_tokens(ids), spans)
+        weights = [self.word_weights.idf(word) for word in words]
+        return weighted_word_mask(ids, self.vocab, self.decoder_mask_ratio, weights, rng)
+
+    def cmp(self, ids: list[int], encoder_labels: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        """The anchor with every maskable token the encoder's mask left masked (80/10/10)."""
+        seen = [position for start, end in word_spans(ids, self.vocab) for position in range(start, end)
+                if encoder_labels[position] == IGNORE_INDEX]
+        return mask_positions(ids, seen, self.vocab, rng)
+
+
 @dataclass
-class MasterCollator:
+class MasterCollator(StoredIdsReader, WordDecoderMasks):
     """Mask and pad a list of :class:`MasterPair` into the anchor side and one side per decoder.
 
     Reads the pairs' stored ids (texts without ids are tokenised here), adds
@@ -249,30 +272,7 @@ class MasterCollator:
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
         self.special = SpecialTokens.of(self.tokenizer)
         self.decoders = tuple(self.decoders)
-        self._encode = None
-        if "mkp" in self.decoders and self.word_weights is None:
-            raise ValueError("the mkp decoder needs word frequencies (the word_frequencies stage's file)")
-        if self.pad_to is not None and self.pad_to < max(self.max_len, self.query_max_len):
-            raise ValueError(f"pad_to={self.pad_to} is shorter than max_len={self.max_len}")
-
-    def _text_ids(self, texts: list[str]) -> list[list[int]]:
-        if self._encode is None:
-            self._encode = TextEncoder(self.tokenizer)
-        return self._encode(texts)
-
-    def _ids(self, pairs: list[MasterPair], attribute: str, text) -> list:
-        """``getattr(pair, attribute)`` of each pair, or the ids of ``text(pair)`` where it is None."""
-        ids = [getattr(pair, attribute) for pair in pairs]
-        missing = [row for row, value in enumerate(ids) if value is None]
-        if missing:
-            for row, value in zip(missing, self._text_ids([text(pairs[row]) for row in missing])):
-                ids[row] = value
-        return ids
-
-    def _passage(self, ids, step: int, index: int, side: int) -> np.ndarray:
-        if self.crop:
-            ids = crop_span(ids, max(1, self.max_len - self.special.count), crop_rng(self.seed, step, index, side))
-        return with_special_tokens(ids, self.max_len, self.special)
+        self._check_settings()
 
     def joined_queries(self, pieces: list) -> np.ndarray:
         """``[CLS] q1 [SEP] q2 [SEP] ...`` of the queries' ids, cut at ``max_len`` tokens (ending in [SEP])."""
@@ -294,23 +294,11 @@ class MasterCollator:
             ids[row], start = flat[start:start + count], start + count
         return ids
 
-    def mkp(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
-        spans = word_spans(ids, self.vocab)
-        words = word_strings(self.tokenizer.convert_ids_to_tokens(ids), spans)
-        weights = [self.word_weights.idf(word) for word in words]
-        return weighted_word_mask(ids, self.vocab, self.decoder_mask_ratio, weights, rng)
-
-    def cmp(self, ids: list[int], encoder_labels: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
-        """The anchor with every maskable token the encoder's mask left masked (80/10/10)."""
-        seen = [position for start, end in word_spans(ids, self.vocab) for position in range(start, end)
-                if encoder_labels[position] == IGNORE_INDEX]
-        return mask_positions(ids, seen, self.vocab, rng)
-
     def __call__(self, pairs: list[MasterPair], step: int) -> dict[str, dict[str, torch.Tensor]]:
         pad, rate = self.special.pad_id, self.decoder_mask_ratio
         keys = [(self.seed, 2, step, pair.index) for pair in pairs]
         anchors = [self._passage(ids, step, pair.index, 0)
-                   for pair, ids in zip(pairs, self._ids(pairs, "anchor_ids", lambda pair: pair.anchor))]
+                   for pair, ids in zip(pairs, self._ids(pairs, "anchor_ids", "anchor"))]
         batch = {"anchor": pad_and_mask(anchors, [key + (0,) for key in keys], self.vocab, self.mask_ratio,
                                         pad, self.pad_to)}
         sequences: dict[str, list[np.ndarray]] = {}
@@ -318,12 +306,12 @@ class MasterCollator:
             sequences["npr"] = [
                 with_special_tokens(ids, self.query_max_len, self.special) if pair.context_kind == "query"
                 else self._passage(ids, step, pair.index, 1)
-                for pair, ids in zip(pairs, self._ids(pairs, "context_ids", lambda pair: pair.context))]
+                for pair, ids in zip(pairs, self._ids(pairs, "context_ids", "context"))]
         if "dor" in self.decoders:
             sequences["dor"] = [self.joined_queries(ids) for ids in self._query_ids(pairs)]
         if "gor" in self.decoders:
             sequences["gor"] = [with_special_tokens(ids, self.max_len, self.special)
-                                for ids in self._ids(pairs, "continuation_ids", lambda pair: pair.continuation)]
+                                for ids in self._ids(pairs, "continuation_ids", "continuation")]
         for task in self.decoders:
             if task in sequences:
                 batch[task] = pad_and_mask(sequences[task], [key + (SIDES[task],) for key in keys], self.vocab,
@@ -344,7 +332,7 @@ class MasterCollator:
 
 
 @dataclass
-class TextMasterCollator:
+class TextMasterCollator(WordDecoderMasks):
     """The MASTER collator as it was before token ids were stored: tokenise the texts, then mask word
     by word. Kept as the definition :class:`MasterCollator` must equal (tests)."""
 
@@ -361,10 +349,7 @@ class TextMasterCollator:
     def __post_init__(self):
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
         self.decoders = tuple(self.decoders)
-        if "mkp" in self.decoders and self.word_weights is None:
-            raise ValueError("the mkp decoder needs word frequencies (the word_frequencies stage's file)")
-        if self.pad_to is not None and self.pad_to < max(self.max_len, self.query_max_len):
-            raise ValueError(f"pad_to={self.pad_to} is shorter than max_len={self.max_len}")
+        self._check_settings()
 
     def _rng(self, step: int, index: int, side: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, 2, step, index, side])
@@ -384,18 +369,6 @@ class TextMasterCollator:
         if len(ids) > self.max_len:
             ids = ids[:self.max_len - 1] + [sep_id]
         return ids if len(ids) > 1 else [cls_id, sep_id]
-
-    def mkp(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
-        spans = word_spans(ids, self.vocab)
-        words = word_strings(self.tokenizer.convert_ids_to_tokens(ids), spans)
-        weights = [self.word_weights.idf(word) for word in words]
-        return weighted_word_mask(ids, self.vocab, self.decoder_mask_ratio, weights, rng)
-
-    def cmp(self, ids: list[int], encoder_labels: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
-        """The anchor with every maskable token the encoder's mask left masked (80/10/10)."""
-        seen = [position for start, end in word_spans(ids, self.vocab) for position in range(start, end)
-                if encoder_labels[position] == IGNORE_INDEX]
-        return mask_positions(ids, seen, self.vocab, rng)
 
     def __call__(self, pairs: list[MasterPair], step: int) -> dict[str, dict[str, torch.Tensor]]:
         pad, rate = self.tokenizer.pad_token_id, self.decoder_mask_ratio

@@ -384,8 +384,46 @@ def pad_and_mask(sequences: list[np.ndarray], mask_keys: list[tuple[int, ...]], 
             "labels": torch.from_numpy(labels)}
 
 
+def check_pad_to(pad_to: int | None, max_len: int, query_max_len: int) -> None:
+    """Refuse a fixed padding length shorter than the sequences it pads."""
+    if pad_to is not None and pad_to < max(max_len, query_max_len):
+        raise ValueError(f"pad_to={pad_to} is shorter than max_len={max_len}")
+
+
+class StoredIdsReader:
+    """How the collators of stored token ids read a pair's sides; for a dataclass with ``tokenizer``,
+    ``max_len``, ``seed``, ``crop`` and ``special`` (:class:`SpecialTokens`).
+
+    A side's ids are the ones the pair carries, or, for pairs that carry none,
+    its text's ids (one tokenizer call for all of them); a passage gets its
+    special tokens and is cut at ``max_len`` as the tokenizer would, after a
+    random window is kept of it with ``crop`` (:func:`crop_span`).
+    """
+
+    _encode = None   # the TextEncoder, made on the first pair without ids
+
+    def _text_ids(self, texts: list[str]) -> list[list[int]]:
+        if self._encode is None:
+            self._encode = TextEncoder(self.tokenizer)
+        return self._encode(texts)
+
+    def _ids(self, pairs: list[Pair], attribute: str, text: str) -> list:
+        """``getattr(pair, attribute)`` of each pair, or the ids of ``getattr(pair, text)`` where it is None."""
+        ids = [getattr(pair, attribute) for pair in pairs]
+        missing = [row for row, value in enumerate(ids) if value is None]
+        if missing:
+            for row, value in zip(missing, self._text_ids([getattr(pairs[row], text) for row in missing])):
+                ids[row] = value
+        return ids
+
+    def _passage(self, ids, step: int, index: int, side: int) -> np.ndarray:
+        if self.crop:
+            ids = crop_span(ids, max(1, self.max_len - self.special.count), crop_rng(self.seed, step, index, side))
+        return with_special_tokens(ids, self.max_len, self.special)
+
+
 @dataclass
-class PairCollator:
+class PairCollator(StoredIdsReader):
     """Mask and pad a list of pairs into ``{"anchor": side, "context": side}`` (see :func:`pad_and_mask`).
 
     Pairs read from the stage files carry their token ids; the collator adds the
@@ -413,24 +451,7 @@ class PairCollator:
     def __post_init__(self):
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
         self.special = SpecialTokens.of(self.tokenizer)
-        self._encode = None
-        if self.pad_to is not None and self.pad_to < max(self.max_len, self.query_max_len):
-            raise ValueError(f"pad_to={self.pad_to} is shorter than max_len={self.max_len}")
-
-    def _ids(self, pairs: list[Pair], attribute: str, text: str) -> list:
-        ids = [getattr(pair, attribute) for pair in pairs]
-        missing = [row for row, value in enumerate(ids) if value is None]
-        if missing:
-            if self._encode is None:
-                self._encode = TextEncoder(self.tokenizer)
-            for row, value in zip(missing, self._encode([getattr(pairs[row], text) for row in missing])):
-                ids[row] = value
-        return ids
-
-    def _passage(self, ids, step: int, index: int, side: int) -> np.ndarray:
-        if self.crop:
-            ids = crop_span(ids, max(1, self.max_len - self.special.count), crop_rng(self.seed, step, index, side))
-        return with_special_tokens(ids, self.max_len, self.special)
+        check_pad_to(self.pad_to, self.max_len, self.query_max_len)
 
     def __call__(self, pairs: list[Pair], step: int) -> dict[str, dict[str, torch.Tensor]]:
         anchors = [self._passage(ids, step, pair.index, 0)
