@@ -82,15 +82,21 @@ def whole_word_mask(token_ids: list[int], vocab: MaskingVocab, probability: floa
     if maskable == 0:
         return list(token_ids), [IGNORE_INDEX] * len(token_ids)
     budget = max(1, int(round(probability * maskable)))
+    return mask_positions(token_ids, take_words(spans, rng.permutation(len(spans)), budget), vocab, rng)
+
+
+def take_words(spans: list[tuple[int, int]], order, budget: int) -> list[int]:
+    """The token positions of the words visited in ``order`` (indices into ``spans``), each word taken
+    whole while it fits in the ``budget`` of tokens, until the budget is met."""
     chosen: list[int] = []
-    for word in rng.permutation(len(spans)):
+    for word in order:
         start, end = spans[word]
         if len(chosen) + (end - start) > budget:
             continue
         chosen.extend(range(start, end))
         if len(chosen) == budget:
             break
-    return mask_positions(token_ids, chosen, vocab, rng)
+    return chosen
 
 
 def mask_positions(token_ids: list[int], chosen: list[int], vocab: MaskingVocab,
@@ -147,15 +153,10 @@ def weighted_word_mask(token_ids: list[int], vocab: MaskingVocab, probability: f
         raise ValueError("word weights must be positive and finite")
     # log of u ** (1 / w), which orders the words as the keys themselves do
     keys = np.log(rng.random(len(spans))) / weight
-    chosen: list[int] = []
-    for word in np.argsort(-keys, kind="stable"):
-        start, end = spans[word]
-        if len(chosen) + (end - start) > budget:
-            continue
-        chosen.extend(range(start, end))
-        if len(chosen) == budget:
-            break
+    chosen = take_words(spans, np.argsort(-keys, kind="stable"), budget)
     return mask_positions(token_ids, sorted(chosen), vocab, rng)
+
+
 def whole_word_mask_batch(flat_ids: np.ndarray, lengths: np.ndarray, keys, vocab: MaskingVocab,
                           probability: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`whole_word_mask` of many sequences at once, with the same result for each.
