@@ -9,20 +9,18 @@ the automatic judge until `annotation.human_sheets` lists filled sheets.
 from __future__ import annotations
 
 import json
-import argparse
 import sys
 from pathlib import Path
 
 from qac.config import load_params, profile_dir
-from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+from qac.console import StageClock, print_summary, stage_arguments
 from qac.io import atomic_path
 from qac.reporting import annotation
 from qac.tracking import log_metrics, stage_run, write_run_record
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
     params = load_params()
     settings = params["annotation"]

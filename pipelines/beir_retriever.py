@@ -62,12 +62,10 @@ def training_negatives(params: dict, dataset, root: Path) -> tuple[dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
+    
+    from qac.console import StageClock, print_summary, stage_arguments
 
-    from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
-
-    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    setup_console(parser.parse_args([] if argv is None else argv).verbose)
+    stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
     from qac.config import load_params, profile_dir

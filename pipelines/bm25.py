@@ -17,13 +17,12 @@ data/<profile>/.runs/bm25/mlflow_run.json, outside the output.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
 from qac.config import load_params, profile_dir
-from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+from qac.console import StageClock, print_summary, stage_arguments
 from qac.data.prepared import load_prepared_parts
 from qac.evaluation.report import (SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits,
                                    log_evaluation)
@@ -67,8 +66,7 @@ def official_negatives(folder: Path, dataset, per_query: int, seed: int):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
     params = load_params()
     root = profile_dir(params)

@@ -7,12 +7,11 @@ data/<profile>/metrics/split.json. Logs the MLflow run `split_passages`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 from qac.config import load_params, profile_dir
-from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+from qac.console import StageClock, print_summary, stage_arguments
 from qac.data.punkt import SETTINGS as PUNKT_SETTINGS
 from qac.data.punkt import PunktUnavailableError, download_pretrained_english, pretrained_english_available
 from qac.data.splitting import SplitSettings, split_corpus_file
@@ -22,8 +21,7 @@ from qac.tracking.record import log_file_input
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
     params = load_params()
     settings = SplitSettings.from_params(params)

@@ -6,18 +6,16 @@ plots/); then logs that folder to the MLflow study run when the store holds it.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from qac.config import load_params
-from qac.console import add_verbose_flag, setup_console
+from qac.console import stage_arguments
 from qac.reporting.lineage import load_study
 from qac.reporting.report import log_to_study_run, write_report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    stage_arguments(__doc__.splitlines()[0], argv)
     params = load_params()
     report = write_report(params, params.get("tables", {}).get("out_dir", "reports"))
     print(f"tables: wrote {report.directory}/tables.md ({len(report.tables)} tables, "

@@ -9,13 +9,12 @@ to MLflow, data/<profile>/metrics/query_generator.json and reports/query_generat
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
 
 from qac.config import load_params, params_path, profile_dir
-from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+from qac.console import StageClock, print_summary, stage_arguments
 
 
 def quality_index(datasets_dir, corpora, heldout, max_documents, seed):
@@ -105,8 +104,7 @@ def judge_figures(params, data, heldout, model, tokenizer, sampling, dtype, cand
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    setup_console(parser.parse_args([] if argv is None else argv).verbose)   # the command line comes from __main__
+    stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
     import torch

@@ -9,17 +9,15 @@ MKP's masking; DVC caches it, so pre-training variants share one pass.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 from qac.config import load_params, profile_dir
-from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+from qac.console import StageClock, print_summary, stage_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    setup_console(parser.parse_args([] if argv is None else argv).verbose)
+    stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
     from qac.console import progress

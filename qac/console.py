@@ -49,6 +49,14 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     return parser
 
 
+def stage_arguments(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a stage without options of its own (``-v``), parsed, with the console set up for
+    it. ``argv`` None (``run_main(main)``, as DVC runs the stage) parses no arguments."""
+    args = add_verbose_flag(argparse.ArgumentParser(description=description)).parse_args([] if argv is None else argv)
+    setup_console(args.verbose)
+    return args
+
+
 def variant_stage_arguments(description: str, argv: list[str] | None,
                             log_models_help: str | None = None) -> argparse.Namespace:
     """The command line of a per-variant stage (``--variant``, ``-v``, and ``--log-models`` with its help
