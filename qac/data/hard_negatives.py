@@ -29,7 +29,6 @@ import gzip
 import io
 import json
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -175,7 +174,7 @@ def locate_hard_negatives(source: Mapping[str, Any], *, mirror: str | os.PathLik
     naming every place tried.
     """
     from qac.config import data_mirror
-    from qac.data.sources import download_and_unpack
+    from qac.data.sources import download_file
 
     mirror_root = Path(mirror) if mirror is not None else data_mirror()
     relative = source.get("mirror")
@@ -190,15 +189,5 @@ def locate_hard_negatives(source: Mapping[str, Any], *, mirror: str | os.PathLik
         raise DatasetUnavailableError(
             f"beir_retriever.hard_negatives: {name} found in none of {', '.join(str(c.parent) for c in candidates)}"
             + ("" if url else ", and no url is declared to download it from"))
-    checksum = ("md5", source["md5"]) if source.get("md5") else None
-    if checksum is None:
-        warnings.warn(f"beir_retriever.hard_negatives: {url} has no pinned checksum (md5)",
-                      UnverifiedHardNegativesWarning, stacklevel=2)
-    try:
-        download_and_unpack(url, cache, checksum=checksum)
-    except (OSError, ValueError) as error:
-        raise DatasetUnavailableError(f"beir_retriever.hard_negatives: the download from {url} into {cache} "
-                                      f"failed: {error}") from None
-    if not (cache / name).is_file():
-        raise DatasetUnavailableError(f"beir_retriever.hard_negatives: {url} did not give {name} in {cache}")
-    return cache / name
+    return download_file(url, source.get("md5"), cache, name, "beir_retriever.hard_negatives", "md5",
+                         UnverifiedHardNegativesWarning)

@@ -383,6 +383,26 @@ def download_and_unpack(url: str, target: str | os.PathLike, checksum: tuple[str
             json.dumps({"url": url, "checksum": list(checksum) if checksum else None}) + "\n", encoding="utf-8")
 
 
+def download_file(url: str, md5: str | None, cache: Path, name: str, owner: str, md5_key: str,
+                  warning: type[Warning], what: str = "") -> Path:
+    """``cache / name`` after unpacking ``url`` into ``cache`` (:func:`download_and_unpack`).
+
+    The bytes are checked against ``md5`` when it is pinned; when not, ``warning`` says so, naming the
+    parameter ``md5_key`` that would pin it. A failed download, or one without ``name``, is a
+    :class:`DatasetUnavailableError` that begins with ``owner`` (``what`` says what was downloaded).
+    """
+    checksum = ("md5", md5) if md5 else None
+    if checksum is None:
+        warnings.warn(f"{owner}: {url} has no pinned checksum ({md5_key})", warning, stacklevel=3)
+    try:
+        download_and_unpack(url, cache, checksum=checksum)
+    except (OSError, ValueError) as error:
+        raise DatasetUnavailableError(f"{owner}: the download {what}from {url} into {cache} failed: {error}") from None
+    if not (cache / name).is_file():
+        raise DatasetUnavailableError(f"{owner}: {url} did not give {name} in {cache}")
+    return cache / name
+
+
 def _move_contents(unpacked: Path, destination: Path) -> None:
     """Move an unpacked archive's files into ``destination``, skipping a lone top-level folder."""
     entries = [entry for entry in unpacked.iterdir() if entry.name != "__MACOSX"]
@@ -521,15 +541,5 @@ def triples_path(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike
         raise DatasetUnavailableError(
             f"dataset {spec.name!r}: training triples {spec.triples!r} found in none of "
             f"{', '.join(str(c.parent) for c in candidates)}, and no triples_url is declared to download them from")
-    checksum = ("md5", spec.triples_md5) if spec.triples_md5 else None
-    if checksum is None:
-        warnings.warn(f"dataset {spec.name!r}: {spec.triples_url} has no pinned checksum (triples_md5)",
-                      UnverifiedDownloadWarning, stacklevel=2)
-    try:
-        download_and_unpack(spec.triples_url, cache, checksum=checksum)
-    except (OSError, ValueError) as error:
-        raise DatasetUnavailableError(f"dataset {spec.name!r}: the download of its training triples from "
-                                      f"{spec.triples_url} into {cache} failed: {error}") from None
-    if not (cache / name).is_file():
-        raise DatasetUnavailableError(f"dataset {spec.name!r}: {spec.triples_url} did not give {name} in {cache}")
-    return cache / name
+    return download_file(spec.triples_url, spec.triples_md5, cache, name, f"dataset {spec.name!r}", "triples_md5",
+                         UnverifiedDownloadWarning, what="of its training triples ")
