@@ -45,6 +45,15 @@ LearningRate = NonNegativeFloat
 DType = Literal["auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64"]
 Retriever = Literal["r1", "r2", "untuned"]
 
+# Keys that mean the same in every section holding them: type, range and description declared once.
+PeakLearningRate = Annotated[LearningRate, Field(description="peak learning rate")]
+WarmupRatio = Annotated[Fraction, Field(description="share of the steps with a rising learning rate")]
+WeightDecay = Annotated[NonNegativeFloat, Field(description="AdamW weight decay")]
+ContrastiveTemperature = Annotated[PositiveFloat, Field(description="contrastive softmax temperature")]
+TopK = Annotated[NonNegativeInt, Field(description="sample among the k likeliest tokens (0: no top-k cut)")]
+TopP = Annotated[Annotated[float, Field(gt=0, le=1)], Field(description="nucleus sampling mass")]
+ChunkSize = Annotated[PositiveInt, Field(description="passages per atomically committed chunk (resume unit)")]
+
 
 class Section(BaseModel):
     """A mapping of the params file: every key declared, nothing else allowed."""
@@ -150,8 +159,8 @@ class QueryGeneratorSection(Section):
     max_target_len: PositiveInt = Field(description="query tokens the generator learns to write")
     epochs: PositiveInt = Field(description="passes over the training pairs")
     batch_size: PositiveInt = Field(description="training pairs per optimizer step")
-    lr: LearningRate = Field(description="peak learning rate")
-    warmup_ratio: Fraction = Field(description="share of the steps with a rising learning rate")
+    lr: PeakLearningRate
+    warmup_ratio: WarmupRatio
     heldout_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
         description="of the (passage -> query) training pairs, held out for the quality report")
     max_heldout: NonNegativeInt = Field(description="cap on held-out pairs")
@@ -161,7 +170,7 @@ class QueryGeneratorSection(Section):
                     "most words with the query, not from the document's start (qac.querygen.pairs)")
     max_train_pairs: PositiveInt | None = Field(
         description="cap on training pairs (query pairs first, then titles); null: all")
-    weight_decay: NonNegativeFloat = Field(description="AdamW weight decay")
+    weight_decay: WeightDecay
     log_every: PositiveInt = Field(description="optimizer steps between logged losses")
     dtype: DType = Field(description="auto: bf16 autocast on GPU, fp32 on CPU; bf16 forces autocast on CPU too")
     quality_max_documents: PositiveInt | None = Field(
@@ -190,12 +199,12 @@ class QuerygenSection(Section):
         description="tokens sampled before end of sequence may be (0: the paper's sampling)")
     queries_per_passage: PositiveInt = Field(
         description="candidates generated per passage (paper release: 20; Table 3 uses the first 1/5/10/20)")
-    top_p: Annotated[float, Field(gt=0, le=1)] = Field(description="nucleus sampling mass")
-    top_k: NonNegativeInt = Field(description="sample among the k likeliest tokens (0: no top-k cut)")
+    top_p: TopP
+    top_k: TopK
     max_new_tokens: PositiveInt = Field(description="longest generated query, in tokens")
     max_source_len: PositiveInt = Field(description="passage tokens the generator reads")
     batch_size: PositiveInt = Field(description="passages per generation batch")
-    chunk_size: PositiveInt = Field(description="passages per atomically committed chunk (resume unit)")
+    chunk_size: ChunkSize
     max_passages: PositiveInt | None = Field(
         description="generate for the first N passages only (null: all); queries.arrow is then a prefix")
     drop_duplicates: bool = Field(description="drop a candidate that repeats an earlier one of its passage")
@@ -221,11 +230,11 @@ class PretrainCommon(Section):
     steps: PositiveInt = Field(description="optimizer steps")
     batch_size: PositiveInt = Field(description="pairs per optimizer step (global); a multiple of grad_accumulation")
     grad_accumulation: PositiveInt = Field(description="micro-batches per optimizer step")
-    lr: LearningRate = Field(description="peak learning rate")
-    weight_decay: NonNegativeFloat = Field(description="AdamW weight decay")
-    warmup_ratio: Fraction = Field(description="share of the steps with a rising learning rate")
+    lr: PeakLearningRate
+    weight_decay: WeightDecay
+    warmup_ratio: WarmupRatio
     mlm_probability: OpenFraction = Field(description="share of tokens masked for the MLM losses")
-    temperature: PositiveFloat = Field(description="contrastive softmax temperature")
+    temperature: ContrastiveTemperature
     grad_cache_chunk: NonNegativeInt = Field(
         description="0: no gradient caching; else chunk size of the cached contrastive pass")
     n_head_layers: PositiveInt = Field(description="coCondenser head layers")
@@ -304,11 +313,11 @@ class ContinuationSection(Section):
                                    "GPT-2, tests and smoke)")
     max_source_len: PositiveInt = Field(description="the passage's last N tokens are what the LM continues")
     max_new_tokens: PositiveInt = Field(description="tokens sampled per continuation")
-    top_k: NonNegativeInt = Field(description="sample among the k likeliest tokens (0: no top-k cut)")
-    top_p: Annotated[float, Field(gt=0, le=1)] = Field(description="nucleus sampling mass")
+    top_k: TopK
+    top_p: TopP
     temperature: PositiveFloat = Field(description="logits divided by it before top-k/top-p")
     batch_size: PositiveInt = Field(description="passages per decoding batch")
-    chunk_size: PositiveInt = Field(description="passages per atomically committed chunk (resume unit)")
+    chunk_size: ChunkSize
     max_passages: PositiveInt | None = Field(
         description="continue the first N passages only (null: all); later passages have no GOR text")
     dtype: DType = Field(description="auto: bf16 on GPU, fp32 on CPU")
@@ -327,11 +336,11 @@ class FinetuneSection(Section):
     incomplete_batch: Literal["error", "drop"] = Field(
         description="training queries that do not fill a last whole batch: error (stop before training, naming "
                     "the counts) or drop (leave them out, counted in the summary line and in MLflow)")
-    lr: LearningRate = Field(description="peak learning rate")
+    lr: PeakLearningRate
     epochs: PositiveInt = Field(description="epochs per fine-tuning stage")
-    warmup_ratio: Fraction = Field(description="share of the steps with a rising learning rate")
-    weight_decay: NonNegativeFloat = Field(description="AdamW weight decay")
-    temperature: PositiveFloat = Field(description="contrastive softmax temperature")
+    warmup_ratio: WarmupRatio
+    weight_decay: WeightDecay
+    temperature: ContrastiveTemperature
     pooling: Literal["cls", "mean"] = Field(description="how a text's embedding is read: cls | mean")
     bm25_depth: PositiveInt = Field(description="BM25 negatives are drawn from this depth")
     mine_depth: PositiveInt = Field(description="retriever 1 mining depth (paper: 200)")
