@@ -4,9 +4,6 @@ its quality figures, and byte-identical output across shards, torchrun and a kil
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,10 +15,7 @@ from qac.models.loading import load_tokenizer
 from qac.querygen.continuation import (ContinuationGenerator, ContinuationSettings, continuation_quality,
                                        distinct_n, load_causal_lm, tiny_causal_lm)
 from qac.querygen.generate import GenerationStats
-from test_querygen_stage import PYTHON, TORCHRUN, arrow_records, passage_records, subprocess_env
-
-REPO = Path(__file__).resolve().parent.parent
-STAGE = REPO / "pipelines" / "generate_continuations.py"
+from stages import arrow_records, kill_after_chunks, passage_records, run_stage_main, run_torchrun
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +45,7 @@ def make_project(root: Path, gpt2_dir: Path, n_passages: int = 14, tokenizer: st
 
 
 def run_stage(params_path: Path, monkeypatch, *args: str) -> Path:
-    import importlib.util
-
-    monkeypatch.setenv("QAC_PARAMS", str(params_path))
-    spec = importlib.util.spec_from_file_location("generate_continuations_stage", STAGE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(list(args)) == 0
+    run_stage_main("generate_continuations", params_path, monkeypatch, *args)
     return params_path.parent / "data" / "smoke" / "continuations.arrow"
 
 
@@ -146,10 +134,7 @@ def test_bad_setting_is_refused_before_work(tmp_path, gpt2_dir, monkeypatch):
 @pytest.mark.slow
 def test_torchrun_two_processes_match_a_single_process(tmp_path, gpt2_dir, reference, mlflow_store):
     params = make_project(tmp_path, gpt2_dir)
-    result = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(STAGE)],
-                            cwd=tmp_path, env=subprocess_env(params, mlflow_store), capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_torchrun("generate_continuations", params, mlflow_store)
     assert (tmp_path / "data" / "smoke" / "continuations.arrow").read_bytes() == reference
 
 
@@ -158,18 +143,7 @@ def test_kill_nine_then_rerun_is_byte_identical(tmp_path, gpt2_dir, monkeypatch,
     settings = dict(max_new_tokens=48, chunk_size=2, batch_size=2)
     params = make_project(tmp_path / "killed", gpt2_dir, n_passages=24, **settings)
     data = params.parent / "data" / "smoke"
-    process = subprocess.Popen([str(PYTHON), str(STAGE)], cwd=params.parent, env=subprocess_env(params, mlflow_store),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and process.poll() is None:
-            if len(list(data.glob(".continuations.work/*/chunks/*.json"))) >= 2:
-                break
-            time.sleep(0.02)
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.wait()
-    committed = len(list(data.glob(".continuations.work/*/chunks/*.json")))
+    committed = kill_after_chunks("generate_continuations", params, mlflow_store, data / ".continuations.work")
     assert 2 <= committed < 12, "the run must be killed between chunks"
     assert not (data / "continuations.arrow").exists()
     resumed = run_stage(params, monkeypatch).read_bytes()

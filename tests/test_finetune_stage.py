@@ -9,7 +9,6 @@ its pre-training run. The evaluation and leakage tests reuse it.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -20,6 +19,7 @@ from qac.config import render_profile, write_params
 from qac.data.dataset import Dataset, Document
 from qac.data.prepared import write_prepared
 from qac.io import write_jsonl
+from stages import load_stage
 
 REPO = Path(__file__).resolve().parent.parent
 TOPICS = ["apple orchard harvest", "river bridge engineering", "violin concerto tuning", "glacier ice melt",
@@ -29,14 +29,6 @@ TOPICS = ["apple orchard harvest", "river bridge engineering", "violin concerto 
 HELDOUT_TOPICS = ["zeppelin airship hangar", "quasar redshift survey", "origami crane folding",
                   "lighthouse keeper lamp"]
 HELDOUT_MARK = "heldoutmarker"   # a word only test queries contain
-
-
-def load_stage(name: str):
-    """Import ``pipelines/<name>.py`` as a module (the stage scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", REPO / "pipelines" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tiny_datasets() -> tuple[Dataset, Dataset]:

@@ -4,22 +4,17 @@ sizes, torchrun and a kill -9 in the middle of a run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from qac.data.arrowstore import write_passages
+from stages import (REPO, arrow_records, kill_after_chunks, passage_records, run_stage_main, run_torchrun,
+                    subprocess_env)  # noqa: F401  (subprocess_env: test_multinode's)
 
-REPO = Path(__file__).resolve().parent.parent
-STAGE = REPO / "pipelines" / "generate_queries.py"
-PYTHON = REPO / ".venv" / "bin" / "python"
-TORCHRUN = REPO / ".venv" / "bin" / "torchrun"
+STAGE = REPO / "pipelines" / "generate_queries.py"   # test_multinode runs it on two nodes
 
 
 @pytest.fixture(scope="module")
@@ -37,24 +32,6 @@ def t5_dir(tmp_path_factory) -> Path:
     T5ForConditionalGeneration(config).save_pretrained(path)
     load_tokenizer("minilm").save_pretrained(path)
     return path
-
-
-def passage_records(n: int) -> list[dict]:
-    topics = ["protein folding", "river delta sediment", "neural spike timing", "tax policy", "coral bleaching"]
-    records = []
-    for i in range(n):
-        doc, position = f"d{i // 3}", i % 3
-        text = f"{topics[i % 5].capitalize()} study {i}. " + "Results were measured twice. " * (i % 4)
-        records.append({"pid": f"{doc}#{position}", "doc_id": doc, "position": position, "text": text,
-                        "n_tokens": len(text.split()), "contexts": {"nearby": [], "random_sampled": [], "overlap": ""}})
-    return records
-
-
-def arrow_records(data: bytes) -> list[dict]:
-    """The rows of an Arrow stream file's bytes."""
-    import pyarrow as pa
-
-    return pa.ipc.open_stream(pa.BufferReader(data)).read_all().to_pylist()
 
 
 def make_project(root: Path, t5_dir: Path, n_passages: int = 14, **querygen) -> Path:
@@ -80,13 +57,7 @@ def make_project(root: Path, t5_dir: Path, n_passages: int = 14, **querygen) -> 
 
 
 def run_stage(params_path: Path, monkeypatch, *args: str) -> Path:
-    import importlib.util
-
-    monkeypatch.setenv("QAC_PARAMS", str(params_path))
-    spec = importlib.util.spec_from_file_location("generate_queries_stage", STAGE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(list(args)) == 0
+    run_stage_main("generate_queries", params_path, monkeypatch, *args)
     return params_path.parent / "data" / "smoke" / "queries.arrow"
 
 
@@ -94,12 +65,6 @@ def set_querygen(params_path: Path, **values) -> None:
     params = yaml.safe_load(params_path.read_text(encoding="utf-8"))
     params["querygen"].update(values)
     params_path.write_text(yaml.safe_dump(params), encoding="utf-8")
-
-
-def subprocess_env(params_path: Path, mlflow_uri: str) -> dict:
-    env = dict(os.environ, QAC_PARAMS=str(params_path), MLFLOW_TRACKING_URI=mlflow_uri, HF_HUB_OFFLINE="1",
-               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -172,10 +137,7 @@ def test_changed_settings_do_not_reuse_stale_chunks(tmp_path, t5_dir, monkeypatc
 @pytest.mark.slow
 def test_torchrun_two_processes_match_a_single_process(tmp_path, t5_dir, reference, mlflow_store):
     params = make_project(tmp_path, t5_dir)
-    result = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(STAGE)],
-                            cwd=tmp_path, env=subprocess_env(params, mlflow_store), capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_torchrun("generate_queries", params, mlflow_store)
     assert (tmp_path / "data" / "smoke" / "queries.arrow").read_bytes() == reference
 
 
@@ -185,19 +147,7 @@ def test_kill_nine_then_rerun_is_byte_identical(tmp_path, t5_dir, monkeypatch, m
     settings = dict(max_new_tokens=16, chunk_size=2, batch_size=2)
     params = make_project(tmp_path / "killed", t5_dir, n_passages=24, **settings)
     data = params.parent / "data" / "smoke"
-    env = subprocess_env(params, mlflow_store)
-    process = subprocess.Popen([str(PYTHON), str(STAGE)], cwd=params.parent, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and process.poll() is None:
-            if len(list(data.glob(".queries.work/*/chunks/*.json"))) >= 2:
-                break
-            time.sleep(0.05)
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.wait()
-    committed = len(list(data.glob(".queries.work/*/chunks/*.json")))
+    committed = kill_after_chunks("generate_queries", params, mlflow_store, data / ".queries.work")
     assert 2 <= committed < 12, "the run must be killed between chunks"
     assert not (data / "queries.arrow").exists()
 

@@ -5,7 +5,6 @@ from the official training triples (``qidpidtriples``), sampled per query, inste
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from qac.data.prepared import TRAIN_NEGATIVES, load_prepared
 from qac.io import iter_jsonl
 from qac.params_schema import ParamsError
 from qac.retrieval import document_text, title_separator
+from stages import load_stage
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,13 +27,6 @@ TITLES = "0\tSun\n1\t-\n2\tParis\n3\tWater\n"
 TRIPLES = ("10\t0\t1\n10\t0\t2\n10\t0\t3\n10\t0\t9\n"      # 9 is not in the corpus
            "11\t2\t0\n11\t2\t1\n11\t3\t1\n"
            "12\t1\t0\n")                                   # 12 is not a training query
-
-
-def load_stage(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_stage", REPO / "pipelines" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def smoke_params(**overrides) -> dict:

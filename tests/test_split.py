@@ -331,29 +331,31 @@ def test_punkt_settings_are_explicit_and_pretrained_never_falls_back(monkeypatch
 
 # --- the stage ------------------------------------------------------------------
 
-def test_split_stage_writes_passages_punkt_and_metrics(shared_data, tmp_path, monkeypatch, mlflow_store):
-    import importlib.util
-
+def split_stage_project(shared_data: Path, tmp_path: Path, monkeypatch, documents: int, profile: str, split: dict):
+    """The split_passages stage, imported, with the first ``documents`` of SciFact prepared under
+    ``tmp_path/data/<profile>`` and the smoke parameters (``split`` merged in) as its params file."""
     import yaml
 
     from qac.data.beir import read_beir
     from qac.data.prepared import prepare_dataset, write_prepared
-
-    dataset = read_beir(shared_data / "scifact", [], name="scifact")
-    dataset.corpus = dict(itertools.islice(dataset.corpus.items(), 40))
-    write_prepared(prepare_dataset(dataset), tmp_path / "data" / "smoke" / "datasets" / "scifact")
+    from stages import load_stage
     from test_release_data import smoke_params
 
-    params = smoke_params(profile="smoke", seed=3, data_dir="data",
-                          split={"tokenizer": "minilm", "max_len": 48, "short_span_prob": 0.15, "workers": 1,
-                                 "punkt": "trained", "punkt_train_documents": None, "max_documents": None})
+    dataset = read_beir(shared_data / "scifact", [], name="scifact")
+    dataset.corpus = dict(itertools.islice(dataset.corpus.items(), documents))
+    write_prepared(prepare_dataset(dataset), tmp_path / "data" / profile / "datasets" / "scifact")
+    params = smoke_params(profile=profile, seed=3, data_dir="data", split=split)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
-    spec = importlib.util.spec_from_file_location("split_stage", Path(__file__).resolve().parent.parent
-                                                  / "pipelines" / "split_passages.py")
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
+    return load_stage("split_passages"), dataset
+
+
+def test_split_stage_writes_passages_punkt_and_metrics(shared_data, tmp_path, monkeypatch, mlflow_store):
+    stage, dataset = split_stage_project(
+        shared_data, tmp_path, monkeypatch, 40, "smoke",
+        split={"tokenizer": "minilm", "max_len": 48, "short_span_prob": 0.15, "workers": 1, "punkt": "trained",
+               "punkt_train_documents": None, "max_documents": None})
     assert stage.main() == 0
 
     out = tmp_path / "data" / "smoke"
@@ -377,28 +379,9 @@ def test_split_stage_writes_passages_punkt_and_metrics(shared_data, tmp_path, mo
 
 def test_split_stage_without_nltk_punkt_and_network_stops_with_the_command(shared_data, tmp_path, monkeypatch,
                                                                             capsys):
-    import importlib.util
-
-    import yaml
-
-    from qac.data.beir import read_beir
-    from qac.data.prepared import prepare_dataset, write_prepared
-
     _offline_nltk(monkeypatch, tmp_path)
-    dataset = read_beir(shared_data / "scifact", [], name="scifact")
-    dataset.corpus = dict(itertools.islice(dataset.corpus.items(), 5))
-    write_prepared(prepare_dataset(dataset), tmp_path / "data" / "paper" / "datasets" / "scifact")
-    from test_release_data import smoke_params
-
-    params = smoke_params(profile="paper", seed=3, data_dir="data",
-                          split={"max_len": 48, "workers": 1, "punkt": "pretrained", "max_documents": None})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
-    spec = importlib.util.spec_from_file_location("split_stage", Path(__file__).resolve().parent.parent
-                                                  / "pipelines" / "split_passages.py")
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
+    stage, _ = split_stage_project(shared_data, tmp_path, monkeypatch, 5, "paper",
+                                   split={"max_len": 48, "workers": 1, "punkt": "pretrained", "max_documents": None})
     with pytest.raises(SystemExit) as caught:
         stage.main()
     assert "python -m nltk.downloader punkt_tab" in str(caught.value.code)
