@@ -9,8 +9,8 @@ Optuna's heartbeat can tell: after ``hpo.grace_period`` seconds of silence the
 trial is failed and the stale-trial callback queues a retry with the same
 parameters, which the first machine runs; the study completes its budget.
 
-The trials run the stand-in job of tests/test_hpo_workers.py (a fixed score
-of the learning rate), except that a job on ``qac-node-b`` hangs.
+The trials run the stand-in job of tests/hpo_stand_in.py (a fixed score
+of the learning rate); a job on ``qac-node-b`` hangs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -29,33 +28,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from qac.config import render_profile, write_params
+from hpo_stand_in import stand_in_study
 
 REPO = Path(__file__).resolve().parent.parent
 LOST_HOST = "qac-node-b"
-
-STAND_IN_JOB = textwrap.dedent('''
-    """Scores a trial by -(log10(lr) + 4)^2, reporting it four times; on host qac-node-b it hangs first."""
-    import argparse, math, os, socket, time
-    from pathlib import Path
-    import yaml
-    from qac.hpo.trial_job import emit_event, stop_when_parent_goes
-
-    stop_when_parent_goes()
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--params"); parser.add_argument("--out")
-    args = parser.parse_args()
-    params = yaml.safe_load(open(args.params))
-    lr = params["pretrain"]["variants"][params["hpo"]["variant"]]["lr"]
-    Path(args.out, "host").write_text(socket.gethostname())
-    value = -(math.log10(lr) + 4) ** 2
-    if socket.gethostname() == "qac-node-b":
-        time.sleep(300)
-    for step in range(4):
-        time.sleep(0.2)
-        emit_event("intermediate", step=step, value=value)
-    emit_event("result", value=value, metrics={"score": value})
-''')
 
 
 def _own_host_name_possible() -> str | None:
@@ -75,19 +51,9 @@ def test_a_lost_machine_is_noticed_by_heartbeat_and_its_trial_retried(postgres_u
     if missing:
         pytest.skip(f"the second machine needs a host name of its own: {missing}")
     password = postgres_url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
-    job = tmp_path / "stand_in_job.py"
-    job.write_text(STAND_IN_JOB)
     study_name = f"pg-{tmp_path.name[-12:]}-{os.getpid()}"
-    params = render_profile("smoke")
-    params["data_dir"] = str(tmp_path / "data")
-    params["mlflow"]["system_metrics"] = False
-    params["hpo"].update({
-        "study_name": study_name, "job": str(job), "n_trials": 4, "retry_failed": 1, "heartbeat_interval": 1,
-        "grace_period": 4, "pruner": {"type": "none"}, "report_dir": str(tmp_path / "reports"),
-        "space": {"pretrain.lr": {"type": "float", "low": 1e-6, "high": 1e-2, "log": True}},
-    })
-    params_path = tmp_path / "params.yaml"
-    write_params(params, params_path)
+    params_path = stand_in_study(tmp_path, study_name, hang_when=f"socket.gethostname() == {LOST_HOST!r}",
+                                 hang_seconds=300, heartbeat_interval=1, grace_period=4)
     command = [sys.executable, "-m", "qac.cli", "hpo", "--params", str(params_path), "--workers", "1",
                "--storage", postgres_url]
     env = {**os.environ, "PYTHONPATH": str(REPO)}

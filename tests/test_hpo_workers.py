@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,49 +20,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from qac.config import render_profile, write_params
+from hpo_stand_in import stand_in_study
 
 REPO = Path(__file__).resolve().parent.parent
-
-STAND_IN_JOB = textwrap.dedent('''
-    """Scores a trial by -(log10(lr) + 4)^2, reporting it four times, 0.2 s apart.
-
-    The job of trial 1 first waits 60 s: that is the trial whose worker the test kills.
-    """
-    import argparse, math, os, time
-    from pathlib import Path
-    import yaml
-    from qac.hpo.trial_job import emit_event, stop_when_parent_goes
-
-    stop_when_parent_goes()
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--params"); parser.add_argument("--out")
-    args = parser.parse_args()
-    params = yaml.safe_load(open(args.params))
-    lr = params["pretrain"]["variants"][params["hpo"]["variant"]]["lr"]
-    Path(args.out, "job.pid").write_text(str(os.getpid()))
-    value = -(math.log10(lr) + 4) ** 2
-    if Path(args.out).name == "0001":
-        time.sleep(60)
-    for step in range(4):
-        time.sleep(0.2)
-        emit_event("intermediate", step=step, value=value)
-    emit_event("result", value=value, metrics={"score": value})
-''')
-
-
-def _study_params(tmp_path: Path, job: Path) -> Path:
-    params = render_profile("smoke")
-    params["data_dir"] = str(tmp_path / "data")
-    params["mlflow"]["system_metrics"] = False
-    params["hpo"].update({
-        "study_name": "kill-test", "job": str(job), "n_trials": 4, "retry_failed": 1,
-        "pruner": {"type": "none"}, "report_dir": str(tmp_path / "reports"),
-        "space": {"pretrain.lr": {"type": "float", "low": 1e-6, "high": 1e-2, "log": True}},
-    })
-    path = tmp_path / "params.yaml"
-    write_params(params, path)
-    return path
 
 
 def _load(journal: Path) -> optuna.Study:
@@ -76,9 +35,8 @@ def _load(journal: Path) -> optuna.Study:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_worker_killed_mid_trial_fails_that_trial_and_the_study_goes_on(tmp_path, mlflow_store):
-    job = tmp_path / "stand_in_job.py"
-    job.write_text(STAND_IN_JOB)
-    params_path = _study_params(tmp_path, job)
+    # The job of trial 1 first waits 60 s: that is the trial whose worker the test kills.
+    params_path = stand_in_study(tmp_path, "kill-test", hang_when='Path(args.out).name == "0001"', hang_seconds=60)
     journal = tmp_path / "data" / "smoke" / "hpo" / "kill-test" / "journal.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     driver = subprocess.Popen([sys.executable, "-m", "qac.cli", "hpo", "--params", str(params_path), "--workers", "2"],
