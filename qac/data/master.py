@@ -216,10 +216,20 @@ def pack_side(rows: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int 
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
-class WordDecoderMasks:
-    """The two decoders that mask the anchor's words, MKP and CMP, and the checks of the settings shared by
-    the MASTER collators (dataclasses with ``tokenizer``, ``vocab``, ``decoders``, ``decoder_mask_ratio``,
-    ``word_weights``, ``max_len``, ``query_max_len`` and ``pad_to``)."""
+@dataclass
+class MasterMasking:
+    """What the MASTER collators share: their settings, the checks of them, and the two decoders that mask
+    the anchor's words, MKP and CMP (``vocab`` is set by the collator)."""
+
+    tokenizer: object
+    max_len: int
+    query_max_len: int
+    mask_ratio: float
+    decoder_mask_ratio: float
+    seed: int
+    decoders: tuple[str, ...] = TASKS
+    word_weights: WordWeights | None = None
+    pad_to: int | None = None
 
     def _check_settings(self) -> None:
         if "mkp" in self.decoders and self.word_weights is None:
@@ -240,7 +250,7 @@ class WordDecoderMasks:
 
 
 @dataclass
-class MasterCollator(StoredIdsReader, WordDecoderMasks):
+class MasterCollator(StoredIdsReader, MasterMasking):
     """Mask and pad a list of :class:`MasterPair` into the anchor side and one side per decoder.
 
     Reads the pairs' stored ids (texts without ids are tokenised here), adds
@@ -257,15 +267,6 @@ class MasterCollator(StoredIdsReader, WordDecoderMasks):
     CMP read the window the encoder reads.
     """
 
-    tokenizer: object
-    max_len: int
-    query_max_len: int
-    mask_ratio: float
-    decoder_mask_ratio: float
-    seed: int
-    decoders: tuple[str, ...] = TASKS
-    word_weights: WordWeights | None = None
-    pad_to: int | None = None
     crop: bool = False
 
     def __post_init__(self):
@@ -332,19 +333,9 @@ class MasterCollator(StoredIdsReader, WordDecoderMasks):
 
 
 @dataclass
-class TextMasterCollator(WordDecoderMasks):
+class TextMasterCollator(MasterMasking):
     """The MASTER collator as it was before token ids were stored: tokenise the texts, then mask word
     by word. Kept as the definition :class:`MasterCollator` must equal (tests)."""
-
-    tokenizer: object
-    max_len: int
-    query_max_len: int
-    mask_ratio: float
-    decoder_mask_ratio: float
-    seed: int
-    decoders: tuple[str, ...] = TASKS
-    word_weights: WordWeights | None = None
-    pad_to: int | None = None
 
     def __post_init__(self):
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)

@@ -423,7 +423,20 @@ class StoredIdsReader:
 
 
 @dataclass
-class PairCollator(StoredIdsReader):
+class PairMasking:
+    """The settings of the pair collators: the pair's two sides masked at their own ratios."""
+
+    tokenizer: object
+    max_len: int
+    query_max_len: int
+    anchor_mask_ratio: float
+    context_mask_ratio: float
+    seed: int
+    pad_to: int | None = None
+
+
+@dataclass
+class PairCollator(StoredIdsReader, PairMasking):
     """Mask and pad a list of pairs into ``{"anchor": side, "context": side}`` (see :func:`pad_and_mask`).
 
     Pairs read from the stage files carry their token ids; the collator adds the
@@ -439,13 +452,6 @@ class PairCollator(StoredIdsReader):
     of its head.
     """
 
-    tokenizer: object
-    max_len: int
-    query_max_len: int
-    anchor_mask_ratio: float
-    context_mask_ratio: float
-    seed: int
-    pad_to: int | None = None
     crop: bool = False
 
     def __post_init__(self):
@@ -469,20 +475,12 @@ class PairCollator(StoredIdsReader):
 
 
 @dataclass
-class TextPairCollator:
+class TextPairCollator(PairMasking):
     """The collator as it was before token ids were stored: tokenise the texts, then mask word by word.
 
     Kept as the definition :class:`PairCollator` must equal (tests) and as the
     baseline of ``benchmarks/bench_pretrain.py``.
     """
-
-    tokenizer: object
-    max_len: int
-    query_max_len: int
-    anchor_mask_ratio: float
-    context_mask_ratio: float
-    seed: int
-    pad_to: int | None = None
 
     def __post_init__(self):
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
