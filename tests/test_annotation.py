@@ -10,6 +10,7 @@ import pytest
 
 from qac.data.errors import DataFormatError
 from qac.reporting import annotation
+from stages import load_stage
 
 # Documents: d1 three passages; d2 one passage (no passage-passage pair possible);
 # d3 two passages, only the second has queries; d4 two passages without queries; d5 two passages.
@@ -287,8 +288,6 @@ def test_run_study_with_judge_then_with_people(study_inputs, beir_dataset, tiny_
 
 def test_annotation_stage_logs_table5_run(study_inputs, beir_dataset, tiny_bert_dir, tmp_path, monkeypatch,
                                           mlflow_store):
-    import importlib.util
-
     import yaml
 
     from qac.reporting.report import load_study
@@ -309,10 +308,7 @@ def test_annotation_stage_logs_table5_run(study_inputs, beir_dataset, tiny_bert_
     (work / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     monkeypatch.chdir(work)
     monkeypatch.setenv("QAC_PARAMS", str(work / "params.yaml"))
-    spec = importlib.util.spec_from_file_location("annotation_stage", Path(__file__).parent.parent / "pipelines" / "annotation.py")
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
-    assert stage.main() == 0
+    assert load_stage("annotation").main() == 0
 
     out = data / "annotation"
     assert sorted(p.name for p in out.iterdir()) == ["key.csv", "labels.csv", "sheet.csv", "summary.json"]

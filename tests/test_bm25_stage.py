@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,8 +9,8 @@ import pytest
 import yaml
 
 from qac.io import iter_jsonl
+from stages import load_stage
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 METRICS = ["RR@10", "nDCG@10", "R@2"]
 
 
@@ -57,10 +56,7 @@ def project(tmp_path, monkeypatch, mlflow_store):
 
 
 def run_stage():
-    spec = importlib.util.spec_from_file_location("bm25_stage", REPO_ROOT / "pipelines" / "bm25.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main()
+    load_stage("bm25").main()
 
 
 def test_stage_writes_negatives_runs_and_logs_the_baseline(project):

@@ -4,12 +4,10 @@ reports it (the mean of the forums' means, not of all queries pooled)."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
 import zipfile
-from pathlib import Path
 
 import pytest
 import yaml
@@ -19,10 +17,9 @@ from qac.data.prepared import load_prepared, load_prepared_parts
 from qac.data.sources import DatasetSpec
 from qac.io import file_md5
 
+from stages import load_stage
 from test_prepare import serve
 from test_release_data import smoke_params
-
-REPO = Path(__file__).resolve().parent.parent
 
 # Two forums of different sizes, so the mean of forum means differs from the pooled mean.
 FORUMS = {
@@ -59,13 +56,6 @@ def site(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "cqadupstack.zip").write_bytes(buffer.getvalue())
     return tmp_path / "site"
-
-
-def load_stage(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_stage", REPO / "pipelines" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_subsets_must_name_folders_of_a_beir_dataset():

@@ -20,6 +20,7 @@ import pytest
 
 from qac import deviations
 from qac.config import PROFILE_NAMES, render_profile
+from stages import load_stage
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -164,8 +165,6 @@ def _run_finetune(params, entry, tmp_path, model_dir):
 
 def _run_bm25(params, entry, tmp_path, model_dir):
     """The prepare and bm25 stages on RocketQA-style passages with official triples: retriever 1's negatives."""
-    import importlib.util
-
     from qac.io import iter_jsonl
     from test_release_data import marco_project
 
@@ -174,10 +173,7 @@ def _run_bm25(params, entry, tmp_path, model_dir):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
         marco_project(tmp_path, monkeypatch, finetune=params["finetune"], bm25=params["bm25"], seed=params["seed"])
         for stage, argv in (("prepare", ["--dataset", "marco"]), ("bm25", [])):
-            spec = importlib.util.spec_from_file_location(f"{stage}_stage", REPO / "pipelines" / f"{stage}.py")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            module.main(argv)
+            load_stage(stage).main(argv)
     finally:
         monkeypatch.undo()
     records = list(iter_jsonl(tmp_path / "data" / "test" / "bm25" / "negatives.jsonl"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
-import importlib.util
 import io
 import json
 import tarfile
@@ -22,8 +21,8 @@ from qac.data.prepared import load_prepared, prepare_dataset, select_documents, 
 from qac.data.sources import (DOWNLOAD_RECORD, DatasetSpec, UnverifiedDownloadWarning, fetch_dataset,
                               locate_dataset, read_dataset)
 from qac.io import file_md5
+import stages
 
-REPO = Path(__file__).resolve().parent.parent
 UNREACHABLE = "http://127.0.0.1:9/x.zip"  # the discard port: nothing listens there
 
 CORPUS = [{"_id": f"d{i}", "title": f"Title {i}", "text": f"Text of document {i}."} for i in range(1, 7)]
@@ -266,10 +265,7 @@ def test_prepare_subset_counts_what_it_drops():
 # --- the stage ----------------------------------------------------------------
 
 def load_stage():
-    module_spec = importlib.util.spec_from_file_location("prepare_stage", REPO / "pipelines" / "prepare.py")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
+    return stages.load_stage("prepare")
 
 
 @pytest.fixture()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,16 +10,14 @@ import pytest
 from qac.config import render_profile, write_params
 from qac.io import path_md5
 from test_pretrain_corpus import write_corpus
+from stages import load_stage
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def main(argv):
     """``pipelines/pretrain.py``'s entry point (the pipelines folder is not a package)."""
-    spec = importlib.util.spec_from_file_location("pipeline_pretrain", REPO / "pipelines" / "pretrain.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(argv)
+    load_stage("pretrain").main(argv)
 
 
 @pytest.fixture()

@@ -18,8 +18,6 @@ from qac.querygen.pairs import Pair, build_pairs, cap_training_pairs, split_held
 from qac.querygen.quality import (JudgeAnchor, SelfRetrieval, candidate_shares, judge_anchors, judge_shares,
                                   random_sentence, rouge_l)
 
-REPO = Path(__file__).resolve().parent.parent
-
 DOCS = {
     "d1": ("Yeast chaperones", "Chaperones help proteins fold in yeast cells. Heat shock raises their levels."),
     "d2": ("River deltas", "Deltas grow where rivers deposit sediment. Tides rework the deposits."),
@@ -395,12 +393,9 @@ def test_patience_stops_training_early():
 
 def load_stage():
     """pipelines/train_query_generator.py as a module."""
-    import importlib.util
+    import stages
 
-    spec = importlib.util.spec_from_file_location("train_stage", REPO / "pipelines" / "train_query_generator.py")
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
-    return stage
+    return stages.load_stage("train_query_generator")
 
 
 def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, mlflow_store):

@@ -12,6 +12,7 @@ import pytest
 
 from dvc_study import (BM25, DL20, HIT50, PARAMS, PROFILE, RR, SEED, ZERO_SHOT, mean, run_id,
                        write_study)
+from stages import load_stage
 
 # z_0.975 + z_0.80 for a two-sided test at p < 0.05 with 80% power
 Z = 1.959963984540054 + 0.8416212335729143
@@ -290,7 +291,6 @@ def test_building_needs_no_mlflow_store(data, tmp_path, monkeypatch, capsys):
 
 
 def test_tables_stage_writes_the_report(data, tmp_path, monkeypatch, mlflow_store):
-    import importlib.util
     import shutil
 
     import yaml
@@ -301,11 +301,7 @@ def test_tables_stage_writes_the_report(data, tmp_path, monkeypatch, mlflow_stor
                            encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QAC_PARAMS", str(params_path))
-    path = Path(__file__).resolve().parent.parent / "pipelines" / "tables.py"
-    spec = importlib.util.spec_from_file_location("tables_stage", path)
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
-    assert stage.main() == 0
+    assert load_stage("tables").main() == 0
     assert (tmp_path / "out" / PROFILE / "tables.md").is_file()
     assert (tmp_path / "out" / PROFILE / "plots" / "in_domain.csv").is_file()
 
