@@ -34,10 +34,24 @@ def _run(cmd, cwd, env, check=True):
     return result
 
 
+# The study's variants: every method and every kind of context once. The smoke profile's other
+# variants (C=1, CoT-MAE and MASTER with passage context) add only more of the same stages;
+# `make smoke` runs them all.
+STUDY_VARIANTS = ("none", "cocondenser-passage", "cocondenser-query-q4", "cocondenser-mixed",
+                  "cotmae-query-q4", "master-query-q4")
+
+
 @pytest.fixture(scope="module")
 def smoke_study(tmp_path_factory, shared_data, copy_repository):
     work = tmp_path_factory.mktemp("study") / "repo"
     copy_repository(work)
+    from qac.params_schema import read_yaml
+
+    params = read_yaml((work / PARAMS).read_text())
+    variants = params["pretrain"]["variants"]
+    assert set(STUDY_VARIANTS) <= set(variants), sorted(variants)
+    params["pretrain"]["variants"] = {name: variants[name] for name in STUDY_VARIANTS}
+    write_params(params, work / PARAMS)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(work),
            "QAC_DATA_MIRROR": str(shared_data), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
