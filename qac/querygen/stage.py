@@ -101,13 +101,10 @@ def run_sharded_generation(args: argparse.Namespace, ctx, *, stage: str, passage
             bar.close()
             generated_here = stats.passages
         generated_all = sum_over_ranks(generated_here, ctx.device)   # also a barrier
-        if not merging:
-            if ctx.is_main:
-                print(f"shard {args.shard} done; merge with --merge-only once every shard has finished",
-                      file=sys.stderr)
-            cleanup()
-            return None
-        if not ctx.is_main:
+        if not merging and ctx.is_main:
+            print(f"shard {args.shard} done; merge with --merge-only once every shard has finished",
+                  file=sys.stderr)
+        if not (merging and ctx.is_main):
             cleanup()
             return None
 
