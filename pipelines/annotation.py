@@ -15,7 +15,7 @@ from pathlib import Path
 from qac.config import load_params, profile_dir
 from qac.console import StageClock, print_summary, stage_arguments
 from qac.io import atomic_path
-from qac.reporting import annotation
+from qac.evaluation import annotation
 from qac.tracking import log_metrics, stage_run, write_run_record
 
 

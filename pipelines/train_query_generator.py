@@ -77,7 +77,7 @@ def judge_figures(params, data, heldout, model, tokenizer, sampling, dtype, cand
     from qac.data.splitting import SplitSettings, TokenCounter, split_documents
     from qac.models.loading import load_tokenizer
     from qac.querygen.quality import judge_anchors, judge_shares
-    from qac.reporting.annotation import EncoderCosineJudge, calibration_pairs
+    from qac.evaluation.annotation import EncoderCosineJudge, calibration_pairs
     from qac.retrieval import document_text
 
     section, annotation = params["query_generator"], params["annotation"]

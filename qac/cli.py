@@ -21,7 +21,7 @@ SUBCOMMANDS = {
     "eval": "qac.evaluation.cli",
     "tables": "qac.reporting.cli",
     "check": "qac.reporting.check_cli",
-    "annotate": "qac.reporting.annotation_cli",
+    "annotate": "qac.evaluation.annotation_cli",
     "hpo": "qac.hpo.cli",
     "deviations": "qac.deviations_cli",
     "runs": "qac.tracking.cli",

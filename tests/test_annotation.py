@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qac.data.errors import DataFormatError
-from qac.reporting import annotation
+from qac.evaluation import annotation
 from stages import load_stage
 
 # Documents: d1 three passages; d2 one passage (no passage-passage pair possible);

@@ -20,7 +20,7 @@
   corpus; an anchor is a random passage, its passage context another random
   passage of the same document, and its queries are generated from the
   anchor. The share of each kind of pair the automatic judge of
-  :mod:`qac.reporting.annotation` calls highly correlated is compared on the
+  :mod:`qac.evaluation.annotation` calls highly correlated is compared on the
   same anchors, paired by document (randomization test, with the smallest
   difference the anchors could detect). On short single-topic documents the
   passage share sits near 1, where one query decides the comparison, so every
@@ -189,9 +189,9 @@ def judge_anchors(documents: Mapping[str, Sequence[dict]], maximum: int, seed: i
     ``pid`` and ``text``, as the split stage writes them); documents with at
     least two passages qualify. ``random.Random(seed)`` draws the documents
     from the sorted keys, then each document's anchor and other passage
-    (:func:`qac.reporting.annotation.draw_passage_pair`).
+    (:func:`qac.evaluation.annotation.draw_passage_pair`).
     """
-    from qac.reporting.annotation import draw_passage_pair
+    from qac.evaluation.annotation import draw_passage_pair
 
     rng = random.Random(seed)
     eligible = [key for key in sorted(documents) if len(documents[key]) >= 2]
@@ -215,7 +215,7 @@ def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor], candid
     could detect at p < 0.05.
     """
     from qac.evaluation.significance import compare_paired
-    from qac.reporting.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY
+    from qac.evaluation.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY
 
     if not anchors:
         return {}

@@ -565,7 +565,7 @@ def table4_mixed_context(ctx: TableContext) -> Table:
 
 def table5_annotation(ctx: TableContext) -> Table:
     """Table 5: share of highly correlated pairs, passage-passage vs passage-query."""
-    from qac.reporting import annotation as study_annotation
+    from qac.evaluation import annotation as study_annotation
 
     table = Table("table5", "Table 5: pair correlation (annotation study)", PERCENT,
                   ["high correlation %", "pairs", "labels"], count_columns={"pairs"})

@@ -38,7 +38,7 @@ def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from qac.config import load_params, profile_dir
-    from qac.reporting import annotation
+    from qac.evaluation import annotation
 
     params = load_params(args.params)
     data = profile_dir(params)
@@ -55,7 +55,7 @@ def _import(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from qac.io import write_json
-    from qac.reporting import annotation
+    from qac.evaluation import annotation
 
     human = annotation.import_sheets(args.sheets, args.key, args.sheet)
     key = annotation.read_key(args.key)
