@@ -133,6 +133,92 @@ def test_table3_query_counts_and_the_passage_baseline(tables):
     assert table.baselines["cotmae"][HIT50] == pytest.approx(50.0)
 
 
+R2_RR, R2_HIT50 = f"retriever 2 {RR}", f"retriever 2 {HIT50}"
+R2_DELTA = "Δ retriever 2 SciFact test RR@10 vs passage context"
+
+
+def test_table3_shows_retriever_2_and_the_dl_columns_the_profile_has(tables):
+    table = tables["table3"]
+    # Retriever 1's heads are those it had before the other columns: recorded expected values keep their keys.
+    # The fixture's only TREC DL column is DL20 (marked missing); there is no DL19 column.
+    assert table.columns == [RR, HIT50, R2_RR, R2_HIT50, DL20, f"Δ {RR.split(' [')[0]} vs passage context",
+                             "Δ SciFact test R@50 (hit rate) vs passage context", R2_DELTA]
+    # coCondenser C=5: retriever 1 RR@10 0.3, 0.4, 0.5, 0.4 (40); retriever 2 0.6, 0.4, 0.6, 0.4 (50).
+    r1, r2 = table.cell("coCondenser C=5", RR), table.cell("coCondenser C=5", R2_RR)
+    assert r1.value == pytest.approx(40.0) and r2.value == pytest.approx(50.0)
+    assert r2.run_id == run_id("finetune/r2/cocondenser-query-q5")
+    assert r2.source == "eval/cocondenser-query-q5/r2/scifact/test.per_query.json"
+    assert table.cell("coCondenser C=5", R2_HIT50).value == pytest.approx(100.0)
+    # The paper prints retriever 2's and DL's Table 3 figures, but paper_results.yaml lacks them: no paper value.
+    assert r1.paper == 37.4 and r2.paper is None and table.cell("coCondenser C=5", R2_HIT50).paper is None
+    dl20 = table.cell("coCondenser C=5", DL20)
+    assert (dl20.value, dl20.paper, dl20.note) == (None, None, "TREC DL 2020: not in the smoke profile")
+    notes = [note for note in table.notes if "retriever 2" in note]
+    assert notes == ["The paper's Table 3 also reports retriever 2 (MRR@10, R@50) and TREC DL 2019/2020 nDCG@10, "
+                     "but those figures are not in paper_results.yaml: these columns show this study's values only."]
+    # Retriever 2's Δ is against the passage variant's retriever 2 (0.5 on every query): +0.1, -0.1, +0.1, -0.1.
+    delta = table.cell("coCondenser C=5", R2_DELTA)
+    assert delta.difference and delta.value == pytest.approx(0.0) and delta.paper is None
+    assert (delta.run_id, delta.compared_run_id) == (run_id("finetune/r2/cocondenser-query-q5"),
+                                                     run_id("finetune/r2/cocondenser-passage"))
+    assert table.cell("coCondenser C=5", f"Δ {RR.split(' [')[0]} vs passage context").paper == \
+        pytest.approx(37.4 - 37.0)                                     # the paper's C = 5 row minus its passage row
+    # A variant without a retriever 2 output says so; it never shows retriever 1's value.
+    assert table.cell("coCondenser C=1", R2_RR).value is None
+    assert "no evaluation output" in table.cell("coCondenser C=1", R2_RR).note
+    assert table.cell("CoT-MAE C=5", R2_RR).value is None and table.cell("CoT-MAE C=5", RR).value is not None
+    # A C without a variant says so in every cell, the new columns and the differences included.
+    for column in table.columns:
+        cell = table.cell("CoT-MAE C=10", column)
+        assert cell.value is None and "no query-context CoT-MAE variant with C = 10" in cell.note, column
+    assert table.cell("CoT-MAE C=10", RR).paper == 38.5 and table.cell("CoT-MAE C=10", R2_RR).paper is None
+    assert table.baselines["cocondenser"][R2_RR] == pytest.approx(50.0)   # passage context, retriever 2
+    assert table.column_retrievers[R2_RR] == "r2" and table.column_retrievers[DL20] == "r1"
+    assert (table.short_columns[R2_RR], table.short_columns[R2_DELTA], table.short_columns[DL20]) == \
+        ("R2 RR@10", "Δ R2 RR@10", "R1 TREC DL20 nDCG@10")
+
+
+def _table3(params, data):
+    from qac.reporting.lineage import load_study
+    from qac.reporting.tables import TableContext, table3_query_count
+
+    return table3_query_count(TableContext.from_params(load_study(params, data), params))
+
+
+def test_table3_dl_columns_appear_exactly_where_the_profile_has_them(data):
+    import copy
+
+    from qac.config import render_profile
+
+    repo = Path(__file__).resolve().parent.parent
+    for name in ("smoke", "default"):      # these profiles have no TREC DL column: Table 3 shows none
+        columns = render_profile(name, repo / "profiles")["tables"]["in_domain_columns"]
+        params = copy.deepcopy(PARAMS)
+        params["tables"]["in_domain_columns"] = columns
+        table = _table3(params, data)
+        assert not any("DL" in column for column in table.columns), name
+        assert sum(column.startswith("retriever 2 ") for column in table.columns) == 2
+    paper_columns = render_profile("paper", repo / "profiles")["tables"]["in_domain_columns"]
+    assert {c["paper"] for c in paper_columns} >= {"ndcg@10_dl19", "ndcg@10_dl20"}
+    # The paper profile's kind of columns, read from this study's SciFact files: DL19 stands on retriever 1's
+    # RR@10 here (the study has no TREC DL split), so its cells must hold retriever 1's value, never retriever 2's.
+    params = copy.deepcopy(PARAMS)
+    params["tables"]["in_domain_columns"] = PARAMS["tables"]["in_domain_columns"][:2] + [
+        {"label": "TREC DL19 nDCG@10", "short": "DL19", "dataset": "scifact", "split": "test", "measure": "RR@10",
+         "paper": "ndcg@10_dl19"},
+        {"label": "TREC DL20 nDCG@10", "short": "DL20", "dataset": "scifact", "split": "dl20", "measure": "nDCG@10",
+         "paper": "ndcg@10_dl20"}]
+    table = _table3(params, data)
+    dl19, dl20 = "TREC DL19 nDCG@10 [paper: TREC DL19 nDCG@10]", DL20
+    assert table.columns[:6] == [RR, HIT50, R2_RR, R2_HIT50, dl19, dl20]
+    assert table.cell("coCondenser C=5", dl19).value == pytest.approx(40.0)     # retriever 1's, not retriever 2's 50
+    assert table.cell("coCondenser C=5", dl19).paper is None
+    assert "was not evaluated with nDCG@10 on scifact dl20" in table.cell("coCondenser C=5", dl20).note
+    assert table.short_columns[dl19] == "R1 DL19"
+    assert "no query-context coCondenser variant with C = 10" in table.cell("coCondenser C=10", dl19).note
+    assert not any(column.startswith("Δ TREC") for column in table.columns)   # Δ: retriever 1's MRR@10 and R@50, retriever 2's MRR@10
+
+
 def test_table4_mixed_context(tables):
     table = tables["table4"]
     mixed = table.cell("coCondenser mixed context (C=5)", f"retriever 1 {RR}")
@@ -353,7 +439,8 @@ def test_plot_data_for_dvc_plots(data, tmp_path):
     assert list(in_domain[0]) == ["system", "RR_at_10", "Hit_at_50"]
     assert in_domain[0]["system"] == "BM25" and float(in_domain[0]["RR_at_10"]) == pytest.approx(25.0)
     counts = (plots / "query_count" / "cocondenser.csv").read_text().splitlines()
-    assert counts[0] == "query_count,RR_at_10,Hit_at_50" and [line.split(",")[0] for line in counts[1:]] == ["1", "5"]
+    # Retriever 2's measures carry the prefix r2_, so retriever 1's RR_at_10 (dvc.yaml's y) stays retriever 1's.
+    assert counts == ["query_count,RR_at_10,Hit_at_50,r2_RR_at_10,r2_Hit_at_50", "1,30.0,50.0,,", "5,40.0,75.0,50.0,100.0"]
     losses = (plots / "pretrain_loss" / "cotmae-query-q5.tsv").read_text().splitlines()
     assert losses == ["step\tloss\tmlm", "1\t12.0\t6.0", "2\t10.0\t5.0", "3\t9.0\t4.5"]
     assert not (plots / "pretrain_loss" / "none.tsv").exists()

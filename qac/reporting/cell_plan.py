@@ -16,6 +16,11 @@ A cell is one of:
   original coCondenser and CoT-MAE papers, ...); the study does not rerun it;
 - ``missing``: the profile has no run of that configuration; ``reason`` says
   what is lacking. A cell is never taken from a run of another configuration.
+
+The paper's Table 3 also prints retriever 2's MRR@10 and R@50 and TREC DL
+2019/2020 nDCG@10, figures ``paper_results.yaml`` does not hold
+(:data:`qac.reporting.paper.TABLE3_UNPUBLISHED_COLUMNS`): those cells are
+planned too (:func:`plan_unpublished_cells`), with no paper value.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ class PlannedCell:
     table: str
     row: str                       # the paper's row
     column: str                    # the paper's column
-    paper: float
+    paper: float | None            # None: a cell the paper prints but paper_results.yaml lacks
     status: str
     variant: str | None = None
     context_type: str | None = None
@@ -101,7 +106,8 @@ class _Profile:
             return cell
         cell.status, cell.variant, cell.recipe = PRODUCED, variant, self.recipe(variant)
         cell.stages = [f"pretrain@{variant}", f"finetune@{variant}", f"evaluate@{variant}"]
-        cell.outputs = [f"{self.root}/eval/{variant}/{retriever}/{dataset}/{split}.per_query.json"]
+        cell.outputs = [f"{self.root}/eval/{variant}/{retriever}/{dataset}/{split}.per_query.json",
+                        f"{self.root}/finetune/{variant}/{retriever}"]
         return cell
 
     def in_domain(self, column: str) -> tuple[str | None, str | None, str | None]:
@@ -127,6 +133,29 @@ def plan_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
                 cell = PlannedCell(table_key, row, column, float(value), MISSING)
                 cells.append(_plan(profile, cell))
     return cells
+
+
+def plan_unpublished_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
+    """The cells of the paper's Table 3 whose figures ``paper_results.yaml`` lacks, with the run of this profile.
+
+    Retriever 2's MRR@10 and R@50 and retriever 1's TREC DL 2019/2020
+    nDCG@10 of each of its rows (method, C); ``paper`` is None.
+    """
+    profile = _Profile(params)
+    cells = []
+    for row in paper.load_paper_results()["table3_query_count"]["rows"]:
+        method, query_count = _table3_configuration(row)
+        for column, (retriever, key) in paper.TABLE3_UNPUBLISHED_COLUMNS.items():
+            dataset, split, reason = profile.in_domain(key)
+            cells.append(profile.variant_cell(PlannedCell("table3_query_count", row, column, None, MISSING),
+                                              method, "query", query_count, retriever, dataset, split, reason))
+    return cells
+
+
+def _table3_configuration(row: str) -> tuple[str, int]:
+    """``(method, C)`` of a row of the paper's Table 3 (``coCondenser q=5``)."""
+    match = re.fullmatch(r"(.+) q=(\d+)", row)
+    return {name: key for key, name in paper.METHOD_NAMES.items()}[match.group(1)], int(match.group(2))
 
 
 def _plan(profile: _Profile, cell: PlannedCell) -> PlannedCell:
@@ -170,10 +199,9 @@ def _plan(profile: _Profile, cell: PlannedCell) -> PlannedCell:
             planned.outputs = [f"{profile.root}/beir/{planned.variant}/eval/{cell.row}/test.per_query.json"]
         return planned
     if cell.table == "table3_query_count":
-        match = re.fullmatch(r"(.+) q=(\d+)", cell.row)
-        method = {name: key for key, name in paper.METHOD_NAMES.items()}[match.group(1)]
+        method, query_count = _table3_configuration(cell.row)
         dataset, split, reason = profile.in_domain(cell.column)
-        return profile.variant_cell(cell, method, "query", int(match.group(2)), "r1", dataset, split, reason)
+        return profile.variant_cell(cell, method, "query", query_count, "r1", dataset, split, reason)
     if cell.table == "table4_mixed_context":
         method, context_type = _TABLE4_ROWS[cell.row]
         retriever, column = _TABLE4_COLUMNS[cell.column]
@@ -194,7 +222,8 @@ def _plan(profile: _Profile, cell: PlannedCell) -> PlannedCell:
 
 def describe(cell: PlannedCell) -> str:
     """One line: the cell, what produces it, and the recipe."""
-    head = f"{cell.table:22} {cell.row[:44]:44} {cell.column:14} {cell.paper:7g}  {cell.status:8}"
+    published = "–" if cell.paper is None else f"{cell.paper:g}"
+    head = f"{cell.table:22} {cell.row[:44]:44} {cell.column:14} {published:>7}  {cell.status:8}"
     if cell.status == PRODUCED:
         what = cell.variant or ", ".join(cell.stages)
         if cell.retriever and cell.variant:
@@ -203,12 +232,21 @@ def describe(cell: PlannedCell) -> str:
     return f"{head} {cell.reason}"
 
 
+def _counts(cells: list[PlannedCell]) -> dict[str, int]:
+    return {status: sum(cell.status == status for cell in cells) for status in (PRODUCED, DERIVED, CITED, MISSING)}
+
+
 def print_cell_plan(params: Mapping[str, Any]) -> int:
-    """Print the plan; exit status 1 when a cell is missing."""
-    cells = plan_cells(params)
-    counts = {status: sum(cell.status == status for cell in cells) for status in (PRODUCED, DERIVED, CITED, MISSING)}
+    """Print the plan; exit status 1 when a cell is missing (one with a paper value or one without)."""
+    cells, unpublished = plan_cells(params), plan_unpublished_cells(params)
+    counts, unpublished_counts = _counts(cells), _counts(unpublished)
     print(f"profile {params['profile']}: {len(cells)} numeric cells of the paper's Tables 1-5: "
           + ", ".join(f"{count} {status}" for status, count in counts.items()))
     for cell in cells:
         print(describe(cell))
-    return 1 if counts[MISSING] else 0
+    print(f"profile {params['profile']}: {len(unpublished)} cells of the paper's Table 3 whose figures "
+          "paper_results.yaml lacks (retriever 2's MRR@10 and R@50, TREC DL 2019/2020 nDCG@10; paper value –): "
+          + ", ".join(f"{count} {status}" for status, count in unpublished_counts.items() if status in (PRODUCED, MISSING)))
+    for cell in unpublished:
+        print(describe(cell))
+    return 1 if counts[MISSING] or unpublished_counts[MISSING] else 0

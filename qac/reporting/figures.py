@@ -1,7 +1,7 @@
 """Figures of the report (matplotlib, Agg backend), drawn from the tables and the DVC outputs.
 
-- ``query_count.png``: Table 3's measures against the number C of generated
-  queries per passage, one line per method, the passage-context retriever as
+- ``query_count.png``: Table 3's retriever-1 measures against the number C of
+  generated queries per passage, one line per method, the passage-context retriever as
   a horizontal line and the paper's values as a dashed line;
 - ``zero_shot.png``: Table 2's per-dataset nDCG@10 without and with query
   context, the paper's value marked on each bar it has one for;
@@ -62,7 +62,11 @@ def plot_query_count(table3: Table, path: str | os.PathLike, title: str | None =
     """Table 3 as lines: a panel per measure, x = queries per passage; passage context and paper as references."""
     from qac.reporting.paper import METHOD_NAMES
 
-    measures = [column for column in table3.columns if not column.startswith("Δ")]
+    # Retriever 1's measures only (the figure's subject); a column no row has a number in draws no panel.
+    measures = [column for column in table3.columns
+                if not column.startswith("Δ") and table3.column_retrievers.get(column, "r1") == "r1"
+                and any(table3.cell(row, column).value is not None or table3.cell(row, column).paper is not None
+                        for row in table3.row_info)]
     series: dict[str, dict[str, list[tuple[int, float]]]] = {}
     papers: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for row, info in table3.row_info.items():

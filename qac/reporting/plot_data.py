@@ -5,8 +5,8 @@ experiments or commits in one chart (the PNG figures cannot be overlaid):
 
 - ``pretrain_loss/<variant>.tsv``: ``step``, ``loss`` (the total) and each
   loss part, copied from ``data/<profile>/pretrain/<variant>/losses.tsv``;
-- ``query_count/<method>.csv``: ``query_count`` and retriever 1's in-domain
-  measures (Table 3), one line per C;
+- ``query_count/<method>.csv``: ``query_count`` and Table 3's measures, one
+  line per C: retriever 1's (``RR_at_10``, ...), then retriever 2's (``r2_RR_at_10``, ...);
 - ``in_domain.csv``: ``system`` and every in-domain measure of every
   retriever of Table 1 (bars).
 
@@ -62,8 +62,13 @@ def write_in_domain(table1: Table, path: Path) -> bool:
 
 
 def write_query_count(table3: Table, directory: Path) -> int:
-    columns = [column for column in table3.columns if not column.startswith("Δ")]
-    fields = _measure_fields(table3, columns)
+    measures = [column for column in table3.columns if not column.startswith("Δ")]
+    fields = {}
+    for retriever in ("r1", "r2"):
+        # Retriever 2's measures share retriever 1's keys: theirs carry the prefix r2_.
+        columns = [column for column in measures if table3.column_retrievers.get(column, "r1") == retriever]
+        prefix = "" if retriever == "r1" else f"{retriever}_"
+        fields.update({column: prefix + name for column, name in _measure_fields(table3, columns).items()})
     by_method: dict[str, list[dict]] = {}
     for row, info in table3.row_info.items():
         values = {fields[column]: table3.cell(row, column).value for column in fields}

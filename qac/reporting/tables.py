@@ -111,6 +111,7 @@ class Table:
     short_columns: dict[str, str] = field(default_factory=dict)        # column -> compact LaTeX head
     column_notes: dict[str, str] = field(default_factory=dict)         # compact head -> what it is
     baselines: dict[str, dict[str, float | None]] = field(default_factory=dict)  # method -> {column: value}
+    column_retrievers: dict[str, str] = field(default_factory=dict)    # column -> r1/r2, where a table has both
 
     def put(self, row: str, column: str, cell: Cell, paper_row: str | None = None) -> None:
         if row not in self.rows:
@@ -463,23 +464,85 @@ def table2_zero_shot(ctx: TableContext) -> Table:
 
 # ---------------------------------------------------------------- Table 3
 
+# Table 3's columns as (retriever, paper key), in the paper's order: retriever 1's MRR@10 and R@50, whose
+# figures paper_results.yaml holds, then those the paper prints but paper_results.yaml lacks (a profile shows
+# each whose paper key its tables.in_domain_columns has); and the columns with a Δ vs passage context.
+TABLE3_R1_KEYS = ("mrr@10", "r@50")
+TABLE3_EXTRA_COLUMNS = tuple(paper.TABLE3_UNPUBLISHED_COLUMNS.values())
+TABLE3_DIFFERENCES = (("r1", "mrr@10"), ("r1", "r@50"), ("r2", "mrr@10"))
+
+
+@dataclass(frozen=True)
+class _Table3Column:
+    retriever: str
+    column: MetricColumn
+
+    @property
+    def prefix(self) -> str:
+        # Retriever 1's MRR@10/R@50 heads stay bare, as they were before the other columns: `qac check` keys
+        # cells by their heads, so recorded expected values keep their keys.
+        return "" if self.retriever == "r1" else f"{RETRIEVER_LABELS[self.retriever]} "
+
+    @property
+    def header(self) -> str:
+        return self.prefix + self.column.header
+
+    @property
+    def difference_header(self) -> str:
+        return f"Δ {self.prefix}{self.column.label} vs passage context"
+
+    @property
+    def short_prefix(self) -> str:
+        return f"R{self.retriever[1:]} "
+
+    @property
+    def published(self) -> bool:
+        """Whether paper_results.yaml holds the paper's Table 3 figures of this column."""
+        return self.retriever == "r1" and self.column.paper in TABLE3_R1_KEYS
+
+
+def _table3_columns(ctx: TableContext) -> list[_Table3Column]:
+    wanted = [("r1", key) for key in TABLE3_R1_KEYS] + list(TABLE3_EXTRA_COLUMNS)
+    return [_Table3Column(retriever, ctx.column(key)) for retriever, key in wanted if ctx.column(key) is not None]
+
+
 def table3_query_count(ctx: TableContext) -> Table:
-    """Table 3: retriever 1 with C = 1, 5, 10, 20 (what the profile has) generated queries per passage."""
-    measures = [ctx.column(key) for key in ("mrr@10", "r@50")]
-    measures = [column for column in measures if column is not None]
-    columns = [column.header for column in measures] + [f"Δ {column.label} vs passage context" for column in measures]
-    table = Table("table3", "Table 3: number of generated queries per passage (retriever 1)", PERCENT, columns)
-    _describe_columns(table, measures)
-    table.short_columns.update({f"Δ {column.label} vs passage context": f"Δ {column.short_header}"
-                                for column in measures})
+    """Table 3: C = 1, 5, 10, 20 (what the profile has) generated queries per passage.
+
+    Retriever 1's MRR@10 and R@50 beside the paper's figures; retriever 2's
+    MRR@10 and R@50 and retriever 1's TREC DL 2019/2020 nDCG@10 (where the
+    profile has those columns) with ours only: the paper prints them, but
+    paper_results.yaml does not hold them.
+    """
+    specs = _table3_columns(ctx)
+    differences = [spec for spec in specs if (spec.retriever, spec.column.paper) in TABLE3_DIFFERENCES]
+    columns = [spec.header for spec in specs] + [spec.difference_header for spec in differences]
+    table = Table("table3", "Table 3: number of generated queries per passage (retriever 1 where a column names "
+                  "no retriever)", PERCENT, columns)
+    for spec in specs:
+        _describe_columns(table, [spec.column], spec.prefix, spec.short_prefix)
+        table.column_retrievers[spec.header] = spec.retriever
+    for spec in differences:
+        table.short_columns[spec.difference_header] = f"Δ {spec.short_prefix}{spec.column.short_header}"
+        table.column_retrievers[spec.difference_header] = spec.retriever
+
+    def paper_value(spec: _Table3Column, method: str, query_count: int) -> float | None:
+        return paper.table3_value(method, query_count, spec.column.paper) if spec.published else None
+
+    def paper_difference(spec: _Table3Column, method: str, query_count: int) -> float | None:
+        return _paper_difference(paper_value(spec, method, query_count),
+                                 paper.table1_value(method, "passage", spec.retriever, spec.column.paper)
+                                 if spec.published else None)
+
     for method in PRETRAINING_METHODS:
         passage = ctx.variant(method, "passage")
-        passage_source = ctx.study.finetuned(passage.name, "r1") if passage else None
+        passage_sources = {retriever: ctx.study.finetuned(passage.name, retriever) if passage else None
+                           for retriever in ("r1", "r2")}
         if passage is not None:
             table.baselines[method] = {
-                column.header: metric_cell(passage_source, column.dataset, column.split, column.measure, PERCENT,
-                                           paper.table1_value(method, "passage", "r1", column.paper)).value
-                for column in measures}
+                spec.header: metric_cell(passage_sources[spec.retriever], spec.column.dataset, spec.column.split,
+                                         spec.column.measure, PERCENT, None, spec.column.missing).value
+                for spec in specs}
         variants = sorted((v for v in ctx.study.variants() if v.method == method and v.context_type == "query"),
                           key=lambda v: v.query_count or 0)
         if not variants and passage is None:
@@ -487,27 +550,39 @@ def table3_query_count(ctx: TableContext) -> Table:
         by_count = {v.query_count: v for v in variants}
         for query_count in sorted(set(by_count) | set(paper.TABLE3_QUERY_COUNTS)):
             row = f"{paper.METHOD_NAMES[method]} C={query_count}"
+            paper_row = paper.table3_row(method, query_count)
             variant = by_count.get(query_count)
             if variant is None:
-                # The paper's C that the profile has no variant for: its cells say so, never another C's value.
+                # The paper's C that the profile has no variant for: every cell says so, never another C's value.
                 reason = f"no query-context {paper.METHOD_NAMES[method]} variant with C = {query_count} in this profile"
-                for column in measures:
-                    table.put(row, column.header, Cell(paper=paper.table3_value(method, query_count, column.paper),
-                                                       note=reason), paper.table3_row(method, query_count))
+                for spec in specs:
+                    table.put(row, spec.header, Cell(paper=paper_value(spec, method, query_count), note=reason),
+                              paper_row)
+                for spec in differences:
+                    table.put(row, spec.difference_header, Cell(
+                        difference=True, paper=paper_difference(spec, method, query_count), note=reason), paper_row)
                 continue
-            source = ctx.study.finetuned(variant.name, "r1")
+            sources = {retriever: ctx.study.finetuned(variant.name, retriever) for retriever in ("r1", "r2")}
             table.row_info[row] = {"method": method, "query_count": variant.query_count, "variant": variant.name}
-            for column in measures:
-                cell = metric_cell(source, column.dataset, column.split, column.measure, PERCENT,
-                                   paper.table3_value(method, variant.query_count, column.paper), column.missing)
+            for spec in specs:
+                column = spec.column
+                cell = metric_cell(sources[spec.retriever], column.dataset, column.split, column.measure, PERCENT,
+                                   paper_value(spec, method, query_count), column.missing)
                 cell.recipe = ctx.recipe(variant)
-                table.put(row, column.header, cell, paper.table3_row(method, variant.query_count))
-                table.put(row, f"Δ {column.label} vs passage context", difference_cell(
-                    ctx, source, passage_source, column.dataset, column.split, column.measure, PERCENT,
-                    paper.table3_value(method, variant.query_count, column.paper),
-                    paper.table1_value(method, "passage", "r1", column.paper), column.missing))
-    if not measures:
+                table.put(row, spec.header, cell, paper_row)
+            for spec in differences:
+                column = spec.column
+                table.put(row, spec.difference_header, difference_cell(
+                    ctx, sources[spec.retriever], passage_sources[spec.retriever], column.dataset, column.split,
+                    column.measure, PERCENT, paper_value(spec, method, query_count),
+                    paper.table1_value(method, "passage", spec.retriever, column.paper) if spec.published else None,
+                    column.missing), paper_row)
+    if not any(spec.published for spec in specs):
         table.notes.append("the profile's tables.in_domain_columns map no column to the paper's mrr@10 or r@50")
+    if any(not spec.published for spec in specs):
+        table.notes.append(
+            "The paper's Table 3 also reports retriever 2 (MRR@10, R@50) and TREC DL 2019/2020 nDCG@10, but "
+            "those figures are not in paper_results.yaml: these columns show this study's values only.")
     return table
 
 
