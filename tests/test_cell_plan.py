@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qac.config import render_profile
-from qac.reporting.cell_plan import CITED, DERIVED, MISSING, PRODUCED, plan_cells
+from qac.reporting.cell_plan import CITED, DERIVED, MISSING, PRODUCED, plan_cells, plan_unpublished_cells
 from qac.reporting.paper import load_paper_results
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,9 +62,10 @@ def test_no_cell_is_borrowed_from_another_configuration(paper_params):
         if cell.retriever == "beir":   # Table 2: the beir_retriever stage's zero-shot retriever of the variant
             assert cell.table == "table2_beir" and cell.stages[-1] == "beir_retriever", cell
             assert cell.outputs == [f"data/paper/beir/{cell.variant}/eval/{cell.row}/test.per_query.json"]
-        else:
+        else:   # the evaluation file and the fine-tuned model it scored
             assert cell.outputs == [f"data/paper/eval/{cell.variant}/{cell.retriever}/"
-                                    + cell.outputs[0].split(f"/{cell.retriever}/", 1)[1]]
+                                    + cell.outputs[0].split(f"/{cell.retriever}/", 1)[1],
+                                    f"data/paper/finetune/{cell.variant}/{cell.retriever}"]
         assert cell.recipe.startswith("release recipe"), cell      # the paper profile runs what the authors ran
 
 
@@ -87,6 +88,40 @@ def test_a_missing_variant_is_reported_never_replaced_by_another_c(paper_params)
     assert all(c.variant is None and "C = 10" in c.reason for c in cells)
 
 
+def test_table3_cells_the_paper_prints_but_paper_results_lacks_are_planned_from_their_own_runs(paper_params):
+    """Retriever 2's MRR@10 and R@50 and TREC DL 2019/2020 nDCG@10 of each Table 3 row: no paper value."""
+    variants = paper_params["pretrain"]["variants"]
+    cells = plan_unpublished_cells(paper_params)
+    rows = list(load_paper_results()["table3_query_count"]["rows"])
+    assert {(c.row, c.column) for c in cells} == {(row, column) for row in rows for column in
+                                                  ("r2_mrr@10", "r2_r@50", "ndcg@10_dl19", "ndcg@10_dl20")}
+    assert len(cells) == 4 * len(rows) == 32
+    assert all(c.table == "table3_query_count" and c.paper is None and c.status == PRODUCED for c in cells)
+    for cell in cells:
+        method, (context_type, query_count) = _paper_configuration(cell.table, cell.row, cell.column)
+        spec = variants[cell.variant]
+        assert (spec["method"], spec["context_type"], spec["query_count"]) == (method, "query", query_count), cell
+        retriever = "r2" if cell.column.startswith("r2_") else "r1"
+        split = {"ndcg@10_dl19": "dl19", "ndcg@10_dl20": "dl20"}.get(cell.column, "dev")
+        assert cell.retriever == retriever
+        assert cell.stages == [f"pretrain@{cell.variant}", f"finetune@{cell.variant}", f"evaluate@{cell.variant}"]
+        assert cell.outputs == [f"data/paper/eval/{cell.variant}/{retriever}/msmarco-passage/{split}.per_query.json",
+                                f"data/paper/finetune/{cell.variant}/{retriever}"]
+    r2 = next(c for c in cells if (c.row, c.column) == ("CoT-MAE q=10", "r2_mrr@10"))
+    assert r2.variant == "cotmae-query-q10" and r2.outputs[1] == "data/paper/finetune/cotmae-query-q10/r2"
+    # A missing variant or column is reported, never replaced by another C's run or another column.
+    params = copy.deepcopy(paper_params)
+    del params["pretrain"]["variants"]["cotmae-query-q10"]
+    params["tables"]["in_domain_columns"] = [c for c in params["tables"]["in_domain_columns"]
+                                             if c["paper"] != "ndcg@10_dl20"]
+    missing = [c for c in plan_unpublished_cells(params) if c.status == MISSING]
+    assert {(c.row, c.column) for c in missing} == (
+        {("CoT-MAE q=10", column) for column in ("r2_mrr@10", "r2_r@50", "ndcg@10_dl19", "ndcg@10_dl20")}
+        | {(row, "ndcg@10_dl20") for row in rows})
+    assert all(c.variant is None for c in missing if c.row == "CoT-MAE q=10")
+    assert "no column for the paper's ndcg@10_dl20" in next(c for c in missing if c.row == "coCondenser q=1").reason
+
+
 def test_the_command_prints_every_cell_and_fails_where_one_is_missing():
     paper = subprocess.run([sys.executable, "-m", "qac.cli", "profile", "plan", "paper", "--cells"], cwd=REPO,
                            capture_output=True, text=True, timeout=120)
@@ -98,6 +133,13 @@ def test_the_command_prints_every_cell_and_fails_where_one_is_missing():
     assert f"{total} numeric cells" in paper.stdout and "0 missing" in paper.stdout
     assert "cotmae-query-q10 r1  <- data/paper/eval/cotmae-query-q10/r1/msmarco-passage/dev.per_query.json" \
         in paper.stdout
+    # Table 3's cells without a paper value follow, with the fine-tuned retriever 2 behind each.
+    assert ("32 cells of the paper's Table 3 whose figures paper_results.yaml lacks (retriever 2's MRR@10 and R@50, "
+            "TREC DL 2019/2020 nDCG@10; paper value –): 32 produced, 0 missing") in paper.stdout
+    line = next(line for line in paper.stdout.splitlines() if " CoT-MAE q=10 " in line and " r2_mrr@10 " in line)
+    assert " – " in line and ("cotmae-query-q10 r2  <- data/paper/eval/cotmae-query-q10/r2/msmarco-passage/"
+                              "dev.per_query.json, data/paper/finetune/cotmae-query-q10/r2") in line
     smoke = subprocess.run([sys.executable, "-m", "qac.cli", "profile", "plan", "smoke", "--cells"], cwd=REPO,
                            capture_output=True, text=True, timeout=120)
     assert smoke.returncode == 1 and " missing " in smoke.stdout
+    assert "no column for the paper's ndcg@10_dl19" in smoke.stdout   # the smoke profile has no TREC DL column

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_study import PARAMS, PROFILE, RR, write_study
+from dvc_study import HIT50, PARAMS, PROFILE, RR, write_study
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,6 +89,31 @@ def test_a_missing_cell_fails(project, capsys):
     assert "FAIL table1 | CoT-MAE passage context, retriever 2 | " + RR + ": missing (no evaluation output" in out
     # Table 1's RR@10 and R@50 of that retriever, and Table 4's retriever 2 RR@10
     assert ", 0 outside, 3 missing" in out.splitlines()[-1]
+
+
+def test_table3_retriever_2_cells_are_recorded_and_checked_and_an_older_file_without_them_passes(project, capsys):
+    assert qac("--record") == 0
+    path = project / "expected" / "smoke.yaml"
+    document = yaml.safe_load(path.read_text())
+    table3 = {(c["row"], c["column"]): c for c in document["cells"] if c["table"] == "table3"}
+    # Retriever 2 of coCondenser C=5: RR@10 0.6, 0.4, 0.6, 0.4 (50); retriever 1's cell keeps its key.
+    assert table3[("coCondenser C=5", f"retriever 2 {RR}")]["value"] == pytest.approx(50.0)
+    assert table3[("coCondenser C=5", RR)]["value"] == pytest.approx(40.0)
+    assert not any(column.startswith("Δ") or "DL20" in column for _, column in table3)   # differences, missing
+    # A file recorded before Table 3 had retriever 2's columns: checked on its own cells, and it passes.
+    older = [c for c in document["cells"] if not (c["table"] == "table3" and c["column"].startswith("retriever 2"))]
+    assert len(older) == len(document["cells"]) - 2
+    path.write_text(yaml.safe_dump({**document, "cells": older}))
+    capsys.readouterr()
+    assert qac() == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"check: reproduced: {len(older)} of {len(older)}")
+    # Recorded, Table 3's retriever 2 cells fail when retriever 2's output is gone; retriever 1's still pass.
+    path.write_text(yaml.safe_dump(document))
+    shutil.rmtree(project / "data" / PROFILE / "eval" / "cocondenser-query-q5" / "r2")
+    assert qac("--failures-only") == 1
+    failures = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL table3")]
+    assert [line.split(": missing (no evaluation output")[0] for line in failures] == [
+        f"FAIL table3 | coCondenser C=5 | retriever 2 {RR}", f"FAIL table3 | coCondenser C=5 | retriever 2 {HIT50}"]
 
 
 def test_without_an_expected_file_check_says_how_to_record_one(project, capsys):

@@ -62,6 +62,25 @@ def test_query_count_figure_plots_table3_with_passage_baseline_and_paper(tmp_pat
     assert legend_is_outside(figure, r50_axis.get_legend())
 
 
+def test_query_count_figure_draws_retriever_1_only_beside_retriever_2_and_dl_columns(tmp_path, drawn_figures):
+    """Table 3's retriever-2 columns and a DL column without numbers draw no panel; RR@10 is retriever 1's."""
+    from dvc_study import HIT50, RR
+    from qac.reporting.figures import plot_query_count
+    from qac.reporting.lineage import load_study
+    from qac.reporting.tables import TableContext, table3_query_count
+
+    table = table3_query_count(TableContext.from_params(load_study(PARAMS, write_study(tmp_path)), PARAMS))
+    assert f"retriever 2 {RR}" in table.columns                      # retriever 2's values are in the table
+    plot_query_count(table, tmp_path / "query_count.png")
+    (figure,) = drawn_figures
+    assert [axis.get_ylabel() for axis in figure.axes] == [RR.split(" [")[0] + " (%)", HIT50.split(" [")[0] + " (%)"]
+    lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[0].lines}
+    # coCondenser retriever 1 RR@10: C=1 30, C=5 40 (retriever 2's C=5 is 50); passage context 30.
+    assert lines["coCondenser query context"] == pytest.approx([30.0, 40.0])
+    assert lines["coCondenser passage context"] == pytest.approx([30.0, 30.0])
+    assert lines["coCondenser paper (MS MARCO)"] == [37.7, 37.4]
+
+
 def test_zero_shot_figure_marks_the_papers_values(tmp_path, drawn_figures):
     from qac.reporting.figures import plot_zero_shot
 
