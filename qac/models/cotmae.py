@@ -10,13 +10,14 @@ with its context. Two decoders, chosen by ``decoder``:
 - ``paper``: the decoder the paper describes. Bidirectional BERT layers over
   the [CLS] vector and the *masked* context (``decoder_mask_ratio`` of its
   words, 0.45 in the CoT-MAE paper); MLM loss on the context's masked tokens.
-- ``release``: the decoder of the authors' code. Causal layer(s) over the
-  [CLS] vector and the *unmasked* context; position t predicts the context
-  token at t + 1 (next-token loss over the whole context, [SEP] included).
-  Each position attends to [CLS] and to the ``attention_window`` most recent
-  positions including itself (window 3: itself and the two before it). The
-  release uses a GPT-2 block; here the block is a BERT layer under the same
-  mask, which keeps one layer type in the project.
+- ``release``: the decoder of the authors' code. transformers' ``GPT2Block``
+  (pre-layer-norm) over the [CLS] vector and the *unmasked* context, with
+  GPT-2's input dropout, final LayerNorm (``ln_f``) and initialisation, and a
+  ``GPT2Config`` cast from the encoder's BERT config (:func:`gpt2_config`);
+  position t predicts the context token at t + 1 (next-token loss over the
+  whole context, [SEP] included). Each position attends to [CLS] and to the
+  ``attention_window`` most recent positions including itself (window 3:
+  itself and the two before it), never to padding.
 
     loss = encoder MLM + decoder_weight * decoder loss
 
@@ -25,11 +26,14 @@ Both decoders share the encoder's MLM head for their vocabulary projection.
 
 from __future__ import annotations
 
+import copy
+
 import torch
+from torch import nn
 
 from qac.data.masking import IGNORE_INDEX
-from qac.models.backbone import (PretrainingModel, PretrainOutput, load_backbone, new_layers, padding_mask,
-                                 run_layers)
+from qac.models.backbone import (PretrainingModel, PretrainOutput, additive_mask, load_backbone, new_layers,
+                                 padding_mask, run_layers)
 from qac.models.losses import masked_lm_sum, mean_over_processes
 
 DECODERS = ("paper", "release")
@@ -51,10 +55,66 @@ def next_token_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
     return labels
 
 
+def gpt2_config(bert_config, layers: int, attn_implementation: str = "sdpa"):
+    """The ``GPT2Config`` of the release decoder, cast field by field from the encoder's BERT config."""
+    from transformers import GPT2Config
+
+    config = GPT2Config(
+        vocab_size=bert_config.vocab_size, n_positions=bert_config.max_position_embeddings,
+        n_embd=bert_config.hidden_size, n_layer=layers, n_head=bert_config.num_attention_heads,
+        activation_function=bert_config.hidden_act, resid_pdrop=bert_config.hidden_dropout_prob,
+        embd_pdrop=bert_config.hidden_dropout_prob, attn_pdrop=bert_config.attention_probs_dropout_prob,
+        layer_norm_epsilon=bert_config.layer_norm_eps, initializer_range=bert_config.initializer_range)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+class ReleaseDecoder(nn.Module):
+    """Input dropout, ``GPT2Block`` s and a final LayerNorm, initialised as GPT-2 is.
+
+    ``attn_implementation`` is ``"sdpa"`` (PyTorch's fused attention, a boolean
+    mask) or ``"eager"`` (explicit products, the same mask made additive); the
+    two compute the same function (a test compares them). Either way the blocks
+    see only the mask given to :meth:`forward`: with a mask, transformers'
+    attention adds no causal mask of its own.
+    """
+
+    def __init__(self, bert_config, layers: int, seed: int, attn_implementation: str = "sdpa"):
+        super().__init__()
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block, GPT2PreTrainedModel
+
+        if attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation must be sdpa or eager, got {attn_implementation!r}")
+        self.config = gpt2_config(bert_config, layers, attn_implementation)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.drop = nn.Dropout(self.config.embd_pdrop)
+            self.h = nn.ModuleList([GPT2Block(self.config, layer_idx=index) for index in range(layers)])
+            self.ln_f = nn.LayerNorm(self.config.n_embd, eps=self.config.layer_norm_epsilon)
+            # GPT-2's own initialisation: Conv1D/Linear weights N(0, initializer_range), biases 0,
+            # LayerNorm 1/0, every c_proj weight N(0, initializer_range / sqrt(2 * n_layer)).
+            initializer = GPT2PreTrainedModel(copy.deepcopy(self.config))
+            self.apply(initializer._init_weights)
+
+    def __len__(self) -> int:
+        return len(self.h)
+
+    def forward(self, hidden: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """``hidden`` ``[B, L, H]`` under ``allowed``, a boolean ``[B, 1, L, L]`` "may attend" mask."""
+        if self.config._attn_implementation == "eager":
+            allowed = additive_mask(allowed, hidden.dtype)
+        hidden = self.drop(hidden)
+        for block in self.h:
+            output = block(hidden, attention_mask=allowed)
+            hidden = output[0] if isinstance(output, tuple) else output
+        return self.ln_f(hidden)
+
+
 class CoTMAE(PretrainingModel):
     def __init__(self, bert, lm_head, *, decoder: str = "paper", decoder_layers: int = 1,
                  decoder_weight: float = 1.0, attention_window: int = 3, mask_ratio: float = 0.30,
-                 decoder_mask_ratio: float = 0.45, full_vocab_logits: bool = False, seed: int = 0):
+                 decoder_mask_ratio: float = 0.45, full_vocab_logits: bool = False, seed: int = 0,
+                 attn_implementation: str = "sdpa"):
         super().__init__()
         if decoder not in DECODERS:
             raise ValueError(f"cotmae_decoder must be one of {DECODERS}, got {decoder!r}")
@@ -65,7 +125,10 @@ class CoTMAE(PretrainingModel):
         self.bert = bert
         self.lm_head = lm_head
         self.decoder_kind = decoder
-        self.decoder = new_layers(bert.config, decoder_layers, seed)
+        if decoder == "paper":
+            self.decoder = new_layers(bert.config, decoder_layers, seed, attn_implementation)
+        else:
+            self.decoder = ReleaseDecoder(bert.config, decoder_layers, seed, attn_implementation)
         self.decoder_weight = decoder_weight
         self.attention_window = attention_window
         self.mask_ratio = mask_ratio
@@ -98,11 +161,10 @@ class CoTMAE(PretrainingModel):
         embeddings = self.bert.embeddings(input_ids=context["input_ids"])
         hidden = torch.cat([cls_vector[:, None, :].to(embeddings.dtype), embeddings[:, 1:]], dim=1)
         if self.decoder_kind == "paper":
-            mask, labels = padding_mask(context["attention_mask"]), context["labels"]
-        else:
-            mask = windowed_causal_mask(context["attention_mask"], self.attention_window)
-            labels = next_token_labels(context["input_ids"], context["attention_mask"])
-        return run_layers(self.decoder, hidden, mask), labels
+            return run_layers(self.decoder, hidden, padding_mask(context["attention_mask"])), context["labels"]
+        mask = windowed_causal_mask(context["attention_mask"], self.attention_window)
+        labels = next_token_labels(context["input_ids"], context["attention_mask"])
+        return self.decoder(hidden, mask), labels
 
     def forward(self, batch: dict) -> PretrainOutput:
         anchor = batch["anchor"]
