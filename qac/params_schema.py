@@ -243,7 +243,8 @@ class PretrainCommon(Section):
         description="paper: MLM + head MLM + contrastive, 1:1:1 (Eq. 7); release: 2:2:1 (qac/deviations.yaml)")
     cotmae_mask_ratio: OpenFraction = Field(description="CoT-MAE encoder mask ratio")
     cotmae_decoder: Literal["paper", "release"] = Field(
-        description="paper: bidirectional, masked context, MLM; release: causal window, unmasked query, next token")
+        description="paper: bidirectional BERT layers, masked context, MLM; release: GPT-2 block(s), causal window, "
+                    "unmasked query, next token")
     cotmae_decoder_layers: PositiveInt = Field(description="CoT-MAE decoder layers")
     cotmae_decoder_weight: NonNegativeFloat = Field(description="weight of the CoT-MAE decoder loss")
     cotmae_attention_window: PositiveInt = Field(description="CoT-MAE release decoder: attention window")
