@@ -25,6 +25,9 @@ SETTINGS = dict(method="cocondenser", init="tiny:minilm", context_type="query", 
 # MASTER under the same guarantees: all five decoders, NPR on the next span, no GradCache.
 MASTER = {**SETTINGS, "method": "master", "context_type": "passage", "passage_context": "next",
           "master_dor_queries": 2}
+# CoT-MAE with the release decoder (GPT-2 block, dropout on its input, attention and residuals).
+COTMAE = {**SETTINGS, "method": "cotmae", "cotmae_decoder": "release"}
+RESUMED = {"cocondenser": SETTINGS, "master": MASTER, "cotmae-release": COTMAE}
 
 WORKER = textwrap.dedent("""
     import json, sys
@@ -45,9 +48,9 @@ def _command(script, data, work, out, settings=SETTINGS):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["cocondenser", "master"])
+@pytest.mark.parametrize("method", list(RESUMED))
 def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, method):
-    settings = SETTINGS if method == "cocondenser" else MASTER
+    settings = RESUMED[method]
     data = tmp_path / "data"
     write_corpus(data, documents=6, spans=3, queries=4)
     write_master_inputs(data)
