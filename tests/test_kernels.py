@@ -52,3 +52,20 @@ def test_compiled_model_gives_the_same_loss(tmp_path, backend):
     for name, value in expected.items():
         # float32 sums over a few hundred terms of size ~10: a few units of float32 rounding
         assert float(actual[name]) == pytest.approx(float(value), rel=1e-5), name
+
+
+def test_compiled_cotmae_release_decoder_gives_the_same_loss():
+    from qac.data.pairs import Pair, PairCollator
+    from qac.models.cotmae import CoTMAE
+    from qac.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer("minilm")
+    model = CoTMAE.from_spec("tiny:minilm", seed=0, dropout=0.0, decoder="release").eval()
+    pairs = [Pair(i, f"protein {i} binds the receptor of cell {i} " * 3, f"what binds cell {i}", "query")
+             for i in range(4)]
+    batch = PairCollator(tokenizer, 40, 12, *model.mask_ratios, seed=0)(pairs, 0)
+    compiled = torch.compile(copy.deepcopy(model), backend="aot_eager")
+    with torch.no_grad():
+        expected, actual = model(batch).parts, compiled(batch).parts
+    for name, value in expected.items():
+        assert float(actual[name]) == pytest.approx(float(value), rel=1e-5), name

@@ -64,7 +64,8 @@ def gpt2_config(bert_config, layers: int, attn_implementation: str = "sdpa"):
         n_embd=bert_config.hidden_size, n_layer=layers, n_head=bert_config.num_attention_heads,
         activation_function=bert_config.hidden_act, resid_pdrop=bert_config.hidden_dropout_prob,
         embd_pdrop=bert_config.hidden_dropout_prob, attn_pdrop=bert_config.attention_probs_dropout_prob,
-        layer_norm_epsilon=bert_config.layer_norm_eps, initializer_range=bert_config.initializer_range)
+        layer_norm_epsilon=bert_config.layer_norm_eps, initializer_range=bert_config.initializer_range,
+        bos_token_id=None, eos_token_id=None)   # GPT-2's 50256 lies outside BERT's vocabulary; no block reads them
     config._attn_implementation = attn_implementation
     return config
 
