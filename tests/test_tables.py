@@ -522,3 +522,29 @@ def test_other_runs_with_the_same_values_give_a_byte_identical_report(data, tmp_
     assert sorted(first) == sorted(second)
     assert all(first[name] == second[name] for name in first), [n for n in first if first[n] != second[n]]
     assert "f" * 32 in (rerun / ".runs" / "report_runs.csv").read_text()   # the links moved, beside the report
+
+
+@pytest.mark.parametrize("prepare, dataset_entry, note", [
+    ({}, {}, None),
+    ({"max_documents": 1000, "keep_judged_documents": True}, {}, "cuts it to 1000 documents (the judged ones kept)"),
+    ({"max_documents": 1000}, {"max_documents": 50, "keep_judged_documents": False}, "cuts it to 50 documents,"),
+    ({"max_documents": 1000}, {"max_documents": None}, None),          # the dataset's own entry: keep every document
+])
+def test_a_published_figure_beside_a_cut_corpus_says_it_is_not_like_for_like(data, prepare, dataset_entry, note):
+    """The start encoder's published figure is on the whole corpus; a profile that cuts the corpus says so."""
+    from qac.reporting.lineage import load_study
+    from qac.reporting.tables import build_tables
+
+    datasets = {**PARAMS["datasets"], "scifact": {**PARAMS["datasets"]["scifact"], **dataset_entry}}
+    encoders = {"tiny:minilm": {"pooling": "mean", "normalize": True, "query_max_len": 16, "passage_max_len": 64,
+                                "published": [{"dataset": "scifact", "split": "test", "measure": "RR@10",
+                                               "value": 0.5, "source": "a model card"}]}}
+    params = {**PARAMS, "prepare": prepare, "datasets": datasets, "encoders": encoders}
+    table = next(t for t in build_tables(load_study(params, data), params) if t.key == "table1")
+    cell = table.cell("start encoder, not fine-tuned", RR)
+    assert cell.published == pytest.approx(50.0) and cell.value == pytest.approx(5.0)
+    cut_notes = [line for line in table.notes if "published scifact figure is on the whole corpus" in line]
+    if note is None:
+        assert not cut_notes
+    else:
+        assert len(cut_notes) == 1 and note in cut_notes[0] and "bench_baseline.py" in cut_notes[0]

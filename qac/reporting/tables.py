@@ -287,6 +287,7 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
     described = spec is not None and spec in (ctx.params.get("encoders") or {})
     encoding = baseline_settings(ctx.params, spec) if described else None
     row = "start encoder, not fine-tuned"
+    cut_datasets = {}
     for column in ctx.columns:
         cell = metric_cell(source, column.dataset, column.split, column.measure, PERCENT, None, column.missing)
         for figure in (encoding or {}).get("published") or []:
@@ -294,13 +295,37 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
                                                                            column.measure):
                 cell.published = float(figure["value"]) * _SCALE[PERCENT]
                 table.paper_rows[row] = f"published: {figure['source']}"
+                cut = corpus_cut(ctx.params, column.dataset)
+                if cut is not None:
+                    cut_datasets[column.dataset] = cut
         table.put(row, column.header, cell)
+    for dataset, (documents, judged_kept) in cut_datasets.items():
+        # A published figure is on the whole corpus; fewer distractors make retrieval easier.
+        table.notes.append(
+            f"The start encoder's published {dataset} figure is on the whole corpus; this profile cuts it to "
+            f"{documents} documents{' (the judged ones kept)' if judged_kept else ''}, which makes retrieval "
+            "easier, so the two are not like for like. benchmarks/bench_baseline.py evaluates the start encoder "
+            "on the whole corpus with this project's encoding, search and metrics.")
     if encoding is not None:
         how = (f"{encoding['pooling']} pooling, {'normalised' if encoding['normalize'] else 'not normalised'}, "
                f"{encoding['query_max_len']}/{encoding['passage_max_len']} tokens")
         table.notes.append(f"The start encoder ({spec}) is evaluated the way its model was trained ({how}; "
                            "params encoders), beside its published figures; fine-tuned rows use finetune.pooling "
                            "and its lengths.")
+
+
+def corpus_cut(params: Mapping, dataset: str | None) -> tuple[int, bool] | None:
+    """``(max_documents, keep_judged_documents)`` the prepare stage applied to ``dataset``, or None if uncut.
+
+    A dataset's own entry overrides the profile-wide ``prepare`` settings, as
+    the prepare stage merges them.
+    """
+    declared = (params.get("datasets") or {}).get(dataset) or {}
+    settings = {**(params.get("prepare") or {}),
+                **{key: declared[key] for key in ("max_documents", "keep_judged_documents") if key in declared}}
+    if settings.get("max_documents") is None:
+        return None
+    return int(settings["max_documents"]), bool(settings.get("keep_judged_documents", False))
 
 
 def _retriever_row(variant: Variant, retriever: str) -> str:
