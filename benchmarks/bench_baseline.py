@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             ("as the fine-tuned rows are encoded", finetune["pooling"], False, finetune["query_max_len"],
              finetune["passage_max_len"])]
     rows = []
+    load_before = os.getloadavg()[0]
     for label, pooling, normalize, query_len, passage_len in ways:
         value, seconds = evaluate_way(model, tokenizer, dataset, pooling=pooling, normalize=normalize,
                                       query_max_len=query_len, passage_max_len=passage_len)
@@ -82,8 +83,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label}: nDCG@10 {value:.4f} (published {published['value']:.4f}), {seconds:.0f} s", flush=True)
     body = (f"## Start-encoder baseline ({spec}, SciFact test)\n\n"
             f"`python benchmarks/bench_baseline.py`; {machine_summary()}. Published: {published['source']}. "
-            "Our encoding, search and trec_eval-exact metrics; the first row is how the default profile's "
-            "untuned baseline row is evaluated.\n\n" + markdown_table(rows))
+            "Our encoding, search and trec_eval-exact metrics on the whole corpus (5,183 abstracts; the default "
+            "profile cuts it); the first row is how the default profile's untuned baseline row is evaluated. "
+            f"Load average {load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at the end: on a shared "
+            "machine the seconds are the wall time of a process competing for the cores, not a speed figure.\n\n"
+            + markdown_table(rows))
     write_section("baseline", body)
 
 
