@@ -342,36 +342,42 @@ def cpu_ratios(args) -> list[str]:
         for step, pairs in enumerate(batches):      # identical batches, and warm-up
             a, b = old(pairs, step), new(pairs, step)
             assert all(torch.equal(a[side][name], b[side][name]) for side in a for name in a[side])
-        times = {}
-        for label, collator in (("old", old), ("new", new)):
-            start = time.perf_counter()
-            for _ in range(3):
+        # The two collators interleaved round by round, the median round of each (the cores are shared;
+        # wall time, as process CPU time would also count torch's idle threads spinning after the old path's
+        # tensor operations)
+        rounds = {"old": [], "new": []}
+        for _ in range(7):
+            for label, collator in (("old", old), ("new", new)):
+                start = time.perf_counter()
                 for step, pairs in enumerate(batches):
                     collator(pairs, step)
-            times[label] = (time.perf_counter() - start) / (3 * len(batches) * 128)
+                rounds[label].append((time.perf_counter() - start) / (len(batches) * 128))
+        times = {label: statistics.median(values) for label, values in rounds.items()}
         lines.append(f"collation per pair: tokenising {times['old'] * 1e6:.0f} us, stored ids "
                      f"{times['new'] * 1e6:.0f} us: {times['old'] / times['new']:.1f}x cheaper "
                      f"(identical input_ids, masks and labels on {4 * 128} SciFact pairs)")
 
-        # 2. The stage loop (qac.train.pretrain.pretrain, DataLoader with 2 workers) vs the isolated step.
-        steps, batch_size = 8, args.batch_size
+        # 2. The stage loop (qac.train.pretrain.pretrain, DataLoader with 2 workers) vs the isolated step,
+        # both as the median over steps 2..N: the first step of each carries one-off costs (the loader's
+        # worker processes starting, first-call allocations) that a long run does not see.
+        steps, batch_size = 9, args.batch_size
         settings = PretrainSettings.from_mapping(dict(
             method="cocondenser", init=args.model, context_type="mixed", steps=steps, batch_size=batch_size,
-            max_len=144, query_max_len=32, log_every=steps, checkpoint_every=steps, dropout=0.0, dtype="fp32",
+            max_len=144, query_max_len=32, log_every=1, checkpoint_every=steps, dropout=0.0, dtype="fp32",
             loader_workers=2))
-        logged = {}
+        logged = []
         pretrain(settings, passages=work / "passages.arrow", queries=work / "queries.arrow", work_dir=work / "w",
-                 out_dir=work / "o", log=lambda step, metrics: logged.update(metrics))
+                 out_dir=work / "o", log=lambda step, metrics: logged.append(metrics))
         model = CoCondenser.from_spec(args.model, seed=settings.seed, dropout=0.0, skip_from=settings.skip_from,
                                       n_head_layers=settings.n_head_layers)
         timer = StepTimer(model, torch.device("cpu"))
         isolated = [timer.seconds(new(sampler.batch(step, batch_size), step), False)[0] for step in range(steps)]
         isolated_rate = batch_size / statistics.median(isolated[1:])
-        loop_rate = logged["samples_per_second"]
-        lines.append(f"stage loop vs isolated step (CPU, {args.model}, {batch_size} pairs): {loop_rate:.2f} vs "
-                     f"{isolated_rate:.2f} pairs/s = {loop_rate / isolated_rate:.2f}; data wait "
-                     f"{100 * logged['data_wait_share']:.1f}% of the loop; padding efficiency "
-                     f"{logged['padding_efficiency']:.2f}")
+        loop_rate = statistics.median(metrics["samples_per_second"] for metrics in logged[1:])
+        wait = statistics.median(metrics["data_wait_share"] for metrics in logged[1:])
+        lines.append(f"stage loop vs isolated step (CPU, {args.model}, {batch_size} pairs, median of steps 2-{steps}):"
+                     f" {loop_rate:.2f} vs {isolated_rate:.2f} pairs/s = {loop_rate / isolated_rate:.2f}; data wait "
+                     f"{100 * wait:.1f}% of the loop; padding efficiency {logged[-1]['padding_efficiency']:.2f}")
 
     # 3. Encoding: tokenise-then-pad vs stored ids padded as arrays.
     encoder = load_model(args.model)

@@ -38,6 +38,16 @@ def test_seeded_generators_draw_what_default_rng_draws():
         assert np.array_equal(generator.integers(0, 30522, size=9), reference.integers(0, 30522, size=9)), key
 
 
+@pytest.mark.parametrize("keys", [[(1, 2), (3, 4, 5)], [(2**32, 1)], [(2**40 + 3, 7), (1, 1)], []],
+                         ids=["mixed-widths", "word-too-large", "large-first", "no-keys"])
+def test_seeded_generators_take_every_key_default_rng_takes(keys):
+    """Keys off the array fast path (different lengths, values past 32 bits) still give default_rng's streams."""
+    drawn = [generator.random(5) for generator in seeded_generators(keys)]
+    assert len(drawn) == len(keys)
+    for key, values in zip(keys, drawn):
+        assert np.array_equal(values, np.random.default_rng(list(key)).random(5)), key
+
+
 def test_batch_masking_equals_masking_each_sequence(tokenizer):
     vocab = MaskingVocab.from_tokenizer(tokenizer)
     rng = np.random.default_rng(0)

@@ -189,13 +189,17 @@ def whole_word_mask_batch(flat_ids: np.ndarray, lengths: np.ndarray, keys, vocab
     first_word = np.cumsum(words) - words
     maskable = np.bincount(word_row, weights=word_length, minlength=len(lengths))
     budgets = np.maximum(1, np.round(probability * maskable)).astype(np.int64).tolist()
+    words, first_word = words.tolist(), first_word.tolist()     # read one sequence at a time below
 
-    chosen, draws, random_tokens = [], [], []
+    # Per sequence only the generator's draws and the greedy walk; the positions of the taken
+    # words are laid out for the whole batch afterwards.
+    taken_words, draws, random_tokens = [], [], []
     for index, rng in enumerate(seeded_generators(keys)):
-        count = int(words[index])
+        count = words[index]
         if count == 0:
             continue
-        lengths_of = word_length[first_word[index]:first_word[index] + count]
+        first = first_word[index]
+        lengths_of = word_length[first:first + count]
         budget = budgets[index]
         order = rng.permutation(count)
         ordered = lengths_of[order]
@@ -214,16 +218,17 @@ def whole_word_mask_batch(flat_ids: np.ndarray, lengths: np.ndarray, keys, vocab
                     if used == budget:
                         break
             taken = np.concatenate([taken, np.asarray(extra, dtype=taken.dtype)])
-        counts = lengths_of[taken]
-        # positions word by word, in the order the words were taken
-        positions = (np.repeat(word_start[first_word[index] + taken] - np.cumsum(counts) + counts, counts)
-                     + np.arange(int(counts.sum())))
-        chosen.append(positions)
-        draws.append(rng.random(len(positions)))
-        random_tokens.append(rng.integers(0, vocab.vocab_size, size=len(positions)))
-    if not chosen:
+        taken_words.append(taken + first)
+        draws.append(rng.random(used))
+        random_tokens.append(rng.integers(0, vocab.vocab_size, size=used))
+    if not taken_words:
         return inputs, labels
-    chosen, draws, random_tokens = np.concatenate(chosen), np.concatenate(draws), np.concatenate(random_tokens)
+    taken_words = np.concatenate(taken_words)
+    counts = word_length[taken_words]
+    # positions word by word, in the order the words were taken
+    chosen = (np.repeat(word_start[taken_words] - np.cumsum(counts) + counts, counts)
+              + np.arange(int(counts.sum())))
+    draws, random_tokens = np.concatenate(draws), np.concatenate(random_tokens)
     labels[chosen] = flat_ids[chosen]
     inputs[chosen[draws < 0.8]] = vocab.mask_id
     replace = (draws >= 0.8) & (draws < 0.9)
@@ -249,6 +254,7 @@ _MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
 _POOL = 4
 _PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
 _MASK128 = (1 << 128) - 1
+_MASK64 = (1 << 64) - 1
 
 
 def _u32(value) -> np.ndarray:
@@ -295,10 +301,12 @@ def _seed_words(keys: np.ndarray) -> np.ndarray:
     return np.stack(words, axis=1)
 
 
-def _pcg64_state(words: list[int]) -> dict:
-    """The PCG64 state NumPy seeds from 8 uint32 words (pcg64_set_seed)."""
-    w = [words[2 * k] | (words[2 * k + 1] << 32) for k in range(4)]     # little-endian uint64 view
-    initstate, initseq = (w[0] << 64) | w[1], (w[2] << 64) | w[3]
+def _pcg64_state(low: int, high: int) -> dict:
+    """The PCG64 state NumPy seeds from 8 uint32 words (pcg64_set_seed), given as two 128-bit
+    integers: words 0-3 and words 4-7, little-endian."""
+    # pcg64_set_seed reads the words as uint64 w0..w3: initstate = w0 << 64 | w1, initseq = w2 << 64 | w3
+    initstate = ((low & _MASK64) << 64) | (low >> 64)
+    initseq = ((high & _MASK64) << 64) | (high >> 64)
     inc = ((initseq << 1) | 1) & _MASK128
     state = inc & _MASK128                                              # state 0, one step
     state = (state + initstate) & _MASK128
@@ -308,18 +316,25 @@ def _pcg64_state(words: list[int]) -> dict:
 
 def seeded_generators(keys) -> Iterator[np.random.Generator]:
     """``np.random.default_rng(list(key))`` for each key, in order (one generator object, reseeded:
-    use each before asking for the next). Keys of small non-negative ints take the fast path."""
-    keys = [tuple(int(k) for k in key) for key in keys]
-    if not keys:
-        return
-    width = len(keys[0])
-    if any(len(key) != width or min(key) < 0 or max(key) >= 1 << 32 for key in keys) or width == 0:
+    use each before asking for the next). Keys of equal length, of ints in [0, 2**32), take the fast path."""
+    try:
+        array = np.asarray(keys)
+    except ValueError:          # keys of different lengths
+        array = None
+    fast = (array is not None and array.ndim == 2 and array.shape[1] > 0 and array.dtype.kind in "iu"
+            and (not array.size or (int(array.min()) >= 0 and int(array.max()) < 1 << 32)))
+    if not fast:
         for key in keys:
-            yield np.random.default_rng(list(key))
+            yield np.random.default_rng([int(k) for k in key])
         return
-    words = _seed_words(np.asarray(keys, dtype=np.uint64)).tolist()
+    if not len(array):
+        return
+    words = _seed_words(array.astype(np.uint64))
+    # the 8 words as two little-endian 128-bit integers per key (Python ints: exact 128-bit arithmetic)
+    halves = [[int.from_bytes(row.tobytes(), "little") for row in words[:, part:part + 4].astype("<u4")]
+              for part in (0, 4)]
     bit_generator = np.random.PCG64(0)
     generator = np.random.Generator(bit_generator)
-    for row in words:
-        bit_generator.state = _pcg64_state(row)
+    for low, high in zip(*halves):
+        bit_generator.state = _pcg64_state(low, high)
         yield generator

@@ -137,7 +137,11 @@ class SpecialTokens:
 
 def with_special_tokens(ids, max_len: int, special: SpecialTokens) -> np.ndarray:
     """``prefix + ids[:max_len - count] + suffix`` as int64: what the tokenizer gives with truncation to ``max_len``."""
-    room = max(0, max_len - special.count)
-    body = np.asarray(ids, dtype=np.int64)[:room]
-    return np.concatenate([np.asarray(special.prefix, dtype=np.int64), body,
-                           np.asarray(special.suffix, dtype=np.int64)])
+    # Filled in place rather than concatenated: this runs once per sequence of every batch.
+    body = ids[:max(0, max_len - special.count)]
+    start, end = len(special.prefix), len(special.prefix) + len(body)
+    wrapped = np.empty(end + len(special.suffix), dtype=np.int64)
+    wrapped[:start] = special.prefix
+    wrapped[start:end] = body
+    wrapped[end:] = special.suffix
+    return wrapped
