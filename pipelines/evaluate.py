@@ -4,7 +4,10 @@ For each retriever of the variant (``finetune/<variant>/r1``, ``r2``; for the
 variant ``none`` with ``evaluate.untuned_baseline`` also the start encoder,
 ``untuned``) and each dataset (``train_dataset`` in-domain, then every
 ``zero_shot`` one), the corpus is encoded once and every split except
-``train`` is searched (top ``evaluate.depth``, exact inner product). Writes,
+``train`` is searched (top ``evaluate.depth``, exact inner product); retriever
+1's in-domain runs were searched by the fine-tuning stage with the corpus
+vectors it mined with (``finetune/<variant>/r1_runs``) and are scored from
+there when their encoding record matches (qac.train.indomain_runs). Writes,
 as one unit, ``data/<profile>/eval/<variant>/<retriever>/<dataset>/<split>.trec``
 and ``<split>.per_query.json``, plus ``metrics/eval/<variant>.json``. Metrics
 go into the retriever's fine-tuning run as ``<dataset>/<split>/<measure>``
@@ -67,9 +70,7 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
     Returns ``{split: EvalResult}``. ``lengths`` are the query and passage max lengths of fine-tuning;
     ``separator`` joins a document's title and text (:func:`qac.retrieval.title_separator`).
     """
-    from qac.evaluation.report import evaluate_split, evaluation_splits
-    from qac.evaluation.trec_io import write_run
-    from qac.io import write_json
+    from qac.evaluation.report import evaluation_splits
     from qac.retrieval import document_text
     from qac.retrieval.encode import encode_texts
     from qac.retrieval.search import dense_search
@@ -82,17 +83,38 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
                                [document_text(dataset.corpus[d].title, dataset.corpus[d].text, separator)
                                 for d in doc_ids],
                                max_length=passage_max_len, desc=f"encode {dataset.name} corpus", **options)
-    results = {}
+    runs = {}
     for split in evaluation_splits(dataset):
         queries = dataset.split_queries(split)
         query_vectors = encode_texts(model.encoder, tokenizer, list(queries.values()), max_length=query_max_len,
                                      desc=f"encode {dataset.name}/{split} queries", **options)
-        run = dense_search(list(queries), query_vectors, doc_ids, doc_vectors, k=settings["depth"])
+        runs[split] = dense_search(list(queries), query_vectors, doc_ids, doc_vectors, k=settings["depth"])
+    return score_runs(dataset, runs, settings, out_dir)
+
+
+def score_runs(dataset, runs: dict, settings: dict, out_dir: Path) -> dict:
+    """Write each split's run and per-query values into ``out_dir``; ``{split: EvalResult}``."""
+    from qac.evaluation.report import evaluate_split
+    from qac.evaluation.trec_io import write_run
+    from qac.io import write_json
+
+    results = {}
+    for split, run in runs.items():
         write_run(out_dir / f"{split}.trec", run, tag=out_dir.parent.name)
         result = evaluate_split(dataset, split, run, settings["metrics"])
         write_json(out_dir / f"{split}.per_query.json", result.per_query)
         results[split] = result
     return results
+
+
+def finetuning_runs(root: Path, variant: str, dataset, encoding: dict, depth: int) -> dict | None:
+    """Retriever 1's in-domain runs as the fine-tuning stage searched them with the vectors it mined with
+    (qac.train.indomain_runs), when made with this encoding and depth; None otherwise."""
+    from qac.evaluation.report import evaluation_splits
+    from qac.train.indomain_runs import RUNS_FOLDER, read_indomain_runs, run_encoding
+
+    expected = run_encoding(depth=depth, **encoding)
+    return read_indomain_runs(root / "finetune" / variant / RUNS_FOLDER, expected, evaluation_splits(dataset))
 
 
 def combine_parts(by_subset: dict, out_dir: Path) -> dict:
@@ -167,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = root / "eval" / variant
     results: dict[str, dict[str, dict]] = {name: {} for name, _, _ in retrievers}
     seconds: dict[str, float] = {name: 0.0 for name, _, _ in retrievers}
+    reused: list[str] = []      # retriever and dataset scored from the fine-tuning stage's runs
     with atomic_path(out_dir, directory=True) as staging:
         # Datasets outside, retrievers inside: each corpus is read once.
         for dataset_name in evaluation_datasets(params):
@@ -182,17 +205,26 @@ def main(argv: list[str] | None = None) -> None:
                     used = (encoding["query_max_len"], encoding["passage_max_len"])
                 else:
                     encoding, used = {"pooling": params["finetune"].get("pooling", "cls"), "normalize": False}, lengths
-                model = BiEncoder.from_pretrained(folder, pooling=encoding["pooling"])
                 tokenizer = load_tokenizer(str(folder))
                 # In-domain documents are encoded as fine-tuning saw them (finetune.title_join); zero-shot
                 # ones as BEIR encodes them, title and text joined by a space.
                 separator = (title_separator(params["finetune"].get("title_join", "space"), tokenizer)
                              if dataset_name == params["train_dataset"] else " ")
-                by_subset = {subset: evaluate_retriever_on(
-                    model.to(device), tokenizer, dataset, settings=settings, lengths=used, device=device,
-                    out_dir=Path(staging) / name / dataset_name / (subset or ""), separator=separator,
-                    normalize=encoding["normalize"])
-                    for subset, dataset in parts}
+                shared = None
+                if name == "r1" and dataset_name == params["train_dataset"] and len(parts) == 1:
+                    shared = finetuning_runs(root, variant, parts[0][1], dict(
+                        query_max_len=used[0], passage_max_len=used[1], pooling=encoding["pooling"],
+                        separator=separator), settings["depth"])
+                if shared is not None:      # the corpus as retriever 1 encoded it for mining, not encoded again
+                    by_subset = {None: score_runs(parts[0][1], shared, settings, Path(staging) / name / dataset_name)}
+                    reused.append(f"{name} {dataset_name}")
+                else:
+                    model = BiEncoder.from_pretrained(folder, pooling=encoding["pooling"])
+                    by_subset = {subset: evaluate_retriever_on(
+                        model.to(device), tokenizer, dataset, settings=settings, lengths=used, device=device,
+                        out_dir=Path(staging) / name / dataset_name / (subset or ""), separator=separator,
+                        normalize=encoding["normalize"])
+                        for subset, dataset in parts}
                 results[name][dataset_name] = combine_parts(by_subset, Path(staging) / name / dataset_name)
                 seconds[name] += time.perf_counter() - started
 
@@ -225,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
                       for dataset_name, by_split in by_dataset.items()}
                for name, by_dataset in results.items()}
     write_json(root / "metrics" / "eval" / f"{variant}.json", summary)
-    print_summary(f"evaluate@{variant}", *headline(params, results), seconds=clock.seconds)
+    print_summary(f"evaluate@{variant}", *headline(params, results),
+                  f"{', '.join(reused)} from the fine-tuning stage's runs" if reused else "", seconds=clock.seconds)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,15 @@
 Retriever 1 starts from ``pretrain/<variant>/encoder`` and trains on the BM25
 hard negatives (``bm25/negatives.jsonl``). It then encodes the corpus and
 retrieves the top ``mine_depth`` documents for every training query; the
-non-positives there (below ``mine_skip_top``) are the mined negatives.
+non-positives there (below ``mine_skip_top``) are the mined negatives. With
+the same corpus vectors it searches the in-domain evaluation splits to
+``evaluate.depth`` (``r1_runs/``, qac.train.indomain_runs), which the
+evaluation stage scores instead of encoding the corpus a second time.
 Retriever 2 starts again from the same pre-trained encoder and trains on the
 mined negatives (plus the BM25 ones with ``r2_use_bm25_negatives``).
 
 Writes ``data/<profile>/finetune/<variant>/`` as one unit: ``r1/``, ``r2/``
-(Hugging Face encoder folders with tokenizer) and ``mined_negatives.jsonl``.
+(Hugging Face encoder folders with tokenizer), ``mined_negatives.jsonl`` and ``r1_runs/``.
 Each retriever is an MLflow run ``r1|r2 · <method> · <context> · C=<count>``
 (recorded in ``data/<profile>/.runs/finetune/<variant>/<r>/``) nested under the
 pre-training run when this store holds it (else under the study run),
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     from qac.tracking.record import models_requested
     from qac.train.finetune import FinetuneSettings
     from qac.train.groups import read_negatives, retriever2_negatives
-    from qac.train.mining import mine_with_retriever
+    from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, search_evaluation_splits, write_indomain_runs
+    from qac.train.mining import encode_corpus, mine_with_retriever
 
     params = load_params()
     variant = checked_variant(params, args.variant)
@@ -151,13 +155,22 @@ def main(argv: list[str] | None = None) -> None:
             r1, tokenizer, queries, r1_losses, left_out = train_retriever("r1", bm25_negatives, staging=staging, dist=dist,
                                                                 inputs=inputs, **common)
             mined_path = staging / "mined_negatives.jsonl"
+            encode_options = dict(batch_size=section.get("encode_batch_size", 128),
+                                  loader_workers=section.get("loader_workers", 0), dist=dist)
+            # The corpus is encoded once: the mining and retriever 1's in-domain evaluation runs share it.
+            corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length,
+                                   **encode_options)
             records = mine_with_retriever(
                 r1, tokenizer, queries, passage_text, depth=section["mine_depth"],
                 skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
-                passage_max_len=settings.corpus_length, batch_size=section.get("encode_batch_size", 128),
-                loader_workers=section.get("loader_workers", 0), dist=dist)
+                passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
+            encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
+                                    pooling=r1.pooling, separator=separator, depth=params["evaluate"]["depth"])
+            runs = search_evaluation_splits(r1, tokenizer, dataset, corpus, encoding=encoding, **encode_options)
+            del corpus
             if dist.is_main:
                 write_jsonl(mined_path, records)
+                write_indomain_runs(staging / RUNS_FOLDER, runs, encoding, tag=variant)
             barrier()
             negatives = read_negatives(mined_path)
             mined = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0

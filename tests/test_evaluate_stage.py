@@ -22,8 +22,19 @@ def evaluated(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F8
     root = tmp_path_factory.mktemp("evaluated") / "study"
     with study_dir(root, tiny_bert_dir) as params:
         load_stage("finetune").main(["--variant", "none"])
-        load_stage("evaluate").main(["--variant", "none"])
+        stage = load_stage("evaluate")
+        original = stage.evaluate_retriever_on
+
+        def recording(model, tokenizer, dataset, *, out_dir, **options):
+            ENCODED.append((out_dir.parent.name, dataset.name))      # (retriever, dataset) encoded here
+            return original(model, tokenizer, dataset, out_dir=out_dir, **options)
+
+        stage.evaluate_retriever_on = recording
+        stage.main(["--variant", "none"])
     return root, params
+
+
+ENCODED: list[tuple[str, str]] = []
 
 
 def _run_id(root, retriever):
@@ -114,3 +125,52 @@ def test_evaluating_before_fine_tuning_fails_without_output(tmp_path, tiny_bert_
         with pytest.raises(SystemExit, match="run the finetune@none stage"):
             load_stage("evaluate").main(["--variant", "none"])
     assert not (root / "data" / "smoke" / "eval").exists()
+
+
+def test_retriever_one_in_domain_is_scored_from_the_runs_searched_with_the_mining_vectors(evaluated, monkeypatch):
+    """The fine-tuning stage encoded the corpus once for mining and searched the test queries with it; the
+    evaluation scores that run (no second encoding), and it equals what encoding afresh at the mining's
+    batch size gives, score for score."""
+    from qac.data.prepared import load_prepared
+    from qac.evaluation.trec_io import read_run
+    from qac.models.loading import load_tokenizer
+    from qac.retrieval import title_separator
+    from qac.train.biencoder import BiEncoder
+    from qac.train.finetune import FinetuneSettings
+
+    root, params = evaluated
+    data = root / "data" / "smoke"
+    assert sorted(ENCODED) == sorted({(r, d) for r in RETRIEVERS for d in DATASETS} - {("r1", "tinyset")})
+    shared = read_run(data / "finetune" / "none" / "r1_runs" / "test.trec")
+    assert read_run(data / "eval" / "none" / "r1" / "tinyset" / "test.trec") == shared
+
+    evaluate = load_stage("evaluate")
+    settings = FinetuneSettings.from_params(params["finetune"], params["seed"])
+    folder = data / "finetune" / "none" / "r1"
+    tokenizer = load_tokenizer(str(folder))
+    dataset = load_prepared(data / "datasets" / "tinyset")
+    results = evaluate.evaluate_retriever_on(
+        BiEncoder.from_pretrained(folder, pooling=settings.pooling), tokenizer, dataset,
+        settings={**params["evaluate"], "batch_size": params["finetune"]["encode_batch_size"]},
+        lengths=(settings.query_max_len, settings.corpus_length), device="cpu",
+        out_dir=root / "fresh" / "r1" / "tinyset",
+        separator=title_separator(params["finetune"].get("title_join", "space"), tokenizer))
+    assert read_run(root / "fresh" / "r1" / "tinyset" / "test.trec") == shared
+    logged = json.loads((data / "metrics" / "eval" / "none.json").read_text())["r1"]["tinyset"]["test"]
+    assert logged == results["test"].aggregate
+
+
+def test_runs_made_with_another_encoding_are_not_reused(evaluated):
+    from qac.train.indomain_runs import RUNS_FOLDER, read_indomain_runs, run_encoding
+
+    root, params = evaluated
+    folder = root / "data" / "smoke" / "finetune" / "none" / RUNS_FOLDER
+    settings = params["finetune"]
+    made = dict(query_max_len=settings["query_max_len"],
+                passage_max_len=settings.get("corpus_max_len") or settings["passage_max_len"],
+                pooling=settings.get("pooling", "cls"), separator=" ", depth=params["evaluate"]["depth"])
+    assert read_indomain_runs(folder, run_encoding(**made), ["test"]) is not None
+    for key, other in (("depth", 5), ("passage_max_len", 7), ("pooling", "mean"), ("separator", " [SEP] ")):
+        assert read_indomain_runs(folder, run_encoding(**{**made, key: other}), ["test"]) is None, key
+    assert read_indomain_runs(folder, run_encoding(**made), ["test", "dev"]) is None    # a split it lacks
+    assert read_indomain_runs(root / "nowhere", run_encoding(**made), ["test"]) is None

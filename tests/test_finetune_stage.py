@@ -132,7 +132,8 @@ def test_finetune_stage_writes_two_retrievers_and_mined_negatives(finetuned):
 
     root, params, _ = finetuned
     out = root / "data" / "smoke" / "finetune" / "none"
-    assert sorted(p.name for p in out.iterdir()) == ["mined_negatives.jsonl", "r1", "r2"]
+    assert sorted(p.name for p in out.iterdir()) == ["mined_negatives.jsonl", "r1", "r1_runs", "r2"]
+    assert sorted(p.name for p in (out / "r1_runs").iterdir()) == ["encoding.json", "test.trec"]   # never train
     for name in ("r1", "r2"):
         AutoModel.from_pretrained(out / name)
         assert (out / name / "tokenizer.json").exists() or (out / name / "vocab.txt").exists()

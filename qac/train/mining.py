@@ -8,10 +8,29 @@ negatives, in rank order. Only the training queries handed in are encoded.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from qac.train.biencoder import BiEncoder
 from qac.train.groups import TrainingQuery
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def encode_corpus(model: BiEncoder, tokenizer, passage_text: Mapping[str, str], *, passage_max_len: int,
+                  batch_size: int = 128, loader_workers: int = 0, dist=None) -> tuple[list[str], "np.ndarray | None"]:
+    """``(doc ids, vectors)`` of the corpus, the vectors on the main process only (None elsewhere);
+    every process of ``dist`` encodes a share."""
+    from qac.distributed import init_distributed
+    from qac.retrieval.encode import encode_distributed
+
+    dist = dist or init_distributed()
+    model.eval().to(dist.device)
+    doc_ids = list(passage_text)
+    vectors = encode_distributed(model.encoder, tokenizer, [passage_text[d] for d in doc_ids], dist,
+                                 max_length=passage_max_len, batch_size=batch_size, pooling=model.pooling,
+                                 device=dist.device, loader_workers=loader_workers)
+    return doc_ids, vectors
 
 
 def mine_with_retriever(
@@ -27,12 +46,14 @@ def mine_with_retriever(
     batch_size: int = 128,
     loader_workers: int = 0,
     dist=None,
+    corpus: tuple[list[str], "np.ndarray | None"] | None = None,
 ) -> list[dict] | None:
     """Records ``{qid, positives, negatives}`` (the ``bm25/negatives.jsonl`` format), one per query.
 
     With ``dist`` (a ``DistContext`` under torchrun) every process encodes a
     share of the corpus and the main process searches; it alone gets the
-    records, the others None.
+    records, the others None. ``corpus``: the corpus as :func:`encode_corpus`
+    returned it, when the caller keeps the vectors for more searches.
     """
     from qac.distributed import init_distributed
     from qac.retrieval.encode import encode_distributed
@@ -40,13 +61,14 @@ def mine_with_retriever(
     from qac.retrieval.search import dense_search
 
     dist = dist or init_distributed()
+    if corpus is None:
+        corpus = encode_corpus(model, tokenizer, passage_text, passage_max_len=passage_max_len,
+                               batch_size=batch_size, loader_workers=loader_workers, dist=dist)
+    doc_ids, doc_vectors = corpus
     model.eval().to(dist.device)
-    options = dict(batch_size=batch_size, pooling=model.pooling, device=dist.device, loader_workers=loader_workers)
-    doc_ids = list(passage_text)
-    doc_vectors = encode_distributed(model.encoder, tokenizer, [passage_text[d] for d in doc_ids], dist,
-                                     max_length=passage_max_len, **options)
     query_vectors = encode_distributed(model.encoder, tokenizer, [q.text for q in queries], dist,
-                                       max_length=query_max_len, **options)
+                                       max_length=query_max_len, batch_size=batch_size, pooling=model.pooling,
+                                       device=dist.device, loader_workers=loader_workers)
     if not dist.is_main:
         return None
     run = dense_search([q.qid for q in queries], query_vectors, doc_ids, doc_vectors, k=depth)
