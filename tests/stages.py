@@ -38,10 +38,11 @@ def subprocess_env(params_path: Path, mlflow_uri: str) -> dict:
                 OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
 
 
-def run_torchrun(name: str, params_path: Path, mlflow_uri: str, processes: int = 2) -> None:
-    """Run stage ``name`` under ``torchrun --standalone`` with ``processes`` processes; it must succeed."""
+def run_torchrun(name: str, params_path: Path, mlflow_uri: str, processes: int = 2, *args: str) -> None:
+    """Run stage ``name`` (with ``args``) under ``torchrun --standalone`` with ``processes`` processes;
+    it must succeed."""
     result = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node", str(processes),
-                             str(REPO / "pipelines" / f"{name}.py")],
+                             str(REPO / "pipelines" / f"{name}.py"), *args],
                             cwd=params_path.parent, env=subprocess_env(params_path, mlflow_uri), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -19,7 +19,7 @@ from qac.config import render_profile, write_params
 from qac.data.dataset import Dataset, Document
 from qac.data.prepared import write_prepared
 from qac.io import write_jsonl
-from stages import load_stage
+from stages import load_stage, run_torchrun
 
 REPO = Path(__file__).resolve().parent.parent
 TOPICS = ["apple orchard harvest", "river bridge engineering", "violin concerto tuning", "glacier ice melt",
@@ -250,3 +250,32 @@ def test_whole_batches_leave_out_what_drop_allows_and_nothing_else():
         check_whole_batches(19, FinetuneSettings(batch_size=7))
     with pytest.raises(IncompleteBatchError, match="6 training queries are fewer than one batch of 7"):
         check_whole_batches(6, FinetuneSettings(batch_size=7, incomplete_batch="drop"))
+
+
+@pytest.mark.slow
+def test_the_stage_under_torchrun_gathers_every_share_of_the_corpus_and_the_queries(finetuned, tmp_path,
+                                                                                     tiny_bert_dir,
+                                                                                     shared_mlflow_store):
+    """Two processes each encode half of the corpus and of the queries; the main process searches the
+    gathered vectors. Mining and retriever 1's evaluation runs cover what one process covers: every
+    training query mined, every test query ranked to the full depth over the whole corpus."""
+    from qac.evaluation.trec_io import read_run
+    from qac.io import iter_jsonl
+
+    one_root, params, _ = finetuned
+    root = tmp_path / "study"
+    with study_dir(root, tiny_bert_dir):
+        run_torchrun("finetune", root / "params.yaml", shared_mlflow_store, 2, "--variant", "none")
+    one, two = (r / "data" / "smoke" / "finetune" / "none" for r in (one_root, root))
+    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
+    mined = {record["qid"]: record for record in iter_jsonl(two / "mined_negatives.jsonl")}
+    assert set(mined) == {record["qid"] for record in iter_jsonl(one / "mined_negatives.jsonl")}
+    assert (two / "r1_runs" / "encoding.json").read_text() == (one / "r1_runs" / "encoding.json").read_text()
+    run, reference = read_run(two / "r1_runs" / "test.trec"), read_run(one / "r1_runs" / "test.trec")
+    assert set(run) == set(reference)
+    depth = params["evaluate"]["depth"]
+    assert all(len(docs) == depth for docs in run.values())
+    # Both halves of the corpus (each process encoded one) reach the rankings.
+    corpus = sorted(tiny_datasets()[0].corpus)
+    ranked = {doc for docs in run.values() for doc in docs}
+    assert ranked & set(corpus[:len(corpus) // 2]) and ranked & set(corpus[len(corpus) // 2:])
