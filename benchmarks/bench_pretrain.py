@@ -416,14 +416,17 @@ def main(argv=None) -> None:
     parser.add_argument("--ratios-only", action="store_true", help="only the tokenise-once ratios (no step table)")
     args = parser.parse_args(argv)
 
-    body = ["## Pre-training throughput (`benchmarks/bench_pretrain.py`)", "", f"Machine: {machine_summary()}", ""]
     if not args.ratios_only:
-        body.append(cpu_table(args))
-    if args.gpu:
-        body += ["", gpu_table(args)]
+        body = ["## Pre-training throughput (`benchmarks/bench_pretrain.py`)", "", f"Machine: {machine_summary()}", "",
+                cpu_table(args)]
+        if args.gpu:
+            body += ["", gpu_table(args)]
+        write_section("pretrain", "\n".join(body), args.report)
+    # Their own section, so that `--ratios-only` refreshes them without the step table's ten minutes.
     ratios = cpu_ratios(args)
-    body += ["", "Tokenising once, measured in one run on this CPU:", ""] + [f"- {line}" for line in ratios]
-    write_section("pretrain", "\n".join(body), args.report)
+    body = ["### Tokenising once (`benchmarks/bench_pretrain.py`, last lines; `--ratios-only` alone)", "",
+            f"Measured in one run on: {machine_summary()}", ""] + [f"- {line}" for line in ratios]
+    write_section("pretrain-ratios", "\n".join(body), args.report)
     print("\n".join(ratios))
 
 
