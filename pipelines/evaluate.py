@@ -70,25 +70,21 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
     Returns ``{split: EvalResult}``. ``lengths`` are the query and passage max lengths of fine-tuning;
     ``separator`` joins a document's title and text (:func:`qac.retrieval.title_separator`).
     """
-    from qac.evaluation.report import evaluation_splits
     from qac.retrieval import document_text
+    from qac.retrieval.dense import search_splits
     from qac.retrieval.encode import encode_texts
-    from qac.retrieval.search import dense_search
 
     query_max_len, passage_max_len = lengths
-    options = dict(batch_size=settings.get("batch_size", 128), pooling=model.pooling, device=device,
-                   normalize=normalize, loader_workers=settings.get("loader_workers", 0))
+    options = dict(batch_size=settings.get("batch_size", 128), device=device, normalize=normalize,
+                   loader_workers=settings.get("loader_workers", 0))
     doc_ids = list(dataset.corpus)
     doc_vectors = encode_texts(model.encoder, tokenizer,
                                [document_text(dataset.corpus[d].title, dataset.corpus[d].text, separator)
                                 for d in doc_ids],
-                               max_length=passage_max_len, desc=f"encode {dataset.name} corpus", **options)
-    runs = {}
-    for split in evaluation_splits(dataset):
-        queries = dataset.split_queries(split)
-        query_vectors = encode_texts(model.encoder, tokenizer, list(queries.values()), max_length=query_max_len,
-                                     desc=f"encode {dataset.name}/{split} queries", **options)
-        runs[split] = dense_search(list(queries), query_vectors, doc_ids, doc_vectors, k=settings["depth"])
+                               max_length=passage_max_len, pooling=model.pooling,
+                               desc=f"encode {dataset.name} corpus", **options)
+    runs = search_splits(model, tokenizer, dataset, doc_ids, doc_vectors, query_max_len=query_max_len,
+                         depth=settings["depth"], **options)
     return score_runs(dataset, runs, settings, out_dir)
 
 

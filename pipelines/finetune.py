@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     from qac.tracking.record import models_requested
     from qac.train.finetune import FinetuneSettings
     from qac.train.groups import read_negatives, retriever2_negatives
-    from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, search_evaluation_splits, write_indomain_runs
+    from qac.retrieval.dense import search_splits
+    from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, write_indomain_runs
     from qac.train.mining import encode_corpus, mine_with_retriever
 
     params = load_params()
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
                 passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
             encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
                                     pooling=r1.pooling, separator=separator, depth=params["evaluate"]["depth"])
-            runs = search_evaluation_splits(r1, tokenizer, dataset, corpus, encoding=encoding, **encode_options)
+            runs = search_splits(r1, tokenizer, dataset, *corpus, query_max_len=settings.query_max_len,
+                                 depth=encoding["depth"], device=dist.device, **encode_options)
             del corpus
             if dist.is_main:
                 write_jsonl(mined_path, records)

@@ -19,7 +19,7 @@ from qac.console import StageClock, add_verbose_flag, print_summary, setup_conso
 from qac.data.errors import DatasetUnavailableError
 from qac.data.prepared import prepare_dataset, write_prepared_parts
 from qac.data.sources import (DatasetSpec, download_dir, fetch_dataset, locate_dataset, read_dataset_parts,
-                              triples_path)
+                              subset_settings, triples_path)
 from qac.tracking import log_metrics, stage_run
 from qac.tracking.naming import run_name
 from qac.tracking.record import log_dataset_inputs
@@ -37,10 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset not in declared:
         parser.error(f"dataset {args.dataset!r} is not declared in params.yaml (declared: {', '.join(declared)})")
     spec = DatasetSpec.from_params(args.dataset, declared[args.dataset])
-    # A dataset entry may override the profile-wide subset settings.
-    settings = {**params.get("prepare", {}),
-                **{key: declared[args.dataset][key] for key in ("max_documents", "keep_judged_documents")
-                   if key in declared[args.dataset]}}
+    settings = subset_settings(params, args.dataset)     # a dataset entry may override the profile-wide ones
     mirror, downloads = data_mirror(), download_dir(params)
     try:
         locate_dataset(spec, mirror, downloads)  # fail here, before any work, if the data cannot be had

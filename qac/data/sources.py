@@ -80,6 +80,14 @@ class UnverifiedDownloadWarning(UserWarning):
     """A dataset is downloaded from a URL that has no pinned checksum."""
 
 
+def subset_settings(params: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The ``prepare`` settings that apply to dataset ``name``: the profile-wide section with the dataset's
+    own ``max_documents`` and ``keep_judged_documents`` over it."""
+    declared = (params.get("datasets") or {}).get(name) or {}
+    return {**(params.get("prepare") or {}),
+            **{key: declared[key] for key in ("max_documents", "keep_judged_documents") if key in declared}}
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """One ``datasets.<name>`` entry of ``params.yaml``, checked."""

@@ -317,12 +317,12 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
 def corpus_cut(params: Mapping, dataset: str | None) -> tuple[int, bool] | None:
     """``(max_documents, keep_judged_documents)`` the prepare stage applied to ``dataset``, or None if uncut.
 
-    A dataset's own entry overrides the profile-wide ``prepare`` settings, as
-    the prepare stage merges them.
+    A dataset's own entry overrides the profile-wide ``prepare`` settings
+    (qac.data.sources.subset_settings, as the prepare stage reads them).
     """
-    declared = (params.get("datasets") or {}).get(dataset) or {}
-    settings = {**(params.get("prepare") or {}),
-                **{key: declared[key] for key in ("max_documents", "keep_judged_documents") if key in declared}}
+    from qac.data.sources import subset_settings
+
+    settings = subset_settings(params, dataset)
     if settings.get("max_documents") is None:
         return None
     return int(settings["max_documents"]), bool(settings.get("keep_judged_documents", False))

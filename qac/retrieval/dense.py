@@ -77,3 +77,27 @@ def dense_retrieve(model, tokenizer, doc_ids: Sequence[str], doc_texts: Sequence
     query_embeddings = encode_texts(model, tokenizer, [queries[q] for q in query_ids],
                                     max_length=settings.query_max_length, **common)
     return dense_search(query_ids, query_embeddings, list(doc_ids), passage_embeddings, k=settings.depth)
+
+
+def search_splits(model, tokenizer, dataset, doc_ids: Sequence[str], doc_vectors: np.ndarray | None, *,
+                  query_max_len: int, depth: int, dist=None, **options) -> dict[str, dict] | None:
+    """``{split: run}`` of every evaluation split of ``dataset`` (all but ``train``) against an encoded corpus.
+
+    ``model`` is a bi-encoder (its ``encoder`` and ``pooling``); ``options`` go to
+    the query encoding (batch size, device, loader workers, normalisation).
+    With ``dist`` (a ``DistContext`` under torchrun) the ranks share the query
+    encoding and the main process, the only one holding ``doc_vectors``,
+    searches; the others get None.
+    """
+    from qac.evaluation.report import evaluation_splits
+
+    runs = {}
+    for split in evaluation_splits(dataset):
+        queries = dataset.split_queries(split)
+        texts, common = list(queries.values()), dict(max_length=query_max_len, pooling=model.pooling,
+                                                      desc=f"encode {dataset.name}/{split} queries", **options)
+        vectors = (encode_distributed(model.encoder, tokenizer, texts, dist, **common) if dist is not None
+                   else encode_texts(model.encoder, tokenizer, texts, **common))
+        if dist is None or dist.is_main:
+            runs[split] = dense_search(list(queries), vectors, list(doc_ids), doc_vectors, k=depth)
+    return runs if dist is None or dist.is_main else None

@@ -30,29 +30,6 @@ def run_encoding(*, query_max_len: int, passage_max_len: int, pooling: str, sepa
             "normalize": False, "separator": separator, "depth": int(depth)}
 
 
-def search_evaluation_splits(model, tokenizer, dataset, corpus, *, encoding: dict, batch_size: int,
-                             loader_workers: int = 0, dist=None) -> dict[str, dict] | None:
-    """``{split: run}`` of every evaluation split of ``dataset`` against ``corpus`` (``(doc ids, vectors)``
-    from :func:`qac.train.mining.encode_corpus`); on the main process, None elsewhere."""
-    from qac.distributed import init_distributed
-    from qac.evaluation.report import evaluation_splits
-    from qac.retrieval.encode import encode_distributed
-    from qac.retrieval.search import dense_search
-
-    dist = dist or init_distributed()
-    doc_ids, doc_vectors = corpus
-    runs = {}
-    for split in evaluation_splits(dataset):
-        queries = dataset.split_queries(split)
-        vectors = encode_distributed(model.encoder, tokenizer, list(queries.values()), dist,
-                                     max_length=encoding["query_max_len"], batch_size=batch_size,
-                                     pooling=model.pooling, device=dist.device, loader_workers=loader_workers,
-                                     desc=f"encode {dataset.name}/{split} queries")
-        if dist.is_main:
-            runs[split] = dense_search(list(queries), vectors, doc_ids, doc_vectors, k=encoding["depth"])
-    return runs if dist.is_main else None
-
-
 def write_indomain_runs(folder: str | Path, runs: dict[str, dict], encoding: dict, tag: str) -> None:
     """``<split>.trec`` per run and ``encoding.json`` into ``folder`` (inside the stage's staging folder)."""
     from qac.evaluation.trec_io import write_run
