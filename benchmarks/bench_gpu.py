@@ -15,7 +15,12 @@ Measures, on the device it finds (named in the report):
 - a projection of the paper profile's GPU-hours per pre-training variant and
   for encoding its corpus, from the measured rates.
 
-Query generation (static cache, on-device sampling) is not measured here.
+- query generation with a T5-base-sized model built from its configuration
+  (C = 20, 64 new tokens, as the paper's release): our loop in bf16 with
+  sampling on the device (host reads every 8 steps, the paper profile's
+  ``querygen.sync_every``, and every step), our batch-invariant fp32 mode,
+  and Hugging Face ``generate`` with bf16 weights and at the release's fp32,
+  all at batch 64;
 
 Needs only torch, transformers, numpy, pyarrow and pandas besides the project;
 runs in well under 10 minutes on one H100. ``--dry-run`` runs every path once
@@ -198,8 +203,59 @@ def encoding_and_search(args, device, tokenizer, texts) -> dict:
     return figures
 
 
-def projection(rates: dict, encode_rate: float, dry_run: bool) -> list[dict]:
-    """GPU-hours of the paper profile's pre-training variants and of one corpus encoding, at the measured rates."""
+def generation_rows(args, device, tokenizer, texts) -> tuple[list[dict], float]:
+    """Passages/s of query generation: ours (device-side sampling, bf16) against Hugging Face ``generate``.
+
+    Returns the rows and the ratio of our bf16 loop to ``generate`` with bf16 weights at the same batch.
+    """
+    import copy
+
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from bench_querygen import time_hf_generate, time_ours
+    from qac.querygen.generate import QueryGenerator, SamplingSettings
+
+    dry = args.dry_run
+    sizes = dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4) if dry else {}
+    config = T5Config(vocab_size=max(len(tokenizer), 32128), pad_token_id=0, eos_token_id=tokenizer.sep_token_id,
+                      decoder_start_token_id=0, **sizes)                  # t5-base sizes unless a dry run
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(config).to(device).eval()
+    settings = SamplingSettings(queries_per_passage=4 if dry else 20, max_new_tokens=8 if dry else 64,
+                                max_source_len=512, drop_duplicates=False)
+    passages = [(f"p{i}", text) for i, text in enumerate(texts[:args.generation_passages])]
+    batch = args.generation_batch
+    half = torch.bfloat16 if device.type == "cuda" else None      # the CPU of a dry run stays in fp32
+    label = "bf16" if half else "fp32"
+    rows = []
+
+    def ours(name, subset, **kwargs):
+        generator = QueryGenerator(model, tokenizer, settings, **kwargs)
+        with torch.inference_mode():
+            generator.generate_candidates(subset[:batch], batch)             # warm-up
+            synchronize(device)
+            rows.append({"setting": name, **time_ours(generator, subset, batch)})
+
+    ours(f"ours, {label}, sampling on the device, host reads every 8 steps", passages, autocast_dtype=half,
+         batch_invariant=False, sync_every=8)
+    ours(f"ours, {label}, sampling on the device, host reads every step", passages, autocast_dtype=half,
+         batch_invariant=False, sync_every=1)
+    ours("ours, fp32, batch-invariant", passages[:max(batch, len(passages) // 8)])
+    weights = copy.deepcopy(model).to(torch.bfloat16) if half else model
+    torch.manual_seed(0)
+    rows.append({"setting": f"HF generate, {label} weights", **time_hf_generate(weights, tokenizer, passages, settings,
+                                                                            batch, device)})
+    rows.append({"setting": "HF generate, fp32 (the release's settings)",
+                 **time_hf_generate(model, tokenizer, passages, settings, batch, device)})
+    for row in rows:
+        row["batch"] = batch
+    ratio = rows[0]["passages/s"] / rows[3]["passages/s"]
+    return rows, ratio
+
+
+def projection(rates: dict, encode_rate: float, generation_rate: float, dry_run: bool) -> list[dict]:
+    """GPU-hours of the paper profile's pre-training variants, of one corpus encoding and of query generation
+    per million passages (the split corpus's size is known only once split), at the measured rates."""
     import yaml
 
     params = yaml.safe_load(open(Path(__file__).resolve().parent.parent / "profiles" / "paper" / "params.yaml"))
@@ -215,6 +271,8 @@ def projection(rates: dict, encode_rate: float, dry_run: bool) -> list[dict]:
                      "GPU-hours": pairs / rate / 3600})
     rows.append({"stage": "encode MS MARCO passages (once per retriever)", "pairs": f"{PAPER_CORPUS_PASSAGES:,}",
                  "pairs/s (one device)": encode_rate, "GPU-hours": PAPER_CORPUS_PASSAGES / encode_rate / 3600})
+    rows.append({"stage": "generate 20 queries per passage, per million split passages", "pairs": "1,000,000",
+                 "pairs/s (one device)": generation_rate, "GPU-hours": 1e6 / generation_rate / 3600})
     return rows
 
 
@@ -236,6 +294,7 @@ def main(argv=None) -> None:
     args.steps = args.steps or (2 if dry else 10)
     args.workers = args.workers if args.workers is not None else (2 if dry else 4)
     args.search_passages, args.search_queries = (2_000, 64) if dry else (1_000_000, 8_192)
+    args.generation_passages, args.generation_batch = (8, 4) if dry else (512, 64)
     device = torch.device("cpu" if dry or not torch.cuda.is_available() else "cuda")
 
     from qac.models.loading import load_tokenizer
@@ -253,6 +312,7 @@ def main(argv=None) -> None:
         loop = loop_rows(args, device, files, tokenizer)
     texts = [anchor for anchor, _, _ in triples] * (1 if dry else 4)
     retrieval = encoding_and_search(args, device, tokenizer, texts)
+    generation, generation_ratio = generation_rows(args, device, tokenizer, texts)
     cache_ratio, chunk = rates["grad_cache"]
     body = [
         "## GPU benchmark (`benchmarks/bench_gpu.py`)" + (" — dry run, tiny model on the CPU" if dry else ""),
@@ -265,8 +325,13 @@ def main(argv=None) -> None:
         "", f"GradCache (chunk {chunk}) step / full-batch step: {cache_ratio:.2f}x",
         "", "### Stage loop vs isolated step (coCondenser, ours)", "", markdown_table([loop]),
         "", "### Encoding and exact search", "", markdown_table([retrieval]),
+        "", f"### Query generation ({'tiny T5' if dry else 'T5-base sizes'}, random weights)", "",
+        markdown_table(generation, ["setting", "batch", "passages", "seconds", "passages/s", "mean tokens/query",
+                                    "recomputed decisions"]),
+        "", f"Ours with sampling on the device / Hugging Face generate with the same weights' precision, same batch: "
+            f"{generation_ratio:.2f}x",
         "", "### Projection: the paper profile on one such device", "",
-        markdown_table(projection(rates, retrieval["encoding passages/s"], dry)),
+        markdown_table(projection(rates, retrieval["encoding passages/s"], generation[0]["passages/s"], dry)),
         "", f"Whole benchmark: {time.perf_counter() - started:.0f} s.",
     ]
     write_section("gpu", "\n".join(body), args.report)

@@ -101,7 +101,7 @@ def time_hf_generate(model, tokenizer, passages, settings: SamplingSettings, bat
             out = model.generate(**inputs, do_sample=True, top_k=settings.top_k, top_p=settings.top_p,
                                  max_new_tokens=settings.max_new_tokens,
                                  num_return_sequences=settings.queries_per_passage)
-        lengths += [int((row != tokenizer.pad_token_id).sum()) - 1 for row in out]
+        lengths += ((out != tokenizer.pad_token_id).sum(-1) - 1).tolist()   # one read per batch
     seconds = time.perf_counter() - started
     return {"passages": len(passages), "seconds": seconds, "passages/s": len(passages) / seconds,
             "mean tokens/query": sum(lengths) / len(lengths)}

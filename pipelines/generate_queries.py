@@ -43,8 +43,11 @@ def main(argv=None) -> int:
     dtype = autocast_dtype(str(section.get("dtype", "auto")), ctx.device)
     invariant = resolve_batch_invariant(section.get("batch_invariant", "auto"), dtype)
     compute = {"dtype": str(dtype or "float32"), "batch_invariant": invariant}
+    sync_every = int(section.get("sync_every", 1))
     if not invariant:  # then the batch composition can change rare tokens: keep it fixed for resumption
         compute["batch_size"] = int(section["batch_size"])
+        if sync_every != 1:   # so can the steps at which finished rows leave the batch
+            compute["sync_every"] = sync_every
 
     def open_run():
         generator_run = read_run_record(data, generator_dir)
@@ -57,7 +60,7 @@ def main(argv=None) -> int:
 
     def make_generator():
         return generator_from_settings(str(generator_dir), settings, ctx.device, str(section.get("dtype", "auto")),
-                                       invariant)
+                                       invariant, sync_every)
 
     merged = run_sharded_generation(args, ctx, stage="generate_queries", passages_path=passages_path, output=output,
                                     source=str(generator_dir), settings=settings, section=section, compute=compute,

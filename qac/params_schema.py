@@ -213,6 +213,10 @@ class QuerygenSection(Section):
         description="auto: bf16 on GPU (fp16 if no bf16), fp32 on CPU; bf16 forces it on CPU too")
     batch_invariant: Literal["auto"] | bool = Field(
         description="re-decide near-tie samples from canonical logits; auto: on in fp32, off in bf16/fp16")
+    sync_every: PositiveInt = Field(
+        description="decoding steps between the host's reads of the device (finished rows leave the batch then); "
+                    "without batch invariance only (it can then change rare tokens); batch-invariant decoding reads "
+                    "every step")
 
 
 class MasterWeights(Section):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qac.querygen.generate import GenerationStats, QueryGenerator, SamplingSettings, clean_candidates
-from qac.querygen.sampling import filtered_distribution, passage_uniforms, sample_tokens
+from qac.querygen.sampling import choose_tokens, filtered_distribution, passage_uniforms, sample_tokens
 
 PASSAGES = [(f"doc{i}#0", "Protein folding in yeast cells depends on chaperones. " * (1 + i % 4) + f"Case {i}.")
             for i in range(9)]
@@ -164,6 +164,69 @@ def test_greedy_decoding_equals_huggingface_generate(t5, tokenizer):
         with torch.no_grad():
             reference = t5.generate(**inputs, do_sample=False, max_new_tokens=10, num_beams=1)
         assert candidates == [tokenizer.decode(reference[0], skip_special_tokens=True)]
+
+
+@pytest.mark.parametrize("sync_every", [1, 3])
+def test_device_side_sampling_keeps_greedy_decoding_equal_to_huggingface_generate(t5, tokenizer, sync_every):
+    """Without batch invariance the tokens are chosen on the device and finished rows leave the batch only
+    every ``sync_every`` steps; greedy queries stay those of ``generate``."""
+    generator = QueryGenerator(t5, tokenizer, settings(top_k=1, queries_per_passage=1, max_new_tokens=10),
+                               batch_invariant=False, sync_every=sync_every)
+    ours, _ = generator.generate_candidates(PASSAGES, batch_size=4)
+    for (_, text), candidates in zip(PASSAGES, ours):
+        inputs = tokenizer(text, truncation=True, max_length=48, return_tensors="pt", return_token_type_ids=False)
+        with torch.no_grad():
+            reference = t5.generate(**inputs, do_sample=False, max_new_tokens=10, num_beams=1)
+        assert candidates == [tokenizer.decode(reference[0], skip_special_tokens=True)]
+
+
+def test_choose_tokens_takes_the_decisions_of_sample_tokens():
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn((64, 500), generator=generator) * 3
+    logits[:8, 100:] = float("-inf")                     # rows with masked tokens
+    uniforms = torch.rand(64, generator=generator, dtype=torch.float64)
+    for top_k, top_p in ((0, 1.0), (25, 0.95), (1, 0.5), (600, 0.3)):
+        expected, _ = sample_tokens(logits, uniforms, top_k, top_p)
+        assert torch.equal(choose_tokens(logits, uniforms, top_k, top_p), expected)
+
+
+def test_one_row_decodes_the_same_whatever_the_sync_schedule(t5, tokenizer):
+    """A lone row never shares its batch, so reading the device every 5 steps instead of every step changes
+    nothing but when its end is noticed: the same candidate, tokens and decisions."""
+    results = []
+    # end of sequence made likely (about one step in five), so candidates end at different steps
+    hook = t5.get_output_embeddings().register_forward_hook(lambda _, __, out: out.index_add(
+        -1, torch.tensor([102]), torch.full((*out.shape[:-1], 1), 9.0)))
+    try:
+        for sync_every in (1, 5):
+            generator = QueryGenerator(t5, tokenizer, settings(queries_per_passage=1, max_new_tokens=12, top_k=0,
+                                                               top_p=1.0), batch_invariant=False, sync_every=sync_every)
+            for pid, text in PASSAGES:
+                candidates, stats = generator.generate_candidates([(pid, text)], batch_size=1)
+                results.append((sync_every, pid, candidates, stats.tokens, stats.decisions))
+    finally:
+        hook.remove()
+    half = len(results) // 2
+    assert [r[1:] for r in results[:half]] == [r[1:] for r in results[half:]]
+    assert len({r[3] for r in results}) > 1 and min(r[3] for r in results) < 12   # ends at different steps
+
+
+def test_the_decode_loop_reads_the_device_every_sync_every_steps(t5, tokenizer, monkeypatch):
+    reads = []
+    original = QueryGenerator._finished_rows
+    monkeypatch.setattr(QueryGenerator, "_finished_rows", staticmethod(lambda alive: reads.append(1) or
+                                                                       original(alive)))
+    sampling = settings(max_new_tokens=12, top_k=0, top_p=1.0, min_new_tokens=11)    # every row runs 12 steps
+    QueryGenerator(t5, tokenizer, sampling, batch_invariant=False, sync_every=4).generate_candidates(PASSAGES[:2], 2)
+    assert len(reads) == 3                                  # steps 4, 8 and 12
+    reads.clear()
+    QueryGenerator(t5, tokenizer, sampling, batch_invariant=False, sync_every=1).generate_candidates(PASSAGES[:2], 2)
+    assert len(reads) == 12
+    reads.clear()
+    QueryGenerator(t5, tokenizer, sampling, batch_invariant=True, sync_every=4).generate_candidates(PASSAGES[:2], 2)
+    assert len(reads) == 12                                 # batch invariance decides on the host every step
+    with pytest.raises(ValueError, match="sync_every"):
+        QueryGenerator(t5, tokenizer, sampling, batch_invariant=False, sync_every=0)
 
 
 def test_queries_do_not_depend_on_batch_size_or_neighbours(t5, tokenizer):

@@ -32,6 +32,18 @@ large for this, so invariance is off by default there
 (the chunk is the unit of work and its batches are always the same) but a
 different batch size may change rare tokens.
 
+Host reads. Batch-invariant decoding decides fragile tokens on the host, so
+it reads the device every step. Without it the tokens are chosen where the
+logits are (:func:`qac.querygen.sampling.choose_tokens`: the same decisions
+as ``sample_tokens``, without its fragility analysis), the queries grow on
+the device, and the host reads it once every ``sync_every`` steps
+(``querygen.sync_every``) to stop when every row has ended and to drop
+finished rows from the batch; between reads, rows that have ended are carried
+along and their tokens ignored. With ``sync_every: 1`` the schedule is the
+one batch invariance uses, so a CPU run's queries do not change with it;
+above 1 the batch shrinks at other steps, which in bf16 can change rare
+tokens as the batch size can (so it is part of the resumption fingerprint).
+
 Repeat penalty. ``repeat_penalty`` (0 by default: the paper's sampling)
 subtracts a constant from the logit of every token the candidate has already
 emitted, before top-k/top-p, so a weak generator stops looping on one word
@@ -47,7 +59,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from qac.distributed import autocast_context
-from qac.querygen.sampling import check_sampling, filtered_distribution, passage_uniforms, sample_tokens
+from qac.querygen.sampling import (check_sampling, choose_tokens, filtered_distribution, passage_uniforms,
+                                   sample_tokens)
 
 # Prune finished rows from the batch once this share of the active rows is done.
 _PRUNE_FRACTION = 0.125
@@ -259,13 +272,17 @@ class QueryGenerator:
     """Samples candidate queries for passages; see the module docstring for the guarantees."""
 
     def __init__(self, model, tokenizer, settings: SamplingSettings, *, autocast_dtype: torch.dtype | None = None,
-                 batch_invariant: bool = True):
+                 batch_invariant: bool = True, sync_every: int = 1):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.settings = settings
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
         self.batch_invariant = batch_invariant
+        if sync_every < 1:
+            raise ValueError(f"querygen.sync_every must be >= 1, got {sync_every}")
+        # Steps between the decode loop's reads from the device (batch-invariant decoding reads every step).
+        self.sync_every = sync_every
         self.start_id, self.eos_id, self.pad_id = _special_ids(model, tokenizer)
 
     # -- public ---------------------------------------------------------
@@ -313,23 +330,27 @@ class QueryGenerator:
     @torch.no_grad()
     def _generate_batch(self, pids: list[str], encoded: list[list[int]]) -> tuple[list[list[str]], GenerationStats]:
         settings, C, T = self.settings, self.settings.queries_per_passage, self.settings.max_new_tokens
+        device = self.device
         width = max(len(ids) for ids in encoded)
         input_ids = torch.tensor([ids + [self.pad_id] * (width - len(ids)) for ids in encoded])
         attention_mask = (torch.arange(width)[None, :] < torch.tensor([len(ids) for ids in encoded])[:, None]).long()
-        batch = _Batch(pids=pids, input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+        batch = _Batch(pids=pids, input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                        uniforms=torch.cat([passage_uniforms(settings.seed, pid, C, T) for pid in pids]))
+        uniforms = batch.uniforms.to(device)
         rows = len(pids) * C
-        generated = torch.full((rows, T), self.pad_id, dtype=torch.long)
-        lengths = torch.zeros(rows, dtype=torch.long)       # tokens before end of sequence
+        # The decoding state stays on the model's device: the host reads it only at sync points.
+        generated = torch.full((rows, T), self.pad_id, dtype=torch.long, device=device)
+        lengths = torch.zeros(rows, dtype=torch.long, device=device)       # tokens before end of sequence
+        decisions = torch.zeros((), dtype=torch.long, device=device)
         stats = GenerationStats()
 
-        with autocast_context(self.device, self.autocast_dtype):
+        with autocast_context(device, self.autocast_dtype):
             if self.batch_invariant:
                 # Encode each passage alone: these are the canonical encoder states, reused as they are
                 # (right-padded) by the batch, so a recomputed decision only reruns the decoder.
                 states = []
                 for index, ids in enumerate(encoded):
-                    single = torch.tensor([ids], device=self.device)
+                    single = torch.tensor([ids], device=device)
                     state = self._encode(single, torch.ones_like(single))
                     batch.single_encodings[index] = (state, torch.ones_like(single))
                     states.append(state.last_hidden_state[0])
@@ -339,46 +360,66 @@ class QueryGenerator:
                 encoder = self._encode(batch.input_ids, batch.attention_mask)
             hidden = encoder.last_hidden_state.repeat_interleave(C, dim=0)
             mask = batch.attention_mask.repeat_interleave(C, dim=0)
-            active = torch.arange(rows)                    # global row of each row in the running batch
-            alive = torch.ones(rows, dtype=torch.bool)     # per running row: not yet finished
-            next_ids = torch.full((rows, 1), self.start_id, dtype=torch.long, device=self.device)
+            active = torch.arange(rows, device=device)     # global row of each row in the running batch
+            alive = torch.ones(rows, dtype=torch.bool, device=device)     # per running row: not yet finished
+            next_ids = torch.full((rows, 1), self.start_id, dtype=torch.long, device=device)
             cache = None
             for step in range(T):
                 encoder.last_hidden_state = hidden
                 logits, cache = self._decoder_logits(encoder, mask, next_ids, cache)
                 logits = adjust_logits(logits, generated[active, :step], settings, self.eos_id)
-                tokens, fragile = sample_tokens(logits, batch.uniforms[active, step], settings.top_k, settings.top_p)
-                fragile &= alive
-                stats.decisions += int(alive.sum())
-                if self.batch_invariant and fragile.any():
-                    for index in fragile.nonzero().flatten().tolist():
-                        row = int(active[index])
-                        tokens[index] = self._canonical_token(batch, row, generated[row, :step], step)
-                    stats.recomputed += int(fragile.sum())
-                live_rows = active[alive]
-                generated[live_rows, step] = tokens[alive]
+                if self.batch_invariant:
+                    tokens = self._invariant_tokens(batch, logits, active, alive, generated, step, stats)
+                else:
+                    tokens = choose_tokens(logits, uniforms[active, step], settings.top_k, settings.top_p)
+                decisions += alive.sum()
+                generated[active, step] = tokens.where(alive, generated[active, step])
                 ended = alive & (tokens == self.eos_id)
-                lengths[active[alive & ~ended]] += 1
+                lengths[active] += alive & ~ended
                 alive &= ~ended
-                if not alive.any():
-                    break
-                if step + 1 < T and (~alive).sum() >= max(1, int(len(active) * _PRUNE_FRACTION)):
-                    keep = alive.nonzero().flatten()
-                    if hasattr(cache, "batch_select_indices"):
-                        cache.batch_select_indices(keep.to(self.device))
-                        hidden, mask = hidden[keep.to(self.device)], mask[keep.to(self.device)]
-                        active, alive, tokens = active[keep], alive[keep], tokens[keep]
-                next_ids = tokens.where(alive, torch.full_like(tokens, self.pad_id)).to(self.device)[:, None]
+                if self.batch_invariant or (step + 1) % self.sync_every == 0 or step + 1 == T:
+                    # Sync point: stop when every row has ended, drop finished rows from the batch.
+                    finished = self._finished_rows(alive)
+                    if finished == len(active):
+                        break
+                    if step + 1 < T and finished >= max(1, int(len(active) * _PRUNE_FRACTION)):
+                        keep = alive.nonzero().flatten()
+                        if hasattr(cache, "batch_select_indices"):
+                            cache.batch_select_indices(keep)
+                            hidden, mask = hidden[keep], mask[keep]
+                            active, alive, tokens = active[keep], alive[keep], tokens[keep]
+                next_ids = tokens.where(alive, torch.full_like(tokens, self.pad_id))[:, None]
 
+        stats.decisions += int(decisions)
+        lengths, generated = lengths.cpu(), generated.cpu()
         stats.tokens = int(lengths.sum())
         texts = self.tokenizer.batch_decode([generated[r, :lengths[r]].tolist() for r in range(rows)],
                                             skip_special_tokens=True)
         return [texts[b * C:(b + 1) * C] for b in range(len(pids))], stats
 
+    @staticmethod
+    def _finished_rows(alive: torch.Tensor) -> int:
+        """Rows of the running batch that have ended: the decode loop's one read from the device."""
+        return int((~alive).sum())
+
+    def _invariant_tokens(self, batch: _Batch, logits, active, alive, generated, step: int,
+                          stats: GenerationStats) -> torch.Tensor:
+        """This step's tokens, with every fragile decision re-taken from canonical logits (on the host)."""
+        settings = self.settings
+        active, alive = active.cpu(), alive.cpu()
+        tokens, fragile = sample_tokens(logits, batch.uniforms[active, step], settings.top_k, settings.top_p)
+        fragile &= alive
+        if fragile.any():
+            for index in fragile.nonzero().flatten().tolist():
+                row = int(active[index])
+                tokens[index] = self._canonical_token(batch, row, generated[row, :step], step)
+            stats.recomputed += int(fragile.sum())
+        return tokens.to(self.device)
+
     def _canonical_token(self, batch: _Batch, row: int, prefix: torch.Tensor, step: int) -> int:
         """Decide token ``step`` of ``row`` from logits computed for this passage alone, unpadded, without cache."""
         encoder, mask = batch.single_encodings[row // self.settings.queries_per_passage]
-        decoder_ids = torch.cat([torch.tensor([self.start_id]), prefix]).to(self.device)[None]
+        decoder_ids = torch.cat([prefix.new_tensor([self.start_id]), prefix]).to(self.device)[None]
         # Only the last position's logits are needed: feed the output projection that position alone
         # (the vocabulary projection over the whole prefix would cost as much as the decoder).
         head = self.model.get_output_embeddings()
@@ -411,14 +452,14 @@ def penalise_repeats(logits: torch.Tensor, emitted: torch.Tensor, penalty: float
 
 
 def generator_from_settings(source, settings: SamplingSettings, device, dtype_setting: str = "auto",
-                            batch_invariant: str | bool = "auto") -> QueryGenerator:
-    """Load ``source`` and wrap it with the precision and invariance the settings ask for."""
+                            batch_invariant: str | bool = "auto", sync_every: int = 1) -> QueryGenerator:
+    """Load ``source`` and wrap it with the precision, invariance and sync schedule the settings ask for."""
     from qac.distributed import autocast_dtype
 
     model, tokenizer = load_generator(source, device)
     dtype = autocast_dtype(dtype_setting, torch.device(device))
     return QueryGenerator(model, tokenizer, settings, autocast_dtype=dtype,
-                          batch_invariant=resolve_batch_invariant(batch_invariant, dtype))
+                          batch_invariant=resolve_batch_invariant(batch_invariant, dtype), sync_every=sync_every)
 
 
 def resolve_batch_invariant(setting: str | bool, dtype: torch.dtype | None) -> bool:

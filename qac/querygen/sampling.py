@@ -128,9 +128,8 @@ def sample_tokens(
     uniforms = uniforms.to(torch.float64).cpu()
     token_ids, probs, tail = dist.token_ids.cpu(), dist.probs.cpu(), dist.tail_mass.cpu()
     values = dist.values.cpu()
-    rows, k = probs.shape
-    kept = probs > 0
-    n_kept = kept.sum(-1)
+    tokens, shares, n_kept = _inverse_cdf(token_ids, probs, uniforms, logits.shape[-1])
+    k = probs.shape[1]
 
     # Edges of the kept set: the top-k cut, a tie across the nucleus cut, the nucleus threshold.
     fragile = dist.topk_gap.cpu() < 2 * bound
@@ -141,17 +140,39 @@ def sample_tokens(
     if top_p < 1.0:  # with top_p = 1 the nucleus keeps every top-k token: no threshold
         margin = 2 * bound[:, None] * tail * (1 - tail) + _ROUNDING
         fragile |= ((tail - (1.0 - top_p)).abs() < margin).any(-1)
+    # ... and the uniform near a boundary between two kept tokens of the CDF
+    inner = torch.arange(k)[None, :] < (n_kept - 1)[:, None]
+    margin = 2 * bound[:, None] * shares * (1 - shares) + _ROUNDING
+    fragile |= (((shares - uniforms[:, None]).abs() < margin) & inner).any(-1)
+    return tokens, fragile
 
-    # Inverse CDF over the kept tokens in token-id order (dropped ones sorted last, with zero mass).
-    key = torch.where(kept, token_ids, token_ids.new_full((), logits.shape[-1]) + torch.arange(k))
+
+def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The tokens :func:`sample_tokens` chooses, computed where the logits are, without the fragility analysis.
+
+    Nothing is copied to the host, so a decoder on a GPU samples without waiting for it
+    (batch-invariant decoding needs :func:`sample_tokens`' fragile decisions instead).
+    """
+    dist = filtered_distribution(logits, top_k, top_p)
+    uniforms = uniforms.to(device=dist.probs.device, dtype=torch.float64)
+    return _inverse_cdf(dist.token_ids, dist.probs, uniforms, logits.shape[-1])[0]
+
+
+def _inverse_cdf(token_ids: torch.Tensor, probs: torch.Tensor, uniforms: torch.Tensor,
+                 vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tokens, shares, n_kept)``: inverse-CDF choice over the kept tokens in token-id order.
+
+    ``shares`` is the normalised cumulative mass in that order, ``n_kept`` the kept tokens per row.
+    """
+    k = probs.shape[1]
+    kept = probs > 0
+    n_kept = kept.sum(-1)
+    # dropped tokens sorted last, with zero mass
+    key = torch.where(kept, token_ids, token_ids.new_full((), vocab) + torch.arange(k, device=token_ids.device))
     order = key.argsort(dim=-1)
     ordered_ids, ordered_probs = token_ids.gather(1, order), probs.gather(1, order)
     shares = ordered_probs.cumsum(-1)
     shares = shares / shares[:, -1:]
     choice = (shares <= uniforms[:, None]).sum(-1).clamp(max=k - 1)
     choice = torch.minimum(choice, n_kept - 1)
-    inner = torch.arange(k)[None, :] < (n_kept - 1)[:, None]       # boundaries between kept tokens
-    margin = 2 * bound[:, None] * shares * (1 - shares) + _ROUNDING
-    fragile |= (((shares - uniforms[:, None]).abs() < margin) & inner).any(-1)
-    tokens = ordered_ids.gather(1, choice[:, None]).squeeze(1)
-    return tokens, fragile
+    return ordered_ids.gather(1, choice[:, None]).squeeze(1), shares, n_kept
