@@ -7,7 +7,8 @@ quality, when its stages ran), ``figures/`` and ``plots/`` (the data series
 that dvc.yaml declares as DVC plots). It is written into a temporary folder
 and renamed into place, so a failure leaves the previous report intact. The
 same DVC outputs give byte-identical tables: nothing in them depends on the
-clock, the checkout or the MLflow store.
+clock, the checkout or the MLflow store. A committed report is never replaced
+by one built from outputs that are missing (:mod:`qac.reporting.guard`).
 """
 
 from __future__ import annotations
@@ -38,12 +39,16 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
     from qac.io import atomic_path
     from qac.reporting import generator_report, plot_data, render
     from qac.reporting.figures import draw_figures
+    from qac.reporting.guard import check_replaceable
 
     settings = params.get("tables", {})
     target = Path(out_dir or settings.get("out_dir", "reports")) / params["profile"]
     study = load_study(params, data_root)
     tables = build_tables(study, params)
     header = render.header_block(params, study, tables)
+    check_replaceable(target, study.root, params["profile"],
+                      {(table.key, row, column): cell.value
+                       for table in tables for (row, column), cell in table.cells.items()})
     with atomic_path(target, directory=True) as tmp:
         figures = draw_figures(study, tables, Path(tmp) / "figures", params)
         drawn = [name for name, reason in figures.items() if reason is None]
