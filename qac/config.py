@@ -51,7 +51,10 @@ def params_path() -> Path:
     """
     if os.environ.get("QAC_PARAMS"):
         return Path(os.environ["QAC_PARAMS"])
-    return profile_params_path(os.environ.get("QAC_PROFILE") or DEFAULT_PROFILE)
+    from qac.names import checked_plain_name
+
+    return profile_params_path(checked_plain_name(os.environ.get("QAC_PROFILE") or DEFAULT_PROFILE,
+                                                  "QAC_PROFILE: the profile name"))
 
 
 def load_params(path: str | os.PathLike | None = None, validate: bool = True) -> dict[str, Any]:

@@ -28,9 +28,10 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from qac.errors import UserError
+from qac.names import INSIDE_PATH_RULE, PLAIN_NAME_RULE, is_inside_path, is_plain_name
 
 # ----------------------------------------------------------------------------- types
 
@@ -52,6 +53,23 @@ WeightDecay = Annotated[NonNegativeFloat, Field(description="AdamW weight decay"
 ContrastiveTemperature = Annotated[PositiveFloat, Field(description="contrastive softmax temperature")]
 TopK = Annotated[NonNegativeInt, Field(description="sample among the k likeliest tokens (0: no top-k cut)")]
 TopP = Annotated[Annotated[float, Field(gt=0, le=1)], Field(description="nucleus sampling mass")]
+
+
+def _plain_name(value: str) -> str:
+    if not is_plain_name(value):
+        raise ValueError(PLAIN_NAME_RULE)
+    return value
+
+
+def _inside_path(value: str) -> str:
+    if not is_inside_path(value):
+        raise ValueError(INSIDE_PATH_RULE)
+    return value
+
+
+# A name that becomes one folder name (profile, dataset, variant, study); a path that stays inside its folder.
+PlainName = Annotated[str, AfterValidator(_plain_name)]
+InsidePath = Annotated[str, AfterValidator(_inside_path)]
 ChunkSize = Annotated[PositiveInt, Field(description="passages per atomically committed chunk (resume unit)")]
 
 
@@ -74,35 +92,35 @@ class MlflowSection(Section):
 class DatasetEntry(Section):
     format: Literal["beir", "msmarco-docs", "msmarco-passage", "trec", "hf"] = Field(
         description="how the dataset's files are laid out")
-    mirror: str | None = Field(default=None, description="folder name in the local mirror (QAC_DATA_MIRROR)")
+    mirror: InsidePath | None = Field(default=None, description="folder name in the local mirror (QAC_DATA_MIRROR)")
     url: str | None = Field(default=None, description="public URL downloaded when the mirror lacks the dataset")
     md5: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{32}$",
                             description="MD5 the download must match (the publisher's checksum)")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$",
                                description="SHA-256 the download must match (used before md5 when both are given)")
-    splits: list[str] = Field(default_factory=list, description="query/qrels splits used (train, dev, test, ...)")
+    splits: list[PlainName] = Field(default_factory=list, description="query/qrels splits used (train, dev, test, ...)")
     rel_threshold: NonNegativeInt | dict[str, NonNegativeInt] = Field(
         default=1, description="grade from which a judgement counts as relevant, for all splits or per split")
     ignore_identical_ids: bool = Field(default=False,
                                        description="drop a retrieved document whose id equals the query's (BEIR)")
-    collection: str | None = Field(default=None, description="TSV formats: the collection file "
+    collection: InsidePath | None = Field(default=None, description="TSV formats: the collection file "
                                                              "(null: collection.tsv)")
-    topics: dict[str, str] = Field(default_factory=dict, description="TSV formats: split -> topics file")
-    qrels: dict[str, str] = Field(default_factory=dict, description="TSV formats: split -> qrels file")
+    topics: dict[PlainName, InsidePath] = Field(default_factory=dict, description="TSV formats: split -> topics file")
+    qrels: dict[PlainName, InsidePath] = Field(default_factory=dict, description="TSV formats: split -> qrels file")
     hub: str | None = Field(default=None, description="format hf: the Hugging Face dataset (e.g. BeIR/scifact)")
     hub_qrels: str | None = Field(default=None, description="format hf: the dataset holding its qrels")
     convert: Literal["cranfield", "cisi"] | None = Field(
         default=None, description="converter of a download in its native format (format beir)")
-    titles: str | None = Field(default=None, description="msmarco-passage: pid<TAB>title file in the collection's "
+    titles: InsidePath | None = Field(default=None, description="msmarco-passage: pid<TAB>title file in the collection's "
                                                          "order (RocketQA's para.title.txt)")
-    triples: str | None = Field(default=None, description="msmarco-passage: official training triples "
+    triples: InsidePath | None = Field(default=None, description="msmarco-passage: official training triples "
                                                           "(qid, positive, negative), retriever 1's negatives with "
                                                           "finetune.r1_negatives: official")
     triples_url: str | None = Field(default=None, description="where triples is downloaded from when neither the "
                                                               "dataset folder nor the mirror root has it")
     triples_md5: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{32}$",
                                     description="MD5 the triples download must match")
-    subsets: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*$")]] = Field(
+    subsets: list[PlainName] = Field(
         default_factory=list, description="beir: sub-collections in <subset>/ folders (CQADupStack's 12 forums), each "
                                           "searched in its own corpus, their figures averaged")
     max_documents: NonNegativeInt | None = Field(default=None, description="overrides prepare.max_documents")
@@ -308,7 +326,7 @@ PretrainVariant = create_model(
 
 class PretrainSection(Section):
     common: PretrainCommon = Field(description="settings shared by every variant")
-    variants: dict[str, PretrainVariant] = Field(
+    variants: dict[PlainName, PretrainVariant] = Field(
         description="name -> {method: none|cocondenser|cotmae|master, context_type: passage|query|mixed, query_count: C, "
                     "any pretrain.common key}")
 
@@ -526,7 +544,7 @@ class HpoDev(Section):
 
 class HpoSection(Section):
     variant: str = Field(description="the pre-training variant searched (a key of pretrain.variants)")
-    study_name: str | None = Field(description="null: <profile>-<variant>")
+    study_name: PlainName | None = Field(description="null: <profile>-<variant>")
     storage: str | None = Field(
         description="null: journal file data/<profile>/hpo/<study>/journal.log; or a database URL")
     n_trials: PositiveInt = Field(description="trials of the study")
@@ -587,11 +605,11 @@ class ClusterSection(Section):
 class Params(Section):
     """A whole params file."""
 
-    profile: str = Field(description="the profile's name (set by rendering)")
+    profile: PlainName = Field(description="the profile's name (set by rendering)")
     seed: int = Field(description="seed of every random choice")
     data_dir: str = Field(description="every stage output lives under data/<profile>/")
     mlflow: MlflowSection = Field(description="run tracking")
-    datasets: dict[str, DatasetEntry] = Field(
+    datasets: dict[PlainName, DatasetEntry] = Field(
         description="datasets the profile uses, by name: format, mirror folder, public URL and checksum, splits")
     pretrain_corpus: str | None = Field(description="documents split into passages for pre-training")
     train_dataset: str | None = Field(
@@ -745,6 +763,8 @@ def _expectation(error: dict) -> str:
         return f"a string of the form {context.get('pattern')}"
     if kind == "too_short":
         return "not empty"
+    if kind == "value_error":
+        return str(context.get("error") or error["msg"])
     return error["msg"]
 
 
@@ -755,7 +775,7 @@ def _type_problem(items: list[dict]) -> str:
     ranged = all(item["type"] in ("greater_than_equal", "greater_than", "less_than_equal", "less_than",
                                   "finite_number", "too_short") for item in items)
     hint = ""
-    if isinstance(given, str) and re.fullmatch(r"\s*[-+]?[0-9._]+([eE][-+]?[0-9]+)?\s*", given):
+    if isinstance(given, str) and re.fullmatch(r"\s*[-+]?(?=[._]*[0-9])[0-9._]+([eE][-+]?[0-9]+)?\s*", given):
         hint = " (a number written as a string: drop the quotes)"
     verb = "must be" if ranged else "expected"
     return f"{verb} {' or '.join(expectations)}, found {_shown(given)}{hint}"
@@ -807,6 +827,10 @@ def _schema_problems(error: ValidationError) -> list[Problem]:
             scope = f"{_dotted(parent)} has" if parent else "the file has"
             listing = f" ({scope}: {', '.join(known)})" if known and not close and len(known) <= 40 else ""
             problems.append(Problem(key, f"unknown key{hint}{listing}"))
+        elif loc and loc[-1] == "[key]":
+            # A mapping's key is a name (a dataset, a variant): the problem is the mapping's, naming the key.
+            problems.append(Problem(_dotted(loc[:-2]), f"key {items[0].get('input')!r}: "
+                                    f"{_type_problem(items)}"))
         elif "missing" not in kinds:
             problems.append(Problem(key, _type_problem(items)))
     for loc, kinds in kinds_of.items():

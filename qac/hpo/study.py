@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from qac.config import profile_dir
 from qac.evaluation.metrics import Measure
 from qac.hpo.space import Dimension, check_space_against_params, parse_space
+from qac.names import PLAIN_NAME_RULE, is_plain_name
 
 WORKER_ATTR = "qac.worker"
 MLFLOW_RUN_ATTR = "qac.mlflow_run_id"
@@ -115,8 +116,11 @@ class HpoSettings:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise SettingsError(f"{where}: hpo.trial_timeout must be a positive number of seconds or null")
         dev = section.get("dev") or {}
+        study_name = section.get("study_name") or f"{params['profile']}-{variant}"
+        if not is_plain_name(study_name):   # --study-name bypasses the schema; the name becomes a folder
+            raise SettingsError(f"{where}: hpo.study_name {study_name!r} is not {PLAIN_NAME_RULE}")
         return cls(
-            study_name=section.get("study_name") or f"{params['profile']}-{variant}",
+            study_name=study_name,
             variant=variant,
             storage=storage_with_credentials(section.get("storage")),
             n_trials=integer("n_trials", 20, 1),

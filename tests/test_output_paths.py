@@ -1,0 +1,130 @@
+"""Every path a stage writes stays under its profile's data folder, and names are never paths.
+
+Profile, dataset, variant, split and study names become folder names
+(``data/<profile>/eval/<variant>/<dataset>/``), so the params schema accepts
+plain names only; paths a profile names inside a folder (a mirror sub-folder, a
+dataset's files) stay inside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qac.config import PROFILE_NAMES, load_params, profile_params_path, render_profile
+from qac.errors import UserError
+from qac.names import checked_plain_name, is_inside_path, is_plain_name
+from qac.params_schema import ParamsError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def stage_outputs(profile: str) -> dict[str, list[Path]]:
+    """The outputs (outs, metrics, plots) of every stage of the profile's dvc.yaml, resolved by DVC itself."""
+    from dvc.repo import Repo
+
+    with Repo(str(REPO)) as repo:
+        stages = repo.stage.collect(str(profile_params_path(profile, REPO / "profiles").parent / "dvc.yaml"))
+        return {stage.addressing: [Path(out.fs_path) for out in stage.outs] for stage in stages}
+
+
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+def test_every_stage_writes_under_its_profiles_data_folder_or_report(profile):
+    outputs = stage_outputs(profile)
+    params = render_profile(profile, REPO / "profiles")
+    data = (REPO / params["data_dir"] / profile).resolve()
+    reports = (REPO / params["tables"]["out_dir"]).resolve()
+    assert len(outputs) >= 10
+
+    def allowed(path: Path) -> bool:
+        path = path.resolve()
+        if data == path or data in path.parents:
+            return True
+        # A report: under reports/, named for its profile (reports/<profile>/, reports/query_generator/<profile>.md).
+        return reports in path.parents and profile in (path.relative_to(reports).parts[0], path.stem)
+
+    escaping = {stage: str(path) for stage, paths in outputs.items() for path in paths if not allowed(path)}
+    assert not escaping
+    # The profile's report folder is the tables stage's alone.
+    writers = {stage.rsplit(":", 1)[-1] for stage, paths in outputs.items()
+               for path in paths if (reports / profile) in [path.resolve(), *path.resolve().parents]}
+    assert writers == {"tables"}
+
+
+def write_params(tmp_path: Path, edit) -> Path:
+    params = yaml.safe_load((REPO / "profiles" / "smoke" / "params.yaml").read_text(encoding="utf-8"))
+    edit(params)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def rename_key(mapping: dict, old: str, new: str) -> None:
+    mapping[new] = mapping.pop(old)
+
+
+def _variant(params, name):
+    rename_key(params["pretrain"]["variants"], "cocondenser-passage", name)
+
+
+def _dataset(params, name):
+    old = params["train_dataset"]
+    rename_key(params["datasets"], old, name)
+    params["train_dataset"] = params["pretrain_corpus"] = name
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda p: p.update(profile="../../etc"), "profile"),
+    (lambda p: p.update(profile="/tmp/x"), "profile"),
+    (lambda p: p.update(profile=".."), "profile"),
+    (lambda p: p.update(profile=""), "profile"),
+    (lambda p: _variant(p, "a/b"), "pretrain.variants"),
+    (lambda p: _variant(p, ".."), "pretrain.variants"),
+    (lambda p: _variant(p, ".hidden"), "pretrain.variants"),
+    (lambda p: _variant(p, "--rm"), "pretrain.variants"),
+    (lambda p: _dataset(p, "../scifact"), "datasets"),
+    (lambda p: _dataset(p, "sci fact"), "datasets"),
+    (lambda p: p["datasets"]["scifact"].update(mirror="../../etc"), "datasets.scifact.mirror"),
+    (lambda p: p["datasets"]["scifact"].update(mirror="/etc"), "datasets.scifact.mirror"),
+    (lambda p: p["datasets"]["scifact"].update(splits=["../test"]), "datasets.scifact.splits.0"),
+    (lambda p: p["hpo"].update(study_name="../study"), "hpo.study_name"),
+])
+def test_a_name_that_is_a_path_is_refused_naming_its_key(tmp_path, edit, key):
+    with pytest.raises(ParamsError) as caught:
+        load_params(write_params(tmp_path, edit))
+    message = str(caught.value)
+    assert f"parameter {key}:" in message
+    assert "Traceback" not in message
+
+
+@pytest.mark.parametrize("name", ["smoke", "cocondenser-query-q5", "dl19_subset", "v1.2", "_x", "a..b"])
+def test_plain_names_are_accepted(tmp_path, name):
+    params = load_params(write_params(tmp_path, lambda p: _variant(p, name)))
+    assert name in params["pretrain"]["variants"]
+    assert is_plain_name(name)
+
+
+@pytest.mark.parametrize("path, inside", [("scifact", True), ("msmarco/hard.jsonl.gz", True), ("../x", False),
+                                          ("a/../../b", False), ("/etc/passwd", False), ("a//b", False),
+                                          ("a/./b", False), ("a\\..\\b", False), ("", False)])
+def test_paths_inside_a_folder(path, inside):
+    assert is_inside_path(path) is inside
+
+
+def test_a_profile_name_from_the_environment_is_checked(monkeypatch):
+    monkeypatch.delenv("QAC_PARAMS", raising=False)
+    monkeypatch.setenv("QAC_PROFILE", "../../etc")
+    with pytest.raises(UserError, match="QAC_PROFILE"):
+        load_params()
+    with pytest.raises(UserError, match="not a plain name"):
+        checked_plain_name("a/b", "variant")
+
+
+def test_a_study_name_given_on_the_command_line_is_checked():
+    from qac.hpo.study import HpoSettings, SettingsError
+
+    params = load_params(REPO / "profiles" / "smoke" / "params.yaml")
+    with pytest.raises(SettingsError, match="hpo.study_name"):
+        HpoSettings.from_params({**params, "hpo": {**params["hpo"], "study_name": "../../elsewhere"}})
