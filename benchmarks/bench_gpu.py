@@ -99,7 +99,7 @@ def build_model(method: str, spec: str, device, full_vocab: bool):
 
 
 def pretraining_rows(args, device, tokenizer, corpus, peak) -> tuple[list[dict], dict]:
-    from qac.data.pairs import PairCollator, PairSampler
+    from qac.data.context_pairs import PairCollator, PairSampler
     from qac.models.grad_cache import FullBatchStep, GradCachedStep
     from qac.train.throughput import trainable_parameters
 
@@ -131,7 +131,7 @@ def pretraining_rows(args, device, tokenizer, corpus, peak) -> tuple[list[dict],
 
 def loop_rows(args, device, corpus_files, tokenizer) -> dict:
     """The stage loop's pairs/s and data wait, beside the isolated step on the same batches."""
-    from qac.data.pairs import PairCollator, PairSampler, load_pair_corpus
+    from qac.data.context_pairs import PairCollator, PairSampler, load_pair_corpus
     from qac.distributed import autocast_dtype
     from qac.models.grad_cache import FullBatchStep
     from qac.train.pretrain import PretrainSettings, pretrain
@@ -298,7 +298,7 @@ def main(argv=None) -> None:
     device = torch.device("cpu" if dry or not torch.cuda.is_available() else "cuda")
 
     from qac.models.loading import load_tokenizer
-    from qac.data.pairs import load_pair_corpus
+    from qac.data.context_pairs import load_pair_corpus
     from qac.train.throughput import peak_flops
 
     started = time.perf_counter()

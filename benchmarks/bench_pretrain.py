@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from qac.benchmarking import machine_summary, markdown_table, write_section  # noqa: E402
-from qac.data.pairs import Pair, PairCollator  # noqa: E402
+from qac.data.context_pairs import Pair, PairCollator  # noqa: E402
 
 SCIFACT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "scifact"
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}   # dense tensor-core FLOP/s
@@ -74,7 +74,7 @@ def scifact_pairs(count: int, words: int = 110) -> list[tuple[str, str, str]]:
 
 def corpus_pairs(passages: Path, queries: Path, count: int) -> list[tuple[str, str, str]]:
     """The same triples from the pipeline's own files (anchor, its first random_sampled passage, its first query)."""
-    from qac.data.pairs import load_pair_corpus
+    from qac.data.context_pairs import load_pair_corpus
 
     corpus = load_pair_corpus(passages, queries, "mixed", passage_context="random_sampled")
     triples = []
@@ -309,7 +309,7 @@ def cpu_ratios(args) -> list[str]:
     import numpy as np
 
     from qac.data.arrowstore import write_passages, write_queries
-    from qac.data.pairs import PairSampler, TextPairCollator, load_pair_corpus
+    from qac.data.context_pairs import PairSampler, TextPairCollator, load_pair_corpus
     from qac.data.tokens import TextEncoder
     from qac.models.cocondenser import CoCondenser
     from qac.models.loading import load_model, load_tokenizer

@@ -122,7 +122,7 @@ def pair_load(data: Path, batches: int, batch_size: int) -> None:
 
     import torch.distributed as dist
 
-    from qac.data.pairs import PairSampler, load_pair_corpus, shard
+    from qac.data.context_pairs import PairSampler, load_pair_corpus, shard
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     passage_text = {doc_id: document_text("", doc.text, " ") for doc_id, doc in dataset.corpus.items()}
 
     finetune_stage, evaluate_stage = _stage_module("finetune"), _stage_module("evaluate")
-    from qac.evaluation.report import log_evaluation
+    from qac.evaluation.split_evaluation import log_evaluation
 
     dist = init_distributed()
     summary: dict[str, dict] = {}

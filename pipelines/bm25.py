@@ -24,7 +24,7 @@ from pathlib import Path
 from qac.config import load_params, profile_dir
 from qac.console import StageClock, print_summary, stage_arguments
 from qac.data.prepared import load_prepared_parts
-from qac.evaluation.report import (SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits,
+from qac.evaluation.split_evaluation import (SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits,
                                    log_evaluation)
 from qac.evaluation.trec_io import write_run
 from qac.io import atomic_path, write_json, write_jsonl

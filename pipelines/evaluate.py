@@ -90,7 +90,7 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths:
 
 def score_runs(dataset, runs: dict, settings: dict, out_dir: Path) -> dict:
     """Write each split's run and per-query values into ``out_dir``; ``{split: EvalResult}``."""
-    from qac.evaluation.report import evaluate_split
+    from qac.evaluation.split_evaluation import evaluate_split
     from qac.evaluation.trec_io import write_run
     from qac.io import write_json
 
@@ -106,7 +106,7 @@ def score_runs(dataset, runs: dict, settings: dict, out_dir: Path) -> dict:
 def finetuning_runs(root: Path, variant: str, dataset, encoding: dict, depth: int) -> dict | None:
     """Retriever 1's in-domain runs as the fine-tuning stage searched them with the vectors it mined with
     (qac.train.indomain_runs), when made with this encoding and depth; None otherwise."""
-    from qac.evaluation.report import evaluation_splits
+    from qac.evaluation.split_evaluation import evaluation_splits
     from qac.train.indomain_runs import RUNS_FOLDER, read_indomain_runs, run_encoding
 
     expected = run_encoding(depth=depth, **encoding)
@@ -118,10 +118,10 @@ def combine_parts(by_subset: dict, out_dir: Path) -> dict:
 
     A plain dataset (subset None) is its own result; sub-collections (CQADupStack's
     forums, each searched in its own corpus) give one figure per split, the mean
-    of theirs (:func:`qac.evaluation.report.combine_subsets`), written beside
+    of theirs (:func:`qac.evaluation.split_evaluation.combine_subsets`), written beside
     their folders with ``subsets.json`` naming them.
     """
-    from qac.evaluation.report import SUBSETS_FILE, combine_subsets
+    from qac.evaluation.split_evaluation import SUBSETS_FILE, combine_subsets
     from qac.io import write_json
 
     if None in by_subset:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.config import checked_variant, load_params, profile_dir
     from qac.data.prepared import load_prepared_parts, prepared_folders
     from qac.distributed import init_distributed
-    from qac.evaluation.report import log_evaluation
+    from qac.evaluation.split_evaluation import log_evaluation
     from qac.io import atomic_path, write_json
     from qac.models.loading import load_tokenizer
     from qac.retrieval import title_separator

@@ -11,7 +11,7 @@ import sys
 from qac.config import load_params
 from qac.console import stage_arguments
 from qac.reporting.lineage import load_study
-from qac.reporting.report import log_to_study_run, write_report
+from qac.reporting.profile_report import log_to_study_run, write_report
 
 
 def main(argv: list[str] | None = None) -> int:

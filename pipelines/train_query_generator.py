@@ -34,7 +34,7 @@ def quality_index(datasets_dir, corpora, heldout, max_documents, seed):
 def corpus_documents(datasets_dir, corpora) -> dict[str, tuple[str, str]]:
     """``"<dataset>/<doc id>" -> (title, text)`` over ``corpora``."""
     from qac.data.prepared import load_prepared
-    from qac.querygen.pairs import corpus_texts
+    from qac.querygen.generator_pairs import corpus_texts
 
     return {f"{name}/{doc_id}": entry for name in dict.fromkeys(corpora)
             for doc_id, entry in corpus_texts(load_prepared(datasets_dir / name)).items()}
@@ -42,7 +42,7 @@ def corpus_documents(datasets_dir, corpora) -> dict[str, tuple[str, str]]:
 
 def evidence_sources(pairs, datasets_dir, train_dataset, tokenizer, settings):
     """``pairs`` with each query pair read from its evidence window, as many tokens as the generator reads."""
-    from qac.querygen.pairs import with_evidence_windows
+    from qac.querygen.generator_pairs import with_evidence_windows
 
     documents = {tuple(key.split("/", 1)): entry for key, entry in corpus_documents(datasets_dir, [train_dataset]).items()}
     prefix = len(tokenizer(settings.source_prefix("query"), add_special_tokens=False)["input_ids"])
@@ -113,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     from qac.io import atomic_path
     from qac.reporting.dvc_metrics import is_timing, write_stage_metrics
     from qac.querygen.generate import SamplingSettings
-    from qac.querygen.pairs import build_pairs, cap_training_pairs, split_heldout
+    from qac.querygen.generator_pairs import build_pairs, cap_training_pairs, split_heldout
     from qac.querygen.quality import evaluate_queries
-    from qac.querygen.report import quality_table
+    from qac.querygen.quality_table import quality_table
     from qac.querygen.train_generator import (TrainSettings, build_generator, load_pretrained_generator,
                                               save_generator, train_generator)
     from qac.tracking import log_metrics, stage_run, write_run_record

@@ -185,7 +185,7 @@ class QueryGeneratorSection(Section):
     use_titles: bool = Field(description="add (document body -> title) pairs where documents have titles")
     evidence_windows: bool = Field(
         description="read each query pair's source from the run of sentences (max_source_len tokens) that shares "
-                    "most words with the query, not from the document's start (qac.querygen.pairs)")
+                    "most words with the query, not from the document's start (qac.querygen.generator_pairs)")
     max_train_pairs: PositiveInt | None = Field(
         description="cap on training pairs (query pairs first, then titles); null: all")
     weight_decay: WeightDecay

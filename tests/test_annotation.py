@@ -290,7 +290,7 @@ def test_annotation_stage_logs_table5_run(study_inputs, beir_dataset, tiny_bert_
                                           mlflow_store):
     import yaml
 
-    from qac.reporting.report import load_study
+    from qac.reporting.profile_report import load_study
     from qac.reporting.tables import TableContext, table5_annotation
 
     work = tmp_path / "work"

@@ -113,7 +113,7 @@ def _run_pretrain(params, entry, tmp_path):
     assert summary["steps"] == 2 and (tmp_path / "out" / "encoder").exists()
     assert logged and all(math.isfinite(values["loss"]) for values in logged)
     if entry.id == "single-span-documents":    # write_corpus holds a single-span document
-        from qac.data.pairs import load_pair_corpus
+        from qac.data.context_pairs import load_pair_corpus
 
         corpus = load_pair_corpus(data / "passages.arrow", None, "passage",
                                   single_span=settings.single_span_documents)
@@ -193,7 +193,7 @@ def _run_split(params, entry, tmp_path, model_dir):
 
     from conftest import SHARED_DATA
     from qac.data.arrowstore import PASSAGES_SCHEMA, iter_records
-    from qac.data.pairs import PairCollator, PairSampler, load_pair_corpus
+    from qac.data.context_pairs import PairCollator, PairSampler, load_pair_corpus
     from qac.data.splitting import SplitSettings, split_corpus_file
     from qac.models.loading import load_tokenizer
     from qac.train.pretrain import PretrainSettings

@@ -17,7 +17,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from qac.config import render_profile
-from qac.hpo.report import study_summary, write_study_report
+from qac.hpo.study_report import study_summary, write_study_report
 from qac.hpo.study import (WORKER_ATTR, HpoSettings, SettingsError, counted_trials, fail_orphaned_trials,
                            has_work, make_pruner, retry_trial)
 from qac.hpo.trial_job import carve_dev_queries, parse_event, split_train_dev
@@ -113,7 +113,7 @@ def test_gpus_are_dealt_out_in_equal_groups_or_shared_round_robin():
 
 
 def test_a_torchrun_trial_needs_as_many_gpus_in_its_slot_as_processes():
-    from qac.hpo.cli import check_gpus
+    from qac.cli.hpo_command import check_gpus
 
     settings = smoke_settings(launcher="torchrun", nproc_per_node=2)
     check_gpus(["0", "1", "2", "3"], 2, settings)

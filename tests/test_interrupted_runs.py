@@ -78,7 +78,7 @@ def test_a_stage_opening_its_run_sweeps_too(tmp_path, mlflow_store, monkeypatch)
 
 
 def test_runs_of_live_processes_and_other_hosts_are_left_alone(tmp_path, mlflow_store, monkeypatch):
-    from qac.tracking.cli import sweep_store
+    from qac.cli.runs_command import sweep_store
     from qac.tracking.interrupted import HOST, PID
 
     monkeypatch.chdir(tmp_path)
@@ -103,7 +103,7 @@ def test_a_reused_process_id_is_not_the_process_that_started_the_run():
 
 
 def test_without_a_store_the_sweep_creates_none(tmp_path, monkeypatch):
-    from qac.tracking.cli import sweep_store
+    from qac.cli.runs_command import sweep_store
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert sweep_store() == [] and not (tmp_path / "mlflow.db").exists()

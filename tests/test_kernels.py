@@ -37,7 +37,7 @@ def test_sdpa_layers_equal_eager_layers(mask_kind):
 def test_compiled_model_gives_the_same_loss(tmp_path, backend):
     from test_pretrain_corpus import write_corpus
 
-    from qac.data.pairs import PairCollator, PairSampler, load_pair_corpus
+    from qac.data.context_pairs import PairCollator, PairSampler, load_pair_corpus
     from qac.models.cocondenser import CoCondenser
     from qac.models.loading import load_tokenizer
 
@@ -55,7 +55,7 @@ def test_compiled_model_gives_the_same_loss(tmp_path, backend):
 
 
 def test_compiled_cotmae_release_decoder_gives_the_same_loss():
-    from qac.data.pairs import Pair, PairCollator
+    from qac.data.context_pairs import Pair, PairCollator
     from qac.models.cotmae import CoTMAE
     from qac.models.loading import load_tokenizer
 

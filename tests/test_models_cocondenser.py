@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from qac.data.pairs import Pair, PairCollator
+from qac.data.context_pairs import Pair, PairCollator
 from qac.models.cocondenser import CoCondenser
 from qac.models.losses import PairContrastiveLoss, masked_lm_sum
 

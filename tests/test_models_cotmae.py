@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qac.data.pairs import PairCollator
+from qac.data.context_pairs import PairCollator
 from qac.models.cotmae import CoTMAE, next_token_labels, windowed_causal_mask
 from test_models_cocondenser import make_batch
 
@@ -67,7 +67,7 @@ def _states(model, batch, position=None, token=None):
 def test_release_decoder_is_causal_within_its_window(tokenizer):
     model = tiny("release")
     batch = PairCollator(tokenizer, 48, 16, 0.3, 0.0, seed=0)(
-        [__import__("qac.data.pairs", fromlist=["Pair"]).Pair(0, "a passage", "one two three four five six", "query")], 0)
+        [__import__("qac.data.context_pairs", fromlist=["Pair"]).Pair(0, "a passage", "one two three four five six", "query")], 0)
     base = _states(model, batch)
     later = _states(model, batch, position=5, token=2000)
     assert torch.allclose(later[:, :5], base[:, :5]) and not torch.allclose(later[:, 5], base[:, 5])
@@ -88,7 +88,7 @@ def test_paper_decoder_is_bidirectional(tokenizer):
 def test_loss_is_encoder_mlm_plus_weighted_decoder_loss(tokenizer, decoder):
     model = tiny(decoder, decoder_weight=0.5)
     ratios = model.mask_ratios
-    from qac.data.pairs import Pair
+    from qac.data.context_pairs import Pair
 
     pairs = [Pair(i, f"protein {i} binds the receptor of cell {i} " * 3, f"what binds cell {i}", "query")
              for i in range(4)]
@@ -120,7 +120,7 @@ def test_export_drops_the_decoder(tokenizer, tmp_path):
 # -- the release decoder: transformers' GPT2Block as in the authors' code ------------------------------------
 
 def _release_batch(tokenizer, texts=("one two three four five six seven", "alpha beta gamma")):
-    from qac.data.pairs import Pair
+    from qac.data.context_pairs import Pair
 
     pairs = [Pair(i, f"passage {i} about a protein", text, "query") for i, text in enumerate(texts)]
     return PairCollator(tokenizer, 48, 16, 0.3, 0.0, seed=0)(pairs, 0)

@@ -1,4 +1,4 @@
-"""Pair sampling, whole-word masking and the collator (qac.data.pairs, qac.data.masking)."""
+"""Pair sampling, whole-word masking and the collator (qac.data.context_pairs, qac.data.masking)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, iter_records, write_passages, write_queries
 from qac.data.errors import DataFormatError
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask, word_spans
-from qac.data.pairs import Pair, PairCollator, PairSampler, load_pair_corpus, shard
+from qac.data.context_pairs import Pair, PairCollator, PairSampler, load_pair_corpus, shard
 from test_pretrain_corpus import write_corpus
 
 
@@ -114,7 +114,7 @@ def test_the_scan_does_not_depend_on_how_the_files_are_batched(tmp_path, monkeyp
     write_passages(tmp_path / "p3.arrow", iter_records(passages, PASSAGES_SCHEMA))
     monkeypatch.setattr("qac.data.arrowstore.ROWS_PER_BATCH", 5)
     write_queries(tmp_path / "q5.arrow", records[:-3])                 # the last passages have no queries
-    monkeypatch.setattr("qac.data.pairs._SCAN_ROWS", 4)
+    monkeypatch.setattr("qac.data.context_pairs._SCAN_ROWS", 4)
     sliced = load_pair_corpus(tmp_path / "p3.arrow", tmp_path / "q5.arrow", "mixed", query_count=2)
     assert whole.anchors.tolist() == [i for i in range(15) if i != 4]  # 5 x 3 spans; single spans have no context
     assert sliced.anchors.tolist() == [i for i in range(14) if i != 4]  # row 14 (d4#2) lost its queries

@@ -98,7 +98,7 @@ def _models(model, seen=None):
 
 
 def test_docs_parameters_md_is_generated_from_the_current_schema():
-    from qac.profile_cli import parameters_doc_text
+    from qac.cli.profile_command import parameters_doc_text
 
     text = parameters_doc_text()
     assert (REPO / "docs" / "parameters.md").read_text(encoding="utf-8") == text, \

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from qac.data.punkt import prepare_punkt
-from qac.querygen.pairs import Pair, build_pairs, cap_training_pairs, split_heldout
+from qac.querygen.generator_pairs import Pair, build_pairs, cap_training_pairs, split_heldout
 from qac.querygen.quality import (JudgeAnchor, SelfRetrieval, candidate_shares, judge_anchors, judge_shares,
                                   random_sentence, rouge_l)
 
@@ -72,7 +72,7 @@ def word_count(texts):
 
 
 def test_evidence_window_is_the_run_of_sentences_within_budget_holding_most_query_words():
-    from qac.querygen.pairs import evidence_window
+    from qac.querygen.generator_pairs import evidence_window
 
     title, text = "Yeast stress", "Cells grow. Heat shock proteins fold. Chaperones bind misfolded proteins. The end came."
     # units (words): title 2, 2, 4, 4, 3; budget 8 words. "chaperones ... misfolded" sits in units 3-4.
@@ -86,7 +86,7 @@ def test_evidence_window_is_the_run_of_sentences_within_budget_holding_most_quer
 
 
 def test_evidence_windows_resource_query_pairs_only():
-    from qac.querygen.pairs import with_evidence_windows
+    from qac.querygen.generator_pairs import with_evidence_windows
 
     documents = {("x", "1"): ("T", "Alpha beta. Gamma delta. Epsilon zeta.")}
     pairs = [Pair("T Alpha beta. Gamma delta. Epsilon zeta.", "zeta epsilon", "query", "x", "1"),

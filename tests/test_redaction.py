@@ -62,7 +62,7 @@ def test_the_report_holds_no_credentials(tmp_path, monkeypatch):
     """The tables are built from DVC outputs; a tracking URI with a password never reaches them."""
     from dvc_study import PARAMS, write_study
 
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     data = write_study(tmp_path / "study")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://user:{SECRET}@mlflow.example.org")

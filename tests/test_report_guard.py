@@ -10,7 +10,7 @@ import pytest
 from dvc_study import PARAMS, PROFILE, write_study
 from qac.cli import main as qac_main
 from qac.reporting.guard import MissingOutputs, stages_writing
-from qac.reporting.report import write_report
+from qac.reporting.profile_report import write_report
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

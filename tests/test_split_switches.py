@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from qac.data.pairs import PairCollator, PairSampler, Pair, crop_rng, crop_span, load_pair_corpus
+from qac.data.context_pairs import PairCollator, PairSampler, Pair, crop_rng, crop_span, load_pair_corpus
 from qac.data.splitting import SplitSettings, TokenCounter, group_units, split_documents
 
 

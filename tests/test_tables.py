@@ -280,7 +280,7 @@ def report_files(folder: Path) -> dict[str, bytes]:
 
 
 def test_report_files_are_traceable_to_the_dvc_outputs(data, tmp_path):
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     report = write_report(PARAMS, tmp_path / "reports", data)
     folder = tmp_path / "reports" / PROFILE
@@ -322,7 +322,7 @@ def test_report_files_are_traceable_to_the_dvc_outputs(data, tmp_path):
 
 
 def test_outputs_hold_no_clock_no_local_path_no_tracking_uri(data, tmp_path):
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     write_report(PARAMS, tmp_path / "reports", data)
     for name, content in report_files(tmp_path / "reports" / PROFILE).items():
@@ -333,7 +333,7 @@ def test_outputs_hold_no_clock_no_local_path_no_tracking_uri(data, tmp_path):
 
 
 def test_two_builds_are_byte_identical(data, tmp_path, monkeypatch):
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     write_report(PARAMS, tmp_path / "first", data)
     monkeypatch.chdir(tmp_path)   # another working directory (and a later clock) changes nothing
@@ -346,7 +346,7 @@ def test_two_builds_are_byte_identical(data, tmp_path, monkeypatch):
 
 
 def test_latex_is_booktabs_with_compact_heads_and_no_paths(data, tmp_path):
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     write_report(PARAMS, tmp_path, data)
     tex = (tmp_path / PROFILE / "table1.tex").read_text(encoding="utf-8")
@@ -394,7 +394,7 @@ def test_tables_stage_writes_the_report(data, tmp_path, monkeypatch, mlflow_stor
 
 def test_failed_report_leaves_the_previous_one(data, tmp_path, monkeypatch):
     from qac.reporting import render
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     write_report(PARAMS, tmp_path, data)
     before = (tmp_path / PROFILE / "tables.md").read_text(encoding="utf-8")
@@ -431,7 +431,7 @@ def test_malformed_per_query_file_is_named(data, tmp_path):
 
 
 def test_plot_data_for_dvc_plots(data, tmp_path):
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     write_report(PARAMS, tmp_path, data)
     plots = tmp_path / PROFILE / "plots"
@@ -457,7 +457,7 @@ def test_tables_use_the_recorded_runs_and_the_report_goes_to_the_study_run(data,
     import mlflow
 
     from qac.reporting.lineage import load_study
-    from qac.reporting.report import log_to_study_run, write_report
+    from qac.reporting.profile_report import log_to_study_run, write_report
 
     mlflow.set_tracking_uri(mlflow_store)
     client = mlflow.MlflowClient(mlflow_store)
@@ -487,7 +487,7 @@ def test_tables_use_the_recorded_runs_and_the_report_goes_to_the_study_run(data,
 
 
 def test_the_query_generators_quality_is_reported_from_its_stage_metrics(data, tmp_path):
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     write_report(PARAMS, tmp_path, data)
     text = (tmp_path / PROFILE / "tables.md").read_text(encoding="utf-8")
@@ -509,7 +509,7 @@ def test_other_runs_with_the_same_values_give_a_byte_identical_report(data, tmp_
     """Run ids and commits are bookkeeping: a retrain that reproduces every value changes no report file."""
     import shutil
 
-    from qac.reporting.report import write_report
+    from qac.reporting.profile_report import write_report
 
     write_report(PARAMS, tmp_path / "first", data)
     rerun = tmp_path / "rerun" / PROFILE

@@ -17,7 +17,7 @@ import torch
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, iter_records, write_passages, write_queries
 from qac.data.errors import DataFormatError
 from qac.data.masking import MaskingVocab, seeded_generators, whole_word_mask, whole_word_mask_batch
-from qac.data.pairs import PairCollator, PairSampler, TextPairCollator, load_pair_corpus
+from qac.data.context_pairs import PairCollator, PairSampler, TextPairCollator, load_pair_corpus
 from qac.data.tokens import SpecialTokens, TextEncoder, TokenizerStamp, with_special_tokens
 from qac.models.loading import load_tokenizer
 from qac.train.pretrain import StepBatches, step_loader

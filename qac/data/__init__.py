@@ -6,5 +6,5 @@
 - ``sources``: where a dataset declared in ``params.yaml`` comes from (mirror, download);
 - ``prepared``: the normalised dataset folder of the ``prepare`` stage (``load_prepared``);
 - ``punkt``, ``splitting``: sentences and passages for pre-training (``split_passages``);
-- ``pairs``, ``masking``: pre-training pairs and masking.
+- ``context_pairs``, ``masking``: pre-training pairs and masking.
 """

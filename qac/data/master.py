@@ -1,6 +1,6 @@
 """MASTER's decoder inputs: what each of its five decoders reads and must recover.
 
-A MASTER batch is a batch of pre-training pairs (qac.data.pairs) whose anchor
+A MASTER batch is a batch of pre-training pairs (qac.data.context_pairs) whose anchor
 the encoder reads and whose context is the NPR decoder's text, plus, per
 anchor, its generated queries (DOR) and its causal-LM continuation (GOR). For
 each pair (all sequences ``[CLS] text [SEP]``, position 0 later replaced by
@@ -35,7 +35,7 @@ does the same). A pair without a text for a decoder (no generated query, an
 empty continuation) gives that decoder ``[CLS] [SEP]`` and no label: it adds
 nothing to the decoder's mean. Every sequence is masked with a generator
 seeded by ``(seed, step, pair index, side)``, sides 0 (anchor) and 1 (npr) as
-in :class:`qac.data.pairs.PairCollator`, 2-5 for mkp, cmp, dor, gor, so masks
+in :class:`qac.data.context_pairs.PairCollator`, 2-5 for mkp, cmp, dor, gor, so masks
 do not depend on how a batch is split over processes or padded.
 
 TF-IDF weights. A word (word-pieces joined, as :func:`qac.data.masking.word_strings`)
@@ -63,7 +63,7 @@ import torch
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_mapped, scan_tables
 from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, weighted_word_mask, whole_word_mask,
                               word_spans, word_strings)
-from qac.data.pairs import Pair, PairSampler, StoredIdsReader, check_pad_to, pad_and_mask
+from qac.data.context_pairs import Pair, PairSampler, StoredIdsReader, check_pad_to, pad_and_mask
 from qac.data.tokens import SpecialTokens, check_stamp, with_special_tokens
 
 TASKS = ("mkp", "cmp", "npr", "dor", "gor")
@@ -258,12 +258,12 @@ class MasterCollator(StoredIdsReader, MasterMasking):
     (qac.data.tokens.with_special_tokens): the anchor, the NPR passage and the
     continuation at ``max_len``, a query context at ``query_max_len``. The
     anchor and the NPR, DOR and GOR sides are masked a batch at a time
-    (:func:`qac.data.pairs.pad_and_mask`); MKP and CMP depend on the anchor's
+    (:func:`qac.data.context_pairs.pad_and_mask`); MKP and CMP depend on the anchor's
     words and on the encoder's mask, and are masked per sequence. Batches
     equal :class:`TextMasterCollator`'s for the same seed (tested). With
     ``crop`` (``split.spans: overflow``) the anchor and the NPR passage keep a
     random window of an overflowing passage, drawn as
-    :class:`qac.data.pairs.PairCollator` draws it (sides 0 and 1), so MKP and
+    :class:`qac.data.context_pairs.PairCollator` draws it (sides 0 and 1), so MKP and
     CMP read the window the encoder reads.
     """
 

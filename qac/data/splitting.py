@@ -19,7 +19,7 @@ What the paper does (and what this module reproduces, deterministically):
 - ``overflow`` (the release): a passage takes sentences until it reaches its
   target, so it closes after the sentence that crosses the limit and may hold
   more than ``max_len`` tokens; sentences are never cut. Pre-training crops
-  such a passage to a random window of its length (qac.data.pairs.crop_span). Passages are cut from the document text by character offsets, never
+  such a passage to a random window of its length (qac.data.context_pairs.crop_span). Passages are cut from the document text by character offsets, never
 decoded from token ids, and every passage, piece and overlap text is
 re-tokenized: ``n_tokens`` is the length of the text as a stage downstream will
 tokenize it, and with ``bounded`` is checked to be ``<= max_len`` (a passage that a

@@ -4,6 +4,5 @@
   with trec_eval semantics (the module docstring states every convention);
 - :mod:`qac.evaluation.significance`: paired randomization test (used by the tables) and paired t-test;
 - :mod:`qac.evaluation.trec_io`: TREC runs, TREC and BEIR qrels;
-- :mod:`qac.evaluation.report`: evaluate a run on a dataset split and log it to MLflow;
-- :mod:`qac.evaluation.cli`: the ``qac eval`` command.
+- :mod:`qac.evaluation.split_evaluation`: evaluate a run on a dataset split and log it to MLflow.
 """

@@ -52,7 +52,7 @@ def build_batches(settings, model, tokenizer, corpus, inputs: Mapping[str, Any])
     """``(sampler, collator)`` of a run: ``sampler.batch(step, size)`` gives the global batch's
     examples, ``collator(examples, step)`` this process's tensors. ``inputs`` maps the names of
     :func:`required_inputs` to their paths."""
-    from qac.data.pairs import PairCollator, PairSampler
+    from qac.data.context_pairs import PairCollator, PairSampler
 
     sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob)
     if settings.method == "master":

@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from itertools import accumulate
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from qac.querygen.pairs import Pair
+from qac.querygen.generator_pairs import Pair, sentences
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def rouge_l_scores(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
@@ -63,11 +61,6 @@ def standard_error(values: Sequence[float]) -> float:
         return 0.0
     mean = sum(values) / n
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
-def sentences(text: str) -> list[str]:
-    """``text`` split after ``.``, ``!`` or ``?`` followed by white space."""
-    return [s for s in _SENTENCE_END.split(text.strip()) if s.strip()]
 
 
 def random_sentence(text: str, rng: random.Random) -> str:

@@ -2,7 +2,7 @@
 
 The paper uses doc2query T5 (``doc2query/all-with_prefix-t5-base-v1``), which
 needs the hub; mode ``pretrained`` saves such a model unchanged. Mode
-``train`` fine-tunes on :mod:`qac.querygen.pairs` one of two architectures
+``train`` fine-tunes on :mod:`qac.querygen.generator_pairs` one of two architectures
 built from the encoder named by ``query_generator.model``
 (``query_generator.architecture``):
 
@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from qac.distributed import autocast_context
-from qac.querygen.pairs import Pair
+from qac.querygen.generator_pairs import Pair
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from qac.evaluation.report import SUBSETS_FILE, subset_mean
+from qac.evaluation.split_evaluation import SUBSETS_FILE, subset_mean
 from qac.tracking import RECORDS_DIR, RUN_RECORD, record_path
 from qac.train.step_log import LOSSES_FILE
 

@@ -89,7 +89,7 @@ def search_splits(model, tokenizer, dataset, doc_ids: Sequence[str], doc_vectors
     encoding and the main process, the only one holding ``doc_vectors``,
     searches; the others get None.
     """
-    from qac.evaluation.report import evaluation_splits
+    from qac.evaluation.split_evaluation import evaluation_splits
 
     runs = {}
     for split in evaluation_splits(dataset):

@@ -7,7 +7,7 @@ writing leaves the previous checkpoint intact):
 - ``rng.pt``: the torch CPU (and CUDA) generator state of every process, so
   dropout continues exactly where it stopped;
 - ``state.json``: ``step`` (optimizer steps done), ``data_position`` (pairs
-  consumed; batches are a function of the step, see qac.data.pairs),
+  consumed; batches are a function of the step, see qac.data.context_pairs),
   ``world_size``, ``fingerprint`` (hash of the settings and the input files
   that shape the run; a checkpoint of other settings or other data is never
   resumed) and whatever the caller adds (``extra``: the inputs' hashes, the

@@ -6,7 +6,7 @@ runs the optimisation steps, logs and checkpoints, whatever the method. Method
 no-pre-training baseline flows through the same pipeline.
 
 Under ``torchrun`` every process builds the same global batch and trains on its
-contiguous share (qac.data.pairs.shard); DDP averages the gradients and the
+contiguous share (qac.data.context_pairs.shard); DDP averages the gradients and the
 losses are written so that the result equals one process on the whole batch
 (qac.models.losses).
 
@@ -252,7 +252,7 @@ class StepBatches(torch.utils.data.Dataset):
     """Item ``k``: this process's collated micro-batches of step ``first_step + k``.
 
     A step's pairs and masks are a pure function of ``(seed, step)``
-    (qac.data.pairs), so the batches are the same whichever worker process
+    (qac.data.context_pairs), so the batches are the same whichever worker process
     collates them, and with any number of workers.
     """
 
@@ -266,7 +266,7 @@ class StepBatches(torch.utils.data.Dataset):
         return max(0, self.steps - self.first_step)
 
     def __getitem__(self, index: int) -> tuple[int, list[dict]]:
-        from qac.data.pairs import shard
+        from qac.data.context_pairs import shard
 
         step = self.first_step + index
         pairs = self.sampler.batch(step, self.batch_size)
@@ -314,7 +314,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     :func:`qac.models.factory.required_inputs`); they join the fingerprint. Returns a summary: steps run,
     where training resumed, corpus counts, the model's settings.
     """
-    from qac.data.pairs import load_pair_corpus
+    from qac.data.context_pairs import load_pair_corpus
     from qac.distributed import autocast_dtype as pick_autocast, init_distributed
     from qac.models.factory import build_batches, build_pretraining_model
     from qac.models.loading import load_tokenizer

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     log = command_logger("qac.hpo", "hpo")
 
     from qac.config import load_params, params_path, write_params
-    from qac.hpo.report import log_report_to_mlflow, write_study_report
+    from qac.hpo.study_report import log_report_to_mlflow, write_study_report
     from qac.hpo.space import SpaceError
     from qac.hpo.study import (DEFAULT_JOB, STORAGE_ENV, HpoSettings, SettingsError, ensure_study_mlflow_run,
                                make_pruner, open_study, storage_location, study_dir)

@@ -1,7 +1,10 @@
 """The ``qac`` command: user-facing utilities around the pipeline.
 
-Each subcommand lives in its own module, which defines ``add_arguments(parser)``
-and ``run(args) -> int``; its docstring's first line is the subcommand's help.
+Every command-line module of qac lives in this package and is named after the
+command it implements: ``qac.cli.<subcommand>_command`` for each ``qac``
+subcommand, which defines ``add_arguments(parser)`` and ``run(args) -> int``;
+its docstring's first line is the subcommand's help. The library below knows
+nothing of command lines: these modules parse arguments and call it.
 Modules import heavy libraries (torch, mlflow) inside ``run`` so that
 ``qac --help`` stays fast.
 
@@ -17,15 +20,15 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "profile": "qac.profile_cli",
-    "eval": "qac.evaluation.cli",
-    "tables": "qac.reporting.cli",
-    "check": "qac.reporting.check_cli",
-    "annotate": "qac.evaluation.annotation_cli",
-    "hpo": "qac.hpo.cli",
-    "deviations": "qac.deviations_cli",
-    "runs": "qac.tracking.cli",
-    "metrics": "qac.reporting.metrics_cli",
+    "profile": "qac.cli.profile_command",
+    "eval": "qac.cli.eval_command",
+    "tables": "qac.cli.tables_command",
+    "check": "qac.cli.check_command",
+    "annotate": "qac.cli.annotate_command",
+    "hpo": "qac.cli.hpo_command",
+    "deviations": "qac.cli.deviations_command",
+    "runs": "qac.cli.runs_command",
+    "metrics": "qac.cli.metrics_command",
 }
 
 
@@ -66,7 +69,3 @@ def main(argv: list[str] | None = None) -> int:
     from qac.console import call_main
 
     return call_main(_run, list(sys.argv[1:] if argv is None else argv), prog="qac")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

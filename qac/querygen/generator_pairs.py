@@ -91,6 +91,12 @@ def build_pairs(datasets_dir: str | Path, train_dataset: str, corpora: Iterable[
 
 
 _WORD = re.compile(r"[a-z0-9]+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` split after ``.``, ``!`` or ``?`` followed by white space."""
+    return [s for s in _SENTENCE_END.split(text.strip()) if s.strip()]
 
 
 def content_words(text: str) -> set[str]:
@@ -108,8 +114,6 @@ def evidence_window(title: str, text: str, target: str, lengths, budget: int) ->
     stands alone: the tokenizer truncates it); ties go to the earliest window,
     so a target sharing no word keeps the document's start.
     """
-    from qac.querygen.quality import sentences
-
     units = [u for u in [title.strip(), *sentences(text)] if u.strip()]
     if not units:
         return ""
