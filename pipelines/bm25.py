@@ -1,6 +1,8 @@
 """Stage bm25: BM25 hard negatives for fine-tuning and the BM25 baseline row.
 
-BM25 settings (k1, b, stopwords, stemmer) come from the `bm25` section of params.yaml.
+BM25 settings (k1, b, tokenizer, stopwords, stemmer) come from the `bm25` section of params.yaml;
+`bm25.in_domain_title` says whether the titles of `train_dataset` are indexed with the text (Anserini's
+MS MARCO passage collection has none); zero-shot datasets index title and text, as BEIR does.
 
 Outputs under data/<profile>/bm25/:
   negatives.jsonl              training queries of `train_dataset`: qid, positives, negatives: retriever 1's
@@ -79,9 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     r1_negatives = section.get("r1_negatives", "bm25")
     if r1_negatives not in R1_NEGATIVES:
         raise SystemExit(f"params finetune.r1_negatives: {r1_negatives!r} is not one of {', '.join(R1_NEGATIVES)}")
-    settings = BM25Settings(**params.get("bm25", {}))
+    try:
+        settings = BM25Settings.from_params(params.get("bm25", {}))
+    except ValueError as error:
+        raise SystemExit(f"params bm25: {error}") from None
+    in_domain_title = params.get("bm25", {}).get("in_domain_title", True)
     stage_params = {"train_dataset": train_name, "zero_shot": names[1:], "depth": depth, "measures": measures,
-                    "bm25_depth": negatives_depth, "r1_negatives": r1_negatives, "bm25": vars(settings), **baseline_description("bm25")}
+                    "bm25_depth": negatives_depth, "r1_negatives": r1_negatives,
+                    "bm25": {**vars(settings), "in_domain_title": in_domain_title}, **baseline_description("bm25")}
 
     with atomic_path(root / "bm25", directory=True) as out:
         with stage_run(params, "bm25", run_name("bm25", "baseline"), kind="baseline", stage_params=stage_params,
@@ -94,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
                 for subset, dataset in parts:
                     folder = root / "datasets" / name if subset is None else root / "datasets" / name / subset
                     log_dataset_inputs(folder, "evaluation", splits=evaluation_splits(dataset))
-                    texts = [document.full_text for document in dataset.corpus.values()]   # title + " " + text
+                    with_title = in_domain_title or name != train_name     # full_text: title + " " + text
+                    texts = [document.full_text if with_title else document.text.strip()
+                             for document in dataset.corpus.values()]
                     index = BM25Index(list(dataset.corpus), texts, settings)
                     if name == train_name:
                         if subset is not None or TRAIN_SPLIT not in dataset.splits:

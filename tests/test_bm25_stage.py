@@ -14,12 +14,14 @@ from stages import load_stage
 METRICS = ["RR@10", "nDCG@10", "R@2"]
 
 
-def write_dataset(root: Path, name: str, corpus: dict, queries: dict, qrels: dict, **info) -> None:
+def write_dataset(root: Path, name: str, corpus: dict, queries: dict, qrels: dict, titles: dict | None = None,
+                  **info) -> None:
     folder = root / "data" / "test" / "datasets" / name
     (folder / "qrels").mkdir(parents=True)
     with open(folder / "corpus.jsonl", "w") as handle:
         for doc_id, text in corpus.items():
-            handle.write(json.dumps({"_id": doc_id, "title": "", "text": text}) + "\n")
+            title = (titles or {}).get(doc_id, "")
+            handle.write(json.dumps({"_id": doc_id, "title": title, "text": text}) + "\n")
     with open(folder / "queries.jsonl", "w") as handle:
         for qid, text in queries.items():
             handle.write(json.dumps({"_id": qid, "text": text}) + "\n")
@@ -87,6 +89,28 @@ def test_stage_writes_negatives_runs_and_logs_the_baseline(project):
     assert per_query["nDCG@10"]["zq"] == pytest.approx(1.0)
     assert json.loads((out / "metrics.json").read_text())["tinyzs"]["test"]["RR@10"] == pytest.approx(0.5)
     assert json.loads((out / "runs" / "tinyzs" / "test.per_query.json").read_text()) == per_query
+
+
+@pytest.mark.parametrize("in_domain_title", [True, False])
+def test_in_domain_titles_are_indexed_only_when_asked_and_zero_shot_titles_always(project, in_domain_title):
+    """bm25.in_domain_title false reads train_dataset as Anserini's title-less MS MARCO collection."""
+    write_dataset(project, "titled",
+                  corpus={"d1": "apple orchard harvest", "d2": "apple pie recipe", "d3": "banana bread"},
+                  titles={"d3": "tractor manual"}, queries={"t1": "apple orchard", "s1": "tractor"},
+                  qrels={"train": [("t1", "d1", 1)], "test": [("s1", "d3", 1)]},
+                  rel_threshold={"train": 1, "test": 1}, ignore_identical_ids=False)
+    write_dataset(project, "titledzs", corpus={"z1": "red car", "z2": "blue boat"}, titles={"z2": "tractor"},
+                  queries={"zq": "tractor"}, qrels={"test": [("zq", "z2", 1)]}, rel_threshold={"test": 1},
+                  ignore_identical_ids=False)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params.update(train_dataset="titled", zero_shot=["titledzs"],
+                  bm25={"k1": 0.82, "b": 0.68, "in_domain_title": in_domain_title, "tokenizer": "lucene",
+                        "stopwords": "lucene", "stemmer": "porter"})
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    run_stage()
+    runs = project / "data" / "test" / "bm25" / "runs"
+    assert ("s1 Q0 d3 1" in (runs / "titled" / "test.trec").read_text()) == in_domain_title
+    assert "zq Q0 z2 1" in (runs / "titledzs" / "test.trec").read_text()
 
 
 def test_failed_stage_leaves_no_output(project):

@@ -1,25 +1,66 @@
 """BM25 retrieval with the ``bm25s`` library.
 
-Documents are indexed by ``document_text(title, text)``. Tokenisation is
-bm25s's (lower-cased ``\\w\\w+`` words), with English stopwords removed and the
-Snowball English stemmer (PyStemmer) by default, close to the Lucene/Pyserini
-BM25 baselines of BEIR and MS MARCO. Scoring is bm25s's ``lucene`` variant.
-A document that shares no term with the query scores 0 and is not returned,
-as in Lucene (bm25s would otherwise fill the top k with arbitrary zeros).
+Scoring is bm25s's ``lucene`` variant. A document that shares no term with
+the query scores 0 and is not returned, as in Lucene (bm25s would otherwise
+fill the top k with arbitrary zeros).
+
+Two analyzers (``BM25Settings.tokenizer``, with ``stopwords`` and ``stemmer``):
+
+- ``bm25s``: bm25s's own tokenisation (lower-cased ``\\w\\w+`` words), here with
+  bm25s's English stopwords and the Snowball English stemmer (PyStemmer).
+- ``lucene``: as close to Lucene's EnglishAnalyzer (Anserini's default, the
+  analyzer behind the MS MARCO and BEIR BM25 figures of Pyserini) as bm25s
+  allows: words split at UAX#29-like boundaries (single letters and digits
+  kept, ``don't``, ``u.s.a`` and ``1,000`` one token), the English possessive
+  ``'s`` dropped, lower-cased, then ``stopwords: lucene`` (Lucene's 33-word
+  English set) and ``stemmer: porter`` (Lucene's PorterStemFilter).
+  Not identical to Lucene: the Unicode word-break rules are approximated by one
+  regular expression (no special cases for scripts without spaces, URLs or
+  tokens over 255 characters).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
+
+TOKENIZERS = ("bm25s", "lucene")
+# Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET (StopFilter's default English set).
+LUCENE_ENGLISH_STOPWORDS = (
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not",
+    "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this", "to", "was",
+    "will", "with")
+BM25S_PATTERN = r"(?u)\b\w\w+\b"
+# A run of word characters, joined across an apostrophe or a period between word characters (UAX#29's MidLetter
+# and MidNumLet) and across a comma or semicolon between digits (MidNum), as Lucene's StandardTokenizer.
+LUCENE_PATTERN = r"(?u)\w+(?:(?:['’.]|(?<=\d)[,;](?=\d))\w+)*"
+# EnglishPossessiveFilter: a trailing 's (or ’s) of a token is dropped.
+_POSSESSIVE = re.compile(r"(?u)(?<=\w)['’][sS](?!\w)")
 
 
 @dataclass(frozen=True)
 class BM25Settings:
     k1: float = 0.9          # Pyserini's MS MARCO / BEIR defaults
     b: float = 0.4
-    stopwords: str | None = "en"
-    stemmer: str | None = "english"
+    stopwords: str | None = "en"        # bm25s's list by name (en), lucene (Lucene's English set), None: none
+    stemmer: str | None = "english"     # a PyStemmer algorithm (english: Snowball, porter), None: none
+    tokenizer: str = "bm25s"            # bm25s or lucene (module docstring)
+
+    def __post_init__(self):
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"bm25 tokenizer {self.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
+
+    @classmethod
+    def from_params(cls, section: Mapping[str, Any]) -> "BM25Settings":
+        """The analyzer and scoring keys of the params ``bm25`` section (the others say what is indexed)."""
+        return cls(**{f.name: section[f.name] for f in fields(cls) if f.name in section})
+
+    @property
+    def stopword_list(self) -> str | list[str] | None:
+        if self.stopwords == "lucene":
+            return list(LUCENE_ENGLISH_STOPWORDS)
+        return self.stopwords or None
 
 
 class BM25Index:
@@ -46,8 +87,17 @@ class BM25Index:
             import Stemmer
 
             stemmer = Stemmer.Stemmer(self.settings.stemmer)
-        return bm25s.tokenize(list(texts), stopwords=self.settings.stopwords or None, stemmer=stemmer,
-                              return_ids=as_ids, show_progress=False)
+        texts = list(texts)
+        pattern = BM25S_PATTERN
+        if self.settings.tokenizer == "lucene":
+            texts = [_POSSESSIVE.sub("", text) for text in texts]
+            pattern = LUCENE_PATTERN
+        return bm25s.tokenize(texts, token_pattern=pattern, stopwords=self.settings.stopword_list,
+                              stemmer=stemmer, return_ids=as_ids, show_progress=False)
+
+    def analyze(self, text: str) -> list[str]:
+        """The terms ``text`` becomes (what is indexed and searched)."""
+        return list(self._tokenize([text])[0])
 
     def search(self, queries: dict[str, str], k: int = 1000) -> dict[str, dict[str, float]]:
         """Top ``k`` documents per query as a run ``{qid: {doc id: score}}`` (zero scores left out)."""
