@@ -73,11 +73,60 @@ def test_cited_and_derived_cells_are_exactly_the_papers_borrowed_rows_and_the_av
     cells = plan_cells(paper_params)
     cited = {c.row for c in cells if c.status == CITED}
     assert "ANCE" in cited and "coCondenser (paper)" in cited and "CoT-MAE (paper)" in cited
-    assert not any("repro" in row or "+QaC" in row or row == "BM25" for row in cited)
-    assert {c.table for c in cells if c.status == CITED} == {"table1_main"}
+    assert not any("repro" in row or "+QaC" in row for row in cited)
+    assert {c.table for c in cells if c.status == CITED} == {"table1_main", "table5_pair_correlation"}
     assert {(c.table, c.row) for c in cells if c.status == DERIVED} == {("table2_beir", "average")}
+    # Figures of another configuration than the profile runs are cited, never compared: MASTER's own paper
+    # (SimLM's fine-tuning), the paper's Anserini BM25 (k1 0.82 / b 0.68, title-less; the profile's is not),
+    # Table 5's human labels (the profile's are the automatic judge's).
+    master = {(c.row, c.column): c for c in cells if c.row.startswith("MASTER")}
+    assert {key: c.paper for key, c in master.items()} == {
+        ("MASTER (its paper, retriever1)", "mrr@10"): 38.3, ("MASTER (its paper, retriever2)", "mrr@10"): 40.4,
+        ("MASTER (its paper, retriever2)", "r@1k"): 98.8}
+    assert all(c.status == CITED and "SimLM" in c.reason for c in master.values())
+    bm25 = [c for c in cells if c.row == "BM25"]
+    assert len(bm25) == 5 and all(c.status == CITED and "k1 0.9 (paper 0.82)" in c.reason for c in bm25)
     table5 = [c for c in cells if c.table == "table5_pair_correlation"]
-    assert [c.paper for c in table5] == [35.5, 56.5] and all(c.stages == ["annotation"] for c in table5)
+    assert [c.paper for c in table5] == [35.5, 56.5]
+    assert all(c.status == CITED and "human majority labels" in c.reason for c in table5)
+    # With human labels, Table 5 is the paper's configuration, and produced.
+    params = copy.deepcopy(paper_params)
+    params["annotation"]["human_sheets"] = ["annotation/group1.csv"]
+    assert {c.status for c in plan_cells(params) if c.table == "table5_pair_correlation"} == {PRODUCED}
+
+
+def _paper_retriever(table: str, row: str, column: str) -> str:
+    """The retriever of a paper cell, read from its row and column names (Table 3's DL columns are retriever 2's)."""
+    if table == "table1_main":
+        return "r2" if "retriever2" in row else "r1"
+    if table == "table2_beir":
+        return "beir"
+    if table == "table3_query_count":
+        return "r2" if column.startswith("r2_") or column.startswith("ndcg@10_dl") else "r1"
+    return column[:2]    # table4: r1_mrr@10, r1_r@50, r2_mrr@10
+
+
+def test_every_compared_cell_is_a_run_of_the_papers_configuration(paper_params):
+    """Method, context type, C and retriever of each compared cell's run equal the paper's for that cell."""
+    variants = paper_params["pretrain"]["variants"]
+    compared = [c for c in plan_cells(paper_params) + plan_unpublished_cells(paper_params) if c.compared]
+    assert len(compared) > 100
+    for cell in compared:
+        method, (context_type, query_count) = _paper_configuration(cell.table, cell.row, cell.column)
+        spec = variants[cell.variant]
+        assert (spec["method"], spec["context_type"]) == (method, context_type), cell
+        assert context_type == "passage" or spec["query_count"] == query_count, cell
+        assert cell.retriever == _paper_retriever(cell.table, cell.row, cell.column), cell
+    # Table 3's TREC DL cells come from retriever 2; those of C = 5 carry Table 1's retriever-2 QaC figures.
+    dl = {(c.row, c.column): c for c in compared if c.column.startswith("ndcg@10_dl") and c.table.startswith("table3")}
+    assert {key: c.paper for key, c in dl.items()} == {
+        ("coCondenser q=5", "ndcg@10_dl19"): 73.1, ("coCondenser q=5", "ndcg@10_dl20"): 71.8,
+        ("CoT-MAE q=5", "ndcg@10_dl19"): 71.5, ("CoT-MAE q=5", "ndcg@10_dl20"): 72.7}
+    assert all(c.retriever == "r2" for c in dl.values())
+    # BM25 is compared only where the profile runs the paper's BM25.
+    params = copy.deepcopy(paper_params)
+    params["bm25"].update({"k1": 0.82, "b": 0.68, "titles": False})
+    assert {c.status for c in plan_cells(params) if c.row == "BM25"} == {PRODUCED}
 
 
 def test_a_missing_variant_is_reported_never_replaced_by_another_c(paper_params):
@@ -89,19 +138,25 @@ def test_a_missing_variant_is_reported_never_replaced_by_another_c(paper_params)
 
 
 def test_table3_cells_the_paper_prints_but_paper_results_lacks_are_planned_from_their_own_runs(paper_params):
-    """Retriever 2's MRR@10 and R@50 and TREC DL 2019/2020 nDCG@10 of each Table 3 row: no paper value."""
+    """Retriever 2's MRR@10 and R@50 and TREC DL 2019/2020 nDCG@10 (retriever 2's) of each Table 3 row: paper
+    values for C = 5 from Table 1's retriever-2 QaC row, none for the other C."""
     variants = paper_params["pretrain"]["variants"]
     cells = plan_unpublished_cells(paper_params)
     rows = list(load_paper_results()["table3_query_count"]["rows"])
     assert {(c.row, c.column) for c in cells} == {(row, column) for row in rows for column in
                                                   ("r2_mrr@10", "r2_r@50", "ndcg@10_dl19", "ndcg@10_dl20")}
     assert len(cells) == 4 * len(rows) == 32
-    assert all(c.table == "table3_query_count" and c.paper is None and c.status == PRODUCED for c in cells)
+    assert all(c.table == "table3_query_count" and c.status == PRODUCED for c in cells)
+    assert {(c.row, c.column): c.paper for c in cells if c.paper is not None} == {
+        ("coCondenser q=5", "r2_mrr@10"): 39.4, ("coCondenser q=5", "r2_r@50"): 88.6,
+        ("coCondenser q=5", "ndcg@10_dl19"): 73.1, ("coCondenser q=5", "ndcg@10_dl20"): 71.8,
+        ("CoT-MAE q=5", "r2_mrr@10"): 40.2, ("CoT-MAE q=5", "r2_r@50"): 88.8,
+        ("CoT-MAE q=5", "ndcg@10_dl19"): 71.5, ("CoT-MAE q=5", "ndcg@10_dl20"): 72.7}
     for cell in cells:
         method, (context_type, query_count) = _paper_configuration(cell.table, cell.row, cell.column)
         spec = variants[cell.variant]
         assert (spec["method"], spec["context_type"], spec["query_count"]) == (method, "query", query_count), cell
-        retriever = "r2" if cell.column.startswith("r2_") else "r1"
+        retriever = "r2"   # Table 3's TREC DL figures are retriever 2's
         split = {"ndcg@10_dl19": "dl19", "ndcg@10_dl20": "dl20"}.get(cell.column, "dev")
         assert cell.retriever == retriever
         assert cell.stages == [f"pretrain@{cell.variant}", f"finetune@{cell.variant}", f"evaluate@{cell.variant}"]
@@ -134,8 +189,9 @@ def test_the_command_prints_every_cell_and_fails_where_one_is_missing():
     assert "cotmae-query-q10 r1  <- data/paper/eval/cotmae-query-q10/r1/msmarco-passage/dev.per_query.json" \
         in paper.stdout
     # Table 3's cells without a paper value follow, with the fine-tuned retriever 2 behind each.
-    assert ("32 cells of the paper's Table 3 whose figures paper_results.yaml lacks (retriever 2's MRR@10 and R@50, "
-            "TREC DL 2019/2020 nDCG@10; paper value –): 32 produced, 0 missing") in paper.stdout
+    assert ("32 cells of the paper's Table 3 beyond paper_results.yaml's Table 3 (retriever 2's MRR@10 and R@50 and "
+            "TREC DL 2019/2020 nDCG@10; paper values for C = 5 from Table 1's retriever-2 QaC row, – for the other "
+            "C): 32 produced, 0 missing") in paper.stdout
     line = next(line for line in paper.stdout.splitlines() if " CoT-MAE q=10 " in line and " r2_mrr@10 " in line)
     assert " – " in line and ("cotmae-query-q10 r2  <- data/paper/eval/cotmae-query-q10/r2/msmarco-passage/"
                               "dev.per_query.json, data/paper/finetune/cotmae-query-q10/r2") in line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -198,3 +199,97 @@ def test_the_generators_means_and_counts_are_checked_too(project, capsys):
     failures = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
     assert failures == ["FAIL generator | query_generator/rougeL | value: 0.3125 (expected 0.25 ± 0.05)",
                         "FAIL generator | query_generator/pairs/train | count: 99 (expected 100 ± 0)"]
+
+
+# ---------------------------------------------------------------- reproduction checks (the paper profile)
+
+@pytest.fixture(scope="module")
+def paper_params(tmp_path_factory):
+    """The paper profile's params, its randomization tests cut to 100 permutations (the check reads no p-value)."""
+    from qac.config import render_profile
+
+    params = render_profile("paper", REPO_ROOT / "profiles")
+    params["tables"]["permutations"] = 100
+    path = tmp_path_factory.mktemp("paper") / "params.yaml"
+    path.write_text(yaml.safe_dump(params), encoding="utf-8")
+    return params, path
+
+
+PAPER_EXPECTED = REPO_ROOT / "profiles" / "expected" / "paper.yaml"
+
+
+def check_paper(params_path: Path, data: Path, capsys) -> tuple[int, list[str], str]:
+    from qac.cli import main
+
+    capsys.readouterr()
+    status = main(["check", "--params", str(params_path), "--data", str(data), "--expected", str(PAPER_EXPECTED)])
+    captured = capsys.readouterr()
+    return status, captured.out.splitlines(), captured.err
+
+
+def test_reproduction_check_passes_a_faithful_paper_run(paper_params, tmp_path, capsys):
+    from paper_simulation import write_paper_outputs
+
+    from qac.reporting.check import load_expected_document
+
+    params, params_path = paper_params
+    write_paper_outputs(params, tmp_path)
+    status, lines, _ = check_paper(params_path, tmp_path, capsys)
+    _, kind, expected = load_expected_document(PAPER_EXPECTED)
+    assert kind == "reproduction" and len(lines) == len(expected) + 1
+    # Every published cell's per-query values average to the published figure: reproduced, to its rounding.
+    assert all(line.startswith("REPRODUCED ") and line.endswith("; basis: rounding") for line in lines[:-1])
+    assert status == 0
+    assert lines[-1].startswith(f"check (reproduction of published figures): reproduced: {len(expected)} reproduced")
+
+
+def test_reproduction_check_fails_a_run_one_mrr_point_short(paper_params, tmp_path, capsys):
+    """MRR@10 one point under the paper everywhere (beyond its ~0.46-point sampling error over 6,980 queries), and
+    R@50 0.3 points over it (inside its ~0.4-point sampling error): the MRR@10 cells differ, R@50 is within noise."""
+    from paper_simulation import write_paper_outputs
+
+    params, params_path = paper_params
+    write_paper_outputs(params, tmp_path, shift={"RR@10": -1.0, "Hit@50": +0.3})
+    status, lines, _ = check_paper(params_path, tmp_path, capsys)
+    assert status == 1
+    verdicts = {line.split(":")[0]: line for line in lines[:-1]}
+    mrr = {key: line for key, line in verdicts.items() if "MS MARCO dev MRR@10" in key}
+    r50 = {key: line for key, line in verdicts.items() if "MS MARCO dev R@50" in key}
+    rest = {key: line for key, line in verdicts.items() if key not in mrr and key not in r50}
+    # Table 1's 8 trained rows, Table 3's 8 retriever-1 rows and its 2 retriever-2 rows of C = 5, Table 4's 12 cells
+    assert len(mrr) == 8 + 10 + 12 and len(r50) == 8 + 10 + 6
+    for line in mrr.values():
+        assert line.startswith("DIFFERS "), line
+        assert "|Δ| 1.00 > 0.05 rounding + 0.4" in line
+        assert line.endswith("basis: sampling error (1 standard error of the per-query values over 6980 queries)")
+    for line in r50.values():
+        assert line.startswith("WITHIN NOISE "), line
+        gap, band = re.search(r"\|Δ\| ([0-9.]+) ≤ 0.05 rounding \+ ([0-9.]+) sampling error", line).groups()
+        assert abs(float(gap) - 0.3) < 0.02 and 0.3 < float(band) < 0.5 and "basis: sampling error" in line
+    # TREC DL, R@1k and Table 2 did not move.
+    assert rest and all(line.startswith("REPRODUCED ") and line.endswith("basis: rounding") for line in rest.values())
+    assert lines[-1] == (f"check (reproduction of published figures): NOT reproduced: {len(rest)} reproduced, "
+                         f"{len(r50)} within noise, {len(mrr)} differ, 0 missing of {len(verdicts)} cells "
+                         f"({PAPER_EXPECTED.as_posix()})")
+
+
+def test_a_profile_that_never_ran_is_told_to_run(paper_params, tmp_path, capsys):
+    _, params_path = paper_params
+    status, lines, err = check_paper(params_path, tmp_path / "nothing-here", capsys)
+    # One paragraph saying to run the profile, not a line per cell.
+    assert status == 2 and lines == []
+    assert err.startswith("qac check: profile 'paper' has no outputs to check under ")
+    assert err.rstrip().endswith("run it first, `dvc repro profiles/paper/dvc.yaml`")
+
+
+def test_seed_spread_decides_when_it_is_wider_than_the_sampling_error():
+    from qac.reporting.check import Expected, Judgement
+
+    cell = Expected("table1", "row", "MRR@10", 38.2, "percent", rounding=0.05)
+    # Three seeds 37.6, 38.0, 38.4: sd 0.4, a run's band 2 x 0.4 x sqrt(1 + 1/3) = 0.924 > sampling error 0.5.
+    judged = Judgement(cell, 37.4, std_error=0.5, seed_values=(37.6, 38.0, 38.4), n=6980)
+    assert judged.verdict == "within noise" and judged.basis == "seed spread"
+    assert "0.92 seed spread); basis: seed spread (2 sd of one run across 3 seeds" in judged.line()
+    assert Judgement(cell, 37.4, std_error=0.5, n=6980).verdict == "differs"   # without the seeds: 0.8 > 0.55
+    assert Judgement(cell, 38.24, std_error=0.5).verdict == "reproduced"
+    assert Judgement(cell, 37.0).line().endswith("no per-query values or seeds: no noise band; basis: rounding")

@@ -1,13 +1,18 @@
-"""Check the profile's results against its expected values (OK / FAIL per cell).
+"""Check the profile's results against its expected values, one line per cell.
 
 Rebuilds Tables 1-5 and the query generator's checkable figures
 (qac/reporting/generator_report.py) from the DVC outputs under
 data/<profile>/ (no MLflow store needed) and compares every cell listed in
 the profile's expected file (params `check.expected`, e.g.
-profiles/expected/smoke.yaml) with its tolerance: two items' worth (queries,
-candidates, documents) of the measure averaged over them, counts exactly (see
-qac/reporting/check.py). Prints one line per cell and a summary line; exits
-0 when every cell is within tolerance, 1 when any is outside or missing.
+profiles/expected/smoke.yaml). The file's kind says how (see
+qac/reporting/check.py): a *rerun* check (smoke, default: the profile's own
+recorded run) holds each cell to two items' worth (queries, candidates,
+documents) of the measure averaged over them, counts exactly, OK / FAIL; a
+*reproduction* check (paper: the published figures) says per cell
+reproduced / within noise / differs and which basis decided it (the
+figure's rounding, our sampling error, our seed spread). Prints a summary
+line; exits 0 when every cell passes, 1 when any is outside or missing, 2
+when the profile has not run (nothing to check) or its files are wrong.
 
 `qac check --record` writes the expected file from the current outputs (for
 the paper profile: from the paper's published values).
@@ -63,14 +68,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"qac check: no expected file {path.as_posix()}; record one with `qac check --record` "
               "after a run you trust", file=sys.stderr)
         return 2
-    profile, expected = check.load_expected(path)
+    profile, kind, expected = check.load_expected_document(path)
     if profile and profile != params["profile"]:
         print(f"qac check: {path.as_posix()} holds profile {profile!r}, params are {params['profile']!r}",
               file=sys.stderr)
         return 2
-    outcomes = check.compare(tables_of(load_study(params, args.data)), expected)
+    study = load_study(params, args.data)
+    tables = tables_of(study)
+    outcomes = check.judge(tables, expected) if kind == check.REPRODUCTION else check.compare(tables, expected)
+    if expected and all(outcome.ours is None for outcome in outcomes):
+        print(f"qac check: profile {params['profile']!r} has no outputs to check under {study.root.as_posix()} "
+              f"(none of the {len(expected)} expected cells has a value): run it first, "
+              f"`dvc repro profiles/{params['profile']}/dvc.yaml`", file=sys.stderr)
+        return 2
     for outcome in outcomes:
         if not (args.failures_only and outcome.ok):
             print(outcome.line())
-    print(check.summary_line(outcomes, path))
+    summary = check.reproduction_summary if kind == check.REPRODUCTION else check.summary_line
+    print(summary(outcomes, path))
     return 0 if outcomes and all(outcome.ok for outcome in outcomes) else 1

@@ -13,14 +13,24 @@ A cell is one of:
   context type and C as the paper's row, or the BM25 / annotation stages);
 - ``derived``: computed from produced cells (Table 2's average);
 - ``cited``: a row the paper copies from another publication (ANCE, the
-  original coCondenser and CoT-MAE papers, ...); the study does not rerun it;
+  original coCondenser and CoT-MAE papers, ...), or a figure of another
+  configuration than the profile runs: MASTER's own paper (SimLM's
+  fine-tuning pipeline), the paper's BM25 (Anserini, k1 0.82 / b 0.68,
+  title-less) where the profile's BM25 is not that, Table 5's human labels
+  where the profile's are the automatic judge's. The tables show a cited
+  figure beside ours; `qac check` never compares it;
 - ``missing``: the profile has no run of that configuration; ``reason`` says
   what is lacking. A cell is never taken from a run of another configuration.
 
-The paper's Table 3 also prints retriever 2's MRR@10 and R@50 and TREC DL
-2019/2020 nDCG@10, figures ``paper_results.yaml`` does not hold
-(:data:`qac.reporting.paper.TABLE3_UNPUBLISHED_COLUMNS`): those cells are
-planned too (:func:`plan_unpublished_cells`), with no paper value.
+The paper's Table 3 also prints retriever 2's MRR@10 and R@50 and (from
+retriever 2) TREC DL 2019/2020 nDCG@10, figures ``paper_results.yaml``'s
+Table 3 does not hold (:data:`qac.reporting.paper.TABLE3_UNPUBLISHED_COLUMNS`):
+those cells are planned too (:func:`plan_unpublished_cells`), their paper
+values for C = 5 taken from Table 1's retriever-2 QaC row, none for the other C.
+
+Only a ``produced`` cell with a paper value is compared (``compared``); its
+run is the paper's configuration for that cell: the same method, context
+type, C and retriever.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ PRODUCED, DERIVED, CITED, MISSING = "produced", "derived", "cited", "missing"
 
 # Table 1 rows the paper produced itself (BM25 and its reproductions and QaC runs); the rest are cited.
 _TABLE1_PRODUCED = {row: key for key, row in paper._TABLE1_ROWS.items()}
+_TABLE1_CITED = {row: key for key, row in paper._TABLE1_CITED_ROWS.items()}
 # Table 4: (method, context type) of each row; the "not mixed" rows are the query-context runs.
 _TABLE4_ROWS = {row: key for key, row in paper._TABLE4_ROWS.items()}
 _TABLE4_COLUMNS = {column: key for key, column in paper._TABLE4_COLUMNS.items()}
@@ -59,6 +70,11 @@ class PlannedCell:
     outputs: list[str] = field(default_factory=list)
     recipe: str | None = None
     reason: str | None = None
+
+    @property
+    def compared(self) -> bool:
+        """Whether `qac check` compares our value with the paper's (produced, with a paper value)."""
+        return self.status == PRODUCED and self.paper is not None
 
 
 class _Profile:
@@ -147,7 +163,8 @@ def plan_unpublished_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
         method, query_count = _table3_configuration(row)
         for column, (retriever, key) in paper.TABLE3_UNPUBLISHED_COLUMNS.items():
             dataset, split, reason = profile.in_domain(key)
-            cells.append(profile.variant_cell(PlannedCell("table3_query_count", row, column, None, MISSING),
+            published = paper.table3_value(method, query_count, key, retriever)
+            cells.append(profile.variant_cell(PlannedCell("table3_query_count", row, column, published, MISSING),
                                               method, "query", query_count, retriever, dataset, split, reason))
     return cells
 
@@ -162,13 +179,21 @@ def _plan(profile: _Profile, cell: PlannedCell) -> PlannedCell:
     if cell.table == "table1_main":
         key = _TABLE1_PRODUCED.get(cell.row)
         if key is None:
+            cited = _TABLE1_CITED.get(cell.row)
             cell.status, cell.reason = CITED, "the paper cites this row from another publication"
+            if cited:
+                cell.method, cell.context_type, cell.retriever = cited
+                cell.reason = paper.CITED_WHY[cited[0]]
             return cell
         method, context_type, retriever = key
         dataset, split, reason = profile.in_domain(cell.column)
         if method == "bm25":
             if reason:
                 cell.status, cell.reason = MISSING, reason
+                return cell
+            different = paper.bm25_like_for_like(profile.params)
+            if different:
+                cell.status, cell.retriever, cell.reason = CITED, "bm25", different
                 return cell
             cell.status, cell.retriever, cell.stages = PRODUCED, "bm25", ["bm25"]
             cell.outputs = [f"{profile.root}/bm25/runs/{dataset}/{split}.per_query.json"]
@@ -210,11 +235,16 @@ def _plan(profile: _Profile, cell: PlannedCell) -> PlannedCell:
                                     reason)
     if cell.table == "table5_pair_correlation":
         annotation = profile.params.get("annotation") or {}
-        cell.status, cell.stages = PRODUCED, ["annotation"]
+        cell.stages = ["annotation"]
         cell.outputs = [f"{profile.root}/annotation/summary.json"]
         cell.context_type = _TABLE5_ROWS.get(cell.row)
-        cell.recipe = ("human labels: " + ", ".join(annotation["human_sheets"]) if annotation.get("human_sheets")
-                       else f"automatic judge ({annotation.get('judge', 'n/a')}) until people label the sheet")
+        if annotation.get("human_sheets"):
+            cell.status, cell.recipe = PRODUCED, "human labels: " + ", ".join(annotation["human_sheets"])
+        else:
+            cell.status = CITED
+            cell.reason = (f"{paper.CITED_WHY['table5']}; this profile labels with the automatic judge "
+                           f"({annotation.get('judge', 'n/a')}) until people label the sheet: shown beside, "
+                           "not compared")
         return cell
     cell.reason = f"table {cell.table} is not one of the paper's Tables 1-5"
     return cell
@@ -244,8 +274,9 @@ def print_cell_plan(params: Mapping[str, Any]) -> int:
           + ", ".join(f"{count} {status}" for status, count in counts.items()))
     for cell in cells:
         print(describe(cell))
-    print(f"profile {params['profile']}: {len(unpublished)} cells of the paper's Table 3 whose figures "
-          "paper_results.yaml lacks (retriever 2's MRR@10 and R@50, TREC DL 2019/2020 nDCG@10; paper value –): "
+    print(f"profile {params['profile']}: {len(unpublished)} cells of the paper's Table 3 beyond "
+          "paper_results.yaml's Table 3 (retriever 2's MRR@10 and R@50 and TREC DL 2019/2020 nDCG@10; paper values "
+          "for C = 5 from Table 1's retriever-2 QaC row, – for the other C): "
           + ", ".join(f"{count} {status}" for status, count in unpublished_counts.items() if status in (PRODUCED, MISSING)))
     for cell in unpublished:
         print(describe(cell))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -48,9 +48,21 @@ _TABLE1_ROWS = {
     ("cotmae", "query", "r1"): "CoT-MAE+QaC 50k retriever1",
     ("cotmae", "passage", "r2"): "CoT-MAE 50k retriever2 (repro)",
     ("cotmae", "query", "r2"): "CoT-MAE+QaC 50k retriever2",
-    # MASTER's own paper (not the query-as-context paper): retriever 2 without distillation.
+}
+# Rows shown beside ours but never compared with them: the same model under another configuration.
+# MASTER's own paper fine-tunes with SimLM's pipeline ("all other hyper-parameters are the same as SimLM"),
+# not the QaC recipe our MASTER variants are fine-tuned with.
+_TABLE1_CITED_ROWS = {
+    ("master", "passage", "r1"): "MASTER (its paper, retriever1)",
     ("master", "passage", "r2"): "MASTER (its paper, retriever2)",
 }
+CITED_WHY = {
+    "master": "MASTER's paper fine-tunes with SimLM's pipeline, not this recipe: cited, not compared",
+    "bm25": "the paper's BM25 is Anserini's (k1 0.82, b 0.68, title-less collection, Lucene analyzer)",
+    "table5": "the paper's shares are human majority labels",
+}
+# The paper's BM25 row (Anserini, tuned for MS MARCO passage, the title-less official collection).
+PAPER_BM25 = {"k1": 0.82, "b": 0.68, "titles": False}
 
 # Table 2: method -> (column without query context, column with it).
 _TABLE2_COLUMNS = {"cocondenser": ("coCondenser_wo", "coCondenser_w"), "cotmae": ("CoT-MAE_wo", "CoT-MAE_w")}
@@ -92,6 +104,33 @@ def table1_paper_row(method: str, context_type: str | None, retriever: str) -> s
     return _TABLE1_ROWS.get((method, context_type, retriever))
 
 
+def table1_cited_row(method: str, context_type: str | None, retriever: str) -> str | None:
+    """A published row of the same method under another configuration (MASTER's own paper), or None."""
+    return _TABLE1_CITED_ROWS.get((method, context_type, retriever))
+
+
+def table1_cited_value(method: str, context_type: str | None, retriever: str, column: str | None) -> float | None:
+    """A cited figure (shown beside ours, never compared) for our row and a paper column."""
+    return _lookup("table1_main", table1_cited_row(method, context_type, retriever), column)
+
+
+def bm25_configuration(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The profile's BM25 settings in the terms of :data:`PAPER_BM25` (``titles``: whether titles are indexed)."""
+    settings = params.get("bm25") or {}
+    return {"k1": settings.get("k1"), "b": settings.get("b"), "titles": bool(settings.get("titles", True))}
+
+
+def bm25_like_for_like(params: Mapping[str, Any]) -> str | None:
+    """None when the profile's BM25 is the paper's configuration, else why its row is only cited."""
+    ours = bm25_configuration(params)
+    different = [f"{key} {ours[key]} (paper {PAPER_BM25[key]})" for key in PAPER_BM25
+                 if (ours[key] != PAPER_BM25[key] if key == "titles"
+                     else ours[key] is None or abs(float(ours[key]) - PAPER_BM25[key]) > 1e-9)]
+    if not different:
+        return None
+    return f"{CITED_WHY['bm25']}; this profile's BM25 differs in {', '.join(different)}: cited, not compared"
+
+
 def table1_value(method: str, context_type: str | None, retriever: str, column: str | None,
                  query_count: int | None = PAPER_QUERY_COUNT) -> float | None:
     """Paper Table 1 value (percent) for our row and a paper column (``mrr@10``, ``r@50``, ``r@1k``, ``ndcg@10_dl19``...).
@@ -115,11 +154,13 @@ def table2_value(dataset: str, method: str, context_type: str,
 
 
 TABLE3_QUERY_COUNTS = (1, 5, 10, 20)   # Table 3: the first C of the 20 generated queries per passage
-# Table 3's columns the paper prints but paper_results.yaml does not hold (their figures are not available
-# to us): column name, in paper_results.yaml's style -> (retriever, paper column key). Our Table 3 shows
-# this study's values in them, beside no paper value.
+# Table 3's columns the paper prints but paper_results.yaml's Table 3 does not hold: column name, in
+# paper_results.yaml's style -> (retriever, paper column key). Its TREC DL figures are retriever 2's (its
+# bold 39.4/88.6 is Table 1's retriever-2 row, and its DL figures exceed every retriever-1 DL figure of
+# Table 1). For C = 5 they are Table 1's retriever-2 QaC row (:func:`table3_value`); for the other C our
+# Table 3 shows this study's values beside no paper value.
 TABLE3_UNPUBLISHED_COLUMNS = {"r2_mrr@10": ("r2", "mrr@10"), "r2_r@50": ("r2", "r@50"),
-                              "ndcg@10_dl19": ("r1", "ndcg@10_dl19"), "ndcg@10_dl20": ("r1", "ndcg@10_dl20")}
+                              "ndcg@10_dl19": ("r2", "ndcg@10_dl19"), "ndcg@10_dl20": ("r2", "ndcg@10_dl20")}
 
 
 def table3_row(method: str, query_count: int | None) -> str | None:
@@ -127,9 +168,18 @@ def table3_row(method: str, query_count: int | None) -> str | None:
     return row if row in load_paper_results()["table3_query_count"]["rows"] else None
 
 
-def table3_value(method: str, query_count: int, column: str | None) -> float | None:
-    """Paper Table 3 (retriever 1, percent) for a query count; ``column`` is ``mrr@10`` or ``r@50``."""
-    return _lookup("table3_query_count", table3_row(method, query_count), column)
+def table3_value(method: str, query_count: int, column: str | None, retriever: str = "r1") -> float | None:
+    """Paper Table 3 (percent) for a query count, a retriever and a paper column key.
+
+    Retriever 1's ``mrr@10`` and ``r@50`` from paper_results.yaml's Table 3;
+    the other columns (retriever 2, TREC DL) only for C = 5, from Table 1's
+    QaC rows (the paper's Table 1 QaC rows are its Table 3 rows for C = 5).
+    """
+    if retriever == "r1" and column in ("mrr@10", "r@50"):
+        return _lookup("table3_query_count", table3_row(method, query_count), column)
+    if query_count != PAPER_QUERY_COUNT or (retriever, column) not in TABLE3_UNPUBLISHED_COLUMNS.values():
+        return None
+    return table1_value(method, "query", retriever, column)
 
 
 def table4_row(method: str, context_type: str) -> str | None:

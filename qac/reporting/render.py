@@ -21,7 +21,7 @@ from qac.reporting.lineage import Study
 from qac.reporting.tables import FRACTION, Cell, Table
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
-              "compared_source", "metric", "paper_row", "published", "recipe", "note"]
+              "compared_source", "metric", "paper_row", "published", "cited", "recipe", "note"]
 # The MLflow runs behind the cells: bookkeeping, kept out of the tracked report (see runs_csv).
 RUN_FIELDS = ["table", "row", "column", "run_id", "git_commit", "compared_run_id", "compared_git_commit"]
 
@@ -124,6 +124,8 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
     theirs = "–" if cell.paper is None else _number(cell.paper, table, column, signed=cell.difference)
     if cell.paper is None and cell.published is not None:
         theirs = f"{_number(cell.published, table, column)} published"
+    if cell.paper is None and cell.cited is not None:
+        theirs = f"{_number(cell.cited, table, column)} cited"
     return f"{ours} / {theirs}"
 
 
@@ -207,6 +209,7 @@ def to_csv(table: Table) -> str:
                 "source": cell.source or "", "compared_source": cell.compared_source or "",
                 "metric": cell.metric or "", "paper_row": table.paper_rows.get(row, ""),
                 "published": "" if cell.published is None else repr(float(cell.published)),
+                "cited": "" if cell.cited is None else repr(float(cell.cited)),
                 "recipe": cell.recipe or "",
                 "note": cell.text if cell.text is not None else (cell.note or ""),
             })
@@ -235,6 +238,8 @@ def _latex_cell(table: Table, column: str, cell: Cell, footnote: int | None) -> 
     theirs = "--" if cell.paper is None else latex_escape(_number(cell.paper, table, column, signed=cell.difference))
     if cell.paper is None and cell.published is not None:
         theirs = latex_escape(_number(cell.published, table, column)) + " (pub.)"
+    if cell.paper is None and cell.cited is not None:
+        theirs = latex_escape(_number(cell.cited, table, column)) + " (cited)"
     return f"{ours} / {theirs}"
 
 

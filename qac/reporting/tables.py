@@ -94,6 +94,8 @@ class Cell:
     mde: float | None = None
     recipe: str | None = None   # which recipe (qac/deviations.yaml) the run behind the value ran
     published: float | None = None   # a published figure of the same model used the same way (encoders.<spec>)
+    cited: float | None = None   # a published figure of another configuration: shown beside ours, never compared
+    std_error: float | None = None   # sampling error of ``value``: sd of the per-query values / sqrt(n), table unit
 
 
 @dataclass
@@ -228,9 +230,21 @@ def metric_cell(source: Source | None, dataset: str | None, split: str | None, m
     if value is None:
         cell.note = f"{source.name} was not evaluated with {measure} on {dataset} {split}"
     else:
+        per_query = source.per_query(dataset, split, measure)
         cell.value = value * _SCALE[unit]
-        cell.n_queries = len(source.per_query(dataset, split, measure))
+        cell.n_queries = len(per_query)
+        cell.std_error = standard_error(per_query.values(), _SCALE[unit])
     return cell
+
+
+def standard_error(values, scale: float = 1.0) -> float | None:
+    """Standard error of the mean of ``values`` (sample sd, n - 1, over sqrt(n)) times ``scale``; None below 2."""
+    values = [float(value) for value in values]
+    if len(values) < 2:
+        return None
+    mean = math.fsum(values) / len(values)
+    variance = math.fsum((value - mean) ** 2 for value in values) / (len(values) - 1)
+    return math.sqrt(variance / len(values)) * scale
 
 
 def difference_cell(ctx: TableContext, with_source: Source | None, without_source: Source | None,
@@ -271,6 +285,14 @@ def _in_domain_cells(ctx: TableContext, table: Table, row: str, source: Source |
         if note and cell.paper is None and cell.note is None:
             cell.note = note
         table.put(row, column.header, cell, paper_row)
+
+
+def _cite_row(table: Table, row: str, why: str) -> None:
+    """Turn a row's paper values into cited ones (shown beside ours, never compared) and say why in a note."""
+    for (name, _), cell in table.cells.items():
+        if name == row and cell.paper is not None:
+            cell.cited, cell.paper = cell.paper, None
+    table.notes.append(f"{row}: {why}.")
 
 
 def _missing_row(ctx: TableContext, table: Table, row: str, reason: str, paper_of, paper_row: str | None) -> None:
@@ -357,6 +379,9 @@ def table1_in_domain(ctx: TableContext) -> Table:
     _in_domain_cells(ctx, table, "BM25", ctx.study.baseline("bm25"), PERCENT,
                      lambda col: paper.table1_value("bm25", None, "bm25", col),
                      paper.table1_paper_row("bm25", None, "bm25"))
+    bm25_cited = paper.bm25_like_for_like(ctx.params)
+    if bm25_cited:
+        _cite_row(table, "BM25", bm25_cited)
     untuned = ctx.study.baseline("untuned")
     if untuned is not None:
         _untuned_row(ctx, table, untuned)
@@ -385,6 +410,12 @@ def table1_in_domain(ctx: TableContext) -> Table:
                                                                                       v.query_count),
                                  paper.table1_paper_row(method, context, retriever), recipe=ctx.recipe(variant),
                                  note=paper.configuration_note(context, variant.query_count))
+                cited_row = paper.table1_cited_row(method, context, retriever)
+                if cited_row:
+                    for column in ctx.columns:
+                        cell = table.cell(_retriever_row(variant, retriever), column.header)
+                        cell.cited = paper.table1_cited_value(method, context, retriever, column.paper)
+                    table.paper_rows[_retriever_row(variant, retriever)] = f"cited: {cited_row}"
             if passage is None or query is None:
                 continue
             row = f"Δ {paper.METHOD_NAMES[method]} query − passage context, {RETRIEVER_LABELS[retriever]}"
@@ -397,7 +428,9 @@ def table1_in_domain(ctx: TableContext) -> Table:
     table.notes.append(
         "Paper values are the paper's own reproductions (its rows 'coCondenser 120k' and 'CoT-MAE 50k'), "
         "trained with the same recipe as its QaC rows; its QaC rows equal its Table 3 rows for C=5. "
-        "MASTER's paper value is MASTER's own paper (retriever 2 without distillation); it has no QaC row. "
+        "MASTER's figures (its own paper, without distillation: MRR@10 38.3 retriever 1, 40.4 and R@1k 98.8 "
+        "retriever 2) come from SimLM's fine-tuning pipeline, not this recipe: shown as cited beside our "
+        "passage-context MASTER rows, never compared; the paper has no MASTER QaC row. "
         f"Our QaC rows use C = {query_counts or 'n/a'} (tables.main_query_count); a row of another C than "
         "the paper's is not compared with it.")
     unshown = _unshown_paper_columns(ctx)
@@ -552,12 +585,11 @@ def table3_query_count(ctx: TableContext) -> Table:
         table.column_retrievers[spec.difference_header] = spec.retriever
 
     def paper_value(spec: _Table3Column, method: str, query_count: int) -> float | None:
-        return paper.table3_value(method, query_count, spec.column.paper) if spec.published else None
+        return paper.table3_value(method, query_count, spec.column.paper, spec.retriever)
 
     def paper_difference(spec: _Table3Column, method: str, query_count: int) -> float | None:
         return _paper_difference(paper_value(spec, method, query_count),
-                                 paper.table1_value(method, "passage", spec.retriever, spec.column.paper)
-                                 if spec.published else None)
+                                 paper.table1_value(method, "passage", spec.retriever, spec.column.paper))
 
     for method in PRETRAINING_METHODS:
         passage = ctx.variant(method, "passage")
@@ -600,14 +632,15 @@ def table3_query_count(ctx: TableContext) -> Table:
                 table.put(row, spec.difference_header, difference_cell(
                     ctx, sources[spec.retriever], passage_sources[spec.retriever], column.dataset, column.split,
                     column.measure, PERCENT, paper_value(spec, method, query_count),
-                    paper.table1_value(method, "passage", spec.retriever, column.paper) if spec.published else None,
+                    paper.table1_value(method, "passage", spec.retriever, column.paper),
                     column.missing), paper_row)
     if not any(spec.published for spec in specs):
         table.notes.append("the profile's tables.in_domain_columns map no column to the paper's mrr@10 or r@50")
     if any(not spec.published for spec in specs):
         table.notes.append(
-            "The paper's Table 3 also reports retriever 2 (MRR@10, R@50) and TREC DL 2019/2020 nDCG@10, but "
-            "those figures are not in paper_results.yaml: these columns show this study's values only.")
+            "The paper's Table 3 also reports retriever 2 (MRR@10, R@50) and, from retriever 2, TREC DL 2019/2020 "
+            "nDCG@10; paper_results.yaml holds those figures for C = 5 only (Table 1's retriever-2 QaC row): the "
+            "other rows of these columns show this study's values only.")
     return table
 
 
@@ -677,12 +710,16 @@ def table5_annotation(ctx: TableContext) -> Table:
     run_id = found.run_id if found else None
     source = found.relative if found else None
     shares = (found.summary["shares"] if found else {})
+    # The paper's shares are human majority labels: compared only with human labels, else shown beside.
+    human = bool(found) and found.summary.get("label_source") == "human"
     for kind in study_annotation.PAIR_KINDS:
         share = (shares.get(kind) or {}).get("share")
         count = (shares.get(kind) or {}).get("pairs")
         share = None if share is None or (isinstance(share, float) and math.isnan(share)) else float(share)
         table.put(kind, "high correlation %", Cell(value=None if share is None else share * 100,
-                                                   paper=paper.table5_value(kind), run_id=run_id, source=source,
+                                                   paper=paper.table5_value(kind) if human else None,
+                                                   cited=None if human else paper.table5_value(kind),
+                                                   run_id=run_id, source=source,
                                                    metric=study_annotation.share_metric(kind), note=note,
                                                    n_queries=None if share is None else count),
                   paper.table5_row(kind))
@@ -710,6 +747,9 @@ def table5_annotation(ctx: TableContext) -> Table:
     table.put(row, "high correlation %", diff)
     if labels:
         table.notes.append(f"Labels: {labels}. Paper: 3 human votes per pair (6 annotators in two groups), majority label.")
+    if not human:
+        table.notes.append(f"{paper.CITED_WHY['table5']}; ours are not human labels: the paper's are shown beside "
+                           "(cited), not compared.")
     return table
 
 
