@@ -13,13 +13,16 @@ the hpo worker and trial job) runs its ``main`` through :func:`run_main`. A
 user error (:class:`qac.errors.UserError`: a bad parameter, a malformed input
 file, a missing dataset or upstream output; or a ``SystemExit`` with a message)
 prints as one paragraph on stderr, without a traceback, and exits with status
-2; ``-v`` / ``QAC_VERBOSE=1`` adds the traceback. Any other exception is a
-program error and keeps its traceback.
+2; ``-v`` / ``QAC_VERBOSE=1`` adds the traceback. Ctrl-C and what the machine
+refuses (disk full, no permission, a read-only file system) end the same way, in
+one paragraph (status 130 after Ctrl-C). Any other exception is a program error
+and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -216,12 +219,58 @@ def run_main(main: Callable[..., int | None], argv: list[str] | None = None, pro
     sys.exit(call_main(main, argv, prog))
 
 
+# Exit status of a command stopped by Ctrl-C, as a shell reports a process ended by SIGINT.
+INTERRUPTED_EXIT = 130
+# What the machine, not the input, refused: one paragraph says which file and what to do.
+_ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file size limit exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EMFILE: "too many open files",
+}
+
+
+def environment_error_message(error: BaseException) -> str | None:
+    """The paragraph for an interruption or a refusal of the machine (disk full, no permission), else None.
+
+    Outputs are written through :func:`qac.io.atomic_path`, so what a stage was writing when this
+    happened was removed, never left half-written.
+    """
+    if isinstance(error, KeyboardInterrupt):
+        return ("interrupted (Ctrl-C). Every output is written to a temporary file and renamed into place "
+                "only when complete, so nothing half-written was left; run the command again (stages that "
+                "resume pick up from their last completed chunk or checkpoint).")
+    if isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS:
+        where = error.filename or "a file"
+        if error.filename2:
+            where = f"{error.filename} -> {error.filename2}"
+        fix = {errno.ENOSPC: "free space there (or point data/ at a larger disk)",
+               errno.EDQUOT: "free space there (or point data/ at a larger disk)",
+               errno.EFBIG: "raise the limit (ulimit -f)",
+               errno.EMFILE: "raise the limit (ulimit -n)"}.get(error.errno, "make it writable by this user")
+        return (f"{_ENVIRONMENT_ERRNOS[error.errno]} while working on {where}. The partial output was "
+                f"removed (outputs are written to a temporary file and renamed when complete); {fix}, then "
+                "run the command again.")
+    return None
+
+
 def call_main(main: Callable[..., int | None], argv: list[str] | None = None, prog: str | None = None) -> int:
-    """What :func:`run_main` does, returning the exit status instead of exiting (for tests and wrappers)."""
+    """What :func:`run_main` does, returning the exit status instead of exiting (for tests and wrappers).
+
+    A user error, Ctrl-C and a refusal of the machine (disk full, no permission, a read-only file
+    system) each end in one paragraph; ``-v`` / ``QAC_VERBOSE=1`` adds the traceback.
+    """
     try:
         return int(main(argv) or 0) if argv is not None else int(main() or 0)
-    except (UserError, SystemExit) as error:
+    except (UserError, SystemExit, KeyboardInterrupt, OSError) as error:
         message = user_error_message(error)
+        status = USER_ERROR_EXIT
+        if message is None:
+            message = environment_error_message(error)
+            status = INTERRUPTED_EXIT if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT
         if message is None:
             raise
         arguments = sys.argv[1:] if argv is None else argv
@@ -229,4 +278,4 @@ def call_main(main: Callable[..., int | None], argv: list[str] | None = None, pr
             traceback.print_exc()
         name = prog or os.path.basename(sys.argv[0] or "qac")
         print(f"{name}: error: {message}", file=sys.stderr, flush=True)
-        return USER_ERROR_EXIT
+        return status

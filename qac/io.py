@@ -13,6 +13,7 @@ folder costs one listing). DVC ignores them meanwhile (``.dvcignore``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 _UMASK = os.umask(0)
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 os.umask(_UMASK)
 
 
@@ -131,11 +133,13 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
                 tmp.rename(target)
         else:
             os.replace(tmp, target)
-    except BaseException:
+    except BaseException as error:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None and error.errno in _FULL:
+            error.filename = str(target)   # a write that found the disk full names no file: name the output
         raise
 
 

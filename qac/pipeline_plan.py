@@ -9,9 +9,12 @@ read.
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 from pathlib import Path
 
-from qac.config import profile_params_path
+from qac.config import PIPELINE_TEMPLATE, profile_params_path, profiles_root
 
 
 def stage_plan(name: str, repo_root: str | Path = ".") -> list[tuple[str, str]]:
@@ -57,3 +60,59 @@ def print_plan(name: str) -> int:
     for number, (stage, cmd) in enumerate(plan, 1):
         print(f"{number:3}. {stage:{width}}  {cmd}")
     return 0
+
+
+@functools.lru_cache(maxsize=4)
+def _output_patterns(template: Path) -> list[tuple[str, bool, re.Pattern]]:
+    """``(stage, per key, pattern)`` of each output of the pipeline template; ``${profile}`` and ``${key}``
+    become named groups, any other ``${...}`` one path component."""
+    import yaml
+
+    try:
+        stages = (yaml.safe_load(template.read_text(encoding="utf-8")) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    patterns = []
+    for name, stage in stages.items():
+        body = (stage.get("do", stage) if isinstance(stage, dict) else None) or {}
+        for out in [*(body.get("outs") or []), *(body.get("metrics") or []), *(body.get("plots") or [])]:
+            out = next(iter(out)) if isinstance(out, dict) else str(out)
+            pieces = []
+            for piece in re.split(r"(\$\{[^}]*\})", out):
+                if piece in ("${profile}", "${key}"):
+                    group = piece[2:-1]
+                    pieces.append(f"(?P<{group}>[^/]+)" if f"(?P<{group}>" not in "".join(pieces)
+                                  else f"(?P={group})")
+                else:
+                    pieces.append("[^/]+" if piece.startswith("${") else re.escape(piece))
+            patterns.append((name, "foreach" in stage, re.compile("".join(pieces) + r"(/.*)?")))
+    return patterns
+
+
+def stage_writing(path: str | os.PathLike) -> tuple[str, str] | None:
+    """``(profile, stage)`` of the DVC stage whose output holds ``path`` (``data/smoke/passages.arrow`` ->
+    ``('smoke', 'split_passages')``; a per-key stage as ``evaluate@<variant>``), else None.
+
+    Read from the pipeline template's ``outs`` (no DVC import: this names the stage in error messages),
+    matched against the end of ``path`` so an absolute path or one under another data folder is found too.
+    """
+    parts = Path(path).as_posix().split("/")
+    template = profiles_root() / PIPELINE_TEMPLATE
+    for start in range(len(parts)):
+        tail = "/".join(parts[start:])
+        for name, per_key, pattern in _output_patterns(template):
+            match = pattern.fullmatch(tail)
+            if match:
+                key = match.groupdict().get("key")
+                return match.groupdict().get("profile") or "", f"{name}@{key}" if per_key and key else name
+    return None
+
+
+def rerun_hint(path: str | os.PathLike) -> str:
+    """``rebuilt by the DVC stage split_passages (`dvc repro profiles/smoke/dvc.yaml`)``, or a general hint."""
+    writer = stage_writing(path)
+    if writer is None:
+        return "rebuild it by rerunning the stage that writes it (`dvc repro profiles/<profile>/dvc.yaml`)"
+    profile, stage = writer
+    return (f"rebuild it with the DVC stage {stage} (`dvc repro profiles/{profile}/dvc.yaml` restores it from "
+            f"the DVC cache or reruns {stage})")

@@ -122,3 +122,39 @@ def test_an_empty_arrow_file_names_itself(tmp_path):
     path.write_bytes(b"")
     with pytest.raises(DataFormatError, match=r"queries.arrow.*not an Arrow stream file"):
         open_mapped(path, QUERIES_SCHEMA)
+
+
+def corrupted_files(tmp_path):
+    """A valid queries.arrow of a profile's data folder, then the same file damaged in the ways a disk,
+    a copy or a killed writer damage files."""
+    folder = tmp_path / "data" / "smoke"
+    folder.mkdir(parents=True)
+    good = folder / "queries.arrow"
+    write_queries(good, [{"pid": f"d{i}#0", "queries": [f"query {i}"] * 3} for i in range(3000)])
+    data = good.read_bytes()
+    flipped = bytearray(data)
+    for offset in range(8, 200):         # the schema message and the first batch header
+        flipped[offset] ^= 0xFF
+    return good, {
+        "cut in the schema": data[:20],
+        "cut in a batch": data[: len(data) // 2 + 7],
+        "last byte missing": data[:-1],
+        "header bytes flipped": bytes(flipped),
+        "not arrow at all": b'{"pid": "d1#0", "queries": ["q"]}\n' * 50,
+        "zeros": bytes(len(data)),
+    }
+
+
+@pytest.mark.parametrize("damage", ["cut in the schema", "cut in a batch", "last byte missing",
+                                    "header bytes flipped", "not arrow at all", "zeros"])
+@pytest.mark.parametrize("reader", ["open_mapped", "scan_tables", "iter_records"])
+def test_a_damaged_arrow_file_names_itself_and_the_stage_that_rebuilds_it(tmp_path, damage, reader):
+    good, damaged = corrupted_files(tmp_path)
+    good.write_bytes(damaged[damage])
+    read = {"open_mapped": lambda: open_mapped(good, QUERIES_SCHEMA),
+            "scan_tables": lambda: list(scan_tables(good, QUERIES_SCHEMA, 500)),
+            "iter_records": lambda: list(iter_records(good, QUERIES_SCHEMA))}[reader]
+    with pytest.raises(DataFormatError) as caught:
+        read()
+    assert caught.value.path == str(good)
+    assert "generate_queries" in str(caught.value) and "dvc repro profiles/smoke/dvc.yaml" in str(caught.value)

@@ -200,14 +200,34 @@ class MappedTable:
             self._mapping.madvise(mmap.MADV_DONTNEED)
 
 
+def unreadable(path: str | os.PathLike, error: BaseException) -> DataFormatError:
+    """The error for an Arrow file that cannot be read (truncated, corrupted, not Arrow): the file, the
+    reason, and the stage that rebuilds it."""
+    from qac.pipeline_plan import rerun_hint
+
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return DataFormatError(path, None, None, f"not an Arrow stream file, or a truncated or corrupted "
+                                             f"one ({reason}); {rerun_hint(path)}")
+
+
+def _batches(path: str | os.PathLike, source) -> Iterator[pa.RecordBatch]:
+    """The record batches of an Arrow stream, a read failure named as :func:`unreadable` names it."""
+    try:
+        yield from pa.ipc.open_stream(source)
+    except (pa.ArrowException, OSError) as error:
+        raise unreadable(path, error) from None
+
+
 def open_mapped(path: str | os.PathLike, schema: pa.Schema) -> MappedTable:
     """Map an Arrow stream file (random-access advice, see the module text), checked against ``schema``."""
+    from qac.pipeline_plan import rerun_hint
+
     path = Path(path)
     if not path.is_file():
         raise DataFormatError(path, None, None, "file not found")
     with open(path, "rb") as handle:
         if os.fstat(handle.fileno()).st_size == 0:
-            raise DataFormatError(path, None, None, "not an Arrow stream file (empty file)")
+            raise unreadable(path, ValueError("empty file"))
         mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     mapping.madvise(mmap.MADV_RANDOM)
     mapped = MappedTable(path, mapping, None)
@@ -222,15 +242,16 @@ def open_mapped(path: str | os.PathLike, schema: pa.Schema) -> MappedTable:
             if len(batches) % _RELEASE_BATCHES == 0:
                 mapped.release()
         table = pa.Table.from_batches(batches, schema=reader.schema)
-    except pa.ArrowInvalid as error:
-        raise DataFormatError(path, None, None, f"not an Arrow stream file ({error})") from None
+        table.validate()   # lengths and buffer sizes: a corrupted header or body fails here, not mid-training
+    except (pa.ArrowException, OSError) as error:   # invalid, truncated or unreadable: every Arrow error type
+        raise unreadable(path, error) from None
     mapped.release()
     for field in schema:
         if field.name not in table.schema.names:
-            raise DataFormatError(path, None, field.name, "column missing")
+            raise DataFormatError(path, None, field.name, f"column missing; {rerun_hint(path)}")
         found = table.schema.field(field.name).type
         if not found.equals(field.type):
-            raise DataFormatError(path, None, field.name, f"expected {field.type}, found {found}")
+            raise DataFormatError(path, None, field.name, f"expected {field.type}, found {found}; {rerun_hint(path)}")
     mapped.table = table
     return mapped
 
@@ -314,7 +335,7 @@ def scan_tables(path: str | os.PathLike, schema: pa.Schema, rows: int) -> Iterat
     pending: list[pa.RecordBatch] = []
     buffered = 0
     with pa.OSFile(str(path), "rb") as source:
-        for batch in pa.ipc.open_stream(source):
+        for batch in _batches(path, source):
             pending.append(batch)
             buffered += batch.num_rows
             while buffered >= rows:

@@ -14,7 +14,6 @@ them, and the report on disk stays as it is.
 from __future__ import annotations
 
 import csv
-import re
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -41,46 +40,16 @@ def _committed_sources(report_dir: Path) -> dict[tuple[str, str, str], str]:
     return found
 
 
-def stages_writing(paths: Iterable[str], profile: str, pipeline: str | Path | None = None) -> list[str]:
-    """The DVC stages (``prepare@scifact``, ``evaluate@cocondenser-passage``) whose outputs hold ``paths``.
+def stages_writing(paths: Iterable[str], profile: str) -> list[str]:
+    """The DVC stages (``prepare@scifact``, ``evaluate@cocondenser-passage``) whose outputs hold ``paths``,
+    relative to ``data/<profile>/``."""
+    from qac.pipeline_plan import stage_writing
 
-    ``paths`` are relative to ``data/<profile>/``; the stages are read from the pipeline template
-    (``profiles/pipeline.yaml``), whose ``${key}`` is the stage's foreach key.
-    """
-    import yaml
-
-    from qac.config import PIPELINE_TEMPLATE, profiles_root
-
-    template = Path(pipeline) if pipeline else profiles_root() / PIPELINE_TEMPLATE
-    try:
-        stages = (yaml.safe_load(template.read_text(encoding="utf-8")) or {}).get("stages") or {}
-    except (OSError, yaml.YAMLError):
-        return []
-    patterns: list[tuple[str, bool, re.Pattern]] = []
-    for name, stage in stages.items():
-        body = stage.get("do", stage) if isinstance(stage, dict) else {}
-        for out in body.get("outs") or []:
-            out = next(iter(out)) if isinstance(out, dict) else str(out)
-            pieces = []
-            for piece in re.split(r"(\$\{[^}]*\})", out):
-                if piece == "${profile}":
-                    pieces.append(re.escape(profile))
-                elif piece == "${key}":
-                    pieces.append("(?P<key>[^/]+)")
-                else:
-                    pieces.append("[^/]+" if piece.startswith("${") else re.escape(piece))
-            text = "".join(pieces)
-            patterns.append((name, "foreach" in stage, re.compile(text + r"(/.*)?")))
     found: list[str] = []
     for path in paths:
-        full = f"data/{profile}/{path}"
-        for name, per_key, pattern in patterns:
-            match = pattern.fullmatch(full)
-            if match:
-                stage = f"{name}@{match.group('key')}" if per_key and "key" in pattern.groupindex else name
-                if stage not in found:
-                    found.append(stage)
-                break
+        writer = stage_writing(f"data/{profile}/{path}")
+        if writer and writer[1] not in found:
+            found.append(writer[1])
     return found
 
 

@@ -1,0 +1,131 @@
+"""Faults of the machine, not the input: Ctrl-C, a full disk, a file size limit, a read-only folder.
+
+Each ends in one paragraph on stderr (qac.console.run_main), and leaves no
+half-written output: every output goes through qac.io.atomic_path, a temporary
+sibling renamed into place only when complete. The faults are real: a SIGINT
+sent to a running process, a kernel file size limit, a tiny tmpfs that fills up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dvc_study import PARAMS, PROFILE, write_study
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, cwd: Path, **options) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "QAC_VERBOSE": ""}
+    return subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **options)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(str(path) for path in folder.rglob("*") if path.name.endswith(".tmp") or path.name.endswith(".old"))
+
+
+def one_paragraph(stderr: str, prog: str) -> str:
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), stderr
+    return lines[0]
+
+
+def test_ctrl_c_while_writing_ends_in_one_paragraph_and_leaves_no_partial_output(tmp_path):
+    """A real SIGINT while a stage is half-way through writing its output."""
+    code = f"""
+import time
+from pathlib import Path
+from qac.console import run_main
+from qac.io import atomic_path
+
+def main():
+    with atomic_path({str(tmp_path / 'out' / 'queries.jsonl')!r}) as tmp:
+        with open(tmp, "w") as handle:
+            handle.write("half")
+            handle.flush()
+            Path({str(tmp_path / 'started')!r}).touch()
+            time.sleep(60)
+            handle.write(" and the rest")
+
+run_main(main)
+"""
+    process = run_python(code, tmp_path)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert "interrupted (Ctrl-C)" in one_paragraph(stderr, "-c")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def tables_command(tmp_path: Path, data: Path, out: Path) -> str:
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(PARAMS), encoding="utf-8")
+    return ("from qac.cli import main; import sys; sys.exit(main(['tables', '--params', "
+            f"{str(params)!r}, '--out', {str(out)!r}, '--data', {str(data)!r}, '--no-mlflow', '--quiet']))")
+
+
+def test_a_file_size_limit_while_writing_the_report_leaves_the_previous_report(tmp_path):
+    data = write_study(tmp_path / "data")
+    out = tmp_path / "reports"
+    code = tables_command(tmp_path, data, out)
+    first = run_python(code, tmp_path)
+    assert first.wait(timeout=120) == 0, first.communicate()
+    before = {path: path.read_bytes() for path in (out / PROFILE).rglob("*") if path.is_file()}
+    limited = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))\n" + code)
+    process = run_python(limited, tmp_path)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2
+    message = one_paragraph(stderr, "qac")
+    assert "file size limit exceeded" in message and str(out) in message
+    assert {path: path.read_bytes() for path in (out / PROFILE).rglob("*") if path.is_file()} == before
+    assert leftovers(out) == []
+
+
+@contextlib.contextmanager
+def tmpfs(mount_point: Path, options: str):
+    """A small tmpfs at ``mount_point`` (skips the test where mounting is not permitted)."""
+    mount_point.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_while_writing_the_report_ends_in_one_paragraph(tmp_path):
+    data = write_study(tmp_path / "data")
+    with tmpfs(tmp_path / "small", "size=96k") as out:
+        process = run_python(tables_command(tmp_path, data, out), tmp_path)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 2
+        message = one_paragraph(stderr, "qac")
+        assert "no space left on the device" in message and str(out) in message
+        assert leftovers(out) == [] and not (out / PROFILE).exists()
+
+
+def test_a_read_only_data_folder_ends_in_one_paragraph(tmp_path):
+    data = write_study(tmp_path / "data")
+    with tmpfs(tmp_path / "readonly", "size=1m,ro") as out:
+        process = run_python(tables_command(tmp_path, data, out), tmp_path)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 2
+        assert "read-only" in one_paragraph(stderr, "qac")
