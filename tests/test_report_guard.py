@@ -94,7 +94,8 @@ def test_a_deleted_report_is_built_from_what_there_is(committed):
     ("beir/cocondenser-passage/eval/fiqa/test.per_query.json", "beir_retriever"),
     ("pretrain/master-passage/losses.tsv", "pretrain@master-passage"),
     ("datasets/scifact/corpus.arrow", "prepare@scifact"),
-    ("metrics/queries.json", None),
+    ("metrics/queries.json", "generate_queries"),
+    ("nothing/of/the/pipeline.json", None),
 ])
 def test_each_output_maps_to_the_stage_of_the_pipeline_that_writes_it(path, stage):
     assert stages_writing([path], "smoke") == ([stage] if stage else [])
