@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from qac.config import load_params, profile_dir
+from qac.config import profile_dir
+from qac.params import load_params
 from qac.console import StageClock, print_summary, stage_arguments
 from qac.io import atomic_path
 from qac.evaluation import annotation

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
-    from qac.config import load_params, profile_dir
+    from qac.config import profile_dir
+    from qac.params import load_params
     from qac.data.prepared import load_prepared, load_prepared_parts
     from qac.distributed import cleanup, init_distributed
     from qac.io import atomic_path, write_json

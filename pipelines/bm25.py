@@ -23,7 +23,8 @@ import logging
 import sys
 from pathlib import Path
 
-from qac.config import load_params, profile_dir
+from qac.config import profile_dir
+from qac.params import load_params
 from qac.console import StageClock, print_summary, stage_arguments
 from qac.data.prepared import load_prepared_parts
 from qac.evaluation.split_evaluation import (SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits,

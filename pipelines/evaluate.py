@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import mlflow
 
-    from qac.config import checked_variant, load_params, profile_dir
+    from qac.config import checked_variant, profile_dir
+    from qac.params import load_params
     from qac.data.prepared import load_prepared_parts, prepared_folders
     from qac.distributed import init_distributed
     from qac.evaluation.split_evaluation import log_evaluation

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
                                    log_models_help="log r1 and r2 to MLflow as artifacts (also mlflow.log_models in params)")
     clock = StageClock()
 
-    from qac.config import checked_variant, load_params, profile_dir
+    from qac.config import checked_variant, profile_dir
+    from qac.params import load_params
     from qac.data.prepared import load_prepared
     from qac.distributed import barrier, cleanup, init_distributed
     from qac.io import atomic_path, write_jsonl

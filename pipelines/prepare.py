@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qac.config import data_mirror, load_params, profile_dir
+from qac.config import data_mirror, profile_dir
+from qac.params import load_params
 from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
 from qac.data.errors import DatasetUnavailableError
 from qac.data.prepared import prepare_dataset, write_prepared_parts

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
                                    log_models_help="log the encoder to MLflow as an artifact (also mlflow.log_models in params)")
     clock = StageClock()
 
-    from qac.config import load_params, profile_dir
+    from qac.config import profile_dir
+    from qac.params import load_params
     from qac.distributed import cleanup, init_distributed
     from qac.io import atomic_path, path_md5, remove_orphaned_staging
     from qac.tracking import log_metrics, stage_run, write_run_record

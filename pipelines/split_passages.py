@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
-from qac.config import load_params, profile_dir
+from qac.config import profile_dir
+from qac.params import load_params
 from qac.console import StageClock, print_summary, stage_arguments
 from qac.data.punkt import SETTINGS as PUNKT_SETTINGS
 from qac.data.punkt import PunktUnavailableError, download_pretrained_english, pretrained_english_available

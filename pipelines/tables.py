@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from qac.config import load_params
+from qac.params import load_params
 from qac.console import stage_arguments
 from qac.reporting.lineage import load_study
 from qac.reporting.profile_report import log_to_study_run, write_report

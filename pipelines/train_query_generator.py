@@ -13,7 +13,8 @@ import random
 import sys
 import time
 
-from qac.config import load_params, params_path, profile_dir
+from qac.config import profile_dir
+from qac.params import load_params, params_path
 from qac.console import StageClock, print_summary, stage_arguments
 
 

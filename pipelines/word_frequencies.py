@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 import time
 
-from qac.config import load_params, profile_dir
+from qac.config import profile_dir
+from qac.params import load_params
 from qac.console import StageClock, print_summary, stage_arguments
 
 

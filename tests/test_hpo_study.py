@@ -75,7 +75,7 @@ def test_the_command_refuses_bad_settings_before_starting_anything(tmp_path, cap
     params["hpo"]["space"]["pretrain.query_count"] = {"type": "int", "low": 1, "high": 9}
     write_params(params, tmp_path / "params.yaml")
     assert main(["hpo", "--params", str(tmp_path / "params.yaml")]) == 2
-    # The params schema refuses it when the file is read (qac.params_schema), as one paragraph on stderr.
+    # The params schema refuses it when the file is read (qac.params), as one paragraph on stderr.
     assert "hpo.space.pretrain.query_count: 'high' (9) exceeds querygen.queries_per_passage (4)" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
 

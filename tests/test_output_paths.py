@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.config import PROFILE_NAMES, load_params, profile_params_path, render_profile
+from qac.config import render_profile
+from qac.params import PROFILE_NAMES, load_params, profile_params_path
 from qac.errors import UserError
 from qac.names import checked_plain_name, is_inside_path, is_plain_name
-from qac.params_schema import ParamsError
+from qac.params import ParamsError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.config import PROFILE_NAMES, load_params, profile_params_path, render_profile, write_params
-from qac.params_schema import ParamsError, Params, known_keys_at, read_yaml, validate_params
+from qac.config import render_profile, write_params
+from qac.params import PROFILE_NAMES, load_params, profile_params_path
+from qac.params import ParamsError, Params, known_keys_at, read_yaml, validate_params
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,7 +73,7 @@ def test_every_key_of_base_yaml_is_declared_with_a_description():
     for key in _leaf_keys(base):
         parent, _, name = key.rpartition(".")
         parts = tuple(parent.split(".")) if parent else ()
-        assert name in known_keys_at(parts), f"{key}: in profiles/base.yaml but not in qac/params_schema.py"
+        assert name in known_keys_at(parts), f"{key}: in profiles/base.yaml but not in qac/params/sections.py"
     for model in _models(Params):
         for name, info in model.model_fields.items():
             assert info.description, f"{model.__name__}.{name} has no description"
@@ -326,7 +327,7 @@ def test_the_params_file_as_dvc_exp_run_rewrites_it_is_read_back(tmp_path):
     (tmp_path / "profiles" / "smoke").mkdir(parents=True)
     (tmp_path / "profiles" / "smoke" / "params.yaml").write_text(
         (REPO / "profiles" / "smoke" / "params.yaml").read_text())
-    reader = ("from qac.config import load_params; p = load_params(); "
+    reader = ("from qac.params import load_params; p = load_params(); "
               "print(repr(p['pretrain']['common']['lr']), repr(p['cluster']['sweep']['time']))")
     (tmp_path / "profiles" / "smoke" / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"read": {
         "wdir": "../..", "cmd": f'QAC_PARAMS=profiles/smoke/params.yaml python -c "{reader}" > read.txt',

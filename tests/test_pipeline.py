@@ -47,7 +47,7 @@ STUDY_VARIANTS = ("none", "cocondenser-passage", "cocondenser-query-q4", "cotmae
 def smoke_study(tmp_path_factory, shared_data, copy_repository):
     work = tmp_path_factory.mktemp("study") / "repo"
     copy_repository(work)
-    from qac.params_schema import read_yaml
+    from qac.params import read_yaml
 
     params = read_yaml((work / PARAMS).read_text())
     variants = params["pretrain"]["variants"]
@@ -158,7 +158,7 @@ def _runs_code(source: Path) -> bool:
 def _parameter_check_code(work: Path, env: dict) -> tuple[str, ...]:
     """The qac modules that checking a params file imports (the schema, its rules and the names they
     accept): they decide whether a stage starts, never what its outputs hold."""
-    script = ("import json, sys; from pathlib import Path; from qac.config import load_params; "
+    script = ("import json, sys; from pathlib import Path; from qac.params import load_params; "
               f"load_params({PARAMS!r}); root = Path.cwd().resolve(); "
               "print(json.dumps(sorted(str(Path(m.__file__).resolve().relative_to(root)) for m in list(sys.modules.values()) "
               "if getattr(m, '__file__', None) and Path(m.__file__).resolve().is_relative_to(root / 'qac'))))")
@@ -173,7 +173,7 @@ def test_every_stage_declares_the_code_it_ran(smoke_study):
 
     work, env, _ = smoke_study
     checking = _parameter_check_code(work, env)
-    assert "qac/params_schema.py" in checking
+    assert "qac/params/sections.py" in checking and "qac/params/rules.py" in checking
     stages = yaml.safe_load((work / PIPELINE).read_text())["stages"]
     client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("qac-smoke")
@@ -302,7 +302,7 @@ def test_the_readme_experiment_command_runs_to_the_end(smoke_study):
     import re
 
     assert re.search(r"\blr: 5e-0?5\b", (work / PARAMS).read_text())       # as DVC writes it
-    from qac.config import load_params
+    from qac.params import load_params
 
     assert load_params(work / PARAMS)["pretrain"]["common"]["lr"] == 5e-05
     after = losses.read_text()
@@ -351,7 +351,7 @@ def test_the_check_fails_on_a_regression(smoke_study, tmp_path):
     _run([str(BIN / "qac"), "check", "--record", "--expected", str(expected)], work, smoke)
     assert _run([str(BIN / "qac"), "check", "--expected", str(expected)], work, smoke).returncode == 0
     # Read and written as DVC does (YAML 1.2 numbers): PyYAML alone turns a Slurm time 24:00:00 into 86400.
-    from qac.params_schema import read_yaml
+    from qac.params import read_yaml
 
     params = read_yaml((work / PARAMS).read_text())
     params["finetune"]["lr"] = 10 * float(params["finetune"].get("lr", 2e-5))

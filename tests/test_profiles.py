@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.config import (PROFILE_NAMES, HandEditedParams, deep_merge, load_params, params_hand_edited, render_profile,
-                        render_profile_files, rendered_params_text, write_params)
+from qac.config import HandEditedParams, deep_merge, params_hand_edited, render_profile, render_profile_files, rendered_params_text, write_params
+from qac.params import PROFILE_NAMES, load_params
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(__import__("sys").executable).parent

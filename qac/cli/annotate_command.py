@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from qac.config import load_params, profile_dir
+    from qac.config import profile_dir
+    from qac.params import load_params
     from qac.evaluation import annotation
 
     params = load_params(args.params)

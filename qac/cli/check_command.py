@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from qac.config import load_params
+    from qac.params import load_params
     from qac.reporting import check
     from qac.reporting.generator_report import checked_table
     from qac.reporting.lineage import load_study

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qac.config import PROFILE_NAMES
+from qac.params import PROFILE_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

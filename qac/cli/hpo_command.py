@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     log = command_logger("qac.hpo", "hpo")
 
-    from qac.config import load_params, params_path, write_params
+    from qac.config import write_params
+    from qac.params import load_params, params_path
     from qac.hpo.study_report import log_report_to_mlflow, write_study_report
     from qac.hpo.space import SpaceError
     from qac.hpo.study import (DEFAULT_JOB, STORAGE_ENV, HpoSettings, SettingsError, ensure_study_mlflow_run,

@@ -72,7 +72,8 @@ def metric_lines(root: Path, timing: bool = False, pattern: str | None = None) -
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from qac.config import load_params, profile_dir
+    from qac.config import profile_dir
+    from qac.params import load_params
 
     params = load_params(args.params)
     root = profile_dir(params)

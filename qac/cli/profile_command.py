@@ -15,7 +15,7 @@ dvc.lock; run it with `dvc repro profiles/NAME/dvc.yaml` (or `make smoke`,
 it never replaces a params file edited by hand unless given --force.
 `plan` needs no data, so it shows the paper's whole study on any machine.
 `validate` checks every key's type and range and the rules across keys
-(qac/params_schema.py) without running anything; every stage does the same
+(qac/params/) without running anything; every stage does the same
 before it loads a model. Exit status 2 when a file breaks the schema.
 """
 
@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from qac.config import PROFILE_NAMES
+from qac.params import PROFILE_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _list() -> int:
-    from qac.config import params_current, params_hand_edited, profile_params_path, render_profile
+    from qac.config import params_current, params_hand_edited, render_profile
+    from qac.params import profile_params_path
 
     for name in PROFILE_NAMES:
         path = profile_params_path(name)
@@ -92,8 +93,8 @@ def _render(names: list[str], force: bool) -> int:
 def _validate(targets: list[str]) -> int:
     from pathlib import Path
 
-    from qac.config import load_params, profile_params_path
-    from qac.params_schema import ParamsError
+    from qac.params import load_params, profile_params_path
+    from qac.params import ParamsError
 
     status = 0
     for target in targets or PROFILE_NAMES:
@@ -111,8 +112,9 @@ def _validate(targets: list[str]) -> int:
 
 def parameters_doc_text() -> str:
     """docs/parameters.md as the schema and profiles/base.yaml make it now."""
-    from qac.config import profiles_root
-    from qac.params_schema import parameters_markdown, read_yaml
+    from qac.params import profiles_root
+    from qac.params import read_yaml
+    from qac.params.documentation import parameters_markdown
 
     base = read_yaml((profiles_root() / "base.yaml").read_text(encoding="utf-8"))
     return parameters_markdown(base)
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "render":
         return _render(args.names, args.force)
     if args.action == "show":
-        from qac.config import profile_params_path
+        from qac.params import profile_params_path
 
         print(profile_params_path(args.name).read_text(encoding="utf-8"), end="")
         return 0
@@ -162,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _slurm(name: str, out_dir: str) -> int:
     from qac.cluster import ClusterSettingsError, write_slurm_scripts
-    from qac.config import load_params, profile_params_path
+    from qac.params import load_params, profile_params_path
     from qac.pipeline_plan import stage_graph
 
     params_file = profile_params_path(name)

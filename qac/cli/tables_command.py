@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qac.config import load_params
+    from qac.params import load_params
     from qac.reporting.profile_report import log_to_study_run, write_report
 
     params = load_params(args.params)

@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", required=True, help="the trial's params file (written by the worker)")
     parser.add_argument("--out", required=True, help="the trial's folder")
     args = parser.parse_args(argv)
-    from qac.config import load_params
+    from qac.params import load_params
     from qac.console import setup_console
     from qac.distributed import cleanup
 

@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     command_logger("qac.hpo", f"worker {args.index}")
     # TERM (from the driver) ends the current trial as failed, with the job stopped.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    from qac.config import load_params
+    from qac.params import load_params
 
     params = load_params(args.params)
     settings = HpoSettings.from_params(params, where=args.params)

@@ -54,7 +54,7 @@ class FinetuneSettings:
     @classmethod
     def from_params(cls, section: Mapping[str, Any], seed: int) -> "FinetuneSettings":
         """Settings from the ``finetune`` params section (the stage's other keys, mining depths and the
-        query cap, are read by the stage; the schema has checked every key, qac.params_schema)."""
+        query cap, are read by the stage; the schema has checked every key, qac.params)."""
         known = {field.name for field in fields(cls)}
         values = {key: value for key, value in section.items() if key in known}
         return cls(**{**values, "seed": seed})

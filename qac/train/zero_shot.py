@@ -8,7 +8,7 @@ that through the project's own fine-tuning loop (:func:`qac.train.finetune.train
 MNRL with scale ``s`` over unit-length vectors is InfoNCE with temperature
 ``1 / s`` over the positive, the query's hard negative and every other passage
 of the batch, which is what :class:`qac.train.biencoder.BiEncoder` computes.
-The settings come from ``beir_retriever`` in params.yaml (qac.params_schema).
+The settings come from ``beir_retriever`` in params.yaml (qac.params.sections).
 """
 
 from __future__ import annotations

@@ -1,0 +1,40 @@
+"""The parameters of a study: one typed schema, checked before any work.
+
+A params file (``profiles/base.yaml`` merged with a profile, rendered to
+``profiles/<name>/params.yaml``) is read by :func:`load_params` and checked in
+two ways (:func:`validate_params`):
+
+- per key: type and range, by the pydantic sections (:mod:`qac.params.sections`;
+  strict: ``"8"`` is not a number, ``true`` is not 1);
+- across keys (:mod:`qac.params.rules`): a variant's ``query_count`` within
+  ``querygen.queries_per_passage``, batch sizes that divide, datasets and
+  variants that are declared, depths within the corpus a profile keeps, ...
+
+A broken file stops the caller with one :class:`ParamsError` paragraph naming
+every key and its line (:mod:`qac.params.errors`). The modules:
+
+- ``fields``: constrained types and keys shared by several sections;
+- ``sections``: one model per section, :class:`Params` the whole file;
+- ``rules``: the rules across keys, one function per rule or section;
+- ``errors``: pydantic's errors as problems with key and line;
+- ``yaml_io``: YAML as DVC reads and writes it, the line of every key;
+- ``locations``: which params file a stage reads;
+- ``validation``, ``loading``: checking a mapping, reading a file;
+- ``documentation``: ``docs/parameters.md`` (``qac profile docs``).
+
+A new parameter is declared in ``sections`` (a field with its type, range and
+description) in the same commit that adds it to ``profiles/base.yaml``;
+``tests/test_params_schema.py`` fails on a key of a profile the schema does not
+know, and on a stale ``docs/parameters.md``.
+"""
+
+from qac.params.errors import ParamsError, Problem, known_keys_at
+from qac.params.loading import load_params
+from qac.params.locations import DEFAULT_PROFILE, PROFILE_NAMES, params_path, profile_params_path, profiles_root
+from qac.params.sections import Params
+from qac.params.validation import validate_params
+from qac.params.yaml_io import read_yaml, yaml_dumper, yaml_loader
+
+__all__ = ["DEFAULT_PROFILE", "PROFILE_NAMES", "Params", "ParamsError", "Problem", "known_keys_at", "load_params",
+           "params_path", "profile_params_path", "profiles_root", "read_yaml", "validate_params", "yaml_dumper",
+           "yaml_loader"]

@@ -1,0 +1,206 @@
+"""The rules that tie keys together, each broken one named by its key (:func:`cross_field_problems`)."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from qac.params.errors import Problem
+from qac.params.sections import ClusterResources, Params
+
+
+def merged_variant(params: Params, name: str) -> dict[str, Any]:
+    """``pretrain.common`` overridden by the keys variant ``name`` sets."""
+    common = params.pretrain.common.model_dump()
+    variant = params.pretrain.variants[name]
+    return {**common, **variant.model_dump(exclude_unset=True)}
+
+
+def _corpus_limit(params: Params, dataset: str | None) -> int | None:
+    """How many documents the profile keeps of ``dataset`` where the params say (else None)."""
+    if dataset is None or dataset not in params.datasets:
+        return None
+    entry = params.datasets[dataset]
+    return entry.max_documents if "max_documents" in entry.model_fields_set else params.prepare.max_documents
+
+
+def cross_field_problems(params: Params) -> list[Problem]:
+    """The rules that tie keys together, each broken one named by its key."""
+    problems: list[Problem] = []
+    declared = list(params.datasets)
+
+    def dataset_ref(key: str, name: str | None, allow_null: bool = True) -> None:
+        if name is None:
+            if not allow_null:
+                problems.append(Problem(key, "must name a dataset"))
+            return
+        if name not in params.datasets:
+            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            problems.append(Problem(key, f"{name!r} is not a key of datasets (declared: "
+                                         f"{', '.join(declared) or 'none'}){hint}"))
+
+    dataset_ref("pretrain_corpus", params.pretrain_corpus)
+    dataset_ref("train_dataset", params.train_dataset)
+    for index, name in enumerate(params.zero_shot):
+        dataset_ref(f"zero_shot.{index}", name)
+    for name, entry in params.datasets.items():
+        if entry.format == "hf" and not entry.hub:
+            problems.append(Problem(f"datasets.{name}.hub", "format hf needs hub (a Hugging Face dataset name such "
+                                                            "as BeIR/scifact)"))
+        if entry.subsets and entry.format != "beir":
+            problems.append(Problem(f"datasets.{name}.subsets", "sub-collections need format beir"))
+        if len(set(entry.subsets)) != len(entry.subsets):
+            problems.append(Problem(f"datasets.{name}.subsets", "lists a folder twice"))
+        if entry.convert is not None and entry.format != "beir":
+            problems.append(Problem(f"datasets.{name}.convert", "a converted download needs format beir"))
+        if (entry.titles or entry.triples) and entry.format not in ("msmarco-passage", "trec"):
+            problems.append(Problem(f"datasets.{name}.{'titles' if entry.titles else 'triples'}",
+                                    "belongs to a passage collection (format msmarco-passage or trec)"))
+        if entry.triples_url and not entry.triples:
+            problems.append(Problem(f"datasets.{name}.triples_url", "name the file too (triples)"))
+        if isinstance(entry.rel_threshold, dict):
+            for split in entry.rel_threshold:
+                if split not in entry.splits:
+                    problems.append(Problem(f"datasets.{name}.rel_threshold.{split}",
+                                            f"not one of the dataset's splits ({', '.join(entry.splits) or 'none'})"))
+
+    train = params.datasets.get(params.train_dataset) if params.train_dataset else None
+    if train is not None and params.finetune.r1_negatives == "official" and not train.triples:
+        problems.append(Problem("finetune.r1_negatives", f"'official' needs the training triples of train_dataset "
+                                                         f"{params.train_dataset} (datasets.{params.train_dataset}."
+                                                         "triples)"))
+    if train is not None and params.annotation.calibration_split not in train.splits:
+        problems.append(Problem("annotation.calibration_split",
+                                f"{params.annotation.calibration_split!r} is not a split of train_dataset "
+                                f"{params.train_dataset} ({', '.join(train.splits) or 'none'})"))
+
+    # Pre-training variants, each merged with pretrain.common.
+    available = params.querygen.queries_per_passage
+    variants = list(params.pretrain.variants)
+    for name in variants:
+        settings = merged_variant(params, name)
+        where = f"pretrain.variants.{name}"
+        variant = params.pretrain.variants[name]
+        if variant.method != "none":
+            context = variant.context_type or "passage"
+            count = variant.query_count if variant.query_count is not None else 1
+            if context in ("query", "mixed") and count > available:
+                problems.append(Problem(
+                    f"{where}.query_count",
+                    f"C={count} but querygen.queries_per_passage generates {available} queries per passage: the "
+                    f"variant would train as C={available}; lower query_count or raise queries_per_passage"))
+            if settings["batch_size"] % settings["grad_accumulation"]:
+                problems.append(Problem(
+                    f"{where}.batch_size" if "batch_size" in variant.model_fields_set else "pretrain.common.batch_size",
+                    f"{settings['batch_size']} pairs per step do not split into grad_accumulation="
+                    f"{settings['grad_accumulation']} equal micro-batches"))
+    if params.hpo.variant not in params.pretrain.variants:
+        close = difflib.get_close_matches(params.hpo.variant, variants, n=1, cutoff=0.6)
+        problems.append(Problem("hpo.variant", f"{params.hpo.variant!r} is not a key of pretrain.variants"
+                                               + (f"; did you mean {close[0]}?" if close else "")))
+    for key in ("zero_shot_variants",):
+        for index, name in enumerate(getattr(params.evaluate, key) or []):
+            if name not in params.pretrain.variants:
+                problems.append(Problem(f"evaluate.{key}.{index}", f"{name!r} is not a key of pretrain.variants"))
+    if params.tables.main_query_count is not None:
+        counts = {v.query_count for v in params.pretrain.variants.values()
+                  if v.method != "none" and v.context_type in ("query", "mixed")}
+        if counts and params.tables.main_query_count not in counts:
+            problems.append(Problem("tables.main_query_count",
+                                    f"no query-context variant has query_count {params.tables.main_query_count} "
+                                    f"(the variants have {', '.join(map(str, sorted(counts)))})"))
+
+    # Fine-tuning: enough candidates for the negatives, depths within the corpus the profile keeps.
+    ft = params.finetune
+    negatives = ft.train_n_passages - 1
+    if ft.mine_skip_top >= ft.mine_depth:
+        problems.append(Problem("finetune.mine_skip_top", f"{ft.mine_skip_top} skips every mined candidate "
+                                                          f"(mine_depth is {ft.mine_depth})"))
+    elif ft.mine_depth - ft.mine_skip_top < negatives:
+        problems.append(Problem("finetune.mine_depth", f"{ft.mine_depth - ft.mine_skip_top} mined candidates below "
+                                                       f"rank {ft.mine_skip_top} cannot give {negatives} negatives "
+                                                       "(train_n_passages - 1)"))
+    if ft.bm25_depth < negatives:
+        problems.append(Problem("finetune.bm25_depth", f"{ft.bm25_depth} BM25 candidates cannot give {negatives} "
+                                                       "negatives (train_n_passages - 1)"))
+    limit = _corpus_limit(params, params.train_dataset)
+    if limit is not None:
+        for key in ("bm25_depth", "mine_depth"):
+            if getattr(ft, key) > limit:
+                problems.append(Problem(f"finetune.{key}", f"{getattr(ft, key)} exceeds the {limit} documents the "
+                                                           f"profile keeps of {params.train_dataset} "
+                                                           "(prepare.max_documents)"))
+    if ft.max_train_queries is not None and ft.max_train_queries < ft.batch_size:
+        problems.append(Problem("finetune.max_train_queries", f"{ft.max_train_queries} queries are fewer than one "
+                                                              f"batch of {ft.batch_size} (finetune.batch_size)"))
+    elif (ft.max_train_queries is not None and ft.incomplete_batch == "error"
+          and ft.max_train_queries % ft.batch_size):
+        problems.append(Problem("finetune.max_train_queries",
+                                f"{ft.max_train_queries} queries do not fill whole batches of {ft.batch_size} "
+                                f"(finetune.batch_size): {ft.max_train_queries % ft.batch_size} would be left out; "
+                                f"use a multiple of {ft.batch_size}, or finetune.incomplete_batch: drop"))
+
+    # Cluster resources: the default sets every one; several nodes only under torchrun.
+    cluster = params.cluster
+    unset = [name for name in ClusterResources.model_fields if getattr(cluster.default, name) is None]
+    if unset:
+        problems.append(Problem("cluster.default", f"{', '.join(unset)} not set (every stage's job needs them)"))
+    for stage, resources in {"default": cluster.default, **{f"stages.{k}": v for k, v in cluster.stages.items()}}.items():
+        merged = {**cluster.default.model_dump(), **resources.model_dump(exclude_unset=True)}
+        if (merged["nodes"] or 1) > 1 and not merged["distributed"]:
+            problems.append(Problem(f"cluster.{stage}.nodes", f"{merged['nodes']} nodes need distributed: true (a "
+                                                              "stage runs on several nodes only under torchrun)"))
+
+    # Measures.
+    from qac.evaluation.metrics import Measure
+
+    measures = set()
+    for index, name in enumerate(params.evaluate.metrics):
+        try:
+            measures.add(Measure.parse(name).name)
+        except ValueError as error:
+            problems.append(Problem(f"evaluate.metrics.{index}", str(error)))
+    for index, column in enumerate(params.tables.in_domain_columns):
+        where = f"tables.in_domain_columns.{index}"
+        if column.missing is not None:
+            continue
+        for key in ("split", "measure"):
+            if getattr(column, key) is None:
+                problems.append(Problem(f"{where}.{key}", "required unless the column is `missing`"))
+        dataset = column.dataset if column.dataset is not None else params.train_dataset
+        if column.dataset is not None:
+            dataset_ref(f"{where}.dataset", column.dataset)
+        entry = params.datasets.get(dataset) if dataset else None
+        if entry is not None and column.split is not None and column.split not in entry.splits:
+            problems.append(Problem(f"{where}.split", f"{column.split!r} is not a split of {dataset} "
+                                                      f"({', '.join(entry.splits) or 'none'})"))
+        if column.measure is not None and measures and column.measure not in measures:
+            problems.append(Problem(f"{where}.measure", f"{column.measure!r} is not computed (evaluate.metrics: "
+                                                        f"{', '.join(params.evaluate.metrics)})"))
+
+    # Query generator.
+    qg = params.query_generator
+    if qg.kind_prefixes and "query" in qg.kind_prefixes and qg.kind_prefixes["query"] != params.querygen.prefix:
+        problems.append(Problem("querygen.prefix", f"{params.querygen.prefix!r} differs from the generator's query "
+                                                   f"prefix query_generator.kind_prefixes.query "
+                                                   f"({qg.kind_prefixes['query']!r})"))
+
+    # The search space (qac.hpo.space holds its rules).
+    from qac.hpo.space import SpaceError, check_space_against_params, parse_space
+
+    raw_space = {key: (None if entry is None else entry.model_dump(exclude_unset=True))
+                 for key, entry in params.hpo.space.items()}
+    try:
+        dimensions = parse_space(raw_space)
+        if params.hpo.variant in params.pretrain.variants:
+            check_space_against_params(dimensions, params.model_dump(exclude_unset=True), params.hpo.variant)
+    except SpaceError as error:
+        message = str(error)
+        key, _, rest = message.partition(": ")
+        problems.append(Problem(key if key.startswith("hpo.") else "hpo.space", rest or message))
+    try:
+        Measure.parse(params.hpo.metric)
+    except ValueError as error:
+        problems.append(Problem("hpo.metric", str(error)))
+    return problems

@@ -1,0 +1,91 @@
+"""Reading and writing params YAML as DVC does (YAML 1.2 numbers), and the line of every key."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def yaml_loader():
+    """A PyYAML SafeLoader that reads numbers as YAML 1.2 does, as DVC reads and writes params files.
+
+    YAML 1.1 (PyYAML) wants a dot and a signed exponent in a float (``5.0e-05``); DVC's ``-S key=5e-5``
+    writes ``5e-05`` and people type ``1e-4``: both are floats here. And YAML 1.1 reads ``24:00:00`` as
+    the base-60 integer 86400, which DVC writes unquoted (a string in YAML 1.2) when it rewrites the
+    file: here it stays the string it is.
+    """
+    import yaml
+
+    global _LOADER
+    if _LOADER is None:
+        class ParamsLoader(yaml.SafeLoader):
+            pass
+
+        sexagesimal = re.compile(r"\|\[-\+\]\?\[(?:0-9|1-9)\]\[0-9_\]\*\(\?::\[0-5\]\?\[0-9\]\)\+(?:\\\.\[0-9_\]\*)?")
+        resolvers = {}
+        for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
+            kept = []
+            for tag, pattern in entries:
+                if tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+                    pattern = re.compile(sexagesimal.sub("", pattern.pattern), pattern.flags)
+                kept.append((tag, pattern))
+            resolvers[first] = kept
+        ParamsLoader.yaml_implicit_resolvers = resolvers
+        ParamsLoader.add_implicit_resolver(
+            "tag:yaml.org,2002:float",
+            re.compile(_YAML12_FLOAT),
+            list("-+0123456789."))
+        _LOADER = ParamsLoader
+    return _LOADER
+
+
+_LOADER = None
+_DUMPER = None
+_YAML12_FLOAT = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+
+
+def yaml_dumper():
+    """A PyYAML SafeDumper that quotes strings :func:`yaml_loader` would read as floats (``'5e-05'``)."""
+    import yaml
+
+    global _DUMPER
+    if _DUMPER is None:
+        class ParamsDumper(yaml.SafeDumper):
+            pass
+
+        ParamsDumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_YAML12_FLOAT),
+                                           list("-+0123456789."))
+        _DUMPER = ParamsDumper
+    return _DUMPER
+
+
+def read_yaml(text: str) -> Any:
+    import yaml
+
+    return yaml.load(text, Loader=yaml_loader())  # noqa: S506 - a SafeLoader subclass
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Dotted key -> 1-based line of every mapping key (and list item) in a YAML text."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml_loader())
+    except yaml.YAMLError:
+        return {}
+    lines: dict[str, int] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+                lines.setdefault(key, key_node.start_mark.line + 1)
+                walk(value_node, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                key = f"{prefix}.{index}"
+                lines.setdefault(key, item.start_mark.line + 1)
+                walk(item, key)
+
+    walk(root, "")
+    return lines
