@@ -8,7 +8,9 @@ Outputs under data/<profile>/bm25/:
   negatives.jsonl              training queries of `train_dataset`: qid, positives, negatives: retriever 1's
                                (`finetune.r1_negatives`: `bm25`, our BM25 top `finetune.bm25_depth`, rank
                                order, positives removed; `official`, `finetune.official_negatives` drawn per
-                               query from the official training triples, as the release did)
+                               query from the official training triples, as the release did); with
+                               `finetune.r1_queries: triples` the `bm25` records are only the queries whose
+                               positive our BM25 finds within `bm25_depth`, the triples' rule
   runs/<dataset>/<split>.trec  BM25 runs (depth `evaluate.depth`) of every evaluated split
                                (all but `train`) of `train_dataset` and the `zero_shot` datasets
   runs/<dataset>/<split>.per_query.json  {measure: {qid: value}} of each run (the tables' source)
@@ -82,13 +84,14 @@ def main(argv: list[str] | None = None) -> None:
     r1_negatives = section.get("r1_negatives", "bm25")
     if r1_negatives not in R1_NEGATIVES:
         raise SystemExit(f"params finetune.r1_negatives: {r1_negatives!r} is not one of {', '.join(R1_NEGATIVES)}")
+    r1_queries = section.get("r1_queries", "judged")
     try:
         settings = BM25Settings.from_params(params.get("bm25", {}))
     except ValueError as error:
         raise SystemExit(f"params bm25: {error}") from None
     in_domain_title = params.get("bm25", {}).get("in_domain_title", True)
     stage_params = {"train_dataset": train_name, "zero_shot": names[1:], "depth": depth, "measures": measures,
-                    "bm25_depth": negatives_depth, "r1_negatives": r1_negatives,
+                    "bm25_depth": negatives_depth, "r1_negatives": r1_negatives, "r1_queries": r1_queries,
                     "bm25": {**vars(settings), "in_domain_title": in_domain_title}, **baseline_description("bm25")}
 
     with atomic_path(root / "bm25", directory=True) as out:
@@ -115,8 +118,11 @@ def main(argv: list[str] | None = None) -> None:
                                                          int(params["seed"]))
                         else:
                             run = index.search(dataset.split_queries(TRAIN_SPLIT), k=negatives_depth)
+                            # finetune.r1_queries triples: as the official triples, only queries whose
+                            # positive the ranking finds
                             records = negatives_records(run, dataset.qrels[TRAIN_SPLIT], negatives_depth,
-                                                        rel_threshold=dataset.rel_threshold(TRAIN_SPLIT))
+                                                        rel_threshold=dataset.rel_threshold(TRAIN_SPLIT),
+                                                        found_positive_only=r1_queries == "triples")
                         count = write_jsonl(Path(out) / "negatives.jsonl", records)
                         log.info("%s: %s negatives for %d training queries", name, r1_negatives, count)
                     runs_dir = Path(out) / "runs" / name / (subset or "")

@@ -1,8 +1,10 @@
 """DVC stage ``finetune@<variant>``: two-stage fine-tuning of one pre-trained encoder.
 
 Retriever 1 starts from ``pretrain/<variant>/encoder`` and trains on the BM25
-hard negatives (``bm25/negatives.jsonl``). It then encodes the corpus and
-retrieves the top ``mine_depth`` documents for every training query; the
+hard negatives (``bm25/negatives.jsonl``): every judged training query, or with
+``r1_queries: triples`` only those the file gives negatives (the release's
+stage-1 set). It then encodes the corpus and retrieves the top ``mine_depth``
+documents for every judged training query; the
 non-positives there (below ``mine_skip_top``) are the mined negatives. With
 the same corpus vectors it searches the in-domain evaluation splits to
 ``evaluate.depth`` (``r1_runs/``, qac.train.indomain_runs), which the
@@ -41,27 +43,36 @@ def broadcast_path(path: Path | None, dist) -> Path:
     return Path(holder[0])
 
 
+def judged_queries(dataset, negatives: dict, section: dict, seed: int):
+    """The judged training queries of ``dataset`` (a seeded subset with ``max_train_queries``), their pools
+    from ``negatives``."""
+    from qac.train.groups import training_queries
+
+    return training_queries(dataset.queries, dataset.qrels["train"], negatives,
+                            rel_threshold=dataset.rel_threshold("train"), max_queries=section.get("max_train_queries"),
+                            seed=seed, corpus_ids=dataset.corpus)
+
+
 def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, settings, dataset, passage_text,
                     start: Path, parent_run_id: str | None, staging: Path, out_dir: Path, root: Path, dist,
-                    inputs: dict, log_models: bool = False, section_key: str = "finetune", stage: str | None = None):
+                    inputs: dict, log_models: bool = False, section_key: str = "finetune", stage: str | None = None,
+                    query_set: str = "judged"):
     """Fine-tune one retriever from ``start``, save it to ``staging/<name>``.
 
     ``section_key`` names the params section of the recipe (``finetune``; ``beir_retriever`` for
-    Table 2's zero-shot retriever) and ``stage`` the DVC stage (default ``finetune@<variant>``).
+    Table 2's zero-shot retriever) and ``stage`` the DVC stage (default ``finetune@<variant>``);
+    ``query_set`` chooses the training queries (qac.train.groups.retriever1_queries).
     Returns the model, the tokenizer, the training queries and the per-step losses.
     """
     from qac.tracking import log_metrics, stage_run, write_run_record
     from qac.tracking.naming import variant_description, variant_run_name
     from qac.tracking.record import log_dataset_inputs, log_encoder
     from qac.train.finetune import check_whole_batches, fine_tune_retriever
-    from qac.train.groups import negative_pool_stats, training_queries
+    from qac.train.groups import negative_pool_stats, retriever1_queries
 
     section = params[section_key]
     stage = stage or f"finetune@{variant}"
-    queries = training_queries(dataset.queries, dataset.qrels["train"], negatives,
-                               rel_threshold=dataset.rel_threshold("train"),
-                               max_queries=section.get("max_train_queries"), seed=params["seed"],
-                               corpus_ids=dataset.corpus)
+    queries = retriever1_queries(judged_queries(dataset, negatives, section, params["seed"]), query_set)
     # Before the model loads: the queries must fill whole batches (or be left out knowingly).
     left_out = check_whole_batches(len(queries), settings, where=f"{stage} {name}")
     description = {**variant_description(params, variant), "retriever": name}
@@ -154,8 +165,11 @@ def main(argv: list[str] | None = None) -> None:
         with output as staging:
             staging = broadcast_path(staging, dist)
             bm25_negatives = read_negatives(bm25_negatives_path)
-            r1, tokenizer, queries, r1_losses, left_out = train_retriever("r1", bm25_negatives, staging=staging, dist=dist,
-                                                                inputs=inputs, **common)
+            r1, tokenizer, queries, r1_losses, left_out = train_retriever(
+                "r1", bm25_negatives, staging=staging, dist=dist, inputs=inputs,
+                query_set=section.get("r1_queries", "judged"), **common)
+            # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
+            mining_queries = judged_queries(dataset, bm25_negatives, section, params["seed"])
             mined_path = staging / "mined_negatives.jsonl"
             encode_options = dict(batch_size=section.get("encode_batch_size", 128),
                                   loader_workers=section.get("loader_workers", 0), dist=dist)
@@ -163,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length,
                                    **encode_options)
             records = mine_with_retriever(
-                r1, tokenizer, queries, passage_text, depth=section["mine_depth"],
+                r1, tokenizer, mining_queries, passage_text, depth=section["mine_depth"],
                 skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
                 passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
             encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,

@@ -113,6 +113,25 @@ def test_in_domain_titles_are_indexed_only_when_asked_and_zero_shot_titles_alway
     assert "zq Q0 z2 1" in (runs / "titledzs" / "test.trec").read_text()
 
 
+@pytest.mark.parametrize("r1_queries", ["judged", "triples"])
+def test_triples_queries_are_those_whose_positive_bm25_finds(project, r1_queries):
+    """finetune.r1_queries: triples with our BM25: as the official triples, a training query whose positive
+    is not in BM25's top bm25_depth gets no negatives record (retriever 1 then leaves it out)."""
+    write_dataset(project, "twotrain",
+                  corpus={"d1": "apple orchard harvest", "d2": "apple pie recipe", "d3": "banana bread recipe",
+                          "d4": "orchard tractor", "d5": "stock market"},
+                  queries={"t1": "apple orchard", "t2": "market", "s1": "banana"},
+                  qrels={"train": [("t1", "d1", 1), ("t2", "d3", 1)], "test": [("s1", "d3", 1)]},
+                  rel_threshold={"train": 1, "test": 1}, ignore_identical_ids=False)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params.update(train_dataset="twotrain", finetune={"bm25_depth": 3, "r1_queries": r1_queries})
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    run_stage()
+    records = list(iter_jsonl(project / "data" / "test" / "bm25" / "negatives.jsonl"))
+    # t2 "market" finds only d5, never its positive d3.
+    assert [record["qid"] for record in records] == (["t1"] if r1_queries == "triples" else ["t1", "t2"])
+
+
 def test_failed_stage_leaves_no_output(project):
     (project / "data" / "test" / "datasets" / "tinyzs" / "dataset.json").unlink()
     with pytest.raises(Exception, match="dataset.json"):

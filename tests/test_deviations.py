@@ -127,7 +127,7 @@ def _run_finetune(params, entry, tmp_path, model_dir):
     import random
 
     from qac.train.finetune import FinetuneSettings, fine_tune_retriever
-    from qac.train.groups import TrainingQuery, retriever2_negatives
+    from qac.train.groups import TrainingQuery, retriever1_queries, retriever2_negatives
     from qac.models.loading import load_tokenizer
     from qac.retrieval import document_text, title_separator
     from qac.train.mining import mine_with_retriever
@@ -145,11 +145,14 @@ def _run_finetune(params, entry, tmp_path, model_dir):
     assert all(("[SEP]" in text) == (section["title_join"] == "sep") for text in passage_text.values())
     ids = list(passage_text)
     bm25 = {f"q{i}": [ids[(i + k) % 24] for k in range(1, 5)] for i in range(8)}
-    queries = [TrainingQuery(f"q{i}", " ".join(passage_text[ids[i]].split()[:4]), (ids[i],), tuple(bm25[f"q{i}"]))
-               for i in range(8)]
+    # Half the judged queries have no retriever-1 negatives (as MS MARCO's queries missing from the triples).
+    queries = [TrainingQuery(f"q{i}", " ".join(passage_text[ids[i]].split()[:4]), (ids[i],),
+                             tuple(bm25[f"q{i}"]) if i < 4 else ()) for i in range(8)]
+    r1_queries = retriever1_queries(queries, section["r1_queries"])
+    assert len(r1_queries) == (4 if section["r1_queries"] == "triples" else 8)
     r1_settings = settings.for_retriever("r1")
     assert r1_settings.passage_max_len == (section.get("corpus_max_len") or section["passage_max_len"])
-    r1, tokenizer, losses = fine_tune_retriever(model_dir, queries, ids, passage_text, r1_settings)
+    r1, tokenizer, losses = fine_tune_retriever(model_dir, r1_queries, ids, passage_text, r1_settings)
     records = mine_with_retriever(r1, tokenizer, queries, passage_text, depth=10,
                                   query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
                                   batch_size=8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qac.train.groups import (GroupSampler, TrainingQuery, merge_negatives, negative_pool_stats,
-                              read_negatives, training_queries)
+                              read_negatives, retriever1_queries, training_queries)
 
 QUERIES = {"q1": "first", "q2": "second", "q3": "third", "t1": "a test query"}
 TRAIN_QRELS = {"q1": {"d1": 1}, "q2": {"d2": 1, "d3": 1, "d9": 0}, "q3": {"d4": 0}}
@@ -16,6 +16,16 @@ def test_training_queries_keep_train_judged_queries_with_a_relevant_document():
     assert [q.qid for q in selected] == ["q1", "q2"]  # q3 has no relevant document, t1 is not in train
     assert selected[0] == TrainingQuery("q1", "first", ("d1",), ("d5", "d6"))  # the positive d1 left the pool
     assert selected[1].positives == ("d2", "d3") and selected[1].negatives == ()
+
+
+def test_retriever1_queries_triples_keeps_only_the_queries_with_a_negative_pool():
+    # q1's pool keeps d5; q2 has no entry; q4's only negative is its positive, so its pool is empty too.
+    qrels = {**TRAIN_QRELS, "q4": {"d7": 1}}
+    judged = training_queries({**QUERIES, "q4": "fourth"}, qrels, {"q1": ["d5", "d1"], "q4": ["d7"]})
+    assert [q.qid for q in retriever1_queries(judged, "judged")] == ["q1", "q2", "q4"]
+    assert [q.qid for q in retriever1_queries(judged, "triples")] == ["q1"]
+    with pytest.raises(ValueError, match="finetune.r1_queries: 'some'"):
+        retriever1_queries(judged, "some")
 
 
 def test_graded_threshold_decides_positives():

@@ -178,6 +178,36 @@ def test_retriever_two_restarts_from_the_pretrained_encoder(finetuned):
     assert starts == [encoder, encoder]
 
 
+def test_retriever_one_on_the_triples_queries_and_mining_over_every_judged_query(tmp_path, tiny_bert_dir,
+                                                                                 shared_mlflow_store):
+    """finetune.r1_queries: triples, as the release: retriever 1 trains only on the queries its negatives file
+    lists (half of them here), the mining and retriever 2 cover all 16 judged queries (tevatron issue 81)."""
+    import mlflow
+
+    from qac.config import write_params
+
+    root = tmp_path / "study"
+    with study_dir(root, tiny_bert_dir) as params:
+        params["finetune"]["r1_queries"] = "triples"
+        write_params(params, root / "params.yaml")
+        negatives = root / "data" / "smoke" / "bm25" / "negatives.jsonl"
+        kept = [line for line in negatives.read_text().splitlines() if json.loads(line)["qid"] in
+                {f"q{i}" for i in range(8)}]
+        negatives.write_text("\n".join(kept) + "\n")
+        load_stage("finetune").main(["--variant", "none"])
+    out = root / "data" / "smoke" / "finetune" / "none"
+    mined = [json.loads(line)["qid"] for line in (out / "mined_negatives.jsonl").read_text().splitlines()]
+    assert sorted(mined) == sorted(f"q{i}" for i in range(16))
+    records = root / "data" / "smoke" / ".runs" / "finetune" / "none"
+    client = mlflow.MlflowClient(shared_mlflow_store)
+    trained = {}
+    for name in ("r1", "r2"):
+        run = client.get_run(json.loads((records / name / "mlflow_run.json").read_text())["run_id"])
+        trained[name] = (run.data.metrics["train_queries/queries"], run.data.metrics["train_queries/corpus_negatives"],
+                         len(client.get_metric_history(run.info.run_id, "loss")))
+    assert trained == {"r1": (8, 0, 1), "r2": (16, 0, 2)}
+
+
 @pytest.mark.parametrize("lost", ["record", "store"])
 def test_an_unknown_pretraining_run_is_a_link_left_out(tmp_path, tiny_bert_dir, shared_mlflow_store, monkeypatch,
                                                         capsys, lost):

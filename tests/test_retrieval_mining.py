@@ -33,6 +33,19 @@ def test_records_cover_queries_with_positives_only():
                        {"qid": "q3", "positives": ["r"], "negatives": []}]
 
 
+def test_found_positive_only_keeps_the_queries_whose_positive_is_within_depth():
+    """The official triples' rule (finetune.r1_queries: triples): a query whose positive the ranking misses
+    within ``depth`` has no record; ranks count before positives are removed."""
+    run = {**RUN, "q2": {"a": 3.0, "z": 2.0, "r": 1.0}}
+    qrels = {"q1": {"p": 1}, "q2": {"r": 1}, "q3": {"r": 2}}
+    assert [r["qid"] for r in negatives_records(run, qrels, depth=3)] == ["q1", "q2", "q3"]
+    assert negatives_records(run, qrels, depth=3, found_positive_only=True) == [
+        {"qid": "q1", "positives": ["p"], "negatives": ["a", "b"]},
+        {"qid": "q2", "positives": ["r"], "negatives": ["a", "z"]}]
+    # q2's positive is third: at depth 2 it is not found.
+    assert [r["qid"] for r in negatives_records(run, qrels, depth=2, found_positive_only=True)] == ["q1"]
+
+
 def test_bad_depth_is_rejected():
     with pytest.raises(ValueError, match="depth"):
         mine_hard_negatives(RUN, QRELS, depth=2, skip_top=2)

@@ -221,7 +221,7 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     from qac.models.loading import load_tokenizer
     from qac.train.biencoder import BiEncoder
     from qac.train.finetune import FinetuneSettings, train_biencoder
-    from qac.train.groups import GroupSampler, read_negatives, training_queries
+    from qac.train.groups import GroupSampler, read_negatives, retriever1_queries, training_queries
     from qac.train.pretrain import PretrainSettings, pretrain
 
     settings = HpoSettings.from_params(params)
@@ -265,6 +265,7 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     queries = training_queries(dataset.queries, train_qrels, negatives, rel_threshold=rel_threshold,
                                max_queries=section.get("max_train_queries"), seed=params["seed"],
                                corpus_ids=dataset.corpus)
+    queries = retriever1_queries(queries, section.get("r1_queries", "judged"))
     tokenizer = load_tokenizer(str(start))
     model = BiEncoder.from_pretrained(start, pooling=finetune_settings.pooling,
                                       temperature=finetune_settings.temperature)

@@ -309,6 +309,11 @@ class FinetuneSection(Section):
         description="retriever 1's negatives: bm25 (our BM25 top bm25_depth) or official (drawn from the training "
                     "triples of datasets.<train_dataset>.triples, as the release)")
     official_negatives: PositiveInt = Field(description="official: negatives kept per query (the release: 128)")
+    r1_queries: Literal["judged", "triples"] = Field(
+        description="retriever 1's training queries: judged (every judged training query; one without negatives "
+                    "gets random corpus negatives) or triples (only those with negatives, as the release's stage 1: "
+                    "the official triples' queries, or with r1_negatives bm25 those whose positive BM25 finds "
+                    "within bm25_depth); mining covers every judged query either way")
     title_join: Literal["space", "sep"] = Field(
         description="in-domain title and text for the dense encoder: space, or sep (title [SEP] text, as the "
                     "release's Tevatron corpus); zero-shot sets are joined by a space, as BEIR")

@@ -40,9 +40,18 @@ def mine_hard_negatives(
     return negatives
 
 
-def negatives_records(run, qrels, depth: int, skip_top: int = 0, rel_threshold: int = 1) -> list[dict]:
-    """Records of a negatives file (``qid``, ``positives``, ``negatives``) for the queries with positives."""
+def negatives_records(run, qrels, depth: int, skip_top: int = 0, rel_threshold: int = 1,
+                      found_positive_only: bool = False) -> list[dict]:
+    """Records of a negatives file (``qid``, ``positives``, ``negatives``) for the queries with positives.
+
+    ``found_positive_only`` leaves out the queries with no positive in the run's
+    top ``depth``, the rule the official MS MARCO training triples follow
+    (``finetune.r1_queries: triples``).
+    """
     relevant = positives(qrels, rel_threshold)
+    if found_positive_only:
+        relevant = {qid: docs for qid, docs in relevant.items()
+                    if set(trec_order(run.get(qid, {}))[:depth]) & set(docs)}
     mined = mine_hard_negatives({qid: run.get(qid, {}) for qid in relevant}, qrels, depth, skip_top,
                                 exclude=relevant)
     return [{"qid": qid, "positives": docs, "negatives": mined[qid]} for qid, docs in relevant.items()]

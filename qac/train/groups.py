@@ -7,6 +7,8 @@ negatives come from a negatives file (BM25 or mined by retriever 1, format of
 file has no usable negatives for gets negatives drawn uniformly from the
 corpus (minus its positives), so every group has the same size; how many
 queries that happened to is reported by :func:`negative_pool_stats`.
+:func:`retriever1_queries` instead keeps only the queries with a pool, as the
+release's retriever 1 trains only on the queries of the official triples.
 
 Sampling is deterministic: the query order of an epoch and each group's
 positive and negatives depend only on (seed, epoch, query id), never on the
@@ -119,6 +121,29 @@ def training_queries(
         keep = set(random.Random(f"{seed}:subset").sample(range(len(selected)), max_queries))
         selected = [query for index, query in enumerate(selected) if index in keep]
     return selected
+
+
+R1_QUERY_SETS = ("judged", "triples")   # finetune.r1_queries
+
+
+def retriever1_queries(queries: Sequence[TrainingQuery], query_set: str) -> list[TrainingQuery]:
+    """Retriever 1's training queries (``finetune.r1_queries``).
+
+    ``judged``: every judged training query; one without a negative pool trains
+    on random corpus negatives. ``triples``: only the queries with a pool, the
+    release's stage-1 set. The official triples list about 400k of MS MARCO's
+    ~503k judged queries (the others had no positive in the BM25 ranking the
+    triples were drawn from, tevatron issue 81), so with ``r1_negatives:
+    official`` these are the triples' queries; with ``bm25`` the bm25 stage
+    writes negatives only for the queries whose positive its own ranking finds
+    within ``bm25_depth`` (:func:`qac.retrieval.mining.negatives_records`), the
+    same rule on our BM25 run.
+    """
+    if query_set not in R1_QUERY_SETS:
+        raise ValueError(f"finetune.r1_queries: {query_set!r} is not one of {', '.join(R1_QUERY_SETS)}")
+    if query_set == "judged":
+        return list(queries)
+    return [query for query in queries if query.negatives]
 
 
 def negative_pool_stats(queries: Sequence[TrainingQuery], n_negatives: int) -> dict[str, int]:
