@@ -245,7 +245,8 @@ def test_reproduction_check_passes_a_faithful_paper_run(paper_params, tmp_path, 
 
 def test_reproduction_check_fails_a_run_one_mrr_point_short(paper_params, tmp_path, capsys):
     """MRR@10 one point under the paper everywhere (beyond its ~0.46-point sampling error over 6,980 queries), and
-    R@50 0.3 points over it (inside its ~0.4-point sampling error): the MRR@10 cells differ, R@50 is within noise."""
+    R@50 0.3 points over it (inside its 0.4 to 0.6-point sampling error): the MRR@10 cells differ, R@50 is within
+    noise."""
     from paper_simulation import write_paper_outputs
 
     params, params_path = paper_params
@@ -266,7 +267,7 @@ def test_reproduction_check_fails_a_run_one_mrr_point_short(paper_params, tmp_pa
     for line in r50.values():
         assert line.startswith("WITHIN NOISE "), line
         gap, band = re.search(r"\|Δ\| ([0-9.]+) ≤ 0.05 rounding \+ ([0-9.]+) sampling error", line).groups()
-        assert abs(float(gap) - 0.3) < 0.02 and 0.3 < float(band) < 0.5 and "basis: sampling error" in line
+        assert abs(float(gap) - 0.3) < 0.02 and 0.3 < float(band) < 0.7 and "basis: sampling error" in line
     # TREC DL, R@1k and Table 2 did not move.
     assert rest and all(line.startswith("REPRODUCED ") and line.endswith("basis: rounding") for line in rest.values())
     assert lines[-1] == (f"check (reproduction of published figures): NOT reproduced: {len(rest)} reproduced, "
