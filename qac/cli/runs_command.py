@@ -25,8 +25,12 @@ def sweep_store(uri: str | None = None) -> list[str]:
 
     from qac.tracking import tracking_uri
 
+    from qac.tracking.store import usable_store
+
     uri = uri or tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return []
+    if not usable_store("the pipeline", uri):   # said why in one paragraph; the stages go on without the store
         return []
     import mlflow
     from mlflow.entities import ViewType

@@ -115,8 +115,12 @@ def log_to_study_run(study: Study, directory: str | os.PathLike, tracking_uri: s
     from qac.tracking import tracking_uri as default_uri
 
     uri = tracking_uri or default_uri()
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return f"tables: no MLflow store ({redacted_uri(uri)}): report not logged to MLflow"
+    from qac.tracking.store import usable_store
+
+    if not usable_store("the report", uri):
+        return "tables: report not logged to MLflow"
     import mlflow
 
     client = mlflow.MlflowClient(uri)

@@ -169,6 +169,10 @@ def linked_run_id(record: Mapping[str, Any] | None, what: str) -> str | None:
     if not record:
         print(f"note: no run record for {what}: its MLflow run is not linked", file=sys.stderr)
         return None
+    from qac.tracking.store import usable_store
+
+    if not usable_store():
+        return None
     import mlflow
     from mlflow.exceptions import MlflowException
 

@@ -1,0 +1,139 @@
+"""Is the tracking store usable? One quick probe, before any run is opened.
+
+No stage needs the MLflow store (run ids live in ``data/<profile>/.runs/``;
+the tables are built from DVC outputs), so a store that cannot be used must
+cost the stage seconds and one paragraph, not MLflow's retries (minutes,
+against ``http://127.0.0.1:9``) and a traceback. :func:`store_problem` tries
+the store once with short timeouts and no retries:
+
+- a tracking server (``http(s)://``): one request to its REST API;
+- a SQLite store (``sqlite:///mlflow.db``): opened read-only and its tables
+  listed, which a corrupted or foreign file fails (``sqlite3.DatabaseError``);
+  a file that does not exist yet is fine (the first run creates it);
+- a local folder (``file:`` or a path): it must be a folder, or creatable.
+
+It returns the paragraph to print, or None when the store answers. The stage
+lifecycle (:mod:`qac.tracking.lifecycle`), ``qac runs sweep`` and ``qac
+tables`` ask it before they touch the store and go on without the store
+when it answers with a problem. The answer is kept for the process, so a stage
+probes once.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from urllib.parse import urlsplit
+
+PROBE_TIMEOUT_ENV = "QAC_TRACKING_PROBE_TIMEOUT"
+DEFAULT_TIMEOUT = 3.0   # seconds: a server on the same network answers in milliseconds
+_answers: dict[str, str | None] = {}
+_printed: set[str | None] = set()
+
+
+def _timeout() -> float:
+    try:
+        return max(0.1, float(os.environ.get(PROBE_TIMEOUT_ENV, DEFAULT_TIMEOUT)))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+
+
+def _shown(uri: str) -> str:
+    from qac.redaction import redact_url
+
+    return redact_url(uri)
+
+
+def _server_problem(uri: str) -> str | None:
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=_timeout()):
+            return None
+    except urllib.error.HTTPError as error:
+        if error.code in (401, 403):
+            return f"refuses access (HTTP {error.code}: set MLFLOW_TRACKING_USERNAME/PASSWORD or TOKEN)"
+        return (f"answers HTTP {error.code} to MLflow's REST API ({error.reason}): not an MLflow tracking server, "
+                "or a broken one")
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        return f"cannot be reached ({reason})"
+
+
+def _sqlite_problem(uri: str) -> str | None:
+    # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db (the part after the third slash).
+    path = Path(uri.split("://", 1)[-1][1:].split("?", 1)[0])
+    if not path.exists():
+        return None     # the first run creates it
+    if path.is_dir():
+        return f"is a folder, not a SQLite file ({path})"
+    try:
+        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=_timeout()) as connection:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if tables and "runs" in tables:
+                connection.execute("SELECT COUNT(*) FROM runs").fetchone()
+    except sqlite3.OperationalError as error:
+        if "locked" in str(error):
+            return None    # another stage is writing: busy, not broken
+        return f"cannot be read as a SQLite database: {path} ({error})"
+    except sqlite3.DatabaseError as error:
+        return (f"is damaged: {path} is not a readable SQLite database ({error}); move it aside "
+                f"(mv {path} {path}.broken) and the next run starts a new store")
+    if tables and "runs" not in tables:
+        return f"is a SQLite database but not an MLflow store: {path} (it has no runs table)"
+    return None
+
+
+def _folder_problem(uri: str) -> str | None:
+    path = Path(uri[len("file://"):] if uri.startswith("file://") else uri[len("file:"):] if uri.startswith("file:")
+                else uri)
+    if path.exists() and not path.is_dir():
+        return f"is a file, not a folder ({path})"
+    return None
+
+
+def store_problem(uri: str | None = None) -> str | None:
+    """Why the tracking store at ``uri`` (default: the stages' store) cannot be used, or None if it can."""
+    from qac.tracking import tracking_uri
+
+    uri = uri or tracking_uri()
+    if uri not in _answers:
+        scheme = urlsplit(uri).scheme.lower()
+        if scheme in ("http", "https"):
+            problem = _server_problem(uri)
+        elif scheme.startswith("sqlite"):
+            problem = _sqlite_problem(uri)
+        elif scheme in ("", "file") or len(scheme) == 1:    # a path (a Windows drive letter is a scheme)
+            problem = _folder_problem(uri)
+        else:
+            problem = None    # databricks, postgresql, ...: MLflow knows how to reach them
+        _answers[uri] = problem
+    return _answers[uri]
+
+
+def unavailable_message(problem: str, uri: str | None = None, what: str = "this stage") -> str:
+    """The paragraph printed when the store cannot be used: what, why, that the work goes on, how to fix."""
+    from qac.tracking import tracking_uri
+
+    uri = uri or tracking_uri()
+    return (f"note: the MLflow tracking store {_shown(uri)} {problem}. {what[0].upper() + what[1:]} goes on "
+            "without it: no run is logged there, and the outputs, their DVC hashes and the tables are the same "
+            "(no stage needs the store). To record runs, fix the store or point MLFLOW_TRACKING_URI at one that "
+            "works (unset, it is mlflow.db here).")
+
+
+def usable_store(what: str = "this stage", uri: str | None = None) -> bool:
+    """Whether the store can be used; when it cannot, prints :func:`unavailable_message` once on stderr."""
+    import sys
+
+    problem = store_problem(uri)
+    if problem is None:
+        return True
+    if uri not in _printed:
+        _printed.add(uri)
+        print(unavailable_message(problem, uri, what), file=sys.stderr, flush=True)
+    return False
+

@@ -1,0 +1,148 @@
+"""A tracking store that cannot be used costs seconds and one paragraph, and the work goes on without it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qac.tracking import store
+from qac.tracking.store import store_problem
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_answers(monkeypatch):
+    """Each test probes afresh (a process keeps its answer)."""
+    monkeypatch.setattr(store, "_answers", {})
+    monkeypatch.setattr(store, "_printed", set())
+
+
+def closed_port() -> int:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        return listener.getsockname()[1]    # closed again when the block ends: nothing listens there
+
+
+def real_store(path: Path) -> Path:
+    """An MLflow SQLite store with an experiment and a run, made by MLflow."""
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{path}")
+    experiment = client.create_experiment("probe")
+    client.set_terminated(client.create_run(experiment).info.run_id)
+    return path
+
+
+def qac(args: list[str], cwd: Path, uri: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri}
+    return subprocess.run([sys.executable, "-m", "qac.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_working_sqlite_store_and_one_not_made_yet_have_no_problem(tmp_path):
+    assert store_problem(f"sqlite:///{real_store(tmp_path / 'mlflow.db')}") is None
+    assert store_problem(f"sqlite:///{tmp_path / 'new.db'}") is None
+
+
+def damaged(path: Path, how: str) -> Path:
+    if how == "random bytes":
+        path.write_bytes(os.urandom(8192))
+    elif how == "text file":
+        path.write_text("not a database\n")
+    elif how == "empty tables of another program":
+        with sqlite3.connect(path) as connection:
+            connection.execute("CREATE TABLE notes (text TEXT)")
+    elif how == "truncated":
+        data = real_store(path).read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif how == "header overwritten":
+        data = bytearray(real_store(path).read_bytes())
+        data[:100] = os.urandom(100)
+        path.write_bytes(bytes(data))
+    elif how == "a folder":
+        path.mkdir()
+    return path
+
+
+HOW = ["random bytes", "text file", "empty tables of another program", "truncated", "header overwritten", "a folder"]
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_damaged_or_foreign_sqlite_file_is_named(tmp_path, how):
+    path = damaged(tmp_path / "mlflow.db", how)
+    problem = store_problem(f"sqlite:///{path}")
+    assert problem is not None and str(path) in problem
+
+
+@pytest.mark.parametrize("how", ["random bytes", "truncated", "a folder"])
+def test_runs_sweep_on_a_damaged_store_says_so_and_succeeds(tmp_path, how):
+    """`qac runs sweep` is the first step of `make smoke`: a broken store must not stop the pipeline."""
+    path = damaged(tmp_path / "mlflow.db", how)
+    before = path.read_bytes() if path.is_file() else None
+    result = qac(["runs", "sweep"], tmp_path, f"sqlite:///{path}")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    paragraph = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(paragraph) == 1 and "goes on without it" in paragraph[0]
+    assert before is None or path.read_bytes() == before     # the store is reported, never "repaired"
+
+
+def test_an_unreachable_server_is_reported_within_seconds(tmp_path):
+    uri = f"http://127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+    result = qac(["runs", "sweep"], tmp_path, uri)
+    assert time.monotonic() - started < 30   # MLflow's own retries take minutes
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert "cannot be reached" in result.stderr and uri in result.stderr
+
+
+def test_a_server_that_does_not_answer_in_time_is_reported(tmp_path, monkeypatch):
+    """A listener that accepts and never answers: the probe's timeout, not MLflow's, decides."""
+    monkeypatch.setenv(store.PROBE_TIMEOUT_ENV, "0.5")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        started = time.monotonic()
+        problem = store_problem(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    assert problem is not None and "cannot be reached" in problem
+    assert time.monotonic() - started < 5
+
+
+def test_a_server_that_is_not_mlflow_is_reported(tmp_path):
+    """An HTTP server without MLflow's REST API (a plain file server)."""
+    port = closed_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        problem = store_problem(f"http://127.0.0.1:{port}")
+    finally:
+        server.terminate()
+        server.wait()
+    assert problem is not None and "not an MLflow tracking server" in problem
+
+
+def test_the_report_is_built_and_not_logged_when_the_store_is_damaged(tmp_path, monkeypatch, capsys):
+    from dvc_study import PARAMS, write_study
+    from qac.reporting.lineage import load_study
+    from qac.reporting.profile_report import log_to_study_run
+
+    data = write_study(tmp_path / "data")
+    path = damaged(tmp_path / "mlflow.db", "random bytes")
+    line = log_to_study_run(load_study(PARAMS, data), tmp_path, f"sqlite:///{path}")
+    assert line == "tables: report not logged to MLflow"
+    assert "is damaged" in capsys.readouterr().err
