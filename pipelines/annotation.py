@@ -8,6 +8,8 @@ the automatic judge until `annotation.human_sheets` lists filled sheets.
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import json
 import sys
 from pathlib import Path

@@ -20,6 +20,8 @@ evaluation's metrics) and
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import importlib.util
 import json
 import os

@@ -21,6 +21,8 @@ data/<profile>/.runs/bm25/mlflow_run.json, outside the output.
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import logging
 import sys
 from pathlib import Path

@@ -21,6 +21,8 @@ inputs (context ``evaluation``). Graded sets count labels >= the split's
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import os
 from pathlib import Path
 

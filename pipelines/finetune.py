@@ -25,6 +25,8 @@ of ``train_dataset`` is read. Runs alone or under ``torchrun``.
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import contextlib
 import os
 from pathlib import Path

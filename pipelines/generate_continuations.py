@@ -15,6 +15,8 @@ distinct-1/2, empty and duplicate shares) go to metrics/continuations.json.
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 from dataclasses import asdict
 
 from qac.config import profile_dir

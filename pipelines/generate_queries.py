@@ -13,6 +13,8 @@ work folder keeps). The run is recorded in ``data/<profile>/.runs/queries.arrow/
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 from dataclasses import asdict
 
 from qac.config import profile_dir

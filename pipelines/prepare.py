@@ -11,6 +11,8 @@ holds its document ids, not its texts (``qac.data.streamed``).
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import argparse
 import sys
 

@@ -18,6 +18,8 @@ The MLflow run is ``C=<count> · <context> · <method> · pretrain``; with
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import contextlib
 import os
 import shutil

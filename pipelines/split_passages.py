@@ -7,6 +7,8 @@ data/<profile>/metrics/split.json. Logs the MLflow run `split_passages`.
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import sys
 import time
 

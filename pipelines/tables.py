@@ -6,6 +6,8 @@ plots/); then logs that folder to the MLflow study run when the store holds it.
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import sys
 
 from qac.params import load_params

@@ -9,6 +9,8 @@ to MLflow, data/<profile>/metrics/query_generator.json and reports/query_generat
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import random
 import sys
 import time

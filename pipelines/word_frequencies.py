@@ -9,6 +9,8 @@ MKP's masking; DVC caches it, so pre-training variants share one pass.
 
 from __future__ import annotations
 
+import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
+
 import sys
 import time
 

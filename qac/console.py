@@ -73,11 +73,12 @@ def variant_stage_arguments(description: str, argv: list[str] | None,
     return args
 
 
-def setup_console(verbose: bool = False, import_libraries: bool = True) -> bool:
+def setup_console(verbose: bool = False) -> bool:
     """Quiet the libraries unless verbose; returns whether the stage runs verbose.
 
-    ``import_libraries=False`` (the ``qac`` command, whose subcommands may never load
-    transformers) relies on the environment variables alone for libraries imported later.
+    Libraries imported later read the environment variables set here when they are
+    imported, so nothing is imported for them: a stage that never loads transformers
+    (prepare, bm25, tables) does not pay for importing it.
 
     Sets the environment too, so processes the stage starts (workers,
     subprocesses) stay as quiet, and so transformers picks the level up even
@@ -106,15 +107,10 @@ def setup_console(verbose: bool = False, import_libraries: bool = True) -> bool:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     quiet_optuna()
-    if not import_libraries and "transformers" not in sys.modules:
-        return False    # TRANSFORMERS_VERBOSITY above quiets it when it is imported
-    try:
-        import transformers
-
+    if "transformers" in sys.modules:   # imported before its variables were set: quiet it directly
+        transformers = sys.modules["transformers"]
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
-    except ImportError:   # transformers is a dependency; an import failure surfaces where it is used
-        pass
     return False
 
 

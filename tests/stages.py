@@ -20,7 +20,15 @@ TORCHRUN = REPO / ".venv" / "bin" / "torchrun"
 
 
 def load_stage(name: str):
-    """Import ``pipelines/<name>.py`` as a module (the stage scripts are not a package)."""
+    """Import ``pipelines/<name>.py`` as a module (the stage scripts are not a package).
+
+    Its folder goes on ``sys.path`` as when Python runs it as a script: the scripts import
+    their sibling ``_environment`` (and beir_retriever its sibling stages).
+    """
+    import sys
+
+    if str(REPO / "pipelines") not in sys.path:
+        sys.path.append(str(REPO / "pipelines"))
     spec = importlib.util.spec_from_file_location(f"{name}_stage", REPO / "pipelines" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -60,7 +60,7 @@ def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = any(arg in ("-v", "--verbose") for arg in argv)
     args = build_parser().parse_args([arg for arg in argv if arg not in ("-v", "--verbose")])
-    setup_console(verbose, import_libraries=False)
+    setup_console(verbose)
     return int(args._module.run(args) or 0)
 
 

@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from qac.console import command_logger, setup_console
 
-    setup_console(import_libraries=False)
+    setup_console()
     command_logger("qac.hpo", f"worker {args.index}")
     # TERM (from the driver) ends the current trial as failed, with the job stopped.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)

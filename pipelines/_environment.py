@@ -1,0 +1,24 @@
+"""Every stage script imports this first: a Python that lacks qac says which one to use, in one line.
+
+`dvc repro` runs a stage's command (``python pipelines/<stage>.py``) with the
+first ``python`` on PATH. Without the project's environment activated that is
+the system's, which cannot import qac; instead of a traceback ending in
+``No module named 'qac'``, the stage prints how to run it and exits. Written for
+any Python 3, since it is the one file that runs under the wrong interpreter.
+"""
+
+import os
+import sys
+
+try:
+    import qac  # noqa: F401
+except ImportError as error:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    activate = "source .venv/bin/activate"
+    if not os.path.isdir(os.path.join(repo, ".venv")):
+        activate = "make install && " + activate
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), repo) if sys.argv[0] else "this stage"
+    sys.stderr.write("%s: %s cannot import qac (%s); run: %s, then the same command again "
+                     "(`make smoke` and `make repro` use .venv by themselves)\n"
+                     % (script, sys.executable, error, activate))
+    sys.exit(1)
