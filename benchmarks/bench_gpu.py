@@ -1,54 +1,314 @@
-"""GPU benchmark: writes the "gpu" section of reports/benchmarks.md.
+"""GPU benchmark: the figures of one device, written section by section to ``--out``.
 
-Measures, on the device it finds (named in the report):
+Runs on a machine that holds only the checkout and PyTorch, transformers,
+numpy, pyarrow and pandas (no model hub, no data mirror, no MLflow, DVC or
+FAISS): its models are built from ``benchmarks/bert-base-uncased`` (BERT-base's
+configuration and the uncased vocabulary, random weights) and its text comes
+from ``benchmarks/sample_text.py`` (SciFact when the data mirror holds it,
+generated text otherwise). Sections, each written to ``<out>/bench_gpu.json``
+and ``<out>/bench_gpu.md`` as soon as it finishes (a later failure keeps the
+earlier figures; a failed section records its error and the next one runs):
 
-- pre-training steps of coCondenser and CoT-MAE, BERT-base built from its
-  configuration, at 144 tokens: our recipe (bf16 autocast, SDPA, MLM logits
-  at masked positions only, dynamic padding) against the release's (fp16
-  autocast, full-vocabulary logits, static padding to 144); pairs/s, tokens/s, MFU;
-- the stage loop (``qac.train.pretrain.pretrain``: sampling, DataLoader
-  collation of stored token ids, logging) against the isolated step on the
-  same batches, with the loop's data-wait share;
-- GradCache: the cached step against the full-batch step at the same batch;
-- encoding passages from stored ids (bf16 on a GPU), and exact search with
-  ``qac.retrieval.search.torch_search`` (and FAISS on the GPU when installed);
-- a projection of the paper profile's GPU-hours per pre-training variant and
-  for encoding its corpus, from the measured rates.
+- ``pretrain``: one optimizer step of coCondenser, CoT-MAE and MASTER (five
+  decoders) at 144 tokens, bf16, for query and passage contexts, and the
+  release's recipe for coCondenser (fp16, full-vocabulary logits, static
+  padding); FLOPs counted with ``torch.utils.flop_counter`` on one batch:
+  hardware FLOP utilisation on padded tokens, MFU on real ones;
+- ``grad_cache``: the gradient-cached step at the paper profile's chunk
+  against the full-batch step, same batch;
+- ``stage_loop``: ``qac.train.pretrain.pretrain`` (sampling, DataLoader
+  collation of stored ids, logging) in its steady window (the first logging
+  window, with start-up, reported apart) against the isolated step;
+- ``encoding``: passages/s from stored ids;
+- ``search``: exact top 1,000 with ``qac.retrieval.search.torch_search`` over
+  a corpus of MS MARCO's size when the device holds it (FAISS's GPU index too,
+  when installed);
+- ``generation``: query generation with a T5-base-sized model (20 candidates,
+  64 new tokens) against Hugging Face ``generate`` in bf16 at the same batch;
+- ``compile``: ``torch.compile`` of the coCondenser step, its compile time
+  apart from its steady step.
 
-- query generation with a T5-base-sized model built from its configuration
-  (C = 20, 64 new tokens, as the paper's release): our loop in bf16 with
-  sampling on the device (host reads every 8 steps, the paper profile's
-  ``querygen.sync_every``, and every step), our batch-invariant fp32 mode,
-  and Hugging Face ``generate`` with bf16 weights and at the release's fp32,
-  all at batch 64;
+Every section stops timing once its ``--budget-s`` is spent (it always times
+a few steps), so the whole run fits about seven minutes on an H100.
+``--publish`` copies a results file into ``reports/bench_gpu.json`` (what
+``qac profile plan --cost`` reads) and its section into
+``reports/benchmarks.md``.
 
-Needs only torch, transformers, numpy, pyarrow and pandas besides the project;
-runs in well under 10 minutes on one H100. ``--dry-run`` runs every path once
-with a tiny model on the CPU (the test suite does), writing to ``--report``.
-
-    python benchmarks/bench_gpu.py                       # on a GPU machine
-    python benchmarks/bench_gpu.py --dry-run --report /tmp/gpu.md
+    python benchmarks/bench_gpu.py --out /tmp/gpu            # on a GPU machine
+    python benchmarks/bench_gpu.py --dry-run --out /tmp/gpu   # every path once, tiny model on the CPU
+    python benchmarks/bench_gpu.py --publish /tmp/gpu/bench_gpu.json
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
+import platform
 import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+BENCHMARKS = Path(__file__).resolve().parent
+REPO = BENCHMARKS.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(BENCHMARKS))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_pretrain import scifact_pairs  # noqa: E402
-from qac.benchmarking import machine_summary, markdown_table, write_section  # noqa: E402
+from sample_text import MODEL_DIR, text_triples  # noqa: E402
 
-PAPER_CORPUS_PASSAGES = 8_841_823          # MS MARCO passages, encoded once per retriever
+SECTIONS = ("pretrain", "grad_cache", "stage_loop", "encoding", "search", "generation", "compile")
+RESULTS = "bench_gpu.json"
+PUBLISHED = REPO / "reports" / "bench_gpu.json"
+PAPER_CORPUS_PASSAGES = 8_841_823          # MS MARCO passages
+METHODS = ("cocondenser", "cotmae", "master")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# results: one JSON file, its Markdown rendering beside it, both replaced after every section
+
+
+class Results:
+    def __init__(self, out: Path, header: dict):
+        self.out = out
+        self.data = {**header, "sections": {}}
+        out.mkdir(parents=True, exist_ok=True)
+
+    def record(self, name: str, figures: dict) -> None:
+        self.data["sections"][name] = figures
+        self.save()
+
+    def save(self) -> None:
+        from qac.io import atomic_path
+
+        for path, text in ((self.out / RESULTS, json.dumps(self.data, indent=1, default=float) + "\n"),
+                           (self.out / "bench_gpu.md", render_markdown(self.data) + "\n")):
+            with atomic_path(path) as tmp:
+                Path(tmp).write_text(text, encoding="utf-8")
+
+
+def run_section(results: Results, name: str, function, budget_s: float) -> dict | None:
+    """Run one section, record its figures (or its error) and how long it took."""
+    print(f"[bench_gpu] {name} ...", flush=True)
+    started = time.perf_counter()
+    try:
+        figures = {"status": "done", **function(budget_s)}
+    except Exception as error:          # noqa: BLE001 - a failed section must not lose the others
+        figures = {"status": "failed", "error": f"{type(error).__name__}: {error}",
+                   "traceback": traceback.format_exc()[-4000:]}
+        print(figures["traceback"], file=sys.stderr, flush=True)
+    figures["seconds"] = time.perf_counter() - started
+    results.record(name, figures)
+    print(f"[bench_gpu] {name}: {figures['status']} in {figures['seconds']:.0f} s", flush=True)
+    release_memory()
+    return figures if figures["status"] == "done" else None
+
+
+def release_memory() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# timing helpers
+
+
+def synchronize(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def to_device(batch: dict, device) -> dict:
+    return {side: {k: v.to(device, non_blocking=True) for k, v in t.items()} for side, t in batch.items()}
+
+
+WARMUP, MIN_STEPS = 2, 3           # a dry run sets both to 1
+
+
+def timed(run, items, device, budget_s: float, warmup: int | None = None, max_steps: int = 30,
+          min_steps: int | None = None) -> dict:
+    """Call ``run(item)`` over ``items`` (cycled): ``warmup`` untimed calls, then timed ones until
+    ``max_steps`` or, once ``min_steps`` are timed, until ``budget_s`` is spent. Median and the first call."""
+    warmup = WARMUP if warmup is None else warmup
+    min_steps = MIN_STEPS if min_steps is None else min_steps
+    times, started, index = [], time.perf_counter(), 0
+    first = None
+    while True:
+        synchronize(device)
+        start = time.perf_counter()
+        run(items[index % len(items)])
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        first = elapsed if first is None else first
+        if index >= warmup:
+            times.append(elapsed)
+        index += 1
+        if len(times) >= max_steps or (len(times) >= min_steps and time.perf_counter() - started > budget_s):
+            break
+    return {"median_s": statistics.median(times), "first_s": first, "timed": len(times)}
+
+
+def counted_flops(run) -> int:
+    """FLOPs of ``run()`` as ``torch.utils.flop_counter`` counts them (matrix products and attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return int(counter.get_total_flops())
+
+
+def token_counts(batches) -> tuple[float, float]:
+    """Mean real and padded tokens per batch (all sides)."""
+    real = statistics.mean(sum(int(s["attention_mask"].sum()) for s in b.values()) for b in batches)
+    padded = statistics.mean(sum(s["attention_mask"].numel() for s in b.values()) for b in batches)
+    return real, padded
+
+
+def peak_of(device) -> tuple[str, float | None]:
+    """The device's name and its dense bf16 peak FLOP/s (None where the table has none: the CPU)."""
+    from qac.train.throughput import peak_flops
+
+    return peak_flops(device)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# models and batches
+
+
+def pretraining_settings(method: str, spec: str, **overrides) -> dict:
+    from qac.train.pretrain import PretrainSettings
+
+    values = {"method": method, "init": spec, "skip_from": 1 if spec.startswith("tiny:") else 6,
+              "n_head_layers": 2, "dropout": 0.0, "cotmae_decoder": "release", **overrides}
+    return PretrainSettings.from_mapping(values)
+
+
+def build_model(method: str, spec: str, device, full_vocab: bool = False):
+    from qac.models.factory import build_pretraining_model
+
+    return build_pretraining_model(pretraining_settings(method, spec).to_dict(), seed=0,
+                                   full_vocab_logits=full_vocab).to(device)
+
+
+def method_batches(tokenizer, triples, method: str, model, context: str, batch_size: int, count: int,
+                   pad_to=None) -> list[dict]:
+    from bench_pretrain import make_batches
+
+    return make_batches(tokenizer, triples, context, batch_size, count, model.mask_ratios, pad_to,
+                        master=method == "master")
+
+
+def optimizer_for(model, device):
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5,
+                             fused=device.type == "cuda")
+
+
+def step_runner(step, optimizer):
+    def run(batch):
+        step.forward_backward(batch)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return run
+
+
+def step_figures(step, optimizer, batches, device, budget_s: float, peak, batch_size: int) -> dict:
+    """Time the step over ``batches`` and count its FLOPs on the first one."""
+    batches = [to_device(b, device) for b in batches]
+    run = step_runner(step, optimizer)
+    timing = timed(run, batches, device, budget_s)
+    flops_first = counted_flops(lambda: step.forward_backward(batches[0]))
+    optimizer.zero_grad(set_to_none=True)
+    real, padded = token_counts(batches)
+    padded_first = sum(s["attention_mask"].numel() for s in batches[0].values())
+    flops = flops_first * padded / padded_first       # the counted FLOPs per padded token, at the mean padding
+    seconds = timing["median_s"]
+    figures = {"pairs/s": batch_size / seconds, "tokens/s": real / seconds, "s/step": seconds,
+               "real tokens/step": real, "padded tokens/step": padded, "counted GFLOP/step": flops / 1e9,
+               "steps timed": timing["timed"]}
+    if peak:
+        figures["HFU (counted, padded)"] = flops / seconds / peak
+        figures["MFU (counted, real tokens)"] = flops * real / padded / seconds / peak
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sections
+
+
+def pretrain_section(args, device, tokenizer, triples, peak):
+    def section(budget_s):
+        configs = [(method, "ours", context) for method in METHODS for context in ("query", "passage")]
+        configs.append(("cocondenser", "release", "passage"))
+        share = budget_s / len(configs)
+        dtype_ours = torch.bfloat16 if device.type == "cuda" else None
+        dtype_release = torch.float16 if device.type == "cuda" else None
+        rows = []
+        from qac.models.grad_cache import FullBatchStep
+
+        for method in METHODS:
+            model = build_model(method, args.model, device)
+            optimizer = optimizer_for(model, device)
+            for name, recipe, context in (c for c in configs if c[0] == method):
+                release = recipe == "release"
+                model.full_vocab_logits = release
+                batches = method_batches(tokenizer, triples, method, model, context, args.batch_size,
+                                         args.distinct_batches, pad_to=args.max_len if release else None)
+                step = FullBatchStep(model, device, dtype_release if release else dtype_ours)
+                figures = step_figures(step, optimizer, batches, device, share, peak, args.batch_size)
+                rows.append({"method": method, "recipe": recipe, "context": context, **figures})
+                print(f"  {rows[-1]}", flush=True)
+            del model, optimizer
+            release_memory()
+        return {"batch_size": args.batch_size, "max_len": args.max_len, "rows": rows,
+                "recipes": {"ours": "bf16 autocast, MLM logits at masked positions only, dynamic padding",
+                            "release": "fp16 autocast, full-vocabulary logits, static padding to max_len"}}
+    return section
+
+
+def paper_chunk() -> int:
+    import yaml
+
+    params = yaml.safe_load((REPO / "profiles" / "paper" / "params.yaml").read_text(encoding="utf-8"))
+    return int(params["pretrain"]["common"]["grad_cache_chunk"])
+
+
+def grad_cache_section(args, device, tokenizer, triples, peak):
+    def section(budget_s):
+        from qac.models.grad_cache import FullBatchStep, GradCachedStep
+
+        chunk = args.chunk or paper_chunk()
+        dtype = torch.bfloat16 if device.type == "cuda" else None
+        model = build_model("cocondenser", args.model, device)
+        optimizer = optimizer_for(model, device)
+        batch_size = args.grad_cache_batch
+        while True:
+            batches = method_batches(tokenizer, triples, "cocondenser", model, "query", batch_size,
+                                     args.distinct_batches)
+            try:
+                full = step_figures(FullBatchStep(model, device, dtype), optimizer, batches, device,
+                                    budget_s / 2, peak, batch_size)
+                break
+            except torch.cuda.OutOfMemoryError:
+                if batch_size <= 2 * chunk:
+                    raise
+                optimizer.zero_grad(set_to_none=True)
+                release_memory()
+                batch_size //= 2            # the full batch must fit for the comparison
+        cached = step_figures(GradCachedStep(model, chunk, device, dtype), optimizer, batches, device, budget_s / 2,
+                              peak, batch_size)
+        return {"batch_size": batch_size, "chunk": chunk, "context": "query", "full": full, "cached": cached,
+                "time ratio": cached["s/step"] / full["s/step"],
+                "counted FLOP ratio": cached["counted GFLOP/step"] / full["counted GFLOP/step"]}
+    return section
 
 
 def write_pair_files(directory: Path, triples, tokenizer, name: str) -> tuple[Path, Path]:
@@ -67,275 +327,399 @@ def write_pair_files(directory: Path, triples, tokenizer, name: str) -> tuple[Pa
     return directory / "passages.arrow", directory / "queries.arrow"
 
 
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+def stage_loop_section(args, device, tokenizer, triples, peak):
+    """The loop's steady rate: logging windows after the first (which carries the start-up: worker
+    processes, first allocations, kernel selection) against the isolated step on the same batches."""
+    def section(budget_s):
+        from qac.data.context_pairs import PairCollator, PairSampler, load_pair_corpus
+        from qac.distributed import autocast_dtype
+        from qac.models.grad_cache import FullBatchStep
+        from qac.train.pretrain import pretrain
+
+        window, windows = args.loop_window, args.loop_windows
+        steps = window * windows
+        settings = pretraining_settings("cocondenser", args.model, context_type="query", steps=steps,
+                                        batch_size=args.batch_size, max_len=args.max_len, query_max_len=32,
+                                        log_every=window, checkpoint_every=steps, loader_workers=args.workers)
+        logged = []
+        with tempfile.TemporaryDirectory() as work:
+            work = Path(work)
+            passages, queries = write_pair_files(work, triples, tokenizer, args.model)
+            started = time.perf_counter()
+            pretrain(settings, passages=passages, queries=queries, work_dir=work / "w", out_dir=work / "o",
+                     log=lambda step, metrics: logged.append(dict(metrics, step=step)))
+            loop_seconds = time.perf_counter() - started
+            corpus = load_pair_corpus(passages, queries, "query", tokenizer=tokenizer)
+        model = build_model("cocondenser", args.model, device)
+        sampler = PairSampler(corpus, "query", seed=settings.seed)
+        collator = PairCollator(tokenizer, args.max_len, 32, *model.mask_ratios, seed=settings.seed)
+        batches = [collator(sampler.batch(step, args.batch_size), step) for step in range(steps)]
+        step = FullBatchStep(model, device, autocast_dtype("auto", device))
+        isolated = step_figures(step, optimizer_for(model, device), batches, device, budget_s, peak,
+                                args.batch_size)
+        steady = logged[1:] or logged
+        loop_rate = statistics.median(m["samples_per_second"] for m in steady)
+        return {"batch_size": args.batch_size, "steps": steps, "log window": window, "workers": args.workers,
+                "loop pairs/s (steady windows)": loop_rate,
+                "loop pairs/s (first window, with start-up)": logged[0]["samples_per_second"],
+                "isolated pairs/s": isolated["pairs/s"], "loop / isolated": loop_rate / isolated["pairs/s"],
+                "data wait (steady)": statistics.median(m["data_wait_share"] for m in steady),
+                "padding efficiency": logged[-1]["padding_efficiency"],
+                "loop wall seconds (start-up and checkpoint included)": loop_seconds}
+    return section
 
 
-def time_steps(step, optimizer, batches, device, warmup: int = 1) -> float:
-    """Median seconds of optimizer steps over ``batches`` (after ``warmup`` untimed ones)."""
-    times = []
-    for index, batch in enumerate(batches):
-        batch = {side: {k: v.to(device, non_blocking=True) for k, v in t.items()} for side, t in batch.items()}
+def encoding_section(args, device, tokenizer, triples):
+    def section(budget_s):
+        from qac.data.tokens import TextEncoder
+        from qac.models.loading import load_model
+        from qac.retrieval.encode import encode_texts
+
+        encoder = load_model(args.model).to(device)
+        anchors = [anchor for anchor, _, _ in triples]
+        ids = TextEncoder(tokenizer)(anchors)
+
+        def rate(count):
+            texts = [anchors[i % len(anchors)] for i in range(count)]
+            token_ids = [ids[i % len(ids)] for i in range(count)]
+            synchronize(device)
+            start = time.perf_counter()
+            encode_texts(encoder, tokenizer, texts, token_ids=token_ids, max_length=args.max_len,
+                         batch_size=args.encode_batch)
+            synchronize(device)
+            return count / (time.perf_counter() - start)
+
+        first = rate(min(len(anchors), 2 * args.encode_batch))            # warm-up and a first estimate
+        count = max(args.encode_batch, min(args.encode_passages, int(first * budget_s * 0.5)))
+        return {"passages/s": rate(count), "passages": count, "batch_size": args.encode_batch,
+                "max_len": args.max_len, "dtype": "bf16" if device.type == "cuda" else "fp32"}
+    return section
+
+
+def search_section(args, device):
+    def section(budget_s):
+        from qac.retrieval.search import search_reference, torch_search
+
+        dim, k = args.search_dim, args.search_k
+        passages = args.search_passages
+        if device.type == "cuda":           # the corpus must leave room for the score blocks
+            free = torch.cuda.mem_get_info(device)[0]
+            passages = min(passages, int(0.6 * free / (4 * dim)))
+        generator = torch.Generator(device=device).manual_seed(0)
+        corpus = torch.randn(passages, dim, generator=generator, device=device)
+        queries = torch.randn(args.search_queries, dim, generator=generator, device=device)
+        torch_search(queries[:64], corpus, k=k, device=device)            # warm-up
         synchronize(device)
         start = time.perf_counter()
-        step.forward_backward(batch)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        scores, indices = torch_search(queries, corpus, k=k, device=device)
         synchronize(device)
-        if index >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        seconds = time.perf_counter() - start
+        figures = {"corpus": f"{passages:,} x {dim}", "queries": len(queries), "k": k, "dtype": "fp32",
+                   "queries/s (torch)": len(queries) / seconds, "seconds (torch)": seconds}
+        # the blocked search against one unblocked product for a few queries
+        check = 8
+        if passages * dim * 4 * check < 2e9 or device.type == "cuda":
+            reference = one_block_top(queries[:check], corpus, k)
+            figures["equals one-block search"] = bool((torch.as_tensor(indices[:check]) == reference).all())
+        if device.type == "cpu":
+            _, expected = search_reference(queries[:check].numpy(), corpus.numpy(), k)
+            figures["equals NumPy reference"] = bool((indices[:check] == expected).all())
+        try:
+            import faiss
+
+            if hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0:
+                from qac.retrieval.search import search
+
+                host_corpus, host_queries = corpus.cpu().numpy(), queries.cpu().numpy()
+                del corpus
+                release_memory()
+                start = time.perf_counter()
+                search(host_queries, host_corpus, k=k, use_gpu=True, backend="faiss")
+                figures["queries/s (faiss-gpu)"] = len(host_queries) / (time.perf_counter() - start)
+        except ImportError:
+            figures["faiss-gpu"] = "not installed"
+        return figures
+    return section
 
 
-def build_model(method: str, spec: str, device, full_vocab: bool):
-    from qac.models.factory import build_pretraining_model
-    from qac.train.pretrain import PretrainSettings
-
-    settings = PretrainSettings.from_mapping({"method": method, "init": spec, "skip_from": 6 if "tiny" not in spec
-                                              else 1, "n_head_layers": 2, "dropout": 0.0,
-                                              "cotmae_decoder": "release"})
-    return build_pretraining_model(settings.to_dict(), seed=0, full_vocab_logits=full_vocab).to(device)
+def one_block_top(queries, corpus, k):
+    """Top-k indices by (score, row) descending from one product (no ties in random data)."""
+    scores = queries @ corpus.T
+    return scores.topk(k, dim=1).indices.cpu()
 
 
-def pretraining_rows(args, device, tokenizer, corpus, peak) -> tuple[list[dict], dict]:
-    from qac.data.context_pairs import PairCollator, PairSampler
-    from qac.models.grad_cache import FullBatchStep, GradCachedStep
-    from qac.train.throughput import trainable_parameters
+def generation_section(args, device, tokenizer, triples):
+    """Passages/s of query generation: ours (device-side sampling) against Hugging Face ``generate``."""
+    def section(budget_s):
+        import copy
 
-    rows, rates = [], {}
-    sampler = PairSampler(corpus, "query", seed=0)
-    recipes = [("ours", torch.bfloat16 if device.type == "cuda" else None, False, None),
-               ("release", torch.float16 if device.type == "cuda" else None, True, args.max_len)]
-    for method in ("cocondenser", "cotmae"):
-        for recipe, dtype, full_vocab, pad_to in recipes:
-            model = build_model(method, args.model, device, full_vocab)
-            collator = PairCollator(tokenizer, args.max_len, 32, *model.mask_ratios, seed=0, pad_to=pad_to)
-            batches = [collator(sampler.batch(step, args.batch_size), step) for step in range(args.steps + 1)]
-            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5,
-                                          fused=device.type == "cuda")
-            seconds = time_steps(FullBatchStep(model, device, dtype), optimizer, batches, device)
-            padded = statistics.mean(sum(s["attention_mask"].numel() for s in b.values()) for b in batches)
-            real = statistics.mean(sum(int(s["attention_mask"].sum()) for s in b.values()) for b in batches)
-            mfu = 6 * trainable_parameters(model) * padded / seconds / peak if peak else None
-            rows.append({"method": method, "recipe": recipe, "pairs/s": args.batch_size / seconds,
-                         "tokens/s": real / seconds, "MFU": f"{100 * mfu:.1f}%" if mfu else "n/a (no peak)"})
-            rates[(method, recipe)] = args.batch_size / seconds
-            if method == "cocondenser" and recipe == "ours":
-                chunk = max(1, args.batch_size // 4)
-                cached = time_steps(GradCachedStep(model, chunk, device, dtype), optimizer, batches, device)
-                rates["grad_cache"] = (cached / seconds, chunk)
-            del model, optimizer
-    return rows, rates
+        from transformers import T5Config, T5ForConditionalGeneration
 
+        from qac.querygen.generate import QueryGenerator, SamplingSettings
 
-def loop_rows(args, device, corpus_files, tokenizer) -> dict:
-    """The stage loop's pairs/s and data wait, beside the isolated step on the same batches."""
-    from qac.data.context_pairs import PairCollator, PairSampler, load_pair_corpus
-    from qac.distributed import autocast_dtype
-    from qac.models.grad_cache import FullBatchStep
-    from qac.train.pretrain import PretrainSettings, pretrain
+        dry = args.dry_run
+        sizes = dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4) if dry else {}
+        config = T5Config(vocab_size=max(len(tokenizer), 32128), pad_token_id=0,
+                          eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=0, **sizes)
+        torch.manual_seed(0)
+        model = T5ForConditionalGeneration(config).to(device).eval()
+        settings = SamplingSettings(queries_per_passage=4 if dry else 20, max_new_tokens=8 if dry else 64,
+                                    max_source_len=512, drop_duplicates=False)
+        passages = [(f"p{i}", anchor) for i, (anchor, _, _) in enumerate(triples)]
+        batch = args.generation_batch
+        half = torch.bfloat16 if device.type == "cuda" else None         # a dry run's CPU stays in fp32
+        label = "bf16" if half else "fp32"
+        weights = copy.deepcopy(model).to(torch.bfloat16) if half else model
+        settings_rows = [
+            (f"ours, {label}, sampling on the device, host reads every 8 steps",
+             lambda chunk: ours(model, dict(autocast_dtype=half, batch_invariant=False, sync_every=8), chunk)),
+            (f"ours, {label}, sampling on the device, host reads every step",
+             lambda chunk: ours(model, dict(autocast_dtype=half, batch_invariant=False, sync_every=1), chunk)),
+            (f"HF generate, {label} weights", lambda chunk: hf(weights, chunk)),
+            ("ours, fp32, batch-invariant", lambda chunk: ours(model, {}, chunk)),
+            ("HF generate, fp32 (the release's settings)", lambda chunk: hf(model, chunk)),
+        ]
 
-    passages, queries = corpus_files
-    steps = args.steps + 2
-    settings = PretrainSettings.from_mapping(dict(
-        method="cocondenser", init=args.model, context_type="query", steps=steps, batch_size=args.batch_size,
-        max_len=args.max_len, query_max_len=32, log_every=steps, checkpoint_every=steps, dropout=0.0,
-        skip_from=6 if "tiny" not in args.model else 1, loader_workers=args.workers, compile=args.compile))
-    logged = {}
-    with tempfile.TemporaryDirectory() as work:
-        pretrain(settings, passages=passages, queries=queries, work_dir=Path(work) / "w", out_dir=Path(work) / "o",
-                 log=lambda step, metrics: logged.update(metrics))
-    model = build_model("cocondenser", args.model, device, False)
-    corpus = load_pair_corpus(passages, queries, "query", tokenizer=tokenizer)
-    sampler = PairSampler(corpus, "query", seed=settings.seed)
-    collator = PairCollator(tokenizer, args.max_len, 32, *model.mask_ratios, seed=settings.seed)
-    batches = [collator(sampler.batch(step, args.batch_size), step) for step in range(steps)]
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5,
-                                  fused=device.type == "cuda")
-    seconds = time_steps(FullBatchStep(model, device, autocast_dtype("auto", device)), optimizer, batches, device)
-    return {"loop pairs/s": logged["samples_per_second"], "isolated pairs/s": args.batch_size / seconds,
-            "loop / isolated": logged["samples_per_second"] * seconds / args.batch_size,
-            "data wait": f"{100 * logged['data_wait_share']:.1f}%",
-            "padding efficiency": logged["padding_efficiency"],
-            "MFU (loop)": f"{100 * logged['mfu']:.1f}%" if "mfu" in logged else "n/a (no peak)"}
+        def ours(net, options, chunk):
+            generator = QueryGenerator(net, tokenizer, settings, **options)
+            with torch.inference_mode():
+                _, stats = generator.generate_candidates(chunk, batch)
+            return stats.tokens
 
+        def hf(net, chunk):
+            inputs = tokenizer([settings.prefix + text for _, text in chunk], truncation=True,
+                               max_length=settings.max_source_len, padding=True, return_tensors="pt",
+                               return_token_type_ids=False).to(device)
+            with torch.inference_mode():
+                out = net.generate(**inputs, do_sample=True, top_k=settings.top_k, top_p=settings.top_p,
+                                   max_new_tokens=settings.max_new_tokens,
+                                   num_return_sequences=settings.queries_per_passage)
+            return int((out != tokenizer.pad_token_id).sum()) - len(out)
 
-def encoding_and_search(args, device, tokenizer, texts) -> dict:
-    from qac.data.tokens import TextEncoder
-    from qac.models.loading import load_model
-    from qac.retrieval.encode import encode_texts
-    from qac.retrieval.search import search_reference, torch_search
-
-    encoder = load_model(args.model).to(device)
-    ids = TextEncoder(tokenizer)(texts)
-    encode_texts(encoder, tokenizer, texts[:64], token_ids=ids[:64], max_length=args.max_len, batch_size=256)
-    synchronize(device)
-    start = time.perf_counter()
-    vectors = encode_texts(encoder, tokenizer, texts, token_ids=ids, max_length=args.max_len, batch_size=256)
-    synchronize(device)
-    encode_rate = len(texts) / (time.perf_counter() - start)
-
-    rng = np.random.default_rng(0)
-    corpus = rng.normal(size=(args.search_passages, vectors.shape[1])).astype(np.float32)
-    queries = rng.normal(size=(args.search_queries, vectors.shape[1])).astype(np.float32)
-    torch_search(queries[:16], corpus, k=100, device=device)
-    synchronize(device)
-    start = time.perf_counter()
-    scores, indices = torch_search(queries, corpus, k=100, device=device)
-    synchronize(device)
-    search_rate = len(queries) / (time.perf_counter() - start)
-    _, expected = search_reference(queries[:8], corpus, k=100)
-    figures = {"encoding passages/s": encode_rate, "search queries/s (torch, fp32)": search_rate,
-               "search equals reference": bool(np.array_equal(indices[:8], expected)),
-               "search corpus": f"{args.search_passages:,} x {vectors.shape[1]}"}
-    try:
-        import faiss  # noqa: F401
-
-        from qac.retrieval.search import search
-
-        if hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0:
-            start = time.perf_counter()
-            search(queries, corpus, k=100, use_gpu=True)
-            figures["search queries/s (faiss-gpu)"] = len(queries) / (time.perf_counter() - start)
-    except ImportError:
-        pass
-    return figures
+        rows, share = [], budget_s / len(settings_rows)
+        for name, run in settings_rows:
+            run(passages[:batch])                                        # warm-up
+            done, tokens, seconds = 0, 0, 0.0
+            while done < args.generation_passages and (done < 2 * batch or seconds < share):
+                chunk = [passages[(done + i) % len(passages)] for i in range(batch)]
+                synchronize(device)
+                start = time.perf_counter()
+                tokens += run(chunk)
+                synchronize(device)
+                seconds += time.perf_counter() - start
+                done += batch
+            rows.append({"setting": name, "batch": batch, "passages": done, "seconds": seconds,
+                         "passages/s": done / seconds,
+                         "mean tokens/query": tokens / (done * settings.queries_per_passage)})
+            print(f"  {rows[-1]}", flush=True)
+        reference = next(r for r in rows if r["setting"] == f"HF generate, {label} weights")
+        return {"model": "tiny T5" if dry else "T5-base sizes, random weights",
+                "queries per passage": settings.queries_per_passage, "new tokens": settings.max_new_tokens,
+                "rows": rows, "ours / HF generate (same precision, same batch)":
+                rows[0]["passages/s"] / reference["passages/s"]}
+    return section
 
 
-def generation_rows(args, device, tokenizer, texts) -> tuple[list[dict], float]:
-    """Passages/s of query generation: ours (device-side sampling, bf16) against Hugging Face ``generate``.
+def compile_section(args, device, tokenizer, triples, peak):
+    """``torch.compile`` of the coCondenser step on batches padded to ``max_len`` (one shape, one
+    compilation): the first step (compilation) apart from the steady step, against eager."""
+    def section(budget_s):
+        from qac.models.grad_cache import FullBatchStep
 
-    Returns the rows and the ratio of our bf16 loop to ``generate`` with bf16 weights at the same batch.
-    """
-    import copy
+        dtype = torch.bfloat16 if device.type == "cuda" else None
+        model = build_model("cocondenser", args.model, device)
+        optimizer = optimizer_for(model, device)
+        batches = [to_device(b, device) for b in method_batches(
+            tokenizer, triples, "cocondenser", model, "query", args.batch_size, args.distinct_batches,
+            pad_to=args.max_len)]
+        eager = timed(step_runner(FullBatchStep(model, device, dtype), optimizer), batches, device, budget_s / 4)
+        # a dry run checks that the step captures (no code generation: inductor's C++ build takes minutes)
+        module = torch.compile(model, backend="eager") if args.dry_run else torch.compile(model)
+        compiled = timed(step_runner(FullBatchStep(module, device, dtype), optimizer), batches, device,
+                         budget_s / 4, warmup=WARMUP + 1)
+        return {"batch_size": args.batch_size, "padding": f"static, {args.max_len}",
+                "backend": "eager (dry run: capture only)" if args.dry_run else "inductor",
+                "eager s/step": eager["median_s"], "compiled s/step": compiled["median_s"],
+                "compiled / eager speed": eager["median_s"] / compiled["median_s"],
+                "first compiled step s (compilation)": compiled["first_s"],
+                "compile seconds (first step less a steady one)": compiled["first_s"] - compiled["median_s"]}
+    return section
 
-    from transformers import T5Config, T5ForConditionalGeneration
 
-    from bench_querygen import time_hf_generate, time_ours
-    from qac.querygen.generate import QueryGenerator, SamplingSettings
+# ---------------------------------------------------------------------------------------------------------
+# rendering
 
+
+def render_markdown(data: dict) -> str:
+    from qac.benchmarking import markdown_table
+
+    sections = data["sections"]
+    peak = data.get("peak_flops")
+    lines = ["## GPU benchmark (`benchmarks/bench_gpu.py`)" + (" — dry run, tiny model on the CPU"
+                                                               if data.get("dry_run") else ""), "",
+             f"Device: {data['device']}; " + (f"assumed dense bf16 peak {peak / 1e12:.0f} TFLOP/s" if peak
+                                               else "no peak FLOP/s known (no MFU)") + f"; {data['date']}.",
+             f"Machine: {data['machine']}; model {data['model']}; text: {data['text']}.",
+             "FLOPs counted with `torch.utils.flop_counter` on one batch of each configuration, scaled to "
+             "the mean padded tokens; HFU = counted FLOPs / time / peak, MFU = the same on real tokens only."]
+
+    def failed(name, title):
+        figures = sections.get(name)
+        if figures is None:
+            lines.extend(["", f"### {title}", "", "not run"])
+            return True
+        if figures["status"] != "done":
+            lines.extend(["", f"### {title}", "", f"failed after {figures['seconds']:.0f} s: {figures['error']}"])
+            return True
+        lines.extend(["", f"### {title}", ""])
+        return False
+
+    columns = ["method", "recipe", "context", "pairs/s", "tokens/s", "s/step", "padded tokens/step",
+               "counted GFLOP/step", "HFU (counted, padded)", "MFU (counted, real tokens)", "steps timed"]
+    if not failed("pretrain", "Pre-training step (isolated)"):
+        p = sections["pretrain"]
+        lines.append(f"{p['batch_size']} pairs per step, {p['max_len']} tokens. Recipes: "
+                     + "; ".join(f"{k}: {v}" for k, v in p["recipes"].items()) + ".")
+        lines.extend(["", markdown_table([percent(r) for r in p["rows"]], columns)])
+    if not failed("grad_cache", "GradCache"):
+        g = sections["grad_cache"]
+        lines.append(f"coCondenser, query context, {g['batch_size']} pairs, chunk {g['chunk']} (the paper "
+                     f"profile's): cached step / full-batch step = {g['time ratio']:.2f}x by time, "
+                     f"{g['counted FLOP ratio']:.2f}x by counted FLOPs "
+                     f"({g['full']['s/step']:.4g} s vs {g['cached']['s/step']:.4g} s).")
+    if not failed("stage_loop", "Stage loop vs isolated step (coCondenser, query context)"):
+        lines.append(markdown_table([percent(plain(sections["stage_loop"]))]))
+    if not failed("encoding", "Encoding"):
+        lines.append(markdown_table([plain(sections["encoding"])]))
+    if not failed("search", "Exact search"):
+        lines.append(markdown_table([plain(sections["search"])]))
+    if not failed("generation", "Query generation"):
+        g = sections["generation"]
+        lines.append(f"{g['model']}, {g['queries per passage']} queries per passage, {g['new tokens']} new tokens.")
+        lines.extend(["", markdown_table(g["rows"]), "",
+                      f"Ours (host reads every 8 steps) / Hugging Face generate, same precision, same batch: "
+                      f"{g['ours / HF generate (same precision, same batch)']:.2f}x"])
+    if not failed("compile", "torch.compile (coCondenser step)"):
+        lines.append(markdown_table([plain(sections["compile"])]))
+    total = sum(s.get("seconds", 0) for s in sections.values())
+    lines.extend(["", f"Sections took {total:.0f} s in all."])
+    return "\n".join(lines)
+
+
+def plain(figures: dict) -> dict:
+    return {k: v for k, v in figures.items() if k not in ("status", "seconds") and not isinstance(v, (dict, list))}
+
+
+def percent(row: dict) -> dict:
+    return {k: (f"{100 * v:.1f}%" if isinstance(v, float) and ("FU" in k or "wait" in k) else v)
+            for k, v in row.items()}
+
+
+def publish(results_file: Path, report: Path) -> None:
+    """The results file as ``reports/bench_gpu.json`` and its section of the benchmark report."""
+    from qac.benchmarking import write_section
+    from qac.io import atomic_path
+
+    data = json.loads(results_file.read_text(encoding="utf-8"))
+    with atomic_path(PUBLISHED) as tmp:
+        Path(tmp).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    write_section("gpu", render_markdown(data), report)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="folder for bench_gpu.json and bench_gpu.md")
+    parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: every path once")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds of timing per section (default 45; dry run 1)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument("--model", default=None, help="model spec (default: scratch:benchmarks/bert-base-uncased; "
+                                                      "dry run: tiny: of the same)")
+    parser.add_argument("--text", choices=("auto", "scifact", "synthetic"), default="auto",
+                        help="auto: SciFact when the data mirror holds it, generated text otherwise")
+    parser.add_argument("--batch-size", type=int, default=None, help="pairs per step (default 128)")
+    parser.add_argument("--max-len", type=int, default=144)
+    parser.add_argument("--chunk", type=int, default=None, help="GradCache chunk (default: the paper profile's)")
+    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers of the stage loop")
+    parser.add_argument("--report", type=Path, default=None, help="also write the section into this report")
+    parser.add_argument("--publish", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="copy a results file to reports/bench_gpu.json and its section into reports/"
+                             "benchmarks.md (or --report), then stop")
+    args = parser.parse_args(argv)
+    if args.publish is None and args.out is None:
+        parser.error("--out is required (the folder the figures are written to)")
     dry = args.dry_run
-    sizes = dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4) if dry else {}
-    config = T5Config(vocab_size=max(len(tokenizer), 32128), pad_token_id=0, eos_token_id=tokenizer.sep_token_id,
-                      decoder_start_token_id=0, **sizes)                  # t5-base sizes unless a dry run
-    torch.manual_seed(0)
-    model = T5ForConditionalGeneration(config).to(device).eval()
-    settings = SamplingSettings(queries_per_passage=4 if dry else 20, max_new_tokens=8 if dry else 64,
-                                max_source_len=512, drop_duplicates=False)
-    passages = [(f"p{i}", text) for i, text in enumerate(texts[:args.generation_passages])]
-    batch = args.generation_batch
-    half = torch.bfloat16 if device.type == "cuda" else None      # the CPU of a dry run stays in fp32
-    label = "bf16" if half else "fp32"
-    rows = []
-
-    def ours(name, subset, **kwargs):
-        generator = QueryGenerator(model, tokenizer, settings, **kwargs)
-        with torch.inference_mode():
-            generator.generate_candidates(subset[:batch], batch)             # warm-up
-            synchronize(device)
-            rows.append({"setting": name, **time_ours(generator, subset, batch)})
-
-    ours(f"ours, {label}, sampling on the device, host reads every 8 steps", passages, autocast_dtype=half,
-         batch_invariant=False, sync_every=8)
-    ours(f"ours, {label}, sampling on the device, host reads every step", passages, autocast_dtype=half,
-         batch_invariant=False, sync_every=1)
-    ours("ours, fp32, batch-invariant", passages[:max(batch, len(passages) // 8)])
-    weights = copy.deepcopy(model).to(torch.bfloat16) if half else model
-    torch.manual_seed(0)
-    reference = {"setting": f"HF generate, {label} weights",
-                 **time_hf_generate(weights, tokenizer, passages, settings, batch, device)}
-    rows.append(reference)
-    rows.append({"setting": "HF generate, fp32 (the release's settings)",
-                 **time_hf_generate(model, tokenizer, passages, settings, batch, device)})
-    for row in rows:
-        row["batch"] = batch
-    return rows, rows[0]["passages/s"] / reference["passages/s"]    # the first row: ours, host reads every 8 steps
-
-
-def projection(rates: dict, encode_rate: float, generation_rate: float, dry_run: bool) -> list[dict]:
-    """GPU-hours of the paper profile's pre-training variants, of one corpus encoding and of query generation
-    per million passages (the split corpus's size is known only once split), at the measured rates."""
-    import yaml
-
-    params = yaml.safe_load(open(Path(__file__).resolve().parent.parent / "profiles" / "paper" / "params.yaml"))
-    common = params["pretrain"]["common"]
-    rows = []
-    for name, variant in params["pretrain"]["variants"].items():
-        merged = {**common, **variant}
-        if merged["method"] not in ("cocondenser", "cotmae"):
-            continue
-        rate = rates[(merged["method"], "ours")]
-        pairs = merged["steps"] * merged["batch_size"]
-        rows.append({"stage": f"pretrain {name}", "pairs": f"{pairs:,}", "pairs/s (one device)": rate,
-                     "GPU-hours": pairs / rate / 3600})
-    rows.append({"stage": "encode MS MARCO passages (once per retriever)", "pairs": f"{PAPER_CORPUS_PASSAGES:,}",
-                 "pairs/s (one device)": encode_rate, "GPU-hours": PAPER_CORPUS_PASSAGES / encode_rate / 3600})
-    rows.append({"stage": "generate 20 queries per passage, per million split passages", "pairs": "1,000,000",
-                 "pairs/s (one device)": generation_rate, "GPU-hours": 1e6 / generation_rate / 3600})
-    return rows
+    args.model = args.model or f"{'tiny' if dry else 'scratch'}:{MODEL_DIR}"
+    args.budget_s = args.budget_s if args.budget_s is not None else (1.0 if dry else 45.0)
+    args.batch_size = args.batch_size or (8 if dry else 128)
+    args.workers = args.workers if args.workers is not None else (1 if dry else 4)
+    args.grad_cache_batch = 2 * args.batch_size if not dry else 8
+    args.chunk = args.chunk or (2 if dry else None)
+    args.distinct_batches = 3 if dry else 8
+    args.loop_window, args.loop_windows = (2, 3) if dry else (10, 4)
+    args.encode_batch, args.encode_passages = (32, 64) if dry else (512, 200_000)
+    args.search_passages, args.search_queries, args.search_dim = ((2_000, 16, 32) if dry else
+                                                                  (PAPER_CORPUS_PASSAGES, 8_192, 768))
+    args.search_k = 100 if dry else 1000
+    args.generation_passages, args.generation_batch = (8, 4) if dry else (512, 64)
+    if dry:
+        global WARMUP, MIN_STEPS
+        WARMUP, MIN_STEPS = 1, 1
+    args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(args.sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    return args
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: every path once")
-    parser.add_argument("--model", default=None, help="model spec (default: scratch:bert-base-uncased; dry run: "
-                                                      "tiny:minilm)")
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--max-len", type=int, default=144)
-    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers of the stage loop")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the stage loop's model")
-    parser.add_argument("--report", default="reports/benchmarks.md")
-    args = parser.parse_args(argv)
-    dry = args.dry_run
-    args.model = args.model or ("tiny:minilm" if dry else "scratch:bert-base-uncased")
-    args.batch_size = args.batch_size or (8 if dry else 128)
-    args.steps = args.steps or (2 if dry else 10)
-    args.workers = args.workers if args.workers is not None else (2 if dry else 4)
-    args.search_passages, args.search_queries = (2_000, 64) if dry else (1_000_000, 8_192)
-    args.generation_passages, args.generation_batch = (8, 4) if dry else (512, 64)
-    device = torch.device("cpu" if dry or not torch.cuda.is_available() else "cuda")
-
+    args = parse_args(argv)
+    if args.publish is not None:
+        publish(args.publish, args.report or REPO / "reports" / "benchmarks.md")
+        return
+    from qac.benchmarking import machine_summary
     from qac.models.loading import load_tokenizer
-    from qac.data.context_pairs import load_pair_corpus
-    from qac.train.throughput import peak_flops
 
-    started = time.perf_counter()
-    device_name, peak = peak_flops(device)
+    import transformers
+
+    device = torch.device("cpu" if args.dry_run or not torch.cuda.is_available() else "cuda")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    device_name, peak = peak_of(device)
     tokenizer = load_tokenizer(args.model)
-    triples = scifact_pairs(256 if dry else 2048)
-    with tempfile.TemporaryDirectory() as work:
-        files = write_pair_files(Path(work), triples, tokenizer, args.model)
-        corpus = load_pair_corpus(*files, "query", tokenizer=tokenizer)
-        step_rows, rates = pretraining_rows(args, device, tokenizer, corpus, peak)
-        loop = loop_rows(args, device, files, tokenizer)
-    texts = [anchor for anchor, _, _ in triples] * (1 if dry else 4)
-    retrieval = encoding_and_search(args, device, tokenizer, texts)
-    generation, generation_ratio = generation_rows(args, device, tokenizer, texts)
-    cache_ratio, chunk = rates["grad_cache"]
-    body = [
-        "## GPU benchmark (`benchmarks/bench_gpu.py`)" + (" — dry run, tiny model on the CPU" if dry else ""),
-        "",
-        f"Device: {device_name}; assumed peak {peak / 1e12:.0f} TFLOP/s bf16" if peak else
-        f"Device: {device_name}; no peak FLOP/s assumed (MFU not given)",
-        f"Machine: {machine_summary()}; model {args.model}, {args.batch_size} pairs per step, "
-        f"{args.max_len} tokens; MFU = 6 x parameters x padded tokens / time / peak.",
-        "", "### Pre-training step (isolated)", "", markdown_table(step_rows),
-        "", f"GradCache (chunk {chunk}) step / full-batch step: {cache_ratio:.2f}x",
-        "", "### Stage loop vs isolated step (coCondenser, ours)", "", markdown_table([loop]),
-        "", "### Encoding and exact search", "", markdown_table([retrieval]),
-        "", f"### Query generation ({'tiny T5' if dry else 'T5-base sizes'}, random weights)", "",
-        markdown_table(generation, ["setting", "batch", "passages", "seconds", "passages/s", "mean tokens/query",
-                                    "recomputed decisions"]),
-        "", f"Ours with sampling on the device / Hugging Face generate with the same weights' precision, same batch: "
-            f"{generation_ratio:.2f}x",
-        "", "### Projection: the paper profile on one such device", "",
-        markdown_table(projection(rates, retrieval["encoding passages/s"], generation[0]["passages/s"], dry)),
-        "", f"Whole benchmark: {time.perf_counter() - started:.0f} s.",
-    ]
-    write_section("gpu", "\n".join(body), args.report)
-    print("\n".join(body))
+    triples, text_source = text_triples(256 if args.dry_run else 2048, args.text)
+    results = Results(args.out, {
+        "schema": 1, "device": device_name, "peak_flops": peak,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_summary(), "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "model": args.model.replace(str(REPO) + os.sep, ""),
+        "text": text_source, "dry_run": args.dry_run, "budget_s_per_section": args.budget_s,
+        "command": " ".join(["python benchmarks/bench_gpu.py", *(sys.argv[1:] if argv is None else argv)])})
+    results.save()
+    builders = {
+        "pretrain": lambda: pretrain_section(args, device, tokenizer, triples, peak),
+        "grad_cache": lambda: grad_cache_section(args, device, tokenizer, triples, peak),
+        "stage_loop": lambda: stage_loop_section(args, device, tokenizer, triples, peak),
+        "encoding": lambda: encoding_section(args, device, tokenizer, triples),
+        "search": lambda: search_section(args, device),
+        "generation": lambda: generation_section(args, device, tokenizer, triples),
+        "compile": lambda: compile_section(args, device, tokenizer, triples, peak),
+    }
+    for name in args.sections:
+        run_section(results, name, builders[name](), args.budget_s)
+    if args.report:
+        from qac.benchmarking import write_section
+
+        write_section("gpu", render_markdown(results.data), args.report)
+    print(render_markdown(results.data))
+    failed = [name for name, s in results.data["sections"].items() if s["status"] != "done"]
+    if failed:
+        raise SystemExit(f"bench_gpu: section(s) failed: {', '.join(failed)} (their errors are in "
+                         f"{args.out / RESULTS})")
 
 
 if __name__ == "__main__":

@@ -41,35 +41,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Idle OpenMP threads sleep instead of spinning, so process CPU time measures work, not waiting.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
 from qac.benchmarking import machine_summary, markdown_table, write_section  # noqa: E402
 from qac.data.context_pairs import Pair, PairCollator  # noqa: E402
 
-SCIFACT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "scifact"
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}   # dense tensor-core FLOP/s
 
 
 def scifact_pairs(count: int, words: int = 110) -> list[tuple[str, str, str]]:
-    """``(passage, next passage of the same abstract, a claim)`` triples from the SciFact mirror.
+    """``(passage, next passage, query)`` triples: SciFact from the data mirror, generated text without it."""
+    from sample_text import text_triples
 
-    As in the paper's splitting, 15% of the spans are short (uniform length).
-    """
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    claims = [json.loads(line)["text"] for line in open(SCIFACT / "queries.jsonl", encoding="utf-8")]
-    triples = []
-    for line in open(SCIFACT / "corpus.jsonl", encoding="utf-8"):
-        tokens = (json.loads(line)["title"] + " " + json.loads(line)["text"]).split()
-        first, second = (int(rng.integers(2, words + 1)) if rng.random() < 0.15 else words for _ in range(2))
-        if len(tokens) >= first + second:
-            triples.append((" ".join(tokens[:first]), " ".join(tokens[first:first + second]),
-                            claims[len(triples) % len(claims)]))
-        if len(triples) == count:
-            break
-    return triples
+    return text_triples(count)[0]
 
 
 def corpus_pairs(passages: Path, queries: Path, count: int) -> list[tuple[str, str, str]]:

@@ -48,7 +48,7 @@ def test_torch_search_equals_faiss_and_the_reference_on_distinct_scores():
     passages = rng.normal(size=(400, 16)).astype(np.float32)
     queries = rng.normal(size=(23, 16)).astype(np.float32)
     faiss_scores, faiss_indices = search(queries, passages, k=30)
-    scores, indices = torch_search(queries, passages, k=30, batch_size=7)
+    scores, indices = torch_search(queries, passages, k=30, query_block=7, passage_block=50)
     reference_scores, reference_indices = search_reference(queries, passages, k=30)
     np.testing.assert_array_equal(indices, faiss_indices)
     np.testing.assert_array_equal(indices, reference_indices)
@@ -66,7 +66,7 @@ def test_torch_search_breaks_ties_as_trec_eval_does():
     queries = rng.integers(-2, 3, size=(40, 6)).astype(np.float32)
     doc_ids = [f"doc{rng.integers(0, 10**6):06d}-{i}" for i in range(len(passages))]
     ranks = tie_ranks(doc_ids)
-    scores, indices = torch_search(queries, passages, k=25, ranks=ranks, batch_size=16)
+    scores, indices = torch_search(queries, passages, k=25, ranks=ranks, query_block=16, passage_block=40)
     reference_scores, reference_indices = search_reference(queries, passages, k=25, ranks=ranks)
     np.testing.assert_array_equal(indices, reference_indices)
     np.testing.assert_array_equal(scores, reference_scores)
