@@ -5,6 +5,7 @@
   qac profile show NAME            # print profiles/NAME/params.yaml
   qac profile plan NAME            # every stage of the profile's pipeline, in run order, with its command
   qac profile plan NAME --cells    # every numeric cell of the paper's Tables 1-5: the run that produces it
+  qac profile plan NAME --cost     # GPU-hours per stage and variant from the latest GPU benchmark figures
   qac profile plan NAME --slurm DIR  # an sbatch script per stage, chained along the DVC graph (docs/cluster.md)
   qac profile validate [NAME|FILE ...]  # check params files against the schema (all profiles by default)
   qac profile docs [--check]       # write docs/parameters.md from the schema (--check: fail if stale)
@@ -42,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--cells", action="store_true",
                       help="each numeric cell of the paper's Tables 1-5: its variant, stage outputs and recipe "
                            "(exit 1 if one is missing)")
+    plan.add_argument("--cost", action="store_true",
+                      help="GPU-hours per stage and variant from the latest GPU benchmark figures "
+                           "(reports/bench_gpu.json; the device and date are printed)")
+    plan.add_argument("--figures", metavar="JSON", help="with --cost: another bench_gpu.json")
     plan.add_argument("--slurm", metavar="DIR", help="write one sbatch script per stage, submit.sh (chained along "
                       "the DVC graph) and sweep.sbatch into DIR (docs/cluster.md)")
     validate = actions.add_parser("validate", help="check params files against the schema, running nothing")
@@ -157,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
         return print_cell_plan(render_profile(args.name))
     if args.slurm:
         return _slurm(args.name, args.slurm)
+    if args.cost:
+        from qac.gpu_cost import print_cost
+
+        return print_cost(args.name, args.figures)
     from qac.pipeline_plan import print_plan
 
     return print_plan(args.name)

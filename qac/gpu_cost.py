@@ -1,0 +1,185 @@
+"""What a profile costs on one GPU, stage by stage, from the latest GPU benchmark figures.
+
+``qac profile plan NAME --cost`` prints it before anything runs. The rates are
+those ``benchmarks/bench_gpu.py`` measured and ``--publish`` committed as
+``reports/bench_gpu.json`` (its device and date are printed with them):
+
+- pre-training: pairs/s of the variant's method at its own pair length (a
+  passage context is another 144-token passage, a query context a 32-token
+  query: passage pairs are the more work), mixed contexts weighted by
+  ``mixed_query_prob``, slowed by the measured GradCache overhead where the
+  variant caches gradients, MASTER at its five decoders' rate (an upper bound
+  for a variant with fewer);
+- fine-tuning: each step is a forward and backward pass (about 3x a forward)
+  over the batch's queries and ``train_n_passages`` passages each, at the
+  measured encoding rate, for retrievers 1 and 2;
+- encoding: MS MARCO's 8.8M passages twice per variant (retriever 1's
+  encoding serves mining and evaluation, retriever 2's evaluation) and the
+  25M-document BEIR union once per zero-shot retriever;
+- query generation: per million split passages (the split corpus's size is
+  known only once the split stage has run).
+
+Without GPU figures it says so and falls back to what the documentation
+states: encoding at the audit's 7.4 H100-hours per BEIR encoding
+(docs/data.md, "Cost"), pre-training from 6 x parameters x tokens at the
+35% MFU the project targets on an H100's 989 TFLOP/s, GradCache at 4/3 of the
+full-batch step (each forward runs twice), and no generation rate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from qac.config import REPO_ROOT
+
+FIGURES = REPO_ROOT / "reports" / "bench_gpu.json"
+MSMARCO_PASSAGES = 8_841_823
+MSMARCO_TRAIN_QUERIES = 502_939        # train queries with a judged passage
+BEIR_UNION_DOCUMENTS = 25_000_000      # the 14 BEIR corpora of Table 2, about 25M documents
+QUERY_TOKENS = 32
+
+# The documented fallback (docs/data.md, "Cost"): 21 encodings of the BEIR union took about 156 H100-hours.
+FALLBACK_ENCODE_RATE = 21 * BEIR_UNION_DOCUMENTS / (156 * 3600)
+FALLBACK_MFU, FALLBACK_PEAK, BERT_BASE_PARAMETERS = 0.35, 989e12, 110e6
+FALLBACK_GRAD_CACHE = 4 / 3            # the cached step re-runs each forward once: 4 of 3 units of work
+
+
+@dataclass
+class Rates:
+    """Measured (or fallback) rates of one device."""
+
+    device: str
+    date: str
+    source: str
+    measured: bool
+    pretrain: dict[tuple[str, str], float] = field(default_factory=dict)    # (method, context) -> pairs/s
+    grad_cache_ratio: float | None = None
+    encode: float | None = None                                               # passages/s at 144 tokens
+    generation: float | None = None                                           # passages/s, 20 queries each
+
+    @classmethod
+    def from_figures(cls, data: Mapping[str, Any], source: str) -> "Rates":
+        sections = {name: s for name, s in data.get("sections", {}).items() if s.get("status") == "done"}
+        dry = bool(data.get("dry_run"))
+        rates = cls(device=data["device"], date=data["date"], measured=not dry,
+                    source=f"a dry run's figures ({source}), not a GPU's" if dry else source)
+        for row in sections.get("pretrain", {}).get("rows", []):
+            if row["recipe"] == "ours":
+                rates.pretrain[(row["method"], row["context"])] = row["pairs/s"]
+        if "grad_cache" in sections:
+            rates.grad_cache_ratio = sections["grad_cache"]["time ratio"]
+        if "encoding" in sections:
+            rates.encode = sections["encoding"]["passages/s"]
+        if "generation" in sections:
+            rates.generation = sections["generation"]["rows"][0]["passages/s"]
+        return rates
+
+    @classmethod
+    def fallback(cls) -> "Rates":
+        rates = cls(device="H100 (assumed)", date="n/a", measured=False,
+                    source="no GPU figures yet (reports/bench_gpu.json is missing): encoding at the audit's "
+                           "7.4 H100-hours per BEIR encoding (docs/data.md), pre-training at 6 x parameters x "
+                           "tokens and 35% MFU of 989 TFLOP/s, GradCache x4/3; run benchmarks/bench_gpu.py on a GPU and publish "
+                           "its figures for measured ones")
+        for method, decoders in (("cocondenser", 0), ("cotmae", 1), ("master", 5)):
+            for context, other in (("passage", 144), ("query", QUERY_TOKENS)):
+                # the encoder over both sides; MASTER's and CoT-MAE's decoders (2 layers of 12) over theirs
+                tokens = 144 + other + decoders * (2 / 12) * 144
+                rates.pretrain[(method, context)] = FALLBACK_MFU * FALLBACK_PEAK / (
+                    6 * BERT_BASE_PARAMETERS * tokens)
+        rates.encode = FALLBACK_ENCODE_RATE
+        rates.grad_cache_ratio = FALLBACK_GRAD_CACHE
+        return rates
+
+
+def load_rates(path: str | Path | None = None) -> Rates:
+    """The published GPU figures, or the documented fallback when there are none."""
+    path = Path(path) if path else FIGURES
+    if not path.exists():
+        return Rates.fallback()
+    return Rates.from_figures(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+
+
+def pair_rate(rates: Rates, variant: Mapping[str, Any]) -> tuple[float, str]:
+    """Pairs/s of a pre-training variant and how it was derived."""
+    method, context = variant["method"], variant.get("context_type", "passage")
+    if context == "mixed":
+        share = float(variant.get("mixed_query_prob", 0.5))
+        query, passage = rates.pretrain[(method, "query")], rates.pretrain[(method, "passage")]
+        rate = 1 / (share / query + (1 - share) / passage)
+        how = f"{method}, {share:.0%} query / {1 - share:.0%} passage pairs"
+    else:
+        rate, how = rates.pretrain[(method, context)], f"{method}, {context} pairs"
+    if method == "master" and len(variant.get("master_decoders") or [0] * 5) < 5:
+        how += " (the 5-decoder rate: an upper bound)"
+    if variant.get("grad_cache_chunk") and method == "cocondenser" and rates.grad_cache_ratio:
+        rate /= rates.grad_cache_ratio
+        how += f", GradCache chunk {variant['grad_cache_chunk']} (x{rates.grad_cache_ratio:.2f})"
+    return rate, how
+
+
+def stage_costs(params: Mapping[str, Any], rates: Rates) -> list[dict[str, Any]]:
+    """One row per stage and variant: what it processes, at what rate, in GPU-hours (None: no rate)."""
+    rows = []
+    common = params["pretrain"].get("common") or {}
+    variants = {name: {**common, **(v or {})} for name, v in params["pretrain"]["variants"].items()}
+    trained = {name: v for name, v in variants.items() if v["method"] != "none"}
+    for name, variant in trained.items():
+        pairs = int(variant["steps"]) * int(variant["batch_size"])
+        rate, how = pair_rate(rates, variant)
+        rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": f"{rate:,.0f} pairs/s",
+                     "basis": how, "hours": pairs / rate / 3600})
+    finetune = params.get("finetune") or {}
+    if rates.encode and finetune:
+        per_query = int(finetune["train_n_passages"]) + QUERY_TOKENS / 144    # passage-equivalents per query
+        passes = 2 * int(finetune["epochs"]) * MSMARCO_TRAIN_QUERIES * per_query * 3   # r1 and r2, fwd + bwd
+        for name in variants:
+            rows.append({"stage": "finetune (r1 and r2)", "variant": name,
+                         "work": f"{2 * int(finetune['epochs'])} epochs x {MSMARCO_TRAIN_QUERIES:,} queries",
+                         "rate": f"{rates.encode:,.0f} passages/s", "basis": "3 x the encoding rate's forward",
+                         "hours": passes / rates.encode / 3600})
+        encodings = 2 * len(variants)
+        rows.append({"stage": "encode MS MARCO (r1: mining and evaluation, r2: evaluation)", "variant": "all",
+                     "work": f"{encodings} x {MSMARCO_PASSAGES:,} passages", "rate": f"{rates.encode:,.0f} passages/s",
+                     "basis": "encoding rate", "hours": encodings * MSMARCO_PASSAGES / rates.encode / 3600})
+        evaluate = params.get("evaluate") or {}
+        zero_shot = evaluate.get("zero_shot_variants")
+        zero_shot = len(variants) if zero_shot is None else len(zero_shot)
+        retrievers = evaluate.get("zero_shot_retrievers")
+        retrievers = 2 if retrievers is None else max(1, len(retrievers))
+        if zero_shot:
+            count = zero_shot * retrievers
+            rows.append({"stage": "encode BEIR (zero-shot)", "variant": f"{zero_shot} variants",
+                         "work": f"{count} x {BEIR_UNION_DOCUMENTS:,} documents",
+                         "rate": f"{rates.encode:,.0f} passages/s", "basis": "encoding rate",
+                         "hours": count * BEIR_UNION_DOCUMENTS / rates.encode / 3600})
+    rows.append({"stage": "generate queries", "variant": "per million split passages",
+                 "work": "1,000,000 passages", "rate": f"{rates.generation:,.1f} passages/s" if rates.generation
+                 else "no figure", "basis": "query generation, 20 queries of up to 64 tokens",
+                 "hours": 1e6 / rates.generation / 3600 if rates.generation else None})
+    return rows
+
+
+def cost_text(params: Mapping[str, Any], rates: Rates) -> str:
+    from qac.benchmarking import markdown_table
+
+    rows = stage_costs(params, rates)
+    known = sum(row["hours"] for row in rows if row["hours"] is not None and row["stage"] != "generate queries")
+    if rates.measured:
+        head = f"GPU-hours on one {rates.device}, measured {rates.date} ({rates.source})."
+    else:
+        head = f"GPU-hours on one {rates.device}: NOT measured, {rates.source}."
+    head = f"profile {params['profile']}: {head}"
+    table = markdown_table([{**row, "hours": f"{row['hours']:,.1f}" if row["hours"] is not None else "n/a"}
+                            for row in rows], ["stage", "variant", "work", "rate", "basis", "hours"])
+    return f"{head}\n\n{table}\n\nTotal (query generation apart): {known:,.0f} GPU-hours."
+
+
+def print_cost(name: str, figures: str | Path | None = None) -> int:
+    from qac.config import render_profile
+
+    print(cost_text(render_profile(name), load_rates(figures)))
+    return 0

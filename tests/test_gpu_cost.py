@@ -1,0 +1,71 @@
+"""`qac profile plan NAME --cost`: GPU-hours per stage and variant from the GPU benchmark's figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from qac.config import render_profile
+from qac.gpu_cost import Rates, load_rates, pair_rate, stage_costs
+
+
+def figures(**overrides) -> dict:
+    """A results file as benchmarks/bench_gpu.py writes it (the figures the projection reads)."""
+    rows = [{"method": m, "recipe": "ours", "context": c, "pairs/s": rate}
+            for (m, c), rate in {("cocondenser", "query"): 3000.0, ("cocondenser", "passage"): 1800.0,
+                                 ("cotmae", "query"): 2600.0, ("cotmae", "passage"): 1500.0,
+                                 ("master", "query"): 1200.0, ("master", "passage"): 700.0}.items()]
+    rows.append({"method": "cocondenser", "recipe": "release", "context": "passage", "pairs/s": 900.0})
+    data = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26 07:10 UTC", "dry_run": False, "sections": {
+        "pretrain": {"status": "done", "rows": rows},
+        "grad_cache": {"status": "done", "time ratio": 1.2, "chunk": 64},
+        "encoding": {"status": "done", "passages/s": 12000.0},
+        "generation": {"status": "done", "rows": [{"passages/s": 40.0}]},
+        "search": {"status": "failed", "error": "OutOfMemoryError"}}}
+    data.update(overrides)
+    return data
+
+
+def test_each_variant_costs_its_own_pair_length_with_grad_cache_and_master():
+    params = render_profile("paper")
+    rates = Rates.from_figures(figures(), "reports/bench_gpu.json")
+    costs = {(row["stage"], row["variant"]): row for row in stage_costs(params, rates)}
+    pretrain = {variant: row["hours"] for (stage, variant), row in costs.items() if stage == "pretrain"}
+    variants = params["pretrain"]["variants"]
+    assert set(pretrain) == {name for name, v in variants.items() if v["method"] != "none"}
+    steps, batch = 120_000, 2048
+    # coCondenser variants cache gradients at the paper's chunk: the measured overhead applies
+    assert pretrain["cocondenser-query-q5"] == pytest.approx(steps * batch / (3000 / 1.2) / 3600)
+    assert pretrain["cocondenser-passage"] == pytest.approx(steps * batch / (1800 / 1.2) / 3600)
+    # CoT-MAE has no in-batch loss: no caching; passage pairs are the more work
+    assert pretrain["cotmae-passage"] == pytest.approx(50_000 * 16_384 / 1500 / 3600)
+    assert pretrain["cotmae-passage"] > pretrain["cotmae-query-q5"]
+    # mixed contexts: half the pairs at each rate (harmonic mean)
+    assert pretrain["cotmae-mixed"] == pytest.approx((pretrain["cotmae-passage"] + pretrain["cotmae-query-q5"]) / 2)
+    # all three MASTER variants, at MASTER's rates
+    assert pretrain["master-passage"] == pytest.approx(steps * batch / 700 / 3600)
+    assert pretrain["master-passage-no-dor"] == pretrain["master-passage"]
+    assert "upper bound" in costs[("pretrain", "master-passage-no-dor")]["basis"]
+    assert costs[("generate queries", "per million split passages")]["hours"] == pytest.approx(1e6 / 40 / 3600)
+
+
+def test_the_cost_names_the_device_and_date_or_says_there_are_no_figures(tmp_path):
+    path = tmp_path / "bench_gpu.json"
+    path.write_text(json.dumps(figures()), encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "qac.cli", "profile", "plan", "paper", "--cost", "--figures",
+                             str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "NVIDIA H100 80GB HBM3, measured 2026-11-26 07:10 UTC" in result.stdout
+    assert "| pretrain | master-query-q5 |" in result.stdout and "GPU-hours" in result.stdout
+
+    fallback = load_rates(tmp_path / "missing.json")
+    assert not fallback.measured and "no GPU figures yet" in fallback.source
+    rate, how = pair_rate(fallback, {"method": "cocondenser", "context_type": "passage", "grad_cache_chunk": 64})
+    assert "GradCache" in how and rate < fallback.pretrain[("cocondenser", "passage")]
+
+    dry = tmp_path / "dry.json"
+    dry.write_text(json.dumps(figures(dry_run=True, device="cpu")), encoding="utf-8")
+    assert "dry run" in load_rates(dry).source and not load_rates(dry).measured
