@@ -28,12 +28,22 @@ description) in the same commit that adds it to ``profiles/base.yaml``;
 know, and on a stale ``docs/parameters.md``.
 """
 
-from qac.params.errors import ParamsError, Problem, known_keys_at
-from qac.params.loading import load_params
 from qac.params.locations import DEFAULT_PROFILE, PROFILE_NAMES, params_path, profile_params_path, profiles_root
-from qac.params.sections import Params
-from qac.params.validation import validate_params
 from qac.params.yaml_io import read_yaml, yaml_dumper, yaml_loader
+
+# Names that need pydantic are imported when first used: reading a profile's YAML or locating
+# its file must work where pydantic is not installed (the GPU benchmark's bare machine).
+_LAZY = {"ParamsError": "errors", "Problem": "errors", "known_keys_at": "errors", "load_params": "loading",
+         "Params": "sections", "validate_params": "validation"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"qac.params.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'qac.params' has no attribute {name!r}")
+
 
 __all__ = ["DEFAULT_PROFILE", "PROFILE_NAMES", "Params", "ParamsError", "Problem", "known_keys_at", "load_params",
            "params_path", "profile_params_path", "profiles_root", "read_yaml", "validate_params", "yaml_dumper",
