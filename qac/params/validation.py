@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from qac.params.errors import ParamsError, Problem, schema_problems
 from qac.params.locations import profiles_root
+from qac.params.model_lengths import length_problems
 from qac.params.rules import cross_field_problems
 from qac.params.sections import Params
 from qac.params.yaml_io import key_lines, read_yaml
@@ -39,6 +40,8 @@ def validate_params(params: Any, path: str | Path | None = None, text: str | Non
     except ValidationError as error:
         raise ParamsError(path, schema_problems(error), lines) from None
     problems = cross_field_problems(model) if complete else []
+    # Lengths against the models' positions hold whatever the rest of the file says: partial files too.
+    problems += length_problems(model)
     if problems:
         raise ParamsError(path, problems, lines)
     return model

@@ -1,0 +1,71 @@
+"""How many tokens a model can read, from its ``config.json``, without loading it.
+
+A length parameter over a model's position embeddings fails deep inside the
+first forward pass (a tensor-size error) after the data is read and the model
+built. :func:`max_positions` reads the number from the configuration file of
+a model spec (``minilm``, a local folder, ``tiny:``/``scratch:`` specs, a hub
+name whose configuration is in the local Hugging Face cache), so the params
+check can name the key before any model loads. A hub name whose configuration
+is not at hand here gives None: nothing is checked rather than guessed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+# Models whose position ids start after the padding index: max_position_embeddings - (pad_token_id + 1).
+_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "longformer", "mpnet")
+# Random architectures the project builds for ``tiny:`` specs (qac.models.loading, qac.querygen.continuation).
+TINY_POSITIONS = 512
+
+
+def _config_file(source: str) -> Path | None:
+    local = Path(source) / "config.json"
+    if local.is_file():
+        return local
+    if Path(source).exists() or source.count("/") > 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(source, "config.json")
+    except Exception:   # an odd name or an unreadable cache: not knowing is not an error here
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def positions_of_config(config: dict) -> int | None:
+    """The longest sequence a configuration's absolute position embeddings cover (None: none, e.g. T5)."""
+    model_type = str(config.get("model_type", ""))
+    if isinstance(config.get("max_position_embeddings"), int):
+        positions = config["max_position_embeddings"]
+        if model_type in _OFFSET_POSITIONS:
+            positions -= int(config.get("pad_token_id") or 1) + 1
+        return positions
+    if model_type.startswith("gpt2") and isinstance(config.get("n_positions"), int):
+        return config["n_positions"]
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def max_positions(spec: str) -> int | None:
+    """Tokens (special tokens included) the model of ``spec`` reads at most, or None when unknown here."""
+    from qac.config import resolve_model_name
+
+    kind, _, name = spec.partition(":") if spec.split(":", 1)[0] in ("tiny", "scratch") else ("", "", spec)
+    if kind == "tiny":
+        return TINY_POSITIONS
+    try:
+        source = resolve_model_name(name)
+    except ImportError:
+        return None
+    path = _config_file(source)
+    if path is None:
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None    # loading the model will name a broken configuration
+    return positions_of_config(config) if isinstance(config, dict) else None
