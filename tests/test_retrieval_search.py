@@ -79,3 +79,43 @@ def test_torch_search_breaks_ties_as_trec_eval_does():
         outside = [doc_ids[i] for i in np.flatnonzero(exact == kth) if i not in set(row.tolist())]
         inside = [doc_ids[i] for i in row if exact[i] == kth]
         assert all(o < min(inside) for o in outside)         # the boundary keeps the highest ids
+
+
+def test_the_stages_search_on_the_gpu_path_where_cuda_is_present(monkeypatch):
+    """Where CUDA is present and FAISS has no GPU build, ``dense_search`` (what mining, evaluation and
+    the BEIR stage call) takes the blocked PyTorch search; forced onto the CPU with tiny blocks, its
+    runs equal FAISS's, ties included: the same scores, the same passages above the k-th score, and
+    at the k-th place the tied passages trec_eval ranks first (highest document ids)."""
+    import faiss
+    import torch
+
+    from qac.retrieval.search import search_backend
+
+    rng = np.random.default_rng(3)
+    passages = rng.integers(-2, 3, size=(257, 6)).astype(np.float32)   # exact products, many ties
+    passages[100:110] = passages[5]                                      # duplicate passages tie everywhere
+    queries = rng.integers(-2, 3, size=(19, 6)).astype(np.float32)
+    doc_ids = [f"d{rng.integers(0, 10**6):06d}-{i}" for i in range(len(passages))]
+    qids = [f"q{i}" for i in range(len(queries))]
+
+    assert faiss.get_num_gpus() == 0 and search_backend() == "faiss"
+    faiss_run = dense_search(qids, queries, doc_ids, passages, k=20)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert search_backend() == "torch" and search_backend(use_gpu=False) == "faiss"
+    monkeypatch.setenv("QAC_SEARCH_DEVICE", "cpu")
+    monkeypatch.setenv("QAC_SEARCH_BLOCKS", "4,37")       # 5 query blocks x 7 corpus blocks: every merge path
+    torch_run = dense_search(qids, queries, doc_ids, passages, k=20)
+
+    boundary_ties = 0
+    for qid, query in zip(qids, queries):
+        exact = dict(zip(doc_ids, (passages @ query).tolist()))
+        ours, theirs = torch_run[qid], faiss_run[qid]
+        assert sorted(ours.values()) == sorted(theirs.values())
+        assert all(exact[doc] == score for doc, score in ours.items())
+        kth = min(ours.values())
+        assert {d for d, s in ours.items() if s > kth} == {d for d, s in theirs.items() if s > kth}
+        tied = sorted((d for d, s in exact.items() if s == kth), reverse=True)
+        at_kth = sum(1 for s in ours.values() if s == kth)
+        assert sorted((d for d, s in ours.items() if s == kth), reverse=True) == tied[:at_kth]
+        boundary_ties += len(tied) > at_kth
+    assert boundary_ties > 0                                  # the data does put ties across the k-th place
