@@ -64,7 +64,12 @@ def test_docs_deviations_md_is_generated_from_the_ledger(profiles):
 def test_the_ledger_holds_the_known_gaps():
     ids = {entry.id for entry in deviations.load_ledger()}
     assert {"cocondenser-loss-weights", "cotmae-decoder", "cotmae-decoder-mask-ratio", "finetune-weight-decay",
-            "corpus-token-length", "mining-query-set", "negatives-across-gpus", "zero-shot-cost"} <= ids
+            "corpus-token-length", "mining-query-set", "negatives-across-gpus", "zero-shot-cost",
+            "retriever1-queries", "bm25-parameters", "bm25-title", "bm25-analyzer", "pretrain-query-length",
+            "querygen-precision", "passage-context-kind"} <= ids
+    # Every MASTER choice: the NPR mask a switch, the others documented.
+    assert {"master-npr-mask", "master-mkp-weights", "master-cmp-ratio", "master-encoder-passes",
+            "master-npr-text", "master-generated-texts", "master-max-len"} <= ids
     text = deviations.LEDGER.read_text(encoding="utf-8")
     assert "tevatron issue 81" in text and "RetroMAE" in text
 
@@ -97,7 +102,7 @@ def test_recipe_of_follows_a_variants_own_setting(profiles):
 
 def _run_pretrain(params, entry, tmp_path):
     from qac.train.pretrain import PretrainSettings, pretrain
-    from test_pretrain_corpus import write_corpus
+    from test_pretrain_corpus import write_corpus, write_master_inputs
 
     assert entry.variant, f"{entry.id}: a pretrain switch names the variant that reads it"
     settings = PretrainSettings.from_params(params, entry.variant)
@@ -107,10 +112,11 @@ def _run_pretrain(params, entry, tmp_path):
     data = tmp_path / "data"
     if not (data / "passages.arrow").exists():
         write_corpus(data, documents=4, spans=3, queries=4)
+    extra = write_master_inputs(data) if settings.method == "master" else None
     logged = []
     summary = pretrain(settings, passages=data / "passages.arrow", queries=data / "queries.arrow",
                        work_dir=tmp_path / "work", out_dir=tmp_path / "out",
-                       log=lambda step, values: logged.append(values))
+                       log=lambda step, values: logged.append(values), extra_inputs=extra)
     assert summary["steps"] == 2 and (tmp_path / "out" / "encoder").exists()
     assert logged and all(math.isfinite(values["loss"]) for values in logged)
     if entry.id == "single-span-documents":    # write_corpus holds a single-span document

@@ -35,8 +35,8 @@ class _Sentences:
 def test_overflow_closes_a_span_after_the_unit_that_crosses_its_target():
     # 50 + 50 = 100 < 128: take the third; 150 crosses 128, so the span closes after it.
     assert group_units([50, 50, 50, 30], itertools.repeat(128), overflow=True) == [(0, 3), (3, 4)]
-    # Reaching the target exactly closes the span too.
-    assert group_units([64, 64, 10], itertools.repeat(128), overflow=True) == [(0, 2), (2, 3)]
+    # Reaching the target exactly does not close the span: the release closes only once it is crossed.
+    assert group_units([64, 64, 10, 130, 5], itertools.repeat(128), overflow=True) == [(0, 3), (3, 4), (4, 5)]
     # bounded (today's rule) keeps every span within the target.
     assert group_units([50, 50, 50, 30], itertools.repeat(128)) == [(0, 2), (2, 4)]
 

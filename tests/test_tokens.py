@@ -185,12 +185,14 @@ def _master_sampler(corpus, context_type, queries, continuations, tokenizer, dor
     return MasterSampler(PairSampler(corpus, context_type, seed=5), sources)
 
 
-@pytest.mark.parametrize("context_type,passage_context,max_len", [
-    ("passage", "next", 128),      # NPR: the next span
-    ("query", "random_sampled", 40),  # NPR: a generated query; DOR joined queries cut at max_len
+@pytest.mark.parametrize("context_type,passage_context,max_len,npr_mask", [
+    ("passage", "next", 128, "uniform"),      # NPR: the next span
+    ("query", "random_sampled", 40, "uniform"),  # NPR: a generated query; DOR joined queries cut at max_len
+    ("passage", "next", 128, "keyword"),      # NPR's words drawn by TF-IDF weight, as MKP's
 ])
 def test_master_stored_ids_collate_to_the_batches_of_tokenising_collation(tmp_path, shared_data, tokenizer,
-                                                                          context_type, passage_context, max_len):
+                                                                          context_type, passage_context, max_len,
+                                                                          npr_mask):
     from qac.data.master import MasterCollator, TextMasterCollator
 
     passages, queries = _scifact_corpus(shared_data, tmp_path, tokenizer)
@@ -198,8 +200,9 @@ def test_master_stored_ids_collate_to_the_batches_of_tokenising_collation(tmp_pa
     corpus = load_pair_corpus(passages, queries, context_type, passage_context=passage_context, query_count=3,
                               tokenizer=tokenizer, tokenizer_name="minilm")
     sampler = _master_sampler(corpus, context_type, queries, continuations, tokenizer)
-    stored = MasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights)
-    tokenising = TextMasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights)
+    stored = MasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights, npr_mask=npr_mask)
+    tokenising = TextMasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights,
+                                    npr_mask=npr_mask)
     for step in range(3):
         pairs = sampler.batch(step, 16)
         assert all(pair.anchor_ids is not None and pair.context_ids is not None and pair.query_ids is not None

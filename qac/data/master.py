@@ -14,8 +14,8 @@ decoder   text                                             masked (labels)
 ``cmp``   the anchor                                       exactly the words the encoder saw (every
                                                            maskable word the encoder's mask left)
 ``npr``   the pair's context: the next span of the         ``decoder_mask_ratio`` of its words,
-          document (``passage_context: next``) or a        uniformly
-          generated query (query-as-context)
+          document (``passage_context: next``) or a        uniformly, or with TF-IDF weights as
+          generated query (query-as-context)               MKP (``npr_mask: keyword``, MASTER's)
 ``dor``   the first ``dor_queries`` generated queries,     ``decoder_mask_ratio`` of its words,
           joined by [SEP], cut at ``max_len`` tokens       uniformly
 ``gor``   the anchor's continuation (continuations.arrow)  ``decoder_mask_ratio`` of its words,
@@ -45,7 +45,10 @@ passages and ``df`` the number of passages containing the word, counted once
 over ``passages.arrow`` (:func:`count_word_frequencies`, the
 ``word_frequencies`` stage). MASTER's release weights a word by the inverse
 of its count of occurrences in the corpus; the paper says TF-IDF, which is
-what this follows.
+what this follows. MASTER's paper masks NPR's text by the same weights ("we
+also rely on the TF-IDF weights of words to mask more keywords in the decoder
+as MKP") and so does its release: ``npr_mask`` chooses ``keyword`` (theirs)
+or ``uniform`` (the earlier choice here, kept as a switch).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from qac.data.context_pairs import Pair, PairSampler, StoredIdsReader, check_pad
 from qac.data.tokens import SpecialTokens, check_stamp, with_special_tokens
 
 TASKS = ("mkp", "cmp", "npr", "dor", "gor")
+NPR_MASKS = ("uniform", "keyword")   # pretrain.common.master_npr_mask
 # Masking-generator side of each decoder's sequence (anchor 0 and context 1 are PairCollator's).
 SIDES = {"npr": 1, "mkp": 2, "cmp": 3, "dor": 4, "gor": 5}
 FREQUENCY_BATCH = 1024
@@ -230,13 +234,24 @@ class MasterMasking:
     decoders: tuple[str, ...] = TASKS
     word_weights: WordWeights | None = None
     pad_to: int | None = None
+    npr_mask: str = "uniform"
+
+    @property
+    def keyword_tasks(self) -> tuple[str, ...]:
+        """The decoders whose words are masked with TF-IDF weights."""
+        return tuple(task for task in self.decoders
+                     if task == "mkp" or (task == "npr" and self.npr_mask == "keyword"))
 
     def _check_settings(self) -> None:
-        if "mkp" in self.decoders and self.word_weights is None:
-            raise ValueError("the mkp decoder needs word frequencies (the word_frequencies stage's file)")
+        if self.npr_mask not in NPR_MASKS:
+            raise ValueError(f"npr_mask {self.npr_mask!r} is not one of {', '.join(NPR_MASKS)}")
+        if self.keyword_tasks and self.word_weights is None:
+            raise ValueError(f"the {' and '.join(self.keyword_tasks)} decoder(s) need word frequencies "
+                             f"(the word_frequencies stage's file)")
         check_pad_to(self.pad_to, self.max_len, self.query_max_len)
 
-    def mkp(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    def keyword_mask(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        """``decoder_mask_ratio`` of the words of ``ids``, drawn with TF-IDF weights (MKP; NPR with ``keyword``)."""
         spans = word_spans(ids, self.vocab)
         words = word_strings(self.tokenizer.convert_ids_to_tokens(ids), spans)
         weights = [self.word_weights.idf(word) for word in words]
@@ -303,8 +318,10 @@ class MasterCollator(StoredIdsReader, MasterMasking):
         batch = {"anchor": pad_and_mask(anchors, [key + (0,) for key in keys], self.vocab, self.mask_ratio,
                                         pad, self.pad_to)}
         sequences: dict[str, list[np.ndarray]] = {}
+        weighted = {"mkp": anchors}      # masked word by word with TF-IDF weights
         if "npr" in self.decoders:
-            sequences["npr"] = [
+            target = weighted if "npr" in self.keyword_tasks else sequences
+            target["npr"] = [
                 with_special_tokens(ids, self.query_max_len, self.special) if pair.context_kind == "query"
                 else self._passage(ids, step, pair.index, 1)
                 for pair, ids in zip(pairs, self._ids(pairs, "context_ids", "context"))]
@@ -322,12 +339,11 @@ class MasterCollator(StoredIdsReader, MasterMasking):
             lengths = batch["anchor"]["attention_mask"].sum(dim=1).tolist()
             for row, pair in enumerate(pairs):
                 rng = np.random.default_rng([self.seed, 2, step, pair.index, SIDES[task]])
-                ids = anchors[row].tolist()
-                if task == "mkp":
-                    rows.append(self.mkp(ids, rng))
+                if task in weighted:
+                    rows.append(self.keyword_mask(weighted[task][row].tolist(), rng))
                 else:
                     encoder_labels = batch["anchor"]["labels"][row, :lengths[row]].tolist()
-                    rows.append(self.cmp(ids, encoder_labels, rng))
+                    rows.append(self.cmp(anchors[row].tolist(), encoder_labels, rng))
             batch[task] = pack_side(rows, pad, self.pad_to)
         return batch
 
@@ -383,7 +399,9 @@ class TextMasterCollator(MasterMasking):
             for row, pair in enumerate(pairs):
                 rng = self._rng(step, pair.index, SIDES[task])
                 if task == "mkp":
-                    rows.append(self.mkp(anchors[row], rng))
+                    rows.append(self.keyword_mask(anchors[row], rng))
+                elif task in self.keyword_tasks:
+                    rows.append(self.keyword_mask(texts[task][row], rng))
                 elif task == "cmp":
                     rows.append(self.cmp(anchors[row], anchor_rows[row][1], rng))
                 else:
@@ -404,10 +422,10 @@ def master_batches(settings, mask_ratios: tuple[float, float], tokenizer, sample
                             continuations_path=inputs.get("continuations") if "gor" in decoders else None,
                             dor_queries=int(settings.master_dor_queries), tokenizer=tokenizer,
                             tokenizer_name=settings.init)
-    weights = WordWeights.load(inputs["word_frequencies"]) if "mkp" in decoders else None
+    weights = WordWeights.load(inputs["word_frequencies"]) if "word_frequencies" in needs else None
     collator = MasterCollator(tokenizer, settings.max_len, settings.query_max_len, *mask_ratios,
                               seed=settings.seed, decoders=decoders, word_weights=weights, pad_to=settings.pad_to,
-                              crop=settings.spans == "overflow")
+                              crop=settings.spans == "overflow", npr_mask=settings.master_npr_mask)
     return MasterSampler(sampler, sources), collator
 
 
@@ -419,7 +437,7 @@ def required_inputs(settings) -> list[str]:
         needs.append("queries")
     if "gor" in decoders:
         needs.append("continuations")
-    if "mkp" in decoders:
+    if "mkp" in decoders or ("npr" in decoders and settings.master_npr_mask == "keyword"):
         needs.append("word_frequencies")
     return needs
 

@@ -16,8 +16,9 @@ What the paper does (and what this module reproduces, deterministically):
   target (a passage always takes at least one sentence, so a short target
   never leaves it empty), and a sentence longer than ``max_len`` is first cut
   into pieces at token boundaries (preferring word starts).
-- ``overflow`` (the release): a passage takes sentences until it reaches its
-  target, so it closes after the sentence that crosses the limit and may hold
+- ``overflow`` (the release): a passage takes sentences until it crosses its
+  target (one that reaches it exactly takes another, as the release's
+  ``curr_len > target_seq_len``), so it closes after the sentence that crosses the limit and may hold
   more than ``max_len`` tokens; sentences are never cut. Pre-training crops
   such a passage to a random window of its length (qac.data.context_pairs.crop_span). Passages are cut from the document text by character offsets, never
 decoded from token ids, and every passage, piece and overlap text is
@@ -172,16 +173,17 @@ def group_units(lengths: Sequence[int], targets: Iterator[int], overflow: bool =
 
     A range takes the next unit while its total stays within the range's
     target, and always takes at least one unit. With ``overflow`` (the
-    release's rule) a range takes the next unit while its total is below the
-    target: it closes after the unit that reaches or crosses the target, so
-    its total may exceed it.
+    release's rule) a range takes the next unit while its total is within the
+    target: it closes after the unit that crosses the target, so its total
+    exceeds it (a range that reaches its target exactly takes one more unit,
+    as the release's ``curr_len > target_seq_len`` test).
     """
     ranges = []
     start = 0
     while start < len(lengths):
         target = next(targets)
         total, end = lengths[start], start + 1
-        while end < len(lengths) and (total < target if overflow else total + lengths[end] <= target):
+        while end < len(lengths) and (total <= target if overflow else total + lengths[end] <= target):
             total += lengths[end]
             end += 1
         ranges.append((start, end))

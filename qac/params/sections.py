@@ -217,6 +217,9 @@ class PretrainCommon(Section):
         description="MASTER decoders' mask ratio (MASTER paper: 50%); CMP masks exactly what the encoder saw instead")
     master_decoder_layers: PositiveInt = Field(description="layers of each MASTER decoder (MASTER paper: 2)")
     master_weights: MasterWeights = Field(description="loss weight per MASTER decoder (MASTER paper: all 1)")
+    master_npr_mask: Literal["uniform", "keyword"] = Field(
+        description="MASTER's NPR decoder: uniform (its words masked uniformly) or keyword (drawn with MKP's TF-IDF "
+                    "weights, as the MASTER paper and release)")
     master_dor_queries: PositiveInt = Field(
         description="k: generated queries joined into MASTER's DOR decoder text (MASTER's release data: 10)")
     passage_context: Literal["random_sampled", "nearby", "overlap", "next"] = Field(

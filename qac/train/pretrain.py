@@ -79,6 +79,7 @@ class PretrainSettings:
     master_decoder_layers: int = 2
     master_weights: dict[str, float] = field(default_factory=lambda: {task: 1.0 for task in MASTER_TASKS})
     master_dor_queries: int = 10      # generated queries joined into the DOR decoder's text
+    master_npr_mask: str = "uniform"  # uniform | keyword: NPR's words masked with MKP's TF-IDF weights (MASTER's)
     mixed_query_prob: float = 0.5
     passage_context: str = "random_sampled"
     single_span_documents: str = "drop"   # drop | self: a single-span document's passage paired with itself (release)
@@ -153,6 +154,8 @@ class PretrainSettings:
         for name in ("master_mask_ratio", "master_decoder_mask_ratio"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{where}: {name} must be in [0, 1], got {getattr(self, name)}")
+        if self.master_npr_mask not in ("uniform", "keyword"):
+            raise ValueError(f"{where}: master_npr_mask must be uniform or keyword, got {self.master_npr_mask!r}")
         for name in ("master_decoder_layers", "master_dor_queries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{where}: {name} must be at least 1, got {getattr(self, name)}")
