@@ -12,10 +12,18 @@ those ``benchmarks/bench_gpu.py`` measured and ``--publish`` committed as
   for a variant with fewer);
 - fine-tuning: each step is a forward and backward pass (about 3x a forward)
   over the batch's queries and ``train_n_passages`` passages each, at the
-  measured encoding rate, for retrievers 1 and 2;
+  measured encoding rate, for retrievers 1 and 2 (retriever 1 over the
+  triples' ~400k queries with ``finetune.r1_queries: triples``, retriever 2
+  over all ~503k);
+- Table 2's retriever (``tables.zero_shot_retriever: beir``): the
+  ``beir_retriever`` stage's training per zero-shot variant, its epochs over
+  the ~503k hard-negative queries, at ``beir_retriever.passage_max_len``;
 - encoding: MS MARCO's 8.8M passages twice per variant (retriever 1's
   encoding serves mining and evaluation, retriever 2's evaluation) and the
-  25M-document BEIR union once per zero-shot retriever;
+  25M-document BEIR union once per zero-shot retriever, at the zero-shot
+  retriever's passage length (350 tokens for the ``beir`` retriever).
+  Longer limits scale a pass linearly in tokens, an upper bound: with
+  dynamic padding a text shorter than the limit costs less;
 - query generation: per million split passages (the split corpus's size is
   known only once the split stage has run).
 
@@ -38,6 +46,8 @@ from qac.config import REPO_ROOT
 FIGURES = REPO_ROOT / "reports" / "bench_gpu.json"
 MSMARCO_PASSAGES = 8_841_823
 MSMARCO_TRAIN_QUERIES = 502_939        # train queries with a judged passage
+MSMARCO_TRIPLES_QUERIES = 400_000      # about 400k of them are in the official triples (tevatron issue 81)
+ENCODED_TOKENS = 144                   # the length the rates are measured (and the audit's BEIR figure taken) at
 BEIR_UNION_DOCUMENTS = 25_000_000      # the 14 BEIR corpora of Table 2, about 25M documents
 QUERY_TOKENS = 32
 
@@ -134,11 +144,13 @@ def stage_costs(params: Mapping[str, Any], rates: Rates) -> list[dict[str, Any]]
                      "basis": how, "hours": pairs / rate / 3600})
     finetune = params.get("finetune") or {}
     if rates.encode and finetune:
-        per_query = int(finetune["train_n_passages"]) + QUERY_TOKENS / 144    # passage-equivalents per query
-        passes = 2 * int(finetune["epochs"]) * MSMARCO_TRAIN_QUERIES * per_query * 3   # r1 and r2, fwd + bwd
+        per_query = int(finetune["train_n_passages"]) + QUERY_TOKENS / ENCODED_TOKENS   # passage-equivalents
+        r1_queries = MSMARCO_TRIPLES_QUERIES if finetune.get("r1_queries") == "triples" else MSMARCO_TRAIN_QUERIES
+        epochs = int(finetune["epochs"])
+        passes = epochs * (r1_queries + MSMARCO_TRAIN_QUERIES) * per_query * 3   # r1 and r2, forward + backward
         for name in variants:
             rows.append({"stage": "finetune (r1 and r2)", "variant": name,
-                         "work": f"{2 * int(finetune['epochs'])} epochs x {MSMARCO_TRAIN_QUERIES:,} queries",
+                         "work": f"{epochs} epochs x {r1_queries:,} queries (r1) and {MSMARCO_TRAIN_QUERIES:,} (r2)",
                          "rate": f"{rates.encode:,.0f} passages/s", "basis": "3 x the encoding rate's forward",
                          "hours": passes / rates.encode / 3600})
         encodings = 2 * len(variants)
@@ -150,12 +162,27 @@ def stage_costs(params: Mapping[str, Any], rates: Rates) -> list[dict[str, Any]]
         zero_shot = len(variants) if zero_shot is None else len(zero_shot)
         retrievers = evaluate.get("zero_shot_retrievers")
         retrievers = 2 if retrievers is None else max(1, len(retrievers))
+        beir = params.get("beir_retriever") if (params.get("tables") or {}).get("zero_shot_retriever") == "beir" \
+            else None
+        if zero_shot and beir:
+            length = int(beir["passage_max_len"]) / ENCODED_TOKENS
+            per_query = int(beir["train_n_passages"]) * length + QUERY_TOKENS / ENCODED_TOKENS
+            passes = int(beir["epochs"]) * MSMARCO_TRAIN_QUERIES * per_query * 3
+            rows.append({"stage": "beir_retriever (Table 2's retriever)", "variant": f"{zero_shot} variants",
+                         "work": f"{zero_shot} x {beir['epochs']} epochs x {MSMARCO_TRAIN_QUERIES:,} queries",
+                         "rate": f"{rates.encode:,.0f} passages/s",
+                         "basis": f"3 x the encoding rate's forward, passages at {beir['passage_max_len']} tokens "
+                                  f"(x{length:.2f})",
+                         "hours": zero_shot * passes / rates.encode / 3600})
         if zero_shot:
-            count = zero_shot * retrievers
+            count = zero_shot * (1 if beir else retrievers)
+            length = int(beir["passage_max_len"]) / ENCODED_TOKENS if beir else 1.0
             rows.append({"stage": "encode BEIR (zero-shot)", "variant": f"{zero_shot} variants",
                          "work": f"{count} x {BEIR_UNION_DOCUMENTS:,} documents",
-                         "rate": f"{rates.encode:,.0f} passages/s", "basis": "encoding rate",
-                         "hours": count * BEIR_UNION_DOCUMENTS / rates.encode / 3600})
+                         "rate": f"{rates.encode:,.0f} passages/s",
+                         "basis": f"encoding rate, {beir['passage_max_len']} tokens (x{length:.2f})" if beir
+                         else "encoding rate",
+                         "hours": count * length * BEIR_UNION_DOCUMENTS / rates.encode / 3600})
     rows.append({"stage": "generate queries", "variant": "per million split passages",
                  "work": "1,000,000 passages", "rate": f"{rates.generation:,.1f} passages/s" if rates.generation
                  else "no figure", "basis": "query generation, 20 queries of up to 64 tokens",

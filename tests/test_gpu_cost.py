@@ -52,6 +52,33 @@ def test_each_variant_costs_its_own_pair_length_with_grad_cache_and_master():
     assert costs[("generate queries", "per million split passages")]["hours"] == pytest.approx(1e6 / 40 / 3600)
 
 
+def test_fine_tuning_and_table_2_cost_what_the_paper_profile_runs():
+    """Retriever 1 on the triples' ~400k queries, retriever 2 on all ~503k; Table 2's four beir_retriever
+    trainings (10 epochs, passages at 350 tokens) and their BEIR encodings at 350 tokens."""
+    import copy
+
+    params = render_profile("paper")
+    rates = Rates.from_figures(figures(), "reports/bench_gpu.json")
+    costs = {(row["stage"], row["variant"]): row for row in stage_costs(params, rates)}
+    per_query = 16 + 32 / 144                      # 15 negatives, a positive and a 32-token query
+    finetune = 3 * (400_000 + 502_939) * per_query * 3 / 12000 / 3600
+    assert costs[("finetune (r1 and r2)", "cotmae-passage")]["hours"] == pytest.approx(finetune)
+    length = 350 / 144
+    beir = 4 * 10 * 502_939 * (2 * length + 32 / 144) * 3 / 12000 / 3600
+    assert costs[("beir_retriever (Table 2's retriever)", "4 variants")]["hours"] == pytest.approx(beir)
+    assert costs[("encode BEIR (zero-shot)", "4 variants")]["hours"] == pytest.approx(
+        4 * length * 25_000_000 / 12000 / 3600)
+
+    judged = copy.deepcopy(params)
+    judged["finetune"]["r1_queries"] = "judged"
+    judged["tables"]["zero_shot_retriever"] = "r1"
+    costs = {(row["stage"], row["variant"]): row for row in stage_costs(judged, rates)}
+    assert costs[("finetune (r1 and r2)", "cotmae-passage")]["hours"] == pytest.approx(
+        3 * 2 * 502_939 * per_query * 3 / 12000 / 3600)
+    assert not any(stage.startswith("beir_retriever") for stage, _ in costs)
+    assert costs[("encode BEIR (zero-shot)", "4 variants")]["hours"] == pytest.approx(4 * 25_000_000 / 12000 / 3600)
+
+
 def test_the_cost_names_the_device_and_date_or_says_there_are_no_figures(tmp_path):
     path = tmp_path / "bench_gpu.json"
     path.write_text(json.dumps(figures()), encoding="utf-8")
