@@ -71,6 +71,10 @@ POWER = 0.8
 _MDE_Z = NormalDist().inv_cdf(1 - ALPHA / 2) + NormalDist().inv_cdf(POWER)
 
 
+# A spread of per-query differences below this share of their scale is float noise, not spread.
+_SAME = 1e-9
+
+
 def minimum_detectable_effect(differences: list[float]) -> float | None:
     """The smallest mean difference a paired test on these queries detects at p<0.05 with 80% power.
 
@@ -87,7 +91,9 @@ def minimum_detectable_effect(differences: list[float]) -> float | None:
         return None
     mean = math.fsum(differences) / n
     sd = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (n - 1))
-    return _MDE_Z * sd / math.sqrt(n) if sd > 0 else None
+    # "The same" up to float noise: differences equal on one machine differ in their last bits on another.
+    scale = max(1.0, max(abs(d) for d in differences))
+    return _MDE_Z * sd / math.sqrt(n) if sd > _SAME * scale else None
 
 
 @dataclass(frozen=True)

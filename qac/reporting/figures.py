@@ -27,6 +27,9 @@ QUERY_COUNT = "query_count.png"
 ZERO_SHOT = "zero_shot.png"
 PRETRAIN_LOSS = "pretrain_loss.png"
 CONTEXT_COLOURS = {"passage": "tab:blue", "query": "tab:orange", "mixed": "tab:green"}
+# No matplotlib version and no creation date in a file: it depends on the values alone.
+FIXED_METADATA = {".png": {"Software": None}, ".svg": {"Creator": None, "Date": None},
+                  ".pdf": {"Creator": None, "Producer": None, "CreationDate": None}}
 LEGEND_OUTSIDE = dict(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
 
 
@@ -34,9 +37,28 @@ def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
+    # Byte-identical files for equal values: no random ids in an SVG, no date or version in any format.
+    matplotlib.rcParams["svg.hashsalt"] = "qac"
     import matplotlib.pyplot as plt
 
     return plt
+
+
+# One colour per pre-training method, from one palette, in the order the tables list the methods.
+PALETTE = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+def method_colour(method: str) -> str:
+    """The colour of ``method`` in every figure: its place among the known methods in :data:`PALETTE`
+    (the no-pre-training baseline grey), a method the project does not know yet the next free one."""
+    from qac.reporting.paper import METHOD_NAMES
+
+    if method == "none":
+        return "tab:gray"
+    known = [name for name in METHOD_NAMES if name != "none"]
+    index = known.index(method) if method in known else len(known) + sum(map(ord, method)) % (
+        len(PALETTE) - len(known))
+    return PALETTE[index % len(PALETTE)]
 
 
 def _save(figure, path: str | os.PathLike, title: str | None) -> Path:
@@ -45,7 +67,7 @@ def _save(figure, path: str | os.PathLike, title: str | None) -> Path:
         # Above the panels' own titles; bbox_inches="tight" grows the image to keep it.
         figure.suptitle(title, fontsize="medium", y=1.0, va="bottom")
     # bbox_inches="tight" keeps the legends placed outside the axes inside the image.
-    figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
+    figure.savefig(path, dpi=120, bbox_inches="tight", metadata=FIXED_METADATA.get(Path(path).suffix, {}))
     plt.close(figure)
     return Path(path)
 
@@ -81,12 +103,11 @@ def plot_query_count(table3: Table, path: str | os.PathLike, title: str | None =
     plt = _pyplot()
     figure, axes = plt.subplots(1, len(measures), figsize=(5.0 * len(measures), 3.6), squeeze=False)
     counts = sorted({info["query_count"] for info in table3.row_info.values()})
-    colours = {"cocondenser": "tab:blue", "cotmae": "tab:red"}
     for axis, column in zip(axes[0], measures):
         for method, points in sorted(series.get(column, {}).items()):
             points.sort()
             name = METHOD_NAMES.get(method, method)
-            colour = colours.get(method)
+            colour = method_colour(method)
             axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colour,
                       label=f"{name} query context")
             baseline = table3.baselines.get(method, {}).get(column)
@@ -144,8 +165,10 @@ def plot_pretrain_losses(study: Study, path: str | os.PathLike, title: str | Non
     from qac.reporting.paper import METHOD_NAMES
 
     curves: dict[str, list[tuple[Any, list[dict[str, float]]]]] = {}
+    from qac.reporting.precision import rounded_losses
+
     for variant in study.variants():
-        rows = study.pretrain_losses(variant.name)
+        rows = rounded_losses(study.pretrain_losses(variant.name))
         if variant.method != "none" and rows and "loss" in rows[0]:
             curves.setdefault(variant.method, []).append((variant, rows))
     if not curves:

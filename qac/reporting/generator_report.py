@@ -93,5 +93,6 @@ def to_csv(rows: list[tuple[str, str, float]]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["source", "metric", "value"])
-    writer.writerows((source, metric, repr(value)) for source, metric, value in rows)
+    # As printed (_number): a share at 0.001, a count whole, so float noise leaves the file as it is.
+    writer.writerows((source, metric, repr(float(_number(value)))) for source, metric, value in rows)
     return buffer.getvalue()

@@ -83,8 +83,10 @@ def write_query_count(table3: Table, directory: Path) -> int:
 
 def write_losses(study: Study, directory: Path) -> int:
     written = 0
+    from qac.reporting.precision import rounded_losses
+
     for variant in study.variants():
-        rows = study.pretrain_losses(variant.name)
+        rows = rounded_losses(study.pretrain_losses(variant.name))
         if not rows:
             continue
         fields = list(rows[0])

@@ -40,11 +40,13 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
     from qac.reporting import generator_report, plot_data, render
     from qac.reporting.figures import draw_figures
     from qac.reporting.guard import check_replaceable
+    from qac.reporting.precision import rounded_tables
 
     settings = params.get("tables", {})
     target = Path(out_dir or settings.get("out_dir", "reports")) / params["profile"]
     study = load_study(params, data_root)
-    tables = build_tables(study, params)
+    # Every number at its printed precision: equal values at that precision write equal files.
+    tables = rounded_tables(build_tables(study, params))
     header = render.header_block(params, study, tables)
     check_replaceable(target, study.root, params["profile"],
                       {(table.key, row, column): cell.value

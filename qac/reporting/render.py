@@ -18,7 +18,8 @@ from typing import Any, Iterable, Mapping
 
 from qac.evaluation.significance import ALPHA, POWER
 from qac.reporting.lineage import Study
-from qac.reporting.tables import FRACTION, Cell, Table
+from qac.reporting.precision import decimals
+from qac.reporting.tables import Cell, Table, plural
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
               "compared_source", "metric", "paper_row", "published", "cited", "recipe", "note"]
@@ -51,17 +52,38 @@ def _recipe(params: Mapping[str, Any]) -> str:
             "docs/deviations.md lists each switch")
 
 
-def _data(params: Mapping[str, Any]) -> str:
+def _documents(study: Study, name: str) -> str | None:
+    """How many documents the prepared dataset holds and how it was cut, from its ``dataset.json``
+    (written by the prepare stage), never from the params: ``667 of 5183 documents: the first 120 and every
+    judged one``."""
+    import json
+
+    try:
+        facts = json.loads((study.root / "datasets" / name / "dataset.json").read_text(encoding="utf-8"))
+        kept = int(facts["counts"]["documents"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    subset = facts.get("subset") or {}
+    left_out = int((facts.get("skipped") or {}).get("documents_outside_subset") or 0)
+    if not subset.get("max_documents") or not left_out:
+        return plural(kept, "document")
+    cut = int(subset["max_documents"])
+    how = (f"the first {cut} and every judged one" if subset.get("keep_judged_documents") and kept > cut
+           else f"the first {kept}")
+    return f"{kept} of {plural(kept + left_out, 'document')}: {how}"
+
+
+def _data(params: Mapping[str, Any], study: Study) -> str:
     def describe(name: str) -> str:
         spec = (params.get("datasets") or {}).get(name) or {}
-        return f"{name} ({spec.get('format', '?')}, splits {', '.join(spec.get('splits') or []) or '-'})"
+        facts = [spec.get("format", "?"), f"splits {', '.join(spec.get('splits') or []) or '-'}"]
+        documents = _documents(study, name)
+        return f"{name} ({'; '.join(facts + ([documents] if documents else []))})"
 
-    max_documents = params.get("prepare", {}).get("max_documents")
-    parts = [f"pre-training corpus {describe(params.get('pretrain_corpus') or '?')}",
-             f"in-domain {describe(params.get('train_dataset') or '?')}",
+    corpus, train = params.get("pretrain_corpus"), params.get("train_dataset")
+    parts = [f"pre-training corpus {describe(corpus or '?')}",
+             f"in-domain {f'{train} (as above)' if train == corpus and train else describe(train or '?')}",
              "zero-shot " + (", ".join(describe(name) for name in params.get("zero_shot") or []) or "none")]
-    if max_documents:
-        parts.append(f"corpora cut to the first {max_documents} documents")
     return "; ".join(parts)
 
 
@@ -80,10 +102,10 @@ def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table
              else "SCALED DOWN: small data and models; numbers are not comparable to the paper's")
     return [
         ("Profile", f"{profile} ({scale})"),
-        ("Data", _data(params)),
+        ("Data", _data(params, study)),
         ("Models", _models(params)),
         ("Recipe", _recipe(params)),
-        ("Source", f"{len(sources)} DVC-tracked output files under data/{profile}/ (per-query metrics, annotation "
+        ("Source", f"{plural(len(sources), 'DVC-tracked output file')} under data/{profile}/ (per-query metrics, annotation "
                    f"labels); each CSV row names its file. The MLflow run and git commit behind each cell, where "
                    f"recorded: data/{profile}/.runs/report_runs.csv (not tracked: equal values give an equal report)"),
         ("Measures", "R@k (hit rate) = share of queries with a relevant document in the top k (MS MARCO's "
@@ -98,12 +120,13 @@ def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table
 
 # ---------------------------------------------------------------- cell text
 
-def _number(value: float, table: Table, column: str, signed: bool = False) -> str:
-    if column in table.count_columns:
-        text = f"{value:.0f}"
-    else:
-        text = f"{value:.3f}" if table.unit == FRACTION else f"{value:.1f}"
-    return ("+" + text if value >= 0 else text) if signed else text
+def _number(value: float, table: Table, column: str, signed: bool = False, difference: bool = False) -> str:
+    """``value`` at its printed precision (:mod:`qac.reporting.precision`); ``signed``: ``+`` or ``-``, none
+    on a difference that rounds to zero; ``difference``: a Δ or MDE of ours, one digit finer than values."""
+    text = f"{value:.{decimals(table, column, difference)}f}"
+    if float(text) == 0:
+        return text.lstrip("-")      # no sign on a zero: "-0.0" would claim a direction
+    return ("+" + text if value > 0 else text) if signed else text
 
 
 def _p_text(p: float) -> str:
@@ -117,9 +140,9 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
     if cell.value is None:
         ours = f"n/a [{footnote}]" if footnote else "n/a"
     else:
-        ours = _number(cell.value, table, column, signed=cell.difference)
+        ours = _number(cell.value, table, column, signed=cell.difference, difference=cell.difference)
         if cell.difference and cell.p_value is not None:
-            mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column)}"
+            mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column, difference=True)}"
             ours += f" ({_p_text(cell.p_value)}{mde})"
     theirs = "–" if cell.paper is None else _number(cell.paper, table, column, signed=cell.difference)
     if cell.paper is None and cell.published is not None:
@@ -232,7 +255,7 @@ def _latex_cell(table: Table, column: str, cell: Cell, footnote: int | None) -> 
     if cell.value is None:
         ours = f"n/a\\textsuperscript{{{footnote}}}" if footnote else "n/a"
     else:
-        ours = latex_escape(_number(cell.value, table, column, signed=cell.difference))
+        ours = latex_escape(_number(cell.value, table, column, signed=cell.difference, difference=cell.difference))
         if cell.difference and cell.p_value is not None and cell.p_value < ALPHA:
             ours += "$^{*}$"
     theirs = "--" if cell.paper is None else latex_escape(_number(cell.paper, table, column, signed=cell.difference))

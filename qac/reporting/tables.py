@@ -350,6 +350,11 @@ def corpus_cut(params: Mapping, dataset: str | None) -> tuple[int, bool] | None:
     return int(settings["max_documents"]), bool(settings.get("keep_judged_documents", False))
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 dataset``, ``3 datasets``: a count with its noun in the right number."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
 def _retriever_row(variant: Variant, retriever: str) -> str:
     return f"{variant.label}, {RETRIEVER_LABELS[retriever]}"
 
@@ -385,9 +390,11 @@ def table1_in_domain(ctx: TableContext) -> Table:
     untuned = ctx.study.baseline("untuned")
     if untuned is not None:
         _untuned_row(ctx, table, untuned)
+    # The zero-shot retriever (Table 2's footnote recipe) has in-domain rows only where the profile trains it.
+    retrievers = [r for r in RETRIEVER_LABELS if r != "beir" or ctx.zero_shot_retriever == "beir"]
     for variant in ctx.study.variants():
         if variant.method == "none":
-            for retriever in RETRIEVER_LABELS:
+            for retriever in retrievers:
                 _in_domain_cells(ctx, table, _retriever_row(variant, retriever),
                                  ctx.study.finetuned(variant.name, retriever), PERCENT, lambda col: None,
                                  recipe=ctx.recipe(variant))
@@ -395,7 +402,7 @@ def table1_in_domain(ctx: TableContext) -> Table:
         passage, query = ctx.variant(method, "passage"), ctx.variant(method, "query")
         if passage is None and query is None:
             continue
-        for retriever in RETRIEVER_LABELS:
+        for retriever in retrievers:
             sources = {}
             for context, variant in (("passage", passage), ("query", query)):
                 if variant is None:
@@ -433,6 +440,10 @@ def table1_in_domain(ctx: TableContext) -> Table:
         "passage-context MASTER rows, never compared; the paper has no MASTER QaC row. "
         f"Our QaC rows use C = {query_counts or 'n/a'} (tables.main_query_count); a row of another C than "
         "the paper's is not compared with it.")
+    if "beir" not in retrievers:
+        table.notes.append(f"No rows for the {RETRIEVER_LABELS['beir']}: this profile does not train it "
+                           f"(tables.zero_shot_retriever: {ctx.zero_shot_retriever}; beir runs the beir_retriever "
+                           "stage).")
     unshown = _unshown_paper_columns(ctx)
     if unshown:
         table.notes.append(f"The paper's columns {', '.join(unshown)} have no counterpart in this profile "
@@ -515,8 +526,9 @@ def table2_zero_shot(ctx: TableContext) -> Table:
                 paper=_paper_difference(paper_with, paper.table2_value("average", method, "passage")),
                 note="mean of the per-dataset values: no per-query test"))
     table.notes.append(
-        f"Our average is over the {len(ctx.zero_shot_datasets)} datasets above; the paper's is over its 14 BEIR "
-        f"datasets ({len(paper_average_rows)} of ours are among them).")
+        f"Our average is over the {plural(len(ctx.zero_shot_datasets), 'dataset')} above; the paper's is over "
+        f"its 14 BEIR datasets ({len(paper_average_rows)} of ours {'is' if len(paper_average_rows) == 1 else 'are'} "
+        "among them).")
     return table
 
 

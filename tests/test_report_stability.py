@@ -1,0 +1,185 @@
+"""The tracked report changes only when a value changes at its printed precision.
+
+Two machines that reproduce every cell differ in the last bits of trained
+outputs (float noise); the report must then be byte-identical, figures
+included. The report's facts are read from the outputs, never typed, and its
+text says what it means: no signed zero, a difference and its MDE at one
+precision, plurals that agree, one colour per method.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from dvc_study import PARAMS, PROFILE, write_study
+from qac.reporting.profile_report import write_report
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def with_float_noise(data: Path, relative: float = 1e-12) -> None:
+    """Every per-query value and loss moved in its last bits, as another CPU moves them."""
+    for path in data.rglob("*.per_query.json"):
+        measures = json.loads(path.read_text(encoding="utf-8"))
+        noisy = {measure: {qid: value * (1 + relative) + relative if isinstance(value, float) else value
+                           for qid, value in values.items()} for measure, values in measures.items()}
+        path.write_text(json.dumps(noisy), encoding="utf-8")
+    for path in data.rglob("losses.tsv"):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        header, rows = lines[0].split("\t"), [line.split("\t") for line in lines[1:]]
+        noisy = ["\t".join(value if name == "step" else repr(float(value) * (1 + relative))
+                           for name, value in zip(header, row)) for row in rows]
+        path.write_text("\n".join([lines[0], *noisy]) + "\n", encoding="utf-8")
+
+
+def test_float_noise_in_every_output_leaves_the_report_byte_identical(tmp_path):
+    data = write_study(tmp_path / "data")
+    write_report(PARAMS, tmp_path / "a", data)
+    with_float_noise(data)
+    write_report(PARAMS, tmp_path / "b", data)
+    first, second = snapshot(tmp_path / "a" / PROFILE), snapshot(tmp_path / "b" / PROFILE)
+    assert sorted(first) == sorted(second)
+    assert [name for name in first if first[name] != second[name]] == []
+    assert any(name.endswith(".png") for name in first)
+
+
+def test_a_change_at_the_printed_precision_changes_the_report(tmp_path):
+    data = write_study(tmp_path / "data")
+    write_report(PARAMS, tmp_path / "a", data)
+    bm25 = next((data / "bm25" / "runs").rglob("*.per_query.json"))
+    measures = json.loads(bm25.read_text(encoding="utf-8"))
+    measure = next(iter(measures))
+    measures[measure] = {qid: min(1.0, value + 0.01) for qid, value in measures[measure].items()}
+    bm25.write_text(json.dumps(measures), encoding="utf-8")
+    write_report(PARAMS, tmp_path / "b", data)
+    assert (tmp_path / "a" / PROFILE / "table1.csv").read_bytes() != (tmp_path / "b" / PROFILE / "table1.csv").read_bytes()
+
+
+def png_chunks(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, offset = [], 8
+    while offset < len(data):
+        length, kind = struct.unpack(">I4s", data[offset:offset + 8])
+        chunks.append((kind, data[offset + 8:offset + 8 + length]))
+        offset += 12 + length
+    return chunks
+
+
+def test_figures_carry_no_software_version_and_no_date(tmp_path):
+    data = write_study(tmp_path / "data")
+    report = write_report(PARAMS, tmp_path / "out", data)
+    figures = sorted((report.directory / "figures").glob("*.png"))
+    assert figures
+    for figure in figures:
+        for kind, body in png_chunks(figure):
+            assert kind != b"tIME"
+            assert not (kind in (b"tEXt", b"iTXt", b"zTXt") and body.split(b"\0")[0] in (b"Software", b"Creation Time"))
+
+
+def table(unit: str = "percent"):
+    from qac.reporting.tables import Table
+
+    return Table("table1", "T", unit, ["c"])
+
+
+@pytest.mark.parametrize("unit, value, mde, p, shown", [
+    ("percent", -0.0612, 0.1449, 0.26, "-0.06 (p=0.26; MDE 0.14)"),     # not "-0.1 ... MDE 0.1"
+    ("percent", -0.0004, 0.21, 0.9, "0.00 (p=0.9; MDE 0.21)"),          # rounds to zero: no sign
+    ("percent", 0.0004, None, 1.0, "0.00 (p=1)"),
+    ("percent", 10.0, 4.0, 0.125, "+10.00 (p=0.12; MDE 4.00)"),
+    ("fraction", -0.00004, 0.012, 0.5, "0.0000 (p=0.5; MDE 0.0120)"),
+    ("fraction", 0.0123, 0.0101, 0.04, "+0.0123 (p=0.04; MDE 0.0101)"),
+])
+def test_a_difference_and_its_mde_print_at_one_precision_and_a_zero_has_no_sign(unit, value, mde, p, shown):
+    from qac.reporting.precision import rounded_cell
+    from qac.reporting.render import cell_text
+    from qac.reporting.tables import Cell
+
+    cell = rounded_cell(table(unit), "c", Cell(value=value, mde=mde, p_value=p, difference=True))
+    assert cell_text(table(unit), "c", cell).split(" / ")[0] == shown
+
+
+@pytest.mark.parametrize("unit, value, shown", [("percent", -0.04, "0.0"), ("percent", 2.95, "3.0"),
+                                                ("fraction", 0.34126125943657276, "0.341")])
+def test_a_value_prints_and_rounds_the_same_way(unit, value, shown):
+    from qac.reporting.precision import rounded_cell
+    from qac.reporting.render import cell_text, to_csv
+    from qac.reporting.tables import Cell
+
+    cell = rounded_cell(table(unit), "c", Cell(value=value))
+    assert cell_text(table(unit), "c", cell).split(" / ")[0] == shown
+    rows = to_csv(_table_with(unit, cell)).splitlines()
+    assert float(rows[1].split(",")[4]) == float(shown)
+
+
+def _table_with(unit, cell):
+    result = table(unit)
+    result.put("r", "c", cell)
+    return result
+
+
+def test_the_header_reads_the_corpus_cut_from_the_prepared_dataset(tmp_path):
+    data = write_study(tmp_path / "data")
+    folder = data / "datasets" / "scifact"
+    folder.mkdir(parents=True)
+    (folder / "dataset.json").write_text(json.dumps({
+        "counts": {"documents": 667}, "skipped": {"documents_outside_subset": 4516},
+        "subset": {"max_documents": 120, "keep_judged_documents": True}}), encoding="utf-8")
+    params = {**PARAMS, "prepare": {"max_documents": 120, "keep_judged_documents": True}}
+    report = write_report(params, tmp_path / "out", data)
+    header = dict(report.header)["Data"]
+    assert "667 of 5183 documents: the first 120 and every judged one" in header
+    assert "cut to the first 120 documents" not in (report.directory / "tables.md").read_text(encoding="utf-8")
+
+
+def test_counts_agree_with_their_nouns(tmp_path):
+    data = write_study(tmp_path / "data")
+    params = {**PARAMS, "zero_shot": ["nfcorpus"]}
+    text = (write_report(params, tmp_path / "out", data).directory / "tables.md").read_text(encoding="utf-8")
+    assert "over the 1 dataset above" in text and "1 datasets" not in text
+
+
+def test_table1_shows_the_zero_shot_retriever_only_where_the_profile_trains_it(tmp_path):
+    from qac.reporting.lineage import load_study
+    from qac.reporting.tables import RETRIEVER_LABELS, build_tables
+
+    data = write_study(tmp_path / "data")
+    table1 = {t.key: t for t in build_tables(load_study(PARAMS, data), PARAMS)}["table1"]
+    beir_rows = [row for row in table1.rows if RETRIEVER_LABELS["beir"] in row]
+    assert beir_rows == []
+    assert sum(RETRIEVER_LABELS["beir"] in note for note in table1.notes) == 1
+    params = {**PARAMS, "tables": {**PARAMS["tables"], "zero_shot_retriever": "beir"}}
+    table1 = {t.key: t for t in build_tables(load_study(params, data), params)}["table1"]
+    assert any(RETRIEVER_LABELS["beir"] in row for row in table1.rows)
+
+
+def test_every_method_has_its_own_colour():
+    from qac.reporting.figures import method_colour
+    from qac.reporting.paper import METHOD_NAMES
+
+    colours = [method_colour(method) for method in METHOD_NAMES]
+    assert len(set(colours)) == len(colours)
+
+
+def test_the_query_count_figure_draws_each_method_in_its_colour(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from qac.reporting import figures
+    from qac.reporting.lineage import load_study
+    from qac.reporting.tables import build_tables
+
+    data = write_study(tmp_path / "data")
+    table3 = {t.key: t for t in build_tables(load_study(PARAMS, data), PARAMS)}["table3"]
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda figure: drawn.append(figure))    # keep the figure to look at
+    figures.plot_query_count(table3, tmp_path / "q.png")
+    lines = [line for axis in drawn[0].axes for line in axis.get_lines() if "query context" in line.get_label()]
+    by_method = {line.get_label().split(" query context")[0]: line.get_color() for line in lines}
+    assert len(by_method) >= 2 and len(set(by_method.values())) == len(by_method)
