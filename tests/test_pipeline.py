@@ -64,6 +64,79 @@ def smoke_study(tmp_path_factory, shared_data, copy_repository):
     return work, env, first
 
 
+def copy_study(work: Path, destination: Path) -> Path:
+    """A working copy of the study at ``work``, for a test that changes it.
+
+    ``data/`` and the DVC cache are hard-linked: stages write their outputs to a temporary file and
+    rename it, and DVC's cache files are read-only, so neither copy can change the other's files.
+    Everything else (git, the params files DVC edits in place, the SQLite store) is copied; DVC's
+    own lock and state (``.dvc/tmp``) start afresh.
+    """
+    import shutil
+
+    def link(source, target):
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+
+    shutil.copytree(work, destination, symlinks=True, ignore=lambda folder, names: (
+        ["data", "tmp"] if Path(folder) == work / ".dvc" else ["data", ".dvc"] if Path(folder) == work else []))
+    shutil.copytree(work / "data", destination / "data", symlinks=True, copy_function=link)
+    shutil.copytree(work / ".dvc", destination / ".dvc", symlinks=True, copy_function=link,
+                    ignore=lambda folder, names: ["tmp"] if Path(folder) == work / ".dvc" else [])
+    return destination
+
+
+def _headline(work: Path) -> dict:
+    return json.loads((work / "reports" / "headline" / "smoke.json").read_text(encoding="utf-8"))
+
+
+def test_an_experiment_shows_the_changed_parameter_beside_the_headline_it_moved(smoke_study, tmp_path):
+    """`dvc exp run -S` on the committed study reruns only what the parameter reaches; `dvc exp show`
+    holds the parameter and the numeric headline of the baseline and the experiment; `dvc checkout`
+    of the baseline's lock restores the baseline's headline from the DVC cache.
+
+    A cheap parameter: annotation.documents reaches the annotation stage and the tables (Table 5).
+    It runs first, on a copy, so the study of the later tests stays as `dvc repro` left it.
+    """
+    work = copy_study(smoke_study[0], tmp_path / "repo")
+    env = {**smoke_study[1], "PYTHONPATH": str(work), "DVC_IGNORE_ISATTY": "true"}   # DVC's bars as on a terminal
+    commit = ["git", "-c", "user.name=qac", "-c", "user.email=qac@localhost", "commit", "--allow-empty", "-qm"]
+    _run(["git", "add", "-A"], work, env)
+    _run([*commit, "smoke study"], work, env)
+    baseline = _headline(work)
+    documents = yaml.safe_load((work / PARAMS).read_text())["annotation"]["documents"]
+    done = _run([str(BIN / "dvc"), "exp", "run", PIPELINE, "-n", "fewer-documents",
+                 "-S", f"{PARAMS}:annotation.documents={documents // 2}"], work, env)
+    ran = {line.split("'")[1].rsplit(":", 1)[-1] for line in done.stdout.splitlines()
+           if line.startswith("Running stage") or "is cached - skipping run" in line}   # (or from DVC's run cache)
+    assert ran == {"annotation", "tables"}, done.stdout
+    # The stages take no lock of DVC's, so DVC never waits for its own lock between them.
+    assert "Waiting to acquire lock" not in done.stdout + done.stderr
+    moved = _headline(work)
+    assert moved != baseline and moved["table1"] == baseline["table1"]
+    assert moved["table5"] != baseline["table5"]
+
+    shown = json.loads(_run([str(BIN / "dvc"), "exp", "show", "--only-changed", "--json"], work, env).stdout)
+    rows = {row["rev"]: row for row in shown}
+    head = _run(["git", "rev-parse", "HEAD"], work, env).stdout.strip()
+    experiment = next(rev for group in rows[head]["experiments"] for rev in group["revs"]
+                      if rev["name"] == "fewer-documents")
+    for row, expected, headline in ((rows[head], documents, baseline), (experiment, documents // 2, moved)):
+        data = row["data"]
+        assert data["params"][PARAMS]["data"]["annotation"]["documents"] == expected
+        metrics = data["metrics"]["reports/headline/smoke.json"]["data"]
+        assert metrics == headline
+        values = [value for rows_ in metrics.values() for columns in rows_.values() for value in columns.values()]
+        assert values and all(isinstance(value, (int, float)) for value in values)
+
+    # Back to the baseline: git restores the params and the lock, DVC the headline the lock names.
+    _run(["git", "checkout", "--", "profiles/smoke"], work, env)
+    _run([str(BIN / "dvc"), "checkout", PIPELINE], work, env)
+    assert _headline(work) == baseline
+
+
 def test_every_stage_ran_and_wrote_its_outputs(smoke_study):
     work, _, first = smoke_study
     params = yaml.safe_load((work / PARAMS).read_text())

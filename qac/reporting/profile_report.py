@@ -4,7 +4,9 @@
 figures), ``table<N>.csv`` (one line per cell, with its source file and run
 id), ``table<N>.tex`` per table, ``generator.csv`` (the query generator's
 quality, when its stages ran), ``figures/`` and ``plots/`` (the data series
-that dvc.yaml declares as DVC plots). It is written into a temporary folder
+that dvc.yaml declares as DVC plots). ``reports/headline/<profile>.json``
+beside it holds the headline cells, the profile's DVC metrics
+(:mod:`qac.reporting.headline`). It is written into a temporary folder
 and renamed into place, so a failure leaves the previous report intact. The
 same DVC outputs give byte-identical tables: nothing in them depends on the
 clock, the checkout or the MLflow store. A committed report is never replaced
@@ -41,6 +43,7 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
     from qac.reporting.figures import draw_figures
     from qac.reporting.guard import check_replaceable
     from qac.reporting.precision import rounded_tables
+    from qac.reporting.headline import HEADLINE_DIR, write_headline
 
     settings = params.get("tables", {})
     target = Path(out_dir or settings.get("out_dir", "reports")) / params["profile"]
@@ -67,6 +70,8 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
         if generator:
             (Path(tmp) / "generator.csv").write_text(generator_report.to_csv(generator), encoding="utf-8")
         plot_data.write_plot_data(study, tables, Path(tmp) / "plots")
+    # The headline cells beside the report, the file dvc.yaml declares as the profile's metrics.
+    write_headline(tables, target.parent / HEADLINE_DIR / f"{params['profile']}.json")
     # Which MLflow runs the cells came from: bookkeeping, beside the DVC outputs, not in the report.
     from qac.tracking import RECORDS_DIR
 
