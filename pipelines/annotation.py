@@ -19,7 +19,7 @@ from qac.params import load_params
 from qac.console import StageClock, print_summary, stage_arguments
 from qac.io import atomic_path
 from qac.evaluation import annotation
-from qac.tracking import log_metrics, stage_run, write_run_record
+from qac.tracking.lifecycle import tracked_stage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,13 +43,12 @@ def main(argv: list[str] | None = None) -> int:
             calibration_split=split, calibration_pairs_max=int(settings.get("calibration_pairs", 500)),
             rel_threshold=rel_threshold, human_sheets=settings.get("human_sheets") or [],
             judge_max_length=int(settings.get("judge_max_len", 256)))
-        with stage_run(params, "annotation", annotation.RUN_NAME, kind="annotation", stage_params=settings,
-                       inputs={"passages": data / "passages.arrow", "queries": data / "queries.arrow",
-                               "calibration_dataset": dataset_dir},
-                       tags={annotation.LABELS_TAG: summary["labels"],
-                             "qac.annotation.label_source": summary["label_source"]}) as run:
-            import mlflow
-
+        with tracked_stage(params, "annotation", annotation.RUN_NAME, kind="annotation", stage_params=settings,
+                           inputs={"passages": data / "passages.arrow", "queries": data / "queries.arrow",
+                                   "calibration_dataset": dataset_dir},
+                           tags={annotation.LABELS_TAG: summary["labels"],
+                                 "qac.annotation.label_source": summary["label_source"]},
+                           output=data / "annotation", root=data) as tracking:
             metrics = {}
             for kind, share in summary["shares"].items():
                 metrics[annotation.share_metric(kind)] = share["share"]
@@ -59,10 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             if summary["human"]:
                 metrics["human/fleiss_kappa"] = summary["human"]["fleiss_kappa"]
                 metrics["human/percent_agreement"] = summary["human"]["percent_agreement"]
-            log_metrics(metrics)
-            mlflow.log_artifact(str(Path(out) / annotation.LABELS_FILE))
-            mlflow.log_artifact(str(Path(out) / "summary.json"))
-        write_run_record(data, data / "annotation", run.info.run_id)
+            tracking.log_metrics(metrics)
+            tracking.log_artifacts(Path(out) / annotation.LABELS_FILE, Path(out) / "summary.json")
     shares = summary["shares"]
     print_summary("annotation", f"{summary['documents']} documents",
                   "high correlation " + ", ".join(f"{kind} {value['share']:.1%}" for kind, value in shares.items()),

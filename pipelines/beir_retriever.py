@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.distributed import cleanup, init_distributed
     from qac.io import atomic_path, write_json
     from qac.retrieval import document_text
-    from qac.tracking import linked_run_id, read_run_record
-    from qac.tracking.record import models_requested, reopened_run
+    from qac.tracking.lifecycle import Upstream, reopened_stage
     from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
 
     params = load_params()
@@ -114,7 +113,6 @@ def main(argv: list[str] | None = None) -> None:
     passage_text = {doc_id: document_text("", doc.text, " ") for doc_id, doc in dataset.corpus.items()}
 
     finetune_stage, evaluate_stage = _stage_module("finetune"), _stage_module("evaluate")
-    from qac.evaluation.split_evaluation import log_evaluation
 
     dist = init_distributed()
     summary: dict[str, dict] = {}
@@ -124,16 +122,15 @@ def main(argv: list[str] | None = None) -> None:
             for variant in variants:
                 start = starts[variant]
                 # The pre-training run, when this store holds it; else the run nests under the study run.
-                parent_run_id = linked_run_id(read_run_record(root, root / "pretrain" / variant),
-                                              f"pretrain@{variant}") if dist.is_main else None
+                parent = Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}")
                 folder = staging / variant
                 folder.mkdir(parents=True, exist_ok=True)
                 model, tokenizer, _, losses, _ = finetune_stage.train_retriever(
                     "encoder", negatives, variant=variant, params=params, settings=settings, dataset=dataset,
-                    passage_text=passage_text, start=start, parent_run_id=parent_run_id, staging=folder,
+                    passage_text=passage_text, start=start, parent=parent, staging=folder,
                     out_dir=out_dir / variant, root=root, dist=dist,
                     inputs={"encoder": start, "dataset": dataset_dir}, section_key="beir_retriever",
-                    stage="beir_retriever", log_models=models_requested(params, False))
+                    stage="beir_retriever")
                 results = {}
                 for dataset_name in params.get("zero_shot", []):
                     parts = load_prepared_parts(root / "datasets" / dataset_name)
@@ -144,12 +141,12 @@ def main(argv: list[str] | None = None) -> None:
                         normalize=settings.similarity == "cosine")
                         for subset, part in parts}
                     results[dataset_name] = evaluate_stage.combine_parts(by_subset, folder / "eval" / dataset_name)
-                record = read_run_record(root, out_dir / variant / "encoder")
+                record = Upstream(root, out_dir / variant / "encoder", "beir_retriever").record()
                 if record is not None:
-                    with reopened_run(record["run_id"]):
+                    with reopened_stage(params, record["run_id"], main=dist.is_main) as tracking:
                         for dataset_name, by_split in results.items():
                             for split, result in by_split.items():
-                                log_evaluation(result, dataset_name, split)
+                                tracking.log_evaluation(result, dataset_name, split)
                 summary[variant] = {dataset_name: {split: result.aggregate for split, result in by_split.items()}
                                     for dataset_name, by_split in results.items()}
                 summary[variant]["train"] = {"steps": len(losses), **facts}

@@ -31,15 +31,13 @@ from qac.config import profile_dir
 from qac.params import load_params
 from qac.console import StageClock, print_summary, stage_arguments
 from qac.data.prepared import load_prepared_parts
-from qac.evaluation.split_evaluation import (SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits,
-                                   log_evaluation)
+from qac.evaluation.split_evaluation import SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits
 from qac.evaluation.trec_io import write_run
 from qac.io import atomic_path, write_json, write_jsonl
 from qac.retrieval.bm25 import BM25Index, BM25Settings
 from qac.retrieval.mining import negatives_records
-from qac.tracking import stage_run, write_run_record
+from qac.tracking.lifecycle import tracked_stage
 from qac.tracking.naming import baseline_description, run_name
-from qac.tracking.record import log_dataset_inputs
 
 log = logging.getLogger("bm25")
 R1_NEGATIVES = ("bm25", "official")   # finetune.r1_negatives: our BM25 run, or the official training triples
@@ -97,16 +95,16 @@ def main(argv: list[str] | None = None) -> None:
                     "bm25": {**vars(settings), "in_domain_title": in_domain_title}, **baseline_description("bm25")}
 
     with atomic_path(root / "bm25", directory=True) as out:
-        with stage_run(params, "bm25", run_name("bm25", "baseline"), kind="baseline", stage_params=stage_params,
-                       inputs={name: root / "datasets" / name for name in names},
-                       tags={"qac.retriever": "bm25"}) as mlflow_run:
+        with tracked_stage(params, "bm25", run_name("bm25", "baseline"), kind="baseline", stage_params=stage_params,
+                           inputs={name: root / "datasets" / name for name in names},
+                           tags={"qac.retriever": "bm25"}, output=root / "bm25", root=root) as tracking:
             summary = {}
             for name in names:
                 parts = load_prepared_parts(root / "datasets" / name)
                 by_subset: dict[str, dict] = {}
                 for subset, dataset in parts:
                     folder = root / "datasets" / name if subset is None else root / "datasets" / name / subset
-                    log_dataset_inputs(folder, "evaluation", splits=evaluation_splits(dataset))
+                    tracking.log_dataset_inputs(folder, "evaluation", splits=evaluation_splits(dataset))
                     with_title = in_domain_title or name != train_name     # full_text: title + " " + text
                     texts = [document.full_text if with_title else document.text.strip()
                              for document in dataset.corpus.values()]
@@ -141,11 +139,10 @@ def main(argv: list[str] | None = None) -> None:
                         result = combine_subsets(results)
                         write_json(Path(out) / "runs" / name / f"{split}.per_query.json", result.per_query)
                         write_json(Path(out) / "runs" / name / SUBSETS_FILE, {"subsets": list(results)})
-                    log_evaluation(result, name, split)
+                    tracking.log_evaluation(result, name, split)
                     summary.setdefault(name, {})[split] = result.aggregate
                     log.info("%s/%s: %s", name, split, result.aggregate)
             write_json(Path(out) / "metrics.json", summary)
-            write_run_record(root, root / "bm25", mlflow_run.info.run_id)
     measure = measures[0]
     facts = [f"{name}/{split} {measure} {values[measure]:.3f}"
              for name, by_split in summary.items() for split, values in list(by_split.items())[:1]]

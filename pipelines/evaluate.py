@@ -35,14 +35,14 @@ def retrievers_of(params: dict, variant: str, root: Path) -> list[tuple[str, Pat
     store does not hold (no record: DVC restored or pulled the output; or another store): its
     measures then go to a run of their own.
     """
-    from qac.tracking import linked_run_id, read_run_record
+    from qac.tracking.lifecycle import Upstream
 
     found = []
     for name in ("r1", "r2"):
         folder = root / "finetune" / variant / name
         if not folder.is_dir():
             raise SystemExit(f"{folder}: missing (run the finetune@{variant} stage)")
-        found.append((name, folder, linked_run_id(read_run_record(root, folder), f"finetune@{variant} {name}")))
+        found.append((name, folder, Upstream(root, folder, f"finetune@{variant} {name}").run_id()))
     if variant == "none" and params["evaluate"].get("untuned_baseline", False):
         found.append(("untuned", root / "pretrain" / variant / "encoder", None))
     return found
@@ -159,19 +159,15 @@ def main(argv: list[str] | None = None) -> None:
 
     import time
 
-    import mlflow
-
     from qac.config import checked_variant, profile_dir
     from qac.params import load_params
     from qac.data.prepared import load_prepared_parts, prepared_folders
     from qac.distributed import init_distributed
-    from qac.evaluation.split_evaluation import log_evaluation
     from qac.io import atomic_path, write_json
     from qac.models.loading import load_tokenizer
     from qac.retrieval import title_separator
-    from qac.tracking import linked_run_id, log_metrics, read_run_record, stage_run, tracking_uri, write_run_record
+    from qac.tracking.lifecycle import Upstream, reopened_stage, tracked_stage
     from qac.tracking.naming import variant_description, variant_run_name
-    from qac.tracking.record import log_dataset_inputs, reopened_run
     from qac.retrieval.dense import baseline_settings, start_encoder
     from qac.train.biencoder import BiEncoder
 
@@ -183,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     lengths = (params["finetune"]["query_max_len"],
                params["finetune"].get("corpus_max_len") or params["finetune"]["passage_max_len"])
     retrievers = retrievers_of(params, variant, root)
-    parent = linked_run_id(read_run_record(root, root / "pretrain" / variant), f"pretrain@{variant}")
+    parent = Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}")
     device = init_distributed().device
     out_dir = root / "eval" / variant
     results: dict[str, dict[str, dict]] = {name: {} for name, _, _ in retrievers}
@@ -230,28 +226,28 @@ def main(argv: list[str] | None = None) -> None:
         # Metrics go into each fine-tuning run, reopened by id without moving
         # its end time (its duration stays the training's); the untuned
         # encoder has no fine-tuning run, so it gets its own beside them.
-        mlflow.set_tracking_uri(tracking_uri())
         description = variant_description(params, variant)
         for name, folder, run_id in retrievers:
             if run_id is None:
                 untuned = name == "untuned"
-                opened = stage_run(params, f"evaluate@{variant}",
-                                   variant_run_name(description, name if untuned else f"{name} eval"),
-                                   kind="baseline" if untuned else "evaluate",
-                                   stage_params={"encoder": str(folder), **settings, **description, "retriever": name},
-                                   tags={"qac.retriever": name, "qac.variant": variant}, parent_run_id=parent)
+                opened = tracked_stage(params, f"evaluate@{variant}",
+                                       variant_run_name(description, name if untuned else f"{name} eval"),
+                                       kind="baseline" if untuned else "evaluate",
+                                       stage_params={"encoder": str(folder), **settings, **description,
+                                                     "retriever": name},
+                                       tags={"qac.retriever": name, "qac.variant": variant}, parent=parent)
             else:
-                opened = reopened_run(run_id)
-            with opened as run:
-                mlflow.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings["depth"]})
-                log_metrics({"eval/seconds": seconds[name]})
+                opened = reopened_stage(params, run_id)
+            with opened as tracking:
+                tracking.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings["depth"]})
+                tracking.log_metrics({"eval/seconds": seconds[name]})
                 for dataset_name, by_split in results[name].items():
                     for folder in prepared_folders(root / "datasets" / dataset_name):
-                        log_dataset_inputs(folder, "evaluation", splits=list(by_split))
+                        tracking.log_dataset_inputs(folder, "evaluation", splits=list(by_split))
                     for split, result in by_split.items():
-                        log_evaluation(result, dataset_name, split)
+                        tracking.log_evaluation(result, dataset_name, split)
                 if name == "untuned":
-                    write_run_record(root, out_dir / name, run.info.run_id, variant=variant, retriever=name)
+                    tracking.write_record(out_dir / name, variant=variant, retriever=name)
     summary = {name: {dataset_name: {split: result.aggregate for split, result in by_split.items()}
                       for dataset_name, by_split in by_dataset.items()}
                for name, by_dataset in results.items()}

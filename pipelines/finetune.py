@@ -56,19 +56,19 @@ def judged_queries(dataset, negatives: dict, section: dict, seed: int):
 
 
 def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, settings, dataset, passage_text,
-                    start: Path, parent_run_id: str | None, staging: Path, out_dir: Path, root: Path, dist,
+                    start: Path, parent, staging: Path, out_dir: Path, root: Path, dist,
                     inputs: dict, log_models: bool = False, section_key: str = "finetune", stage: str | None = None,
                     query_set: str = "judged"):
     """Fine-tune one retriever from ``start``, save it to ``staging/<name>``.
 
     ``section_key`` names the params section of the recipe (``finetune``; ``beir_retriever`` for
     Table 2's zero-shot retriever) and ``stage`` the DVC stage (default ``finetune@<variant>``);
-    ``query_set`` chooses the training queries (qac.train.groups.retriever1_queries).
+    ``query_set`` chooses the training queries (qac.train.groups.retriever1_queries); ``parent`` is the
+    upstream output (:class:`qac.tracking.lifecycle.Upstream`) whose run it nests under.
     Returns the model, the tokenizer, the training queries and the per-step losses.
     """
-    from qac.tracking import log_metrics, stage_run, write_run_record
+    from qac.tracking.lifecycle import tracked_stage
     from qac.tracking.naming import variant_description, variant_run_name
-    from qac.tracking.record import log_dataset_inputs, log_encoder
     from qac.train.finetune import check_whole_batches, fine_tune_retriever
     from qac.train.groups import negative_pool_stats, retriever1_queries
 
@@ -78,28 +78,24 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, s
     # Before the model loads: the queries must fill whole batches (or be left out knowingly).
     left_out = check_whole_batches(len(queries), settings, where=f"{stage} {name}")
     description = {**variant_description(params, variant), "retriever": name}
-    tracked = (stage_run(params, stage, variant_run_name(description, name), kind="finetune",
-                         stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"],
-                                       **description},
-                         inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant},
-                         parent_run_id=parent_run_id)
-               if dist.is_main else contextlib.nullcontext())
-    with tracked as run:
-        if dist.is_main:
-            log_dataset_inputs(inputs["dataset"], "training", splits=["train"])
+    with tracked_stage(params, stage, variant_run_name(description, name), kind="finetune",
+                       stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"],
+                                     **description},
+                       inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant}, parent=parent,
+                       output=out_dir / name, main=dist.is_main, log_models=log_models, root=root) as tracking:
+        tracking.log_dataset_inputs(inputs["dataset"], "training", splits=["train"])
+        if tracking.active:
             stats = negative_pool_stats(queries, settings.n_negatives)
-            log_metrics({f"train_queries/{key}": value for key, value in stats.items()}
-                        | {"train_queries/left_out": left_out})
+            tracking.log_metrics({f"train_queries/{key}": value for key, value in stats.items()}
+                                 | {"train_queries/left_out": left_out})
         model, tokenizer, losses = fine_tune_retriever(
             start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
             device=dist.device, rank=dist.rank, world_size=dist.world_size,
-            on_step=(lambda step, values: log_metrics(values, step=step)) if dist.is_main else None)
+            on_step=(lambda step, values: tracking.log_metrics(values, step=step)) if dist.is_main else None)
         if dist.is_main:
             model.save(staging / name, tokenizer)
-            if log_models:
-                log_encoder(staging / name, "encoder")
-            write_run_record(root, out_dir / name, run.info.run_id, variant=variant, retriever=name,
-                             start=str(start), steps=len(losses))
+            tracking.log_model(staging / name, "encoder")
+            tracking.describe(variant=variant, retriever=name, start=str(start), steps=len(losses))
     return model, tokenizer, queries, losses, left_out
 
 
@@ -125,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     from qac.io import atomic_path, write_jsonl
     from qac.models.loading import load_tokenizer
     from qac.retrieval import document_text, title_separator
-    from qac.tracking import linked_run_id, read_run_record
-    from qac.tracking.record import models_requested
+    from qac.tracking.lifecycle import Upstream
     from qac.train.finetune import FinetuneSettings
     from qac.train.groups import read_negatives, retriever2_negatives
     from qac.retrieval.dense import search_splits
@@ -154,13 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     passage_text = {doc_id: document_text(doc.title, doc.text, separator) for doc_id, doc in dataset.corpus.items()}
     inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
     common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
-                  start=start, log_models=models_requested(params, args.log_models))
+                  start=start, log_models=args.log_models)
 
     dist = init_distributed()
     out_dir = root / "finetune" / variant
     # The pre-training run, when this store holds it; else the runs nest under the study run.
-    parent = linked_run_id(read_run_record(root, pretrain_dir), f"pretrain@{variant}") if dist.is_main else None
-    common.update(parent_run_id=parent, out_dir=out_dir, root=root)
+    common.update(parent=Upstream(root, pretrain_dir, f"pretrain@{variant}"), out_dir=out_dir, root=root)
     # Only the main process writes the output folder, as one atomic unit.
     output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(None)
     try:

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     from qac.querygen.continuation import (ContinuationGenerator, ContinuationSettings, continuation_quality,
                                            load_causal_lm)
     from qac.querygen.stage import rate, run_sharded_generation
-    from qac.tracking import stage_run
+    from qac.tracking.lifecycle import tracked_stage
 
     params = load_params()
     section = params["continuation"]
@@ -51,10 +51,11 @@ def main(argv=None) -> int:
     compute = {"dtype": str(dtype or "float32"), "batch_size": int(section["batch_size"])}
 
     def open_run():
-        return stage_run(params, "generate_continuations", "generate_continuations", kind="continuation",
-                         stage_params={**asdict(settings), "batch_size": section["batch_size"],
-                                       "chunk_size": section["chunk_size"], **compute},
-                         inputs={"passages": passages_path}, tags={"qac.world_size": ctx.world_size})
+        return tracked_stage(params, "generate_continuations", "generate_continuations", kind="continuation",
+                             stage_params={**asdict(settings), "batch_size": section["batch_size"],
+                                           "chunk_size": section["chunk_size"], **compute},
+                             inputs={"passages": passages_path}, tags={"qac.world_size": ctx.world_size},
+                             root=data)
 
     def make_generator():
         model, tokenizer = load_causal_lm(settings.model, ctx.device, seed=settings.seed)

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from qac.distributed import autocast_dtype, init_distributed
     from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
     from qac.querygen.stage import rate, run_sharded_generation
-    from qac.tracking import linked_run_id, read_run_record, stage_run, write_run_record
+    from qac.tracking.lifecycle import Upstream, tracked_stage
 
     params = load_params()
     section = params["querygen"]
@@ -53,13 +53,12 @@ def main(argv=None) -> int:
             compute["sync_every"] = sync_every
 
     def open_run():
-        generator_run = read_run_record(data, generator_dir)
-        sampling = {"model": (generator_run or {}).get("model", str(generator_dir)), **asdict(settings),
+        generator = Upstream(data, generator_dir, "query_generator")
+        sampling = {"model": (generator.record() or {}).get("model", str(generator_dir)), **asdict(settings),
                     "batch_size": section["batch_size"], "chunk_size": section["chunk_size"], **compute}
-        return stage_run(params, "generate_queries", "generate_queries", kind="querygen", stage_params=sampling,
-                         inputs={"passages": passages_path, "generator": generator_dir},
-                         tags={"qac.world_size": ctx.world_size},
-                         parent_run_id=linked_run_id(generator_run, "query_generator"))
+        return tracked_stage(params, "generate_queries", "generate_queries", kind="querygen", stage_params=sampling,
+                             inputs={"passages": passages_path, "generator": generator_dir},
+                             tags={"qac.world_size": ctx.world_size}, parent=generator, output=output, root=data)
 
     def make_generator():
         return generator_from_settings(str(generator_dir), settings, ctx.device, str(section.get("dtype", "auto")),
@@ -71,8 +70,7 @@ def main(argv=None) -> int:
                                     summarize=lambda totals: totals.summary())
     if merged is None:
         return 0
-    summary, run = merged
-    write_run_record(data, output, run.info.run_id)
+    summary, _ = merged
     print_summary("generate_queries", f"{summary['passages']} passages", f"{summary['queries']} queries",
                   rate(summary), seconds=clock.seconds)
     return 0

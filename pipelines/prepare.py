@@ -23,9 +23,8 @@ from qac.data.errors import DatasetUnavailableError
 from qac.data.prepared import prepare_dataset, write_prepared_parts
 from qac.data.sources import (DatasetSpec, download_dir, fetch_dataset, locate_dataset, read_dataset_parts,
                               subset_settings, triples_path)
-from qac.tracking import log_metrics, stage_run
+from qac.tracking.lifecycle import tracked_stage
 from qac.tracking.naming import run_name
-from qac.tracking.record import log_dataset_inputs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,11 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(str(error)) from None   # one paragraph that says what to do; a traceback would bury it
     out = profile_dir(params) / "datasets" / spec.name
 
-    with stage_run(params, f"prepare@{spec.name}", run_name(spec.name, "prepare"), kind="prepare",
-                   stage_params={"prepare": settings, "dataset": declared[spec.name]},
-                   tags={"qac.dataset": spec.name}):
-        import mlflow
-
+    with tracked_stage(params, f"prepare@{spec.name}", run_name(spec.name, "prepare"), kind="prepare",
+                       stage_params={"prepare": settings, "dataset": declared[spec.name]},
+                       tags={"qac.dataset": spec.name}) as tracking:
         try:
             source = fetch_dataset(spec, mirror, downloads)
         except DatasetUnavailableError as error:
@@ -61,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             triples = triples_path(spec, source, mirror=mirror, downloads=downloads) if spec.triples else None
         except DatasetUnavailableError as error:
             raise SystemExit(str(error)) from None
-        mlflow.set_tag("qac.data_source", source.location)
+        tracking.set_tags({"qac.data_source": source.location})
         parts = read_dataset_parts(spec, source, mirror=mirror,
                                    min_text_chars=int(settings.get("min_text_chars", 1)))
         for _, dataset in parts:   # a dataset of sub-collections (CQADupStack's forums) prepares each alike
@@ -74,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics.update({f"queries/{split}": n for split, n in counts["queries_per_split"].items()})
         metrics.update({f"skipped/{reason}": n for reason, n in record["skipped"].items()})
         metrics.update({f"train_negatives/{key}": n for key, n in record.get("train_negatives", {}).items()})
-        log_metrics(metrics)
+        tracking.log_metrics(metrics)
         for subset, _ in parts:
-            log_dataset_inputs(out if subset is None else out / subset, "prepared")
+            tracking.log_dataset_inputs(out if subset is None else out / subset, "prepared")
     skipped = ", ".join(f"{reason} {n}" for reason, n in record["skipped"].items()) or "none"
     print_summary(f"prepare@{spec.name}", f"{counts['documents']} documents", f"{counts['queries']} queries",
                   f"qrels {counts['qrels']} from {source.location}", f"skipped: {skipped}", seconds=clock.seconds)

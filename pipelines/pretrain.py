@@ -51,11 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     from qac.config import profile_dir
     from qac.params import load_params
     from qac.distributed import cleanup, init_distributed
-    from qac.io import atomic_path, path_md5, remove_orphaned_staging
-    from qac.tracking import log_metrics, stage_run, write_run_record
-    from qac.tracking.interrupted import end_interrupted_run
+    from qac.io import atomic_path, remove_orphaned_staging
+    from qac.models.factory import required_inputs
+    from qac.tracking.lifecycle import tracked_stage
     from qac.tracking.naming import variant_description, variant_run_name
-    from qac.tracking.record import log_encoder, log_file_input, models_requested
     from qac.train.pretrain import PretrainSettings, pretrain
     from qac.train.step_log import LOSSES_FILE, StepLog
 
@@ -65,8 +64,6 @@ def main(argv: list[str] | None = None) -> None:
     root = profile_dir(params)
     out_dir = root / "pretrain" / args.variant
     work_dir = root / ".work" / "pretrain" / args.variant
-    from qac.models.factory import required_inputs
-
     needed = required_inputs(settings)      # what this method and context read besides the passages
     inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
     queries = inputs["queries"] if "queries" in needed else None
@@ -75,11 +72,6 @@ def main(argv: list[str] | None = None) -> None:
 
     dist = init_distributed()
     step_log = StepLog()    # a resumed run replays the checkpoint's history into it: the whole curve
-
-    def log_step(step: int, metrics: dict[str, float]) -> None:
-        log_metrics(metrics, step=step)
-        step_log(step, metrics)
-
     if dist.is_main:    # what an earlier run killed while writing left behind
         for path in (out_dir, work_dir / "checkpoint"):
             remove_orphaned_staging(path)
@@ -88,51 +80,41 @@ def main(argv: list[str] | None = None) -> None:
     # A setting that plays no part in this variant (C of a passage-context run) is not logged as one.
     unused = {"query_count", "cotmae_decoder", "master_decoders"} - set(description)
     stage = f"pretrain@{args.variant}"
-    tracked = (stage_run(params, stage, variant_run_name(description, "pretrain"), kind="pretrain",
-                         stage_params={**{k: v for k, v in settings.to_dict().items() if k not in unused},
-                                       **description}, inputs=inputs, tags=tags)
-               if dist.is_main else contextlib.nullcontext())
+    tracked = tracked_stage(params, stage, variant_run_name(description, "pretrain"), kind="pretrain",
+                            stage_params={**{k: v for k, v in settings.to_dict().items() if k not in unused},
+                                          **description}, inputs=inputs, tags=tags, output=out_dir,
+                            main=dist.is_main, log_models=args.log_models)
     # Only the main process writes the output folder, as one atomic unit.
     output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(out_dir)
     try:
-        with tracked as run, output as staging:
+        with tracked as tracking, output as staging:
             staging = Path(staging)
-            run_id = run.info.run_id if dist.is_main else None
+
+            def log_step(step: int, metrics: dict[str, float]) -> None:
+                tracking.log_metrics(metrics, step=step)
+                step_log(step, metrics)
 
             def on_resume(info: dict) -> None:
-                import mlflow
+                tracking.resumes(info["previous_run_id"], resumed=not info["discarded_checkpoint"],
+                                 from_step=info["resumed_from_step"],
+                                 discarded_checkpoint=str(info["discarded_checkpoint"]).lower(),
+                                 discard_reason=info["discard_reason"] or "")
 
-                mlflow.set_tags({"qac.resume.from_step": info["resumed_from_step"],
-                                 "qac.resume.discarded_checkpoint": str(info["discarded_checkpoint"]).lower(),
-                                 "qac.resume.discard_reason": info["discard_reason"] or ""})
-                end_interrupted_run(info["previous_run_id"], run_id, resumed=not info["discarded_checkpoint"])
-
-            if dist.is_main and settings.method != "none":
-                log_file_input(inputs["passages"], "passages", "training")
-                if queries is not None:
-                    log_file_input(queries, "generated-queries", "training")
-                for name, path in extra.items():
-                    log_file_input(path, name.replace("_", "-"), "training")
+            if settings.method != "none":
+                tracking.log_file_inputs({"passages": inputs["passages"], "generated-queries": queries,
+                                          **{name.replace("_", "-"): path for name, path in extra.items()}},
+                                         "training")
             summary = pretrain(settings, passages=inputs["passages"], queries=queries, work_dir=work_dir,
-                               out_dir=staging, log=log_step if dist.is_main else None, run_id=run_id,
+                               out_dir=staging, log=log_step if dist.is_main else None, run_id=tracking.run_id,
                                on_resume=on_resume if dist.is_main else None, remove_work=False,
                                extra_inputs=extra)
             if dist.is_main:
-                import mlflow
-
-                outputs = {"encoder": staging / "encoder", "checkpoint": staging / "checkpoint"}
-                record = {"variant": args.variant, "method": settings.method}
-                for name, path in outputs.items():
-                    if path.exists():
-                        md5 = path_md5(path)
-                        mlflow.set_tags({f"qac.{name}": str(out_dir / name), f"qac.{name}_md5": md5})
-                        record[f"{name}_md5"] = md5
-                mlflow.log_dict(summary, "pretrain_summary.json")
+                tracking.describe(variant=args.variant, method=settings.method)
+                tracking.hash_outputs({name: (staging / name, out_dir / name) for name in ("encoder", "checkpoint")})
+                tracking.log_dict(summary, "pretrain_summary.json")
                 if settings.method != "none":
                     step_log.write(staging / LOSSES_FILE)
-                if models_requested(params, args.log_models):
-                    log_encoder(outputs["encoder"], "encoder")
-                write_run_record(root, out_dir, run_id, **record)
+                tracking.log_model(staging / "encoder", "encoder")
         # The output is in place (renamed by atomic_path): only now may the work state go.
         if dist.is_main:
             shutil.rmtree(work_dir, ignore_errors=True)

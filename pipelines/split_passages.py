@@ -19,8 +19,7 @@ from qac.data.punkt import SETTINGS as PUNKT_SETTINGS
 from qac.data.punkt import PunktUnavailableError, download_pretrained_english, pretrained_english_available
 from qac.data.splitting import SplitSettings, split_corpus_file
 from qac.reporting.dvc_metrics import write_stage_metrics
-from qac.tracking import log_metrics, stage_run
-from qac.tracking.record import log_file_input
+from qac.tracking.lifecycle import tracked_stage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,12 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         except PunktUnavailableError as error:
             raise SystemExit(str(error)) from None
 
-    with stage_run(params, "split_passages", "split_passages", kind="split",
-                   stage_params={"split": split, "seed": params["seed"], "pretrain_corpus": params["pretrain_corpus"]},
-                   inputs={"corpus": corpus}, tags={"qac.tokenizer": split["tokenizer"]}):
-        import mlflow
-
-        log_file_input(corpus, f"{params['pretrain_corpus']}/corpus", "splitting", columns=("_id", "title", "text"))
+    with tracked_stage(params, "split_passages", "split_passages", kind="split",
+                       stage_params={"split": split, "seed": params["seed"],
+                                     "pretrain_corpus": params["pretrain_corpus"]},
+                       inputs={"corpus": corpus}, tags={"qac.tokenizer": split["tokenizer"]}) as tracking:
+        tracking.log_file_inputs({f"{params['pretrain_corpus']}/corpus": corpus}, "splitting",
+                                 columns=("_id", "title", "text"))
         started = time.perf_counter()
         stats, punkt_model = split_corpus_file(
             corpus, passages, data / "punkt", tokenizer_spec=split["tokenizer"], settings=settings,
@@ -56,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             workers=int(split.get("workers", 1)), chunk_size=int(split.get("chunk_size", 64)),
             max_documents=split.get("max_documents"))
         seconds = time.perf_counter() - started
-        mlflow.set_tag("qac.punkt", punkt_model)
+        tracking.set_tags({"qac.punkt": punkt_model})
         metrics = {**stats.as_metrics(), "seconds": seconds,
                    "documents_per_second": stats.documents / seconds if seconds else 0.0}
-        log_metrics(metrics)
+        tracking.log_metrics(metrics)
         write_stage_metrics(data / "metrics", "split", {**metrics, "punkt": punkt_model})
     print_summary("split_passages", f"{stats.documents} documents -> {stats.passages} passages",
                   f"mean {metrics['mean_tokens']:.1f}, max {stats.max_tokens} tokens",

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from qac.querygen.quality_table import quality_table
     from qac.querygen.train_generator import (TrainSettings, build_generator, load_pretrained_generator,
                                               save_generator, train_generator)
-    from qac.tracking import log_metrics, stage_run, write_run_record
+    from qac.tracking.lifecycle import tracked_stage
 
     params = load_params()
     section = params["query_generator"]
@@ -163,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
               "pairs/query": sum(p.kind == "query" for p in pairs), "pairs/title": sum(p.kind == "title" for p in pairs)}
 
     inputs = {name: datasets_dir / name for name in corpora}
-    with stage_run(params, "query_generator", "query_generator", kind="query_generator",
-                   stage_params={**section, "train_dataset": train_dataset, "corpora": corpora},
-                   inputs=inputs, tags={"qac.generator_mode": mode}) as run:
-        log_metrics(counts)
+    with tracked_stage(params, "query_generator", "query_generator", kind="query_generator",
+                       stage_params={**section, "train_dataset": train_dataset, "corpora": corpora},
+                       inputs=inputs, tags={"qac.generator_mode": mode}, root=data) as tracking:
+        tracking.log_metrics(counts)
         started = time.perf_counter()
         figures = {}
         if mode == "train":
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             model, tokenizer = build_generator(architecture, spec, seed=seed,
                                                copy_bias=bool(section.get("copy_bias", True)),
                                                dropout=None if dropout is None else float(dropout))
-            figures = train_generator(model, tokenizer, train_pairs, settings, ctx.device, dtype, log=log_metrics,
+            figures = train_generator(model, tokenizer, train_pairs, settings, ctx.device, dtype, log=tracking.log_metrics,
                                       validation=validation)
         else:
             model, tokenizer = load_pretrained_generator(spec)
@@ -195,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
                 metrics.update(judge_figures(params, data, heldout, model, tokenizer, sampling,
                                              generation_dtype, candidates, settings.batch_size, seed))
         metrics["quality_seconds"] = time.perf_counter() - started
-        log_metrics(metrics)
+        tracking.log_metrics(metrics)
 
         with atomic_path(data / "generator", directory=True) as tmp:
             save_generator(model, tokenizer, tmp)
-        write_run_record(data, data / "generator", run.info.run_id, model=spec, mode=mode)
+        tracking.write_record(data / "generator", model=spec, mode=mode)
         described = {"mode": mode, "model": spec, "architecture": architecture if mode == "train" else "pretrained"}
         # Results only: the run id is bookkeeping (its record above), so equal results give an equal file.
         write_stage_metrics(data / "metrics", "query_generator", {**metrics, **described})

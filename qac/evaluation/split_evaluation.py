@@ -31,14 +31,9 @@ def evaluate_split(dataset, split: str, run, measures: Iterable[str]) -> EvalRes
 
 def log_evaluation(result: EvalResult, dataset_name: str, split: str) -> dict[str, float]:
     """Log ``result`` to the active MLflow run; returns the metrics as logged (mangled keys)."""
-    import mlflow
+    from qac.tracking import log_evaluation as log_to_run
 
-    from qac.tracking import metric_key
-
-    metrics = {metric_key(dataset_name, split, measure): value for measure, value in result.aggregate.items()}
-    mlflow.log_metrics(metrics)
-    mlflow.log_dict(result.per_query, f"per_query/{dataset_name}/{split}.json")
-    return metrics
+    return log_to_run(result, dataset_name, split)
 
 
 def evaluate_and_log(dataset, split: str, run, measures: Iterable[str]) -> EvalResult:

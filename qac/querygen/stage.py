@@ -63,8 +63,6 @@ def run_sharded_generation(args: argparse.Namespace, ctx, *, stage: str, passage
     from qac.console import progress
     from qac.distributed import barrier, cleanup, sum_over_ranks
     from qac.reporting.dvc_metrics import write_stage_metrics
-    from qac.tracking import log_metrics
-
     output = Path(output)
     manifest = build_manifest(passages_path, source, settings, int(section["chunk_size"]), compute,
                               section.get("max_passages"))
@@ -80,13 +78,11 @@ def run_sharded_generation(args: argparse.Namespace, ctx, *, stage: str, passage
     # duration is the stage's; a shard-only process (merged later) records none.
     merging = not (args.shard and not (args.merge or args.merge_only))
     tracked = contextlib.ExitStack()
-    run = None
+    tracking = None
     if ctx.is_main and merging:
-        from qac.tracking.record import log_file_input
-
-        run = tracked.enter_context(open_run())
-        log_file_input(passages_path, "passages", "generation")
-        _resume_killed_run(stage, store, run)
+        tracking = tracked.enter_context(open_run())
+        tracking.log_file_inputs({"passages": passages_path}, "generation")
+        _resume_killed_run(stage, store, tracking)
     with tracked:
         started = time.perf_counter()
         generated_here = 0
@@ -115,28 +111,25 @@ def run_sharded_generation(args: argparse.Namespace, ctx, *, stage: str, passage
         summary["passages_per_second_per_process"] = totals.passages / totals.seconds if totals.seconds else 0.0
         if generated_all:
             summary["passages_per_second"] = generated_all / wall
-        log_metrics(summary)
+        tracking.log_metrics(summary)
         write_stage_metrics(output.parent / "metrics", output.stem, summary)
     store.remove()
     cleanup()
-    return summary, run
+    return summary, tracking
 
 
-def _resume_killed_run(stage: str, store: ChunkStore, run) -> None:
-    """Name ``run`` in the work folder; when a killed run left committed chunks there, say so and link the two."""
+def _resume_killed_run(stage: str, store: ChunkStore, tracking) -> None:
+    """Name the stage's run in the work folder; when a killed run left committed chunks there, say so and
+    link the two."""
     from qac.io import write_json
-    from qac.tracking.interrupted import end_interrupted_run
 
     run_file = store.root / RUN_FILE
     committed = len(store.committed())
     if committed and run_file.is_file():
         killed = json.loads(run_file.read_text(encoding="utf-8")).get("run_id")
         print(f"{stage}: resuming: {committed} chunk(s) committed by run {killed} kept", file=sys.stderr)
-        import mlflow
-
-        mlflow.set_tag("qac.resume.committed_chunks", committed)
-        end_interrupted_run(killed, run.info.run_id, resumed=True)
-    write_json(run_file, {"run_id": run.info.run_id})
+        tracking.resumes(killed, resumed=True, committed_chunks=committed)
+    write_json(run_file, {"run_id": tracking.run_id})
 
 
 def rate(summary: Mapping[str, Any]) -> str:

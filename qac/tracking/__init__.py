@@ -262,3 +262,17 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     import mlflow
 
     mlflow.log_metrics({metric_key(key): float(value) for key, value in metrics.items()}, step=step)
+
+
+def log_evaluation(result, dataset_name: str, split: str) -> dict[str, float]:
+    """Log an evaluation result (``aggregate`` and ``per_query``) to the active run; the metrics as logged.
+
+    Measures go in as ``<dataset>/<split>/<measure>`` and the per-query values as the artifact
+    ``per_query/<dataset>/<split>.json``, the one layout the tables and significance tests read.
+    """
+    import mlflow
+
+    metrics = {metric_key(dataset_name, split, measure): value for measure, value in result.aggregate.items()}
+    mlflow.log_metrics(metrics)
+    mlflow.log_dict(result.per_query, f"per_query/{dataset_name}/{split}.json")
+    return metrics

@@ -1,0 +1,251 @@
+"""One stage's MLflow run from start to end: ``with tracked_stage(...) as tracking:``.
+
+A stage script never talks to MLflow itself. It opens its run here and logs
+through the :class:`StageTracking` it gets back, which owns everything a run
+of ours carries:
+
+- the rank-0 rule: under ``torchrun`` only the main process tracks; every
+  other rank gets a handle whose methods do nothing (``main=False``), so the
+  stage's code reads the same on every rank;
+- the parent run: the run that produced an upstream output (:class:`Upstream`,
+  found through its run record), else the profile's study run;
+- the inputs with their MD5 as tags, and as MLflow dataset inputs;
+- the outputs with their MD5 (:meth:`StageTracking.hash_outputs`);
+- the run record of the stage's output (``data/<profile>/.runs/...``), written
+  when the work inside the ``with`` ends without an error;
+- resume links to a run an interrupted earlier attempt left
+  (:meth:`StageTracking.resumes`);
+- model artifacts, only when asked (``--log-models`` or ``mlflow.log_models``).
+
+A finished run is reopened to add to it (evaluation metrics into a fine-tuning
+run) with :func:`reopened_stage`, which yields the same handle.
+
+The tracking store is reached in one place, :func:`_store_run`: what to do when
+it cannot be reached belongs there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+
+@dataclass
+class Upstream:
+    """The output an upstream stage wrote (``data/<profile>/pretrain/<variant>``), whose run is the parent.
+
+    ``what`` names it in the note printed when its run is not linked (``pretrain@none``). The
+    lookup happens once, on the main process only, however many runs nest under it.
+    """
+
+    root: Path
+    output: Path
+    what: str
+    _run_id: str | None = field(default=None, init=False, repr=False)
+    _looked_up: bool = field(default=False, init=False, repr=False)
+
+    def run_id(self) -> str | None:
+        if not self._looked_up:
+            from qac.tracking import linked_run_id, read_run_record
+
+            self._run_id = linked_run_id(read_run_record(self.root, self.output), self.what)
+            self._looked_up = True
+        return self._run_id
+
+    def record(self) -> dict[str, Any] | None:
+        """The upstream run record itself (what the upstream stage wrote beside its run id)."""
+        from qac.tracking import read_run_record
+
+        return read_run_record(self.root, self.output)
+
+
+class StageTracking:
+    """A stage's handle on its MLflow run; inactive (every method a no-op) off the main process."""
+
+    def __init__(self, run=None, *, root: Path | None = None, log_models: bool = False):
+        self.run = run
+        self.root = root
+        self.log_models = log_models
+        self._record: dict[str, Any] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.run is not None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.info.run_id if self.run is not None else None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Metrics, keys mangled as MLflow needs (:func:`qac.tracking.metric_key`)."""
+        if self.active:
+            from qac.tracking import log_metrics
+
+            log_metrics(metrics, step=step)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if self.active:
+            import mlflow
+
+            mlflow.set_tags(dict(tags))
+
+    def log_evaluation(self, result, dataset_name: str, split: str) -> None:
+        """A split's evaluation (:class:`qac.evaluation.metrics.EvalResult`): measures as
+        ``<dataset>/<split>/<measure>``, per-query values as ``per_query/<dataset>/<split>.json``."""
+        if self.active:
+            from qac.tracking import log_evaluation
+
+            log_evaluation(result, dataset_name, split)
+
+    def log_dict(self, value: Mapping[str, Any], artifact: str) -> None:
+        if self.active:
+            import mlflow
+
+            mlflow.log_dict(dict(value), artifact)
+
+    def log_artifacts(self, *paths: str | os.PathLike) -> None:
+        """Files, each as an artifact at the run's root."""
+        if self.active:
+            import mlflow
+
+            for path in paths:
+                mlflow.log_artifact(str(path))
+
+    def log_file_inputs(self, files: Mapping[str, str | os.PathLike | None], context: str,
+                        columns: tuple[str, ...] | None = None) -> None:
+        """Stage files as MLflow dataset inputs (``name -> path``; a None or absent path is skipped)."""
+        if self.active:
+            from qac.tracking.record import log_file_input
+
+            for name, path in files.items():
+                if path is not None:
+                    log_file_input(path, name, context, columns=columns)
+
+    def log_dataset_inputs(self, dataset_dir: str | os.PathLike, context: str,
+                           splits: list[str] | None = None) -> None:
+        """A prepared dataset's corpus, queries and qrels of ``splits`` as dataset inputs."""
+        if self.active:
+            from qac.tracking.record import log_dataset_inputs
+
+            log_dataset_inputs(dataset_dir, context, splits=splits)
+
+    def hash_outputs(self, outputs: Mapping[str, tuple[str | os.PathLike, str | os.PathLike]]) -> None:
+        """Tag each output present (``name -> (where it is now, where it will be)``) with its place and MD5.
+
+        The MD5 is the hash DVC gives it; it also goes into the run record as ``<name>_md5``.
+        """
+        if not self.active:
+            return
+        from qac.io import path_md5
+
+        for name, (now, final) in outputs.items():
+            if Path(now).exists():
+                md5 = path_md5(now)
+                self.set_tags({f"qac.{name}": str(final), f"qac.{name}_md5": md5})
+                self._record[f"{name}_md5"] = md5
+
+    def describe(self, **facts: Any) -> None:
+        """Facts the run record carries beside the run id (variant, retriever, steps, ...)."""
+        self._record.update(facts)
+
+    def resumes(self, previous_run_id: str | None, *, resumed: bool, **facts: Any) -> None:
+        """This run continues (``resumed``) or replaces the work of ``previous_run_id``, which an
+        interruption left: tag ``qac.resume.<fact>`` and link the two runs
+        (:func:`qac.tracking.interrupted.end_interrupted_run`)."""
+        if not self.active:
+            return
+        from qac.tracking.interrupted import end_interrupted_run
+
+        if facts:
+            self.set_tags({f"qac.resume.{key}": value for key, value in facts.items()})
+        end_interrupted_run(previous_run_id, self.run_id, resumed=resumed)
+
+    def log_model(self, folder: str | os.PathLike, artifact: str) -> None:
+        """A trained model folder as artifacts, when models were asked for (``--log-models``, ``mlflow.log_models``)."""
+        if self.active and self.log_models:
+            from qac.tracking.record import log_encoder
+
+            log_encoder(folder, artifact)
+
+    def write_record(self, output: str | os.PathLike, **extra: Any) -> None:
+        """The run record of ``output`` now, with the facts described so far."""
+        if self.active:
+            from qac.tracking import write_run_record
+
+            write_run_record(self.root, output, self.run_id, **{**self._record, **extra})
+
+
+def _profile_root(params: Mapping[str, Any], root: str | os.PathLike | None) -> Path:
+    if root is not None:
+        return Path(root)
+    return Path(params.get("data_dir", "data")) / params["profile"]
+
+
+@contextlib.contextmanager
+def _store_run(opened) -> Iterator[Any]:
+    """Enter a run of the tracking store: the one place the store is reached when a stage starts."""
+    with opened as run:
+        yield run
+
+
+@contextlib.contextmanager
+def tracked_stage(
+    params: Mapping[str, Any],
+    stage: str,
+    run_name: str,
+    *,
+    kind: str,
+    stage_params: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, str | os.PathLike] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    parent: Upstream | str | None = None,
+    output: str | os.PathLike | None = None,
+    main: bool = True,
+    log_models: bool = False,
+    root: str | os.PathLike | None = None,
+) -> Iterator[StageTracking]:
+    """Open the MLflow run of one stage (:func:`qac.tracking.stage_run`) and yield its handle.
+
+    ``parent``: the upstream output whose run this one nests under, or a run id; the study run
+    when None or when the upstream run is not linked. ``output``: the stage output whose run record
+    is written when the work ends without an error (under ``root``, default ``data/<profile>``).
+    ``main``: whether this process tracks (rank 0). ``log_models``: the stage's ``--log-models``;
+    ``mlflow.log_models`` in params asks too.
+    """
+    root = _profile_root(params, root)
+    if not main:
+        yield StageTracking(root=root)
+        return
+    from qac.tracking import stage_run
+    from qac.tracking.record import models_requested
+
+    parent_run_id = parent.run_id() if isinstance(parent, Upstream) else parent
+    opened = stage_run(params, stage, run_name, kind=kind, stage_params=stage_params, inputs=inputs, tags=tags,
+                       parent_run_id=parent_run_id)
+    with _store_run(opened) as run:
+        tracking = StageTracking(run, root=root, log_models=models_requested(params, log_models))
+        yield tracking
+        if output is not None:
+            tracking.write_record(output)
+
+
+@contextlib.contextmanager
+def reopened_stage(params: Mapping[str, Any], run_id: str, *, main: bool = True,
+                   root: str | os.PathLike | None = None) -> Iterator[StageTracking]:
+    """Reopen the finished run ``run_id`` to log more into it; its status and end time are kept
+    (:func:`qac.tracking.record.reopened_run`)."""
+    root = _profile_root(params, root)
+    if not main:
+        yield StageTracking(root=root)
+        return
+    import mlflow
+
+    from qac.tracking import tracking_uri
+    from qac.tracking.record import reopened_run
+
+    mlflow.set_tracking_uri(tracking_uri())
+    with _store_run(reopened_run(run_id)) as run:
+        yield StageTracking(run, root=root)
