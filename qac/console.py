@@ -197,10 +197,20 @@ def print_summary(stage: str, *facts: str, seconds: float | None = None) -> None
         print(summary_line(stage, *facts, seconds=seconds), flush=True)
 
 
+def _rebuild_hint(error: BaseException) -> str:
+    """For a malformed file that a DVC stage wrote (``data/<profile>/...``): the stage that rebuilds it."""
+    path = getattr(error, "path", None)
+    if not isinstance(path, str) or "dvc repro" in str(error):
+        return ""
+    from qac.pipeline_plan import rerun_hint, stage_writing
+
+    return f"; {rerun_hint(path)}" if stage_writing(path) else ""
+
+
 def user_error_message(error: BaseException) -> str | None:
     """The paragraph to print for a user error, or None when ``error`` is a program error."""
     if isinstance(error, UserError):
-        return str(error)
+        return str(error) + _rebuild_hint(error)
     if isinstance(error, SystemExit) and isinstance(error.code, str):
         return error.code
     return None

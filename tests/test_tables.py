@@ -436,7 +436,7 @@ def test_malformed_per_query_file_is_named(data, tmp_path):
     shutil.copytree(data, copy)
     broken = copy / "eval" / "cotmae-passage" / "r2" / "scifact" / "test.per_query.json"
     broken.write_text('{"RR@10": {"q1": 0.4,\n}', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"cotmae-passage/r2/scifact/test.per_query.json:2:1: malformed JSON"):
+    with pytest.raises(ValueError, match=r"cotmae-passage/r2/scifact/test.per_query.json:2: malformed JSON at column 1"):
         build_tables(load_study(PARAMS, copy), PARAMS)
 
 

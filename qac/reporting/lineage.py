@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from qac.data.errors import DataFormatError
 from qac.evaluation.split_evaluation import SUBSETS_FILE, subset_mean
 from qac.tracking import RECORDS_DIR, RUN_RECORD, record_path
 from qac.train.step_log import LOSSES_FILE
@@ -39,11 +40,15 @@ _CONTEXT_ORDER = {"passage": 0, "query": 1, "mixed": 2}
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file, or a ValueError naming the file, line and column of the defect."""
+    """A JSON file, or a :class:`DataFormatError` naming the file, line and column of the defect (a truncated
+    or damaged stage output; the message names the stage that rebuilds it)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{error.lineno}:{error.colno}: malformed JSON ({error.msg})") from None
+        raise DataFormatError(path, error.lineno, None, f"malformed JSON at column {error.colno} ({error.msg}), "
+                                                        "truncated or damaged") from None
+    except UnicodeDecodeError as error:
+        raise DataFormatError(path, None, None, f"not UTF-8 text (byte {error.start}): damaged") from None
 
 
 def read_record(root: Path, folder: Path) -> dict[str, Any] | None:
@@ -53,7 +58,7 @@ def read_record(root: Path, folder: Path) -> dict[str, Any] | None:
         return None
     record = read_json(path)
     if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
-        raise ValueError(f"{path}: field 'run_id' missing or not a string")
+        raise DataFormatError(path, None, "run_id", "missing or not a string")
     return record
 
 
@@ -140,7 +145,7 @@ class Source(_Recorded):
             values = read_json(path) if path.is_file() else None
             if values is not None and not (isinstance(values, dict)
                                            and all(isinstance(v, dict) for v in values.values())):
-                raise ValueError(f"{path}: expected {{measure: {{qid: value}}}}")
+                raise DataFormatError(path, None, None, "expected {measure: {qid: value}}")
             self._cache[key] = values
         return self._cache[key]
 
@@ -152,7 +157,7 @@ class Source(_Recorded):
         try:
             return {str(qid): float(value) for qid, value in values[measure].items()}
         except (TypeError, ValueError):
-            raise ValueError(f"{self.path(dataset, split)}: {measure}: a value is not a number") from None
+            raise DataFormatError(self.path(dataset, split), None, measure, "a value is not a number") from None
 
     def metric(self, dataset: str, split: str, measure: str) -> float | None:
         """The mean over queries (trec_eval's aggregate); ``math.fsum`` so file order cannot change it.
@@ -248,7 +253,7 @@ class Study:
             return None
         summary = read_json(summary_path)
         if not isinstance(summary, dict) or not isinstance(summary.get("shares"), dict):
-            raise ValueError(f"{summary_path}: field 'shares' missing")
+            raise DataFormatError(summary_path, None, "shares", "missing")
         labels = folder / "labels.csv"
         return Annotation(summary, labels.read_text(encoding="utf-8") if labels.is_file() else None,
                           read_record(self.root, folder), summary_path.relative_to(self.root).as_posix())
@@ -260,7 +265,7 @@ class Study:
             return None
         metrics = read_json(path)
         if not isinstance(metrics, dict):
-            raise ValueError(f"{path}: expected a JSON object of metrics")
+            raise DataFormatError(path, None, None, "expected a JSON object of metrics")
         return metrics
 
     def stage_record(self, stage: str) -> dict[str, Any] | None:
@@ -286,16 +291,24 @@ class Study:
 
 def read_losses(path: str | os.PathLike) -> list[dict[str, float]]:
     """A ``losses.tsv`` (header ``step<TAB>loss...``) as rows of floats; a bad cell names file and line."""
+    import io
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataFormatError(path, None, None, f"not UTF-8 text (byte {error.start}): damaged") from None
+    if text and not text.endswith("\n"):
+        # The stage writes whole lines: a last line without its end is a cut file, whatever it parses as.
+        raise DataFormatError(path, text.count("\n") + 1, None, "truncated: the last line is incomplete")
     rows = []
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="\t")
-        if not reader.fieldnames or reader.fieldnames[0] != "step":
-            raise ValueError(f"{path}:1: header must start with 'step', got {reader.fieldnames}")
-        for line, row in enumerate(reader, start=2):
-            try:
-                rows.append({key: float(value) for key, value in row.items()})
-            except (TypeError, ValueError):
-                raise ValueError(f"{path}:{line}: a field is missing or not a number") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t")
+    if not reader.fieldnames or reader.fieldnames[0] != "step":
+        raise DataFormatError(path, 1, None, f"header must start with 'step', got {reader.fieldnames}")
+    for line, row in enumerate(reader, start=2):
+        try:
+            rows.append({key: float(value) for key, value in row.items()})
+        except (TypeError, ValueError):
+            raise DataFormatError(path, line, None, "a field is missing or not a number") from None
     return rows
 
 

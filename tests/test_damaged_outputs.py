@@ -1,0 +1,44 @@
+"""A stage output that is truncated or damaged is named with the stage that rebuilds it, in one paragraph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dvc_study import PARAMS, write_study
+from qac.cli import main as qac_main
+
+
+def damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "binary":
+        path.write_bytes(b"\xff\xfe\x00garbage" + data[:10])
+    elif how == "wrong shape":
+        path.write_text('["a list, not an object"]', encoding="utf-8")
+
+
+@pytest.mark.parametrize("relative, stage", [
+    ("eval/cotmae-passage/r2/scifact/test.per_query.json", "evaluate@cotmae-passage"),
+    ("bm25/runs/scifact/test.per_query.json", "bm25"),
+    ("annotation/summary.json", "annotation"),
+    ("pretrain/cocondenser-passage/losses.tsv", "pretrain@cocondenser-passage"),
+])
+@pytest.mark.parametrize("how", ["truncated", "empty", "binary", "wrong shape"])
+def test_qac_tables_names_a_damaged_output_and_its_stage(tmp_path, capsys, relative, stage, how):
+    data = write_study(tmp_path / "data" / "smoke")
+    damage(data / relative, how)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(PARAMS), encoding="utf-8")
+    code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
+                     "--no-mlflow", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert str(data / relative) in err and stage in err and "dvc repro profiles/smoke/dvc.yaml" in err
+    assert not (tmp_path / "reports" / "smoke").exists()
