@@ -146,3 +146,36 @@ def test_the_report_is_built_and_not_logged_when_the_store_is_damaged(tmp_path, 
     line = log_to_study_run(load_study(PARAMS, data), tmp_path, f"sqlite:///{path}")
     assert line == "tables: report not logged to MLflow"
     assert "is damaged" in capsys.readouterr().err
+
+
+PARAMS = {"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}}
+
+
+@pytest.mark.parametrize("store_kind", ["closed port", "random bytes", "truncated", "header overwritten"])
+def test_a_stage_goes_on_without_an_unusable_store(tmp_path, monkeypatch, capsys, store_kind):
+    """The stage lifecycle probes once, says why in one paragraph, and the stage's work runs untracked."""
+    from qac.tracking.lifecycle import tracked_stage
+
+    uri = (f"http://127.0.0.1:{closed_port()}" if store_kind == "closed port"
+           else f"sqlite:///{damaged(tmp_path / 'mlflow.db', store_kind)}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    capsys.readouterr()    # MLflow's lines while the store was made, before it was damaged
+    started = time.monotonic()
+    ran = []
+    with tracked_stage(PARAMS, "bm25", "bm25", kind="bm25", root=tmp_path / "data" / "smoke",
+                       output=tmp_path / "data" / "smoke" / "bm25") as tracking:
+        tracking.log_metrics({"x": 1.0})
+        ran.append(tracking.active)
+    assert ran == [False]
+    assert time.monotonic() - started < 30
+    err = capsys.readouterr().err
+    assert "goes on without it" in err and len([line for line in err.splitlines() if line.strip()]) == 1
+    assert not (tmp_path / "data" / "smoke" / ".runs").exists()     # no record of a run that does not exist
+
+
+def test_a_stage_with_a_working_store_is_tracked(tmp_path, monkeypatch):
+    from qac.tracking.lifecycle import tracked_stage
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with tracked_stage(PARAMS, "bm25", "bm25", kind="bm25", root=tmp_path / "data" / "smoke") as tracking:
+        assert tracking.active and tracking.run_id

@@ -20,8 +20,10 @@ of ours carries:
 A finished run is reopened to add to it (evaluation metrics into a fine-tuning
 run) with :func:`reopened_stage`, which yields the same handle.
 
-The tracking store is reached in one place, :func:`_store_run`: what to do when
-it cannot be reached belongs there.
+The tracking store is reached in one place, :func:`_store_run`, after one quick
+probe (:func:`qac.tracking.store.usable_store`): a store that cannot be used
+(unreachable, a damaged database) is said in one paragraph and the stage goes
+on with an inactive handle, as no stage needs the store.
 """
 
 from __future__ import annotations
@@ -186,8 +188,21 @@ def _profile_root(params: Mapping[str, Any], root: str | os.PathLike | None) -> 
 
 @contextlib.contextmanager
 def _store_run(opened) -> Iterator[Any]:
-    """Enter a run of the tracking store: the one place the store is reached when a stage starts."""
-    with opened as run:
+    """Enter a run of the tracking store: the one place the store is reached when a stage starts.
+
+    A store that fails while the run opens (unreachable, a damaged database: :mod:`qac.tracking.store`)
+    is said in one paragraph and the stage goes on without a run (None), as no stage needs the store.
+    """
+    from qac.tracking.store import is_store_error, store_failed
+
+    with contextlib.ExitStack() as stack:
+        try:
+            run = stack.enter_context(opened)
+        except Exception as error:
+            if not is_store_error(error):
+                raise
+            store_failed(error)
+            run = None
         yield run
 
 
@@ -216,7 +231,9 @@ def tracked_stage(
     ``mlflow.log_models`` in params asks too.
     """
     root = _profile_root(params, root)
-    if not main:
+    from qac.tracking.store import usable_store
+
+    if not main or not usable_store():   # an unusable store is said once; the stage goes on without it
         yield StageTracking(root=root)
         return
     from qac.tracking import stage_run
@@ -238,7 +255,9 @@ def reopened_stage(params: Mapping[str, Any], run_id: str, *, main: bool = True,
     """Reopen the finished run ``run_id`` to log more into it; its status and end time are kept
     (:func:`qac.tracking.record.reopened_run`)."""
     root = _profile_root(params, root)
-    if not main:
+    from qac.tracking.store import usable_store
+
+    if not main or not usable_store():
         yield StageTracking(root=root)
         return
     import mlflow

@@ -137,3 +137,27 @@ def usable_store(what: str = "this stage", uri: str | None = None) -> bool:
         print(unavailable_message(problem, uri, what), file=sys.stderr, flush=True)
     return False
 
+
+
+# The libraries' error modules a failing store raises from (imports of mlflow, SQLAlchemy or requests not needed).
+_STORE_ERROR_MODULES = ("mlflow.exceptions", "sqlalchemy.exc", "requests.exceptions", "urllib3.exceptions")
+
+
+def is_store_error(error: BaseException) -> bool:
+    """Whether ``error`` is the tracking store failing (MLflow, its database or its HTTP client), not the stage."""
+    return isinstance(error, sqlite3.DatabaseError) or any(
+        getattr(cls, "__module__", "").startswith(_STORE_ERROR_MODULES) for cls in type(error).__mro__)
+
+
+def store_failed(error: BaseException, what: str = "this stage", uri: str | None = None) -> None:
+    """Say in one paragraph (once) that the store failed although the probe found it usable."""
+    import sys
+
+    from qac.tracking import tracking_uri
+
+    uri = uri or tracking_uri()
+    if uri not in _printed:
+        _printed.add(uri)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(unavailable_message(f"failed ({type(error).__name__}: {reason[:300]})", uri, what),
+              file=sys.stderr, flush=True)
