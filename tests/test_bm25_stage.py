@@ -137,3 +137,36 @@ def test_failed_stage_leaves_no_output(project):
     with pytest.raises(Exception, match="dataset.json"):
         run_stage()
     assert not (project / "data" / "test" / "bm25").exists()
+
+
+def test_the_paper_profiles_bm25_and_triples_queries_run_on_the_smoke_profiles_data(tmp_path, monkeypatch,
+                                                                                   mlflow_store, shared_data):
+    """The smoke profile's prepare and bm25 stages on its SciFact and Cranfield subsets, with the paper
+    profile's BM25 (Anserini's k1 and b, title-less, the Lucene analyzer) and retriever 1 on the triples'
+    rule: only the training queries whose positive BM25 finds within bm25_depth get negatives."""
+    from qac.config import render_profile, write_params
+
+    smoke = render_profile("smoke")
+    paper = render_profile("paper")
+    counts = {}
+    for name, (bm25, r1_queries) in {"smoke": (smoke["bm25"], "judged"),
+                                     "paper": (paper["bm25"], "triples")}.items():
+        root = tmp_path / name
+        root.mkdir()
+        params = {**smoke, "data_dir": str(root / "data"), "bm25": bm25,
+                  "finetune": {**smoke["finetune"], "r1_queries": r1_queries}}
+        write_params(params, root / "params.yaml")
+        monkeypatch.chdir(root)
+        monkeypatch.setenv("QAC_PARAMS", str(root / "params.yaml"))
+        monkeypatch.setenv("QAC_DATA_MIRROR", str(shared_data))
+        for dataset in params["datasets"]:
+            load_stage("prepare").main(["--dataset", dataset])
+        run_stage()
+        out = root / "data" / "smoke" / "bm25"
+        records = list(iter_jsonl(out / "negatives.jsonl"))
+        assert all(record["negatives"] for record in records)
+        counts[name] = {record["qid"] for record in records}
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert 0 < metrics["scifact"]["test"]["nDCG@10"] < 1 and 0 < metrics["cranfield"]["test"]["nDCG@10"] < 1
+    # The triples' rule keeps a proper subset: the queries whose positive BM25 finds.
+    assert counts["paper"] < counts["smoke"] and len(counts["paper"]) > len(counts["smoke"]) // 2
