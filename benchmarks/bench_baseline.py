@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def evaluate_way(model, tokenizer, dataset, *, pooling: str, normalize: bool, query_max_len: int,
-                 passage_max_len: int) -> tuple[float, float]:
+                 passage_max_len: int, limit: int | None = None) -> tuple[float, float]:
     """nDCG@10 on SciFact test and the seconds it took (encoding both sides, search, metrics)."""
     from qac.evaluation.metrics import evaluate
     from qac.retrieval import document_text
@@ -33,12 +33,12 @@ def evaluate_way(model, tokenizer, dataset, *, pooling: str, normalize: bool, qu
     from qac.retrieval.search import dense_search
 
     started = time.perf_counter()
-    doc_ids = list(dataset.corpus)
+    doc_ids = list(dataset.corpus)[:limit]
     texts = [document_text(dataset.corpus[d].title, dataset.corpus[d].text) for d in doc_ids]
     options = dict(pooling=pooling, normalize=normalize, batch_size=64)
     docs = encode_texts(model, tokenizer, texts, max_length=passage_max_len, desc="encode scifact corpus", **options)
     qrels = dataset.qrels["test"]
-    query_ids = [q for q in dataset.queries if q in qrels]
+    query_ids = [q for q in dataset.queries if q in qrels][:limit]
     queries = encode_texts(model, tokenizer, [dataset.queries[q] for q in query_ids], max_length=query_max_len,
                            desc="encode scifact test queries", **options)
     run = dense_search(query_ids, queries, doc_ids, docs, k=1000)
@@ -48,7 +48,10 @@ def evaluate_way(model, tokenizer, dataset, *, pooling: str, normalize: bool, qu
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mirror", default=os.environ.get("QAC_DATA_MIRROR", "../shared/data"))
+    parser.add_argument("--mirror", default=None, help="the data mirror (default: QAC_DATA_MIRROR, else ../shared/data)")
+    parser.add_argument("--report", default="reports/benchmarks.md")
+    parser.add_argument("--small", action="store_true",
+                        help="the first 100 documents and queries: every path once (a check, not a measurement)")
     args = parser.parse_args(argv)
 
     import torch
@@ -65,7 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     trained = baseline_settings(params, spec)
     published = next(f for f in trained["published"] if (f["dataset"], f["split"], f["measure"])
                      == ("scifact", "test", "nDCG@10"))
-    dataset = read_beir(Path(args.mirror) / "scifact", ["test"], name="scifact")
+    from qac.config import data_mirror
+
+    dataset = read_beir(Path(args.mirror or data_mirror()) / "scifact", ["test"], name="scifact")
     model, tokenizer = load_model(spec), load_tokenizer(spec)
     finetune = params["finetune"]
     ways = [("as its model was trained (encoders.minilm)", trained["pooling"], trained["normalize"],
@@ -76,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()[0]
     for label, pooling, normalize, query_len, passage_len in ways:
         value, seconds = evaluate_way(model, tokenizer, dataset, pooling=pooling, normalize=normalize,
-                                      query_max_len=query_len, passage_max_len=passage_len)
+                                      query_max_len=query_len, passage_max_len=passage_len,
+                                      limit=100 if args.small else None)
         rows.append({"evaluated": label, "pooling": pooling, "normalised": "yes" if normalize else "no",
                      "tokens (query/passage)": f"{query_len}/{passage_len}", "nDCG@10": f"{value:.4f}",
                      "published": f"{published['value']:.4f}", "seconds": f"{seconds:.0f}"})
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
             f"Load average {load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at the end: on a shared "
             "machine the seconds are the wall time of a process competing for the cores, not a speed figure.\n\n"
             + markdown_table(rows))
-    write_section("baseline", body)
+    write_section("baseline", body, args.report)
 
 
 if __name__ == "__main__":

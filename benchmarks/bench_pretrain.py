@@ -166,7 +166,7 @@ def cpu_table(args) -> str:
     if args.passages and args.queries:
         triples, source = corpus_pairs(Path(args.passages), Path(args.queries), 256), str(args.passages)
     else:
-        triples, source = scifact_pairs(256), "SciFact mirror (abstract spans + claims)"
+        triples, source = scifact_pairs(32 if args.small else 256), "SciFact mirror (abstract spans + claims)"
     models = {
         "cocondenser": CoCondenser.from_spec(args.model, seed=0, n_head_layers=2, skip_from=3),
         "cotmae (paper decoder)": CoTMAE.from_spec(args.model, seed=0, decoder="paper"),
@@ -304,7 +304,8 @@ def cpu_ratios(args) -> list[str]:
 
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
-    triples = scifact_pairs(512)
+    triples = scifact_pairs(64 if args.small else 512)
+    pairs_per_batch, rounds_of_collation = (16, 2) if args.small else (128, 9)
     lines = []
 
     # 1. Collation of the same pairs: tokenising texts vs slicing stored ids.
@@ -322,7 +323,7 @@ def cpu_ratios(args) -> list[str]:
         write_queries(work / "queries.arrow", queries, tokenizer=tokenizer, tokenizer_name=args.model)
         corpus = load_pair_corpus(work / "passages.arrow", work / "queries.arrow", "mixed", tokenizer=tokenizer)
         sampler = PairSampler(corpus, "mixed", seed=0)
-        batches = [sampler.batch(step, 128) for step in range(4)]
+        batches = [sampler.batch(step, pairs_per_batch) for step in range(4)]
         old, new = TextPairCollator(tokenizer, 144, 32, 0.15, 0.15, seed=0), PairCollator(tokenizer, 144, 32, 0.15,
                                                                                         0.15, seed=0)
         for step, pairs in enumerate(batches):      # identical batches, and warm-up
@@ -332,7 +333,7 @@ def cpu_ratios(args) -> list[str]:
         # by other work on the shared cores (wall time, as process CPU time would also count torch's idle
         # threads spinning after the old path's tensor operations)
         rounds = {"old": [], "new": []}
-        for _ in range(9):
+        for _ in range(rounds_of_collation):
             for label, collator in (("old", old), ("new", new)):
                 start = time.perf_counter()
                 for step, pairs in enumerate(batches):
@@ -341,12 +342,12 @@ def cpu_ratios(args) -> list[str]:
         times = {label: min(values) for label, values in rounds.items()}
         lines.append(f"collation per pair: tokenising {times['old'] * 1e6:.0f} us, stored ids "
                      f"{times['new'] * 1e6:.0f} us: {times['old'] / times['new']:.1f}x cheaper "
-                     f"(identical input_ids, masks and labels on {4 * 128} SciFact pairs)")
+                     f"(identical input_ids, masks and labels on {4 * pairs_per_batch} pairs)")
 
         # 2. The stage loop (qac.train.pretrain.pretrain, DataLoader with 2 workers) vs the isolated step,
         # both as the median over steps 2..N: the first step of each carries one-off costs (the loader's
         # worker processes starting, first-call allocations) that a long run does not see.
-        steps, batch_size = 9, args.batch_size
+        steps, batch_size = (3 if args.small else 9), args.batch_size
         settings = PretrainSettings.from_mapping(dict(
             method="cocondenser", init=args.model, context_type="mixed", steps=steps, batch_size=batch_size,
             max_len=144, query_max_len=32, log_every=1, checkpoint_every=steps, dropout=0.0, dtype="fp32",
@@ -367,7 +368,7 @@ def cpu_ratios(args) -> list[str]:
 
     # 3. Encoding: tokenise-then-pad vs stored ids padded as arrays.
     encoder = load_model(args.model)
-    texts = [anchor for anchor, _, _ in triples[:256]]
+    texts = [anchor for anchor, _, _ in triples[:32 if args.small else 256]]
     ids = TextEncoder(tokenizer)(texts)
     encode_texts(encoder, tokenizer, texts[:32], max_length=144, batch_size=64)      # warm-up
     rates = {}
@@ -399,8 +400,13 @@ def main(argv=None) -> None:
     parser.add_argument("--gpu", action="store_true", help="also time BERT-base on the GPU")
     parser.add_argument("--gpu-batch-size", type=int, default=128)
     parser.add_argument("--report", default="reports/benchmarks.md")
+    parser.add_argument("--small", action="store_true",
+                        help="2 pairs per step, 1 timed step, a few dozen pairs: every path once (a check, not a "
+                             "measurement)")
     parser.add_argument("--ratios-only", action="store_true", help="only the tokenise-once ratios (no step table)")
     args = parser.parse_args(argv)
+    if args.small:
+        args.batch_size, args.steps = 2, 1
 
     if not args.ratios_only:
         body = ["## Pre-training throughput (`benchmarks/bench_pretrain.py`)", "", f"Machine: {machine_summary()}", "",

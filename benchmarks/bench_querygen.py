@@ -26,6 +26,7 @@ report gives the mean generated length beside each row.
 
     python benchmarks/bench_querygen.py [--passages 32] [--gpu]
     python benchmarks/bench_querygen.py --tiny [--tiny-passages 64] [--max-new-tokens 16]
+    python benchmarks/bench_querygen.py --small --report /tmp/q.md   # both CPU paths, a few passages
 """
 
 from __future__ import annotations
@@ -231,7 +232,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny-candidates", type=int, default=20)
     parser.add_argument("--tiny-chunk-size", type=int, default=32)
     parser.add_argument("--report", default="reports/benchmarks.md")
+    parser.add_argument("--small", action="store_true",
+                        help="the CPU part and the stage path at a few passages and tokens (a check, not a "
+                             "measurement)")
     args = parser.parse_args(argv)
+    if args.small:
+        args.passages, args.single_passages, args.batch_size, args.max_new_tokens = 4, 2, 4, 4
+        args.tiny_passages, args.tiny_candidates, args.tiny_chunk_size = 8, 2, 4
+        write_section("querygen-tiny", tiny_part(args), args.report)
 
     load_before = os.getloadavg()[0]
     if args.tiny:

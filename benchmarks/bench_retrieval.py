@@ -4,12 +4,16 @@ Measures, on this machine:
 1. dense encoding throughput (passages/s) of the default encoder (all-MiniLM-L6-v2,
    [CLS] pooling, length-sorted batches) on SciFact abstracts at 128 and 256 tokens;
 2. exact FAISS inner-product search (IndexFlatIP) throughput (queries/s) on a
-   SciFact-sized index and on 100k random 384-d vectors;
+   SciFact-sized index and on 100k random 384-d vectors; and the blocked PyTorch
+   search (the GPU path, here on the CPU) against FAISS on 100k x 384 vectors of
+   small integers, where scores are exact and tie often: the same runs (scores,
+   passages above the k-th score), the k-th place kept as trec_eval ranks ties;
 3. evaluation of a 7,000 x 1,000 run (MS MARCO dev size at depth 1000):
    `qac.evaluation.metrics.evaluate` against `pytrec_eval`, both in memory on the
    same dicts, and the `qac eval` command end to end (reading the run file).
 
 Usage: python benchmarks/bench_retrieval.py [--threads 2] [--docs 300]
+       python benchmarks/bench_retrieval.py --small --report /tmp/r.md   # every path, small sizes
 """
 
 from __future__ import annotations
@@ -65,12 +69,13 @@ def bench_encoding(n_docs: int) -> list[dict]:
     return rows
 
 
-def bench_search() -> list[dict]:
+def bench_search(small: bool = False) -> list[dict]:
     from qac.retrieval.search import search
 
     rng = np.random.default_rng(0)
     rows = []
-    for label, n_passages, n_queries, k in [("SciFact-sized", 5_183, 1_109, 1000), ("random", 100_000, 1_000, 1000)]:
+    sizes = [("SciFact-sized", 5_183, 1_109, 1000), ("random", 100_000, 1_000, 1000)]
+    for label, n_passages, n_queries, k in ([("small", 2_000, 20, 100)] if small else sizes):
         passages = rng.normal(size=(n_passages, 384)).astype(np.float32)
         queries = rng.normal(size=(n_queries, 384)).astype(np.float32)
         seconds, _ = timed(lambda: search(queries, passages, k=k), repeats=2)
@@ -78,6 +83,52 @@ def bench_search() -> list[dict]:
                      "size": f"{n_passages:,} x 384 passages, {n_queries:,} queries",
                      "seconds": seconds, "throughput": f"{n_queries / seconds:,.0f} queries/s"})
     return rows
+
+
+def same_runs_with_ties(ours, theirs, exact) -> tuple[bool, int]:
+    """Whether two top-k results are the same run as trec_eval reads them: per query the same scores,
+    the same passages above the k-th score, and at the k-th place ``ours`` holding the tied passages
+    of the highest ids (``exact``: every passage's score). Also the rows with ties across the k-th place."""
+    (our_scores, our_indices), (their_scores, their_indices) = ours, theirs
+    across = 0
+    for row in range(len(exact)):
+        if not np.array_equal(np.sort(our_scores[row]), np.sort(their_scores[row])):
+            return False, across
+        kth = our_scores[row].min()
+        if set(our_indices[row][our_scores[row] > kth]) != set(their_indices[row][their_scores[row] > kth]):
+            return False, across
+        tied = np.flatnonzero(exact[row] == kth)[::-1]          # row numbers are the document ids here
+        kept = np.sort(our_indices[row][our_scores[row] == kth])[::-1]
+        if not np.array_equal(kept, tied[:len(kept)]):
+            return False, across
+        across += len(tied) > len(kept)
+    return True, across
+
+
+def bench_torch_search_with_ties(small: bool = False) -> list[dict]:
+    """The blocked PyTorch search on the CPU against FAISS, on vectors whose scores tie."""
+    import torch
+
+    from qac.retrieval.search import search, torch_search
+
+    n_passages, n_queries, k = (5_000, 20, 100) if small else (100_000, 200, 1000)
+    rng = np.random.default_rng(1)
+    passages = rng.integers(-3, 4, size=(n_passages, 384)).astype(np.float32)   # integer scores: exact, tied
+    passages[n_passages // 2:n_passages // 2 + 50] = passages[7]                 # and duplicated passages
+    queries = rng.integers(-3, 4, size=(n_queries, 384)).astype(np.float32)
+    faiss_seconds, faiss_result = timed(lambda: search(queries, passages, k=k, backend="faiss"))
+    torch_seconds, torch_result = timed(lambda: torch_search(queries, passages, k=k, device="cpu"))
+    with torch.inference_mode():
+        exact = (torch.from_numpy(queries) @ torch.from_numpy(passages).T).numpy()
+    same, across = same_runs_with_ties(torch_result, faiss_result, exact)
+    if not same:
+        raise SystemExit("the PyTorch search and FAISS gave different runs")
+    size = f"{n_passages:,} x 384 integer vectors, {n_queries} queries"
+    return [{"task": f"PyTorch blocked search top-{k} on the CPU (the GPU path), ties: same runs as FAISS "
+                     f"({across} of {n_queries} queries tie across the k-th place)",
+             "size": size, "seconds": torch_seconds, "throughput": f"{n_queries / torch_seconds:,.0f} queries/s"},
+            {"task": f"FAISS IndexFlatIP top-{k} on the same vectors", "size": size, "seconds": faiss_seconds,
+             "throughput": f"{n_queries / faiss_seconds:,.0f} queries/s"}]
 
 
 def synthetic_run(n_queries: int = 7_000, depth: int = 1_000, seed: int = 0):
@@ -95,14 +146,14 @@ def synthetic_run(n_queries: int = 7_000, depth: int = 1_000, seed: int = 0):
     return qrels, run
 
 
-def bench_evaluation() -> list[dict]:
+def bench_evaluation(small: bool = False) -> list[dict]:
     import pytrec_eval
 
     from qac.evaluation.metrics import evaluate
     from qac.evaluation.trec_io import write_run
 
-    qrels, run = synthetic_run()
-    size = "7,000 queries x 1,000 documents"
+    qrels, run = synthetic_run(*((200, 100) if small else (7_000, 1_000)))
+    size = f"{len(run):,} queries x {len(next(iter(run.values()))):,} documents"
     rows = []
     ours, result = timed(lambda: evaluate(qrels, run, MEASURES), repeats=2)
     rows.append({"task": f"qac evaluate() in memory, {len(MEASURES)} measures", "size": size, "seconds": ours,
@@ -123,18 +174,21 @@ def bench_evaluation() -> list[dict]:
         qrels_path.write_text("".join(f"{q} 0 {d} {r}\n" for q, docs in qrels.items() for d, r in docs.items()))
         command = [str(Path(sys.executable).parent / "qac"), "eval", "--qrels", str(qrels_path),
                    "--run", str(run_path), "--metrics", *MEASURES]
+        if not Path(command[0]).exists():                 # not installed as a command: run the module
+            command[:1] = [sys.executable, "-m", "qac.cli"]
         seconds, _ = timed(lambda: subprocess.run(command, check=True, capture_output=True))
-        rows.append({"task": "`qac eval` command end to end (read 7M-line run file, evaluate)", "size": size,
+        rows.append({"task": "`qac eval` command end to end (read the run file, evaluate)", "size": size,
                      "seconds": seconds, "throughput": f"{len(run) / seconds:,.0f} queries/s"})
     return rows
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and FAISS")
     parser.add_argument("--docs", type=int, default=300, help="SciFact abstracts to encode")
     parser.add_argument("--report", default="reports/benchmarks.md")
-    args = parser.parse_args()
+    parser.add_argument("--small", action="store_true", help="every path at small sizes (a check, not a measurement)")
+    args = parser.parse_args(argv)
 
     import faiss
     import torch
@@ -143,7 +197,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
-    rows = bench_encoding(args.docs) + bench_search() + bench_evaluation()
+    small = args.small
+    rows = (bench_encoding(16 if small else args.docs) + bench_search(small) + bench_torch_search_with_ties(small)
+            + bench_evaluation(small))
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     body = "\n".join([
         "## Retrieval and evaluation",

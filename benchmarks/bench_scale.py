@@ -2,6 +2,7 @@
 
     python benchmarks/bench_scale.py --documents 20000 [--work DIR] [--keep]
     python benchmarks/bench_scale.py --report        # table of every recorded N -> reports/benchmarks.md
+    python benchmarks/bench_scale.py --small --work DIR   # 200 documents, 1 split worker, result in DIR only
 
 Writes N synthetic documents in the ``msmarco-docs.tsv`` format (docid, url,
 title, body) with MS MARCO's length distribution, then runs the real stage
@@ -104,15 +105,22 @@ def run_measured(command: list[str], env: dict, log: Path) -> tuple[float, float
 
 
 def bench_params(work: Path, workers: int) -> dict:
-    from qac.config import render_profile
+    """The smoke profile with the benchmark's changes merged in and checked against the schema, so a
+    parameter the schema comes to require reaches the benchmark with the profile (and a change it no
+    longer accepts stops it here, naming the key)."""
+    from qac.config import deep_merge, render_profile
+    from qac.params import validate_params
 
-    params = render_profile("smoke")
-    params.update(data_dir=str(work / "data"), pretrain_corpus="synthetic",
-                  datasets={"synthetic": {"format": "msmarco-docs", "mirror": "synthetic", "splits": []}})
-    params["mlflow"] = {"experiment": "qac-bench-scale", "system_metrics": False}
-    params["prepare"] = {"max_documents": None, "keep_judged_documents": True, "min_text_chars": 1}
-    params["split"].update(workers=workers, max_documents=None, punkt="trained", punkt_train_documents=2000,
-                           max_len=144, chunk_size=64)
+    overrides = {
+        "data_dir": str(work / "data"), "pretrain_corpus": "synthetic",
+        "datasets": {"synthetic": {"format": "msmarco-docs", "mirror": "synthetic", "splits": []}},
+        "mlflow": {"experiment": "qac-bench-scale", "system_metrics": False},
+        "prepare": {"max_documents": None, "keep_judged_documents": True, "min_text_chars": 1},
+        "split": {"workers": workers, "max_documents": None, "punkt": "trained", "punkt_train_documents": 2000,
+                  "max_len": 144, "chunk_size": 64},
+    }
+    params = deep_merge(render_profile("smoke"), overrides)
+    validate_params(params, work / "params.yaml", complete=True)
     return params
 
 
@@ -296,8 +304,13 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="split worker processes")
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
     parser.add_argument("--report", action="store_true", help="write the scale section of reports/benchmarks.md from the results")
+    parser.add_argument("--small", action="store_true",
+                        help="200 documents, 1 split worker; the result stays in the working folder (a check "
+                             "that every path runs, not a measurement)")
     parser.add_argument("--pair-load", type=Path, help=argparse.SUPPRESS)   # one torchrun process
     args = parser.parse_args(argv)
+    if args.small:
+        args.documents, args.workers, args.keep = args.documents or 200, 1, True
     if args.pair_load:
         pair_load(args.pair_load, batches=50, batch_size=256)
         return 0
@@ -308,8 +321,9 @@ def main(argv=None) -> int:
         parser.error("--documents N (or --report)")
     result = run(args.documents, args.work or Path(f"/tmp/qac-bench-scale-{args.documents}"), args.workers,
                  args.keep)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.documents}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    results = (args.work or Path(f"/tmp/qac-bench-scale-{args.documents}")) if args.small else RESULTS
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{args.documents}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
     print(f"documents={args.documents} peak_rss_mb={result['peak_rss_largest_mb']:.0f} "
           f"docs_per_s={result['docs_per_s']:.1f}")

@@ -58,22 +58,28 @@ def time_split(documents, punkt_dir, settings, *, workers: int, batched: bool, t
     return end - wall, steady, cpu_seconds() - cpu, splits
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--documents", type=int, default=None, help="first N SciFact documents (default: all)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--tokenizer", default="minilm")
+    parser.add_argument("--punkt", choices=("trained", "pretrained"), default="trained",
+                        help="Punkt trained on the documents (the profiles' setting) or NLTK's English model")
     parser.add_argument("--repeats", type=int, default=1, help="report the best of this many runs per method")
     parser.add_argument("--report", default="reports/benchmarks.md")
-    args = parser.parse_args()
+    parser.add_argument("--small", action="store_true",
+                        help="100 documents, 1 worker: every path once (a check, not a measurement)")
+    args = parser.parse_args(argv)
+    if args.small:
+        args.documents, args.workers = args.documents or 100, 1
 
     corpus = data_mirror() / "scifact" / "corpus.jsonl"
     documents = [(d.doc_id, d.full_text) for d in itertools.islice(iter_corpus_jsonl(corpus), args.documents)]
     settings = SplitSettings(max_len=args.max_len)
     with tempfile.TemporaryDirectory() as tmp:
         punkt_dir = os.path.join(tmp, "punkt")
-        punkt_model = prepare_punkt("auto", punkt_dir, lambda: (text for _, text in documents), "bench")
+        punkt_model = prepare_punkt(args.punkt, punkt_dir, lambda: (text for _, text in documents), "bench")
         # Starting the workers (imports, tokenizer loading) costs the same for both
         # methods: measured on one document and subtracted.
         startup, _, startup_cpu, _ = time_split(documents[:1], punkt_dir, settings, workers=args.workers,

@@ -1,0 +1,59 @@
+"""Every benchmark runs: each ``benchmarks/bench_*.py`` in its small mode (every path at small sizes),
+writing its report section to a temporary file, so none can rot unnoticed between measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+
+# script -> (arguments of its small mode, the report sections it writes); "{report}" and "{work}" are
+# filled in per run.
+SMALL_MODES = {
+    "bench_baseline.py": (["--small", "--report", "{report}"], ["baseline"]),
+    "bench_pretrain.py": (["--small", "--report", "{report}"], ["pretrain", "pretrain-ratios"]),
+    "bench_querygen.py": (["--small", "--report", "{report}"], ["querygen", "querygen-tiny"]),
+    "bench_retrieval.py": (["--small", "--report", "{report}"], ["retrieval"]),
+    "bench_scale.py": (["--small", "--work", "{work}"], []),
+    "bench_split.py": (["--small", "--report", "{report}"], ["split"]),
+}
+ELSEWHERE = {"bench_gpu.py": "tests/test_bench_gpu.py runs its --dry-run in a bare clone"}
+# Without a small mode yet, named so that adding one turns its run on (the check below fails until then).
+NO_SMALL_MODE_YET = {"bench_stages.py": "times `dvc repro` of a whole profile"}
+
+
+def test_every_benchmark_has_a_small_mode_that_the_suite_runs():
+    scripts = {path.name for path in BENCHMARKS.glob("bench_*.py")}
+    assert scripts == set(SMALL_MODES) | set(ELSEWHERE) | set(NO_SMALL_MODE_YET)
+    for script in NO_SMALL_MODE_YET:
+        assert "--small" not in (BENCHMARKS / script).read_text(encoding="utf-8"), \
+            f"{script} has a small mode now: move it to SMALL_MODES"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SMALL_MODES))
+def test_benchmark_runs_in_its_small_mode(script, tmp_path):
+    arguments, sections = SMALL_MODES[script]
+    report, work = tmp_path / "benchmarks.md", tmp_path / "work"
+    command = [sys.executable, str(BENCHMARKS / script),
+               *(a.format(report=report, work=work) for a in arguments)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    if sections:
+        text = report.read_text(encoding="utf-8")
+        for section in sections:
+            assert f"<!-- bench:{section} -->" in text and f"<!-- /bench:{section} -->" in text, section
+    if script == "bench_scale.py":
+        figures = json.loads((work / "200.json").read_text(encoding="utf-8"))
+        assert figures["documents"] == 200 and figures["passages"] > 200
+        assert all(rank["anchors"] > 0 for rank in figures["pair_ranks"])
+    assert not (REPO / "reports" / "bench_scale" / "200.json").exists()      # small runs stay out of reports/
