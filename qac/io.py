@@ -99,6 +99,28 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
+DATA_FOLDER = "data"   # data/<profile>/ under the working directory: where every stage writes
+
+
+def escaping_write(path: str | os.PathLike) -> tuple[Path, Path] | None:
+    """``(profile folder, real place)`` when ``path`` is under ``data/<profile>/`` of the working directory
+    but a symbolic link inside that folder leads the write out of it; else None.
+
+    ``data/`` or ``data/<profile>`` itself may be a link (to a larger disk): the check is against the real
+    place of the profile's folder.
+    """
+    lexical = Path(os.path.abspath(path))
+    try:
+        parts = lexical.relative_to(Path.cwd()).parts
+    except ValueError:
+        return None
+    if len(parts) < 3 or parts[0] != DATA_FOLDER:
+        return None
+    root = (Path.cwd() / parts[0] / parts[1]).resolve()
+    real = lexical.parent.resolve() / lexical.name   # the target itself is replaced, never followed
+    return None if root in real.parents else (root, real)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
@@ -108,6 +130,13 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
     file or directory is removed and ``path`` is left untouched.
     """
     target = Path(path)
+    escape = escaping_write(target)
+    if escape is not None:
+        from qac.errors import UserError
+
+        raise UserError(f"{target}: would be written to {escape[1]}, outside the profile's data folder "
+                        f"{escape[0]} (a symbolic link inside it leads out). Stages write only under "
+                        "data/<profile>/: remove the link, or link data/ or data/<profile>/ as a whole")
     target.parent.mkdir(parents=True, exist_ok=True)
     _sweep_once(target.parent)
     prefix = f".{target.name}.{os.getpid()}."

@@ -8,6 +8,7 @@ dataset's files) stay inside it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,31 @@ def test_a_study_name_given_on_the_command_line_is_checked():
     params = load_params(REPO / "profiles" / "smoke" / "params.yaml")
     with pytest.raises(SettingsError, match="hpo.study_name"):
         HpoSettings.from_params({**params, "hpo": {**params["hpo"], "study_name": "../../elsewhere"}})
+
+
+def test_a_symbolic_link_leading_out_of_the_data_folder_is_refused(tmp_path, monkeypatch):
+    from qac.io import atomic_path, write_json
+
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "data" / "smoke").mkdir(parents=True)
+    (tmp_path / "data" / "smoke" / "eval").symlink_to(elsewhere)
+    with pytest.raises(UserError, match="outside the profile's data folder"):
+        write_json("data/smoke/eval/none/metrics.json", {"x": 1})
+    with pytest.raises(UserError, match="symbolic link"):
+        with atomic_path(Path("data/smoke/eval/none/r1"), directory=True):
+            pass
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_data_folder_linked_as_a_whole_to_another_disk_is_fine(tmp_path, monkeypatch):
+    from qac.io import write_json
+
+    monkeypatch.chdir(tmp_path)
+    disk = tmp_path / "big-disk" / "smoke"
+    disk.mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "smoke").symlink_to(disk)
+    write_json("data/smoke/metrics/split.json", {"x": 1})
+    assert json.loads((disk / "metrics" / "split.json").read_text()) == {"x": 1}
