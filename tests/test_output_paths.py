@@ -158,3 +158,12 @@ def test_a_data_folder_linked_as_a_whole_to_another_disk_is_fine(tmp_path, monke
     (tmp_path / "data" / "smoke").symlink_to(disk)
     write_json("data/smoke/metrics/split.json", {"x": 1})
     assert json.loads((disk / "metrics" / "split.json").read_text()) == {"x": 1}
+
+
+@pytest.mark.parametrize("key, value", [("tables.out_dir", "../../tmp"), ("tables.out_dir", "/etc"),
+                                        ("check.expected", "../outside.yaml"), ("check.expected", "/tmp/x.yaml")])
+def test_a_folder_a_command_writes_is_a_path_inside_the_checkout(tmp_path, key, value):
+    section, leaf = key.split(".")
+    with pytest.raises(ParamsError) as caught:
+        load_params(write_params(tmp_path, lambda p: p[section].update({leaf: value})))
+    assert f"parameter {key}:" in str(caught.value)

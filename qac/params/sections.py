@@ -452,7 +452,7 @@ class BeirRetrieverSection(Section):
 
 
 class TablesSection(Section):
-    out_dir: str = Field(description="reports folder (reports/<profile>/)")
+    out_dir: InsidePath = Field(description="reports folder (reports/<profile>/), inside the checkout")
     main_query_count: PositiveInt | None = Field(
         description="C of the query-context rows in Tables 1, 2, 4 (null: the largest); the paper's Table 1 "
                     "QaC rows are C=5")
@@ -466,8 +466,9 @@ class TablesSection(Section):
 
 
 class CheckSection(Section):
-    expected: str | None = Field(
-        description="the profile's expected cells with tolerances (written by `qac check --record`)")
+    expected: InsidePath | None = Field(
+        description="the profile's expected cells with tolerances (written by `qac check --record`), inside the "
+                    "checkout")
 
 
 class PrunerSection(Section):
