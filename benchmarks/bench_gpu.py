@@ -244,7 +244,9 @@ def step_figures(step, optimizer, batches, device, budget_s: float, peak, batch_
 # sections
 
 
-def pretrain_section(args, device, tokenizer, triples, peak):
+def pretrain_section(args, device, tokenizer, triples, peak, progress):
+    """Each configuration on its own: one that fails (out of memory, say) records its error and the
+    next one runs; the rows so far are saved after each (``progress``)."""
     def section(budget_s):
         configs = [(method, "ours", context) for method in METHODS for context in ("query", "passage")]
         configs.append(("cocondenser", "release", "passage"))
@@ -254,23 +256,32 @@ def pretrain_section(args, device, tokenizer, triples, peak):
         rows = []
         from qac.models.grad_cache import FullBatchStep
 
+        recipes = {"ours": "bf16 autocast, MLM logits at masked positions only, dynamic padding",
+                   "release": "fp16 autocast, full-vocabulary logits, static padding to max_len"}
         for method in METHODS:
             model = build_model(method, args.model, device)
             optimizer = optimizer_for(model, device)
             for name, recipe, context in (c for c in configs if c[0] == method):
                 release = recipe == "release"
-                model.full_vocab_logits = release
-                batches = method_batches(tokenizer, triples, method, model, context, args.batch_size,
-                                         args.distinct_batches, pad_to=args.max_len if release else None)
-                step = FullBatchStep(model, device, dtype_release if release else dtype_ours)
-                figures = step_figures(step, optimizer, batches, device, share, peak, args.batch_size)
-                rows.append({"method": method, "recipe": recipe, "context": context, **figures})
-                print(f"  {rows[-1]}", flush=True)
+                row = {"method": method, "recipe": recipe, "context": context}
+                try:
+                    model.full_vocab_logits = release
+                    batches = method_batches(tokenizer, triples, method, model, context, args.batch_size,
+                                             args.distinct_batches, pad_to=args.max_len if release else None)
+                    step = FullBatchStep(model, device, dtype_release if release else dtype_ours)
+                    row.update(step_figures(step, optimizer, batches, device, share, peak, args.batch_size))
+                except Exception as error:      # noqa: BLE001 - the other configurations still run
+                    row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                    optimizer.zero_grad(set_to_none=True)
+                    release_memory()
+                rows.append(row)
+                print(f"  {row}", flush=True)
+                progress({"batch_size": args.batch_size, "max_len": args.max_len, "rows": rows, "recipes": recipes})
             del model, optimizer
             release_memory()
-        return {"batch_size": args.batch_size, "max_len": args.max_len, "rows": rows,
-                "recipes": {"ours": "bf16 autocast, MLM logits at masked positions only, dynamic padding",
-                            "release": "fp16 autocast, full-vocabulary logits, static padding to max_len"}}
+        if all("error" in row for row in rows):
+            raise RuntimeError(f"every configuration failed; the first: {rows[0]['error']}")
+        return {"batch_size": args.batch_size, "max_len": args.max_len, "rows": rows, "recipes": recipes}
     return section
 
 
@@ -505,25 +516,32 @@ def generation_section(args, device, tokenizer, triples):
 
         rows, share = [], budget_s / len(settings_rows)
         for name, run in settings_rows:
-            run(passages[:max(1, batch // 4)])                            # warm-up
-            done, tokens, seconds = 0, 0, 0.0
-            while done < args.generation_passages and (done < batch or seconds < share):
-                chunk = [passages[(done + i) % len(passages)] for i in range(batch)]
-                synchronize(device)
-                start = time.perf_counter()
-                tokens += run(chunk)
-                synchronize(device)
-                seconds += time.perf_counter() - start
-                done += batch
-            rows.append({"setting": name, "batch": batch, "passages": done, "seconds": seconds,
-                         "passages/s": done / seconds,
-                         "mean tokens/query": tokens / (done * settings.queries_per_passage)})
-            print(f"  {rows[-1]}", flush=True)
-        reference = next(r for r in rows if r["setting"] == f"HF generate, {label} weights")
+            row = {"setting": name, "batch": batch}
+            try:
+                run(passages[:max(1, batch // 4)])                        # warm-up
+                done, tokens, seconds = 0, 0, 0.0
+                while done < args.generation_passages and (done < batch or seconds < share):
+                    chunk = [passages[(done + i) % len(passages)] for i in range(batch)]
+                    synchronize(device)
+                    start = time.perf_counter()
+                    tokens += run(chunk)
+                    synchronize(device)
+                    seconds += time.perf_counter() - start
+                    done += batch
+                row.update({"passages": done, "seconds": seconds, "passages/s": done / seconds,
+                            "mean tokens/query": tokens / (done * settings.queries_per_passage)})
+            except Exception as error:          # noqa: BLE001 - the other settings still run
+                row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                release_memory()
+            rows.append(row)
+            print(f"  {row}", flush=True)
+        ours_row, reference = rows[0], next(r for r in rows if r["setting"] == f"HF generate, {label} weights")
+        if "passages/s" not in ours_row:
+            raise RuntimeError(f"our generation loop failed: {ours_row['error']}")
+        ratio = ours_row["passages/s"] / reference["passages/s"] if "passages/s" in reference else None
         return {"model": "tiny T5" if dry else "T5-base sizes, random weights",
                 "queries per passage": settings.queries_per_passage, "new tokens": settings.max_new_tokens,
-                "rows": rows, "ours / HF generate (same precision, same batch)":
-                rows[0]["passages/s"] / reference["passages/s"]}
+                "rows": rows, "ours / HF generate (same precision, same batch)": ratio}
     return section
 
 
@@ -575,9 +593,12 @@ def render_markdown(data: dict) -> str:
         if figures is None:
             lines.extend(["", f"### {title}", "", "not run"])
             return True
-        if figures["status"] != "done":
+        if figures["status"] == "failed":
             lines.extend(["", f"### {title}", "", f"failed after {figures['seconds']:.0f} s: {figures['error']}"])
             return True
+        if figures["status"] == "running":
+            lines.extend(["", f"### {title}", "", "(running, or stopped: the figures so far)", ""])
+            return False
         lines.extend(["", f"### {title}", ""])
         return False
 
@@ -587,7 +608,8 @@ def render_markdown(data: dict) -> str:
         p = sections["pretrain"]
         lines.append(f"{p['batch_size']} pairs per step, {p['max_len']} tokens. Recipes: "
                      + "; ".join(f"{k}: {v}" for k, v in p["recipes"].items()) + ".")
-        lines.extend(["", markdown_table([percent(r) for r in p["rows"]], columns)])
+        lines.extend(["", markdown_table([percent(r) for r in p["rows"]],
+                                         columns + (["error"] if any("error" in r for r in p["rows"]) else []))])
     if not failed("grad_cache", "GradCache"):
         g = sections["grad_cache"]
         lines.append(f"coCondenser, query context, {g['batch_size']} pairs, chunk {g['chunk']} (the paper "
@@ -603,9 +625,12 @@ def render_markdown(data: dict) -> str:
     if not failed("generation", "Query generation"):
         g = sections["generation"]
         lines.append(f"{g['model']}, {g['queries per passage']} queries per passage, {g['new tokens']} new tokens.")
-        lines.extend(["", markdown_table(g["rows"]), "",
-                      f"Ours (host reads every 8 steps) / Hugging Face generate, same precision, same batch: "
-                      f"{g['ours / HF generate (same precision, same batch)']:.2f}x"])
+        ratio = g["ours / HF generate (same precision, same batch)"]
+        columns = ["setting", "batch", "passages", "seconds", "passages/s", "mean tokens/query"]
+        lines.extend(["", markdown_table(g["rows"], columns + (["error"] if any("error" in r for r in g["rows"])
+                                                              else [])), "",
+                      "Ours (host reads every 8 steps) / Hugging Face generate, same precision, same batch: "
+                      + (f"{ratio:.2f}x" if ratio else "n/a (the reference failed)")])
     if not failed("compile", "torch.compile (coCondenser step)"):
         lines.append(markdown_table([plain(sections["compile"])]))
     total = sum(s.get("seconds", 0) for s in sections.values())
@@ -708,7 +733,9 @@ def main(argv=None) -> None:
         "command": " ".join(["python benchmarks/bench_gpu.py", *(sys.argv[1:] if argv is None else argv)])})
     results.save()
     builders = {
-        "pretrain": lambda: pretrain_section(args, device, tokenizer, triples, peak),
+        "pretrain": lambda: pretrain_section(args, device, tokenizer, triples, peak,
+                                             lambda figures: results.record("pretrain", {"status": "running",
+                                                                                         **figures})),
         "grad_cache": lambda: grad_cache_section(args, device, tokenizer, triples, peak),
         "stage_loop": lambda: stage_loop_section(args, device, tokenizer, triples, peak),
         "encoding": lambda: encoding_section(args, device, tokenizer, triples),

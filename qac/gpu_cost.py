@@ -72,12 +72,14 @@ class Rates:
 
     @classmethod
     def from_figures(cls, data: Mapping[str, Any], source: str) -> "Rates":
-        sections = {name: s for name, s in data.get("sections", {}).items() if s.get("status") == "done"}
+        # a section still "running" when the benchmark stopped keeps the rows it had finished
+        sections = {name: s for name, s in data.get("sections", {}).items()
+                    if s.get("status") == "done" or (name == "pretrain" and s.get("status") == "running")}
         dry = bool(data.get("dry_run"))
         rates = cls(device=data["device"], date=data["date"], measured=not dry,
                     source=f"a dry run's figures ({source}), not a GPU's" if dry else source)
         for row in sections.get("pretrain", {}).get("rows", []):
-            if row["recipe"] == "ours":
+            if row["recipe"] == "ours" and "pairs/s" in row:
                 rates.pretrain[(row["method"], row["context"])] = row["pairs/s"]
         if "grad_cache" in sections:
             rates.grad_cache_ratio = sections["grad_cache"]["time ratio"]
@@ -139,7 +141,12 @@ def stage_costs(params: Mapping[str, Any], rates: Rates) -> list[dict[str, Any]]
     trained = {name: v for name, v in variants.items() if v["method"] != "none"}
     for name, variant in trained.items():
         pairs = int(variant["steps"]) * int(variant["batch_size"])
-        rate, how = pair_rate(rates, variant)
+        try:
+            rate, how = pair_rate(rates, variant)
+        except KeyError as missing:
+            rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": "no figure",
+                         "basis": f"the figures have no rate for {missing.args[0]}", "hours": None})
+            continue
         rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": f"{rate:,.0f} pairs/s",
                      "basis": how, "hours": pairs / rate / 3600})
     finetune = params.get("finetune") or {}

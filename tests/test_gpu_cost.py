@@ -96,3 +96,18 @@ def test_the_cost_names_the_device_and_date_or_says_there_are_no_figures(tmp_pat
     dry = tmp_path / "dry.json"
     dry.write_text(json.dumps(figures(dry_run=True, device="cpu")), encoding="utf-8")
     assert "dry run" in load_rates(dry).source and not load_rates(dry).measured
+
+
+def test_a_rate_the_figures_lack_is_said_not_guessed():
+    """A benchmark stopped inside its pre-training section (status running) keeps the rows it finished;
+    the variants whose rates are missing say so, with no hours."""
+    data = figures()
+    data["sections"]["pretrain"]["status"] = "running"
+    data["sections"]["pretrain"]["rows"] = [r for r in data["sections"]["pretrain"]["rows"] if r["method"] != "master"]
+    data["sections"]["pretrain"]["rows"].append({"method": "master", "recipe": "ours", "context": "query",
+                                                 "error": "OutOfMemoryError: CUDA out of memory"})
+    costs = {row["variant"]: row for row in stage_costs(render_profile("paper"), Rates.from_figures(data, "f.json"))
+             if row["stage"] == "pretrain"}
+    assert costs["cotmae-passage"]["hours"] > 0
+    assert costs["master-passage"]["hours"] is None and "no rate for ('master', 'passage')" in costs[
+        "master-passage"]["basis"]
