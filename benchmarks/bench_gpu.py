@@ -342,8 +342,9 @@ def stage_loop_section(args, device, tokenizer, triples, peak):
     """The loop's steady rate: logging windows after the first (which carries the start-up: worker
     processes, first allocations, kernel selection) against the isolated step on the same batches."""
     def section(budget_s):
-        from qac.data.context_pairs import PairCollator, PairSampler, load_pair_corpus
+        from qac.data.context_pairs import load_pair_corpus
         from qac.distributed import autocast_dtype
+        from qac.models.factory import build_batches
         from qac.models.grad_cache import FullBatchStep
         from qac.train.pretrain import pretrain
 
@@ -362,8 +363,7 @@ def stage_loop_section(args, device, tokenizer, triples, peak):
             loop_seconds = time.perf_counter() - started
             corpus = load_pair_corpus(passages, queries, "query", tokenizer=tokenizer)
         model = build_model("cocondenser", args.model, device)
-        sampler = PairSampler(corpus, "query", seed=settings.seed)
-        collator = PairCollator(tokenizer, args.max_len, 32, *model.mask_ratios, seed=settings.seed)
+        sampler, collator = build_batches(settings, model, tokenizer, corpus, {})    # the loop's own batches
         batches = [collator(sampler.batch(step, args.batch_size), step) for step in range(steps)]
         step = FullBatchStep(model, device, autocast_dtype("auto", device))
         isolated = step_figures(step, optimizer_for(model, device), batches, device, budget_s, peak,
