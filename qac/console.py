@@ -249,6 +249,13 @@ def environment_error_message(error: BaseException) -> str | None:
         return ("interrupted (Ctrl-C). Every output is written to a temporary file and renamed into place "
                 "only when complete, so nothing half-written was left; run the command again (stages that "
                 "resume pick up from their last completed chunk or checkpoint).")
+    from qac.tracking.store import is_store_error
+
+    if is_store_error(error):
+        reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        return (f"the MLflow tracking store failed ({type(error).__name__}: {reason}). Outputs are written "
+                "atomically, so nothing half-written was left; fix the store or point MLFLOW_TRACKING_URI at one "
+                "that works (`qac runs sweep` checks it), then run the command again.")
     if isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS:
         where = error.filename or "a file"
         if error.filename2:
@@ -266,12 +273,13 @@ def environment_error_message(error: BaseException) -> str | None:
 def call_main(main: Callable[..., int | None], argv: list[str] | None = None, prog: str | None = None) -> int:
     """What :func:`run_main` does, returning the exit status instead of exiting (for tests and wrappers).
 
-    A user error, Ctrl-C and a refusal of the machine (disk full, no permission, a read-only file
-    system) each end in one paragraph; ``-v`` / ``QAC_VERBOSE=1`` adds the traceback.
+    A user error, Ctrl-C, a refusal of the machine (disk full, no permission, a read-only file
+    system) and a failing tracking store each end in one paragraph; ``-v`` / ``QAC_VERBOSE=1`` adds the
+    traceback. Any other exception is a program error and keeps its traceback.
     """
     try:
         return int(main(argv) or 0) if argv is not None else int(main() or 0)
-    except (UserError, SystemExit, KeyboardInterrupt, OSError) as error:
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
         message = user_error_message(error)
         status = USER_ERROR_EXIT
         if message is None:

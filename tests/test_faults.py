@@ -129,3 +129,21 @@ def test_a_read_only_data_folder_ends_in_one_paragraph(tmp_path):
         _, stderr = process.communicate(timeout=120)
         assert process.returncode == 2
         assert "read-only" in one_paragraph(stderr, "qac")
+
+
+def test_a_failing_store_outside_a_stage_ends_in_one_paragraph(tmp_path, capsys):
+    """A command that reads a damaged store database directly: one paragraph, no traceback."""
+    import sqlite3
+
+    from qac.console import call_main
+
+    damaged = tmp_path / "mlflow.db"
+    damaged.write_bytes(os.urandom(4096))
+
+    def main(argv):
+        with sqlite3.connect(damaged) as connection:
+            connection.execute("SELECT name FROM sqlite_master").fetchall()
+
+    assert call_main(main, [], prog="qac") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qac: error: the MLflow tracking store failed (DatabaseError") and len(err.splitlines()) == 1

@@ -179,3 +179,23 @@ def test_a_stage_with_a_working_store_is_tracked(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     with tracked_stage(PARAMS, "bm25", "bm25", kind="bm25", root=tmp_path / "data" / "smoke") as tracking:
         assert tracking.active and tracking.run_id
+
+
+def test_a_store_damaged_while_the_stage_runs_leaves_the_stage_running(tmp_path, monkeypatch, capsys):
+    """The database is overwritten mid-stage: the next log call fails in the store, the stage finishes."""
+    from qac.tracking.lifecycle import tracked_stage
+
+    path = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{path}")
+    finished = False
+    with tracked_stage(PARAMS, "bm25", "bm25", kind="bm25", root=tmp_path / "data" / "smoke") as tracking:
+        assert tracking.active
+        capsys.readouterr()
+        path.write_bytes(os.urandom(path.stat().st_size))
+        for step in range(3):
+            tracking.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        tracking.set_tags({"after": "damage"})
+        finished = True
+    assert finished and not tracking.active
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("goes on without it") == 1

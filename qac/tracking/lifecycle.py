@@ -64,6 +64,25 @@ class Upstream:
         return read_run_record(self.root, self.output)
 
 
+def _untracked_on_store_failure(method):
+    """A logging method that, when the store fails mid-stage, says so once and leaves the run: the stage's
+    work goes on untracked instead of ending on the store's error."""
+    import functools
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as error:
+            from qac.tracking.store import is_store_error, store_failed
+
+            if not self.active or not is_store_error(error):
+                raise
+            store_failed(error)
+            self.run = None
+    return guarded
+
+
 class StageTracking:
     """A stage's handle on its MLflow run; inactive (every method a no-op) off the main process."""
 
@@ -81,6 +100,7 @@ class StageTracking:
     def run_id(self) -> str | None:
         return self.run.info.run_id if self.run is not None else None
 
+    @_untracked_on_store_failure
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Metrics, keys mangled as MLflow needs (:func:`qac.tracking.metric_key`)."""
         if self.active:
@@ -88,12 +108,14 @@ class StageTracking:
 
             log_metrics(metrics, step=step)
 
+    @_untracked_on_store_failure
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if self.active:
             import mlflow
 
             mlflow.set_tags(dict(tags))
 
+    @_untracked_on_store_failure
     def log_evaluation(self, result, dataset_name: str, split: str) -> None:
         """A split's evaluation (:class:`qac.evaluation.metrics.EvalResult`): measures as
         ``<dataset>/<split>/<measure>``, per-query values as ``per_query/<dataset>/<split>.json``."""
@@ -102,12 +124,14 @@ class StageTracking:
 
             log_evaluation(result, dataset_name, split)
 
+    @_untracked_on_store_failure
     def log_dict(self, value: Mapping[str, Any], artifact: str) -> None:
         if self.active:
             import mlflow
 
             mlflow.log_dict(dict(value), artifact)
 
+    @_untracked_on_store_failure
     def log_artifacts(self, *paths: str | os.PathLike) -> None:
         """Files, each as an artifact at the run's root."""
         if self.active:
@@ -116,6 +140,7 @@ class StageTracking:
             for path in paths:
                 mlflow.log_artifact(str(path))
 
+    @_untracked_on_store_failure
     def log_file_inputs(self, files: Mapping[str, str | os.PathLike | None], context: str,
                         columns: tuple[str, ...] | None = None) -> None:
         """Stage files as MLflow dataset inputs (``name -> path``; a None or absent path is skipped)."""
@@ -126,6 +151,7 @@ class StageTracking:
                 if path is not None:
                     log_file_input(path, name, context, columns=columns)
 
+    @_untracked_on_store_failure
     def log_dataset_inputs(self, dataset_dir: str | os.PathLike, context: str,
                            splits: list[str] | None = None) -> None:
         """A prepared dataset's corpus, queries and qrels of ``splits`` as dataset inputs."""
@@ -134,6 +160,7 @@ class StageTracking:
 
             log_dataset_inputs(dataset_dir, context, splits=splits)
 
+    @_untracked_on_store_failure
     def hash_outputs(self, outputs: Mapping[str, tuple[str | os.PathLike, str | os.PathLike]]) -> None:
         """Tag each output present (``name -> (where it is now, where it will be)``) with its place and MD5.
 
@@ -153,6 +180,7 @@ class StageTracking:
         """Facts the run record carries beside the run id (variant, retriever, steps, ...)."""
         self._record.update(facts)
 
+    @_untracked_on_store_failure
     def resumes(self, previous_run_id: str | None, *, resumed: bool, **facts: Any) -> None:
         """This run continues (``resumed``) or replaces the work of ``previous_run_id``, which an
         interruption left: tag ``qac.resume.<fact>`` and link the two runs
@@ -165,6 +193,7 @@ class StageTracking:
             self.set_tags({f"qac.resume.{key}": value for key, value in facts.items()})
         end_interrupted_run(previous_run_id, self.run_id, resumed=resumed)
 
+    @_untracked_on_store_failure
     def log_model(self, folder: str | os.PathLike, artifact: str) -> None:
         """A trained model folder as artifacts, when models were asked for (``--log-models``, ``mlflow.log_models``)."""
         if self.active and self.log_models:
@@ -190,20 +219,34 @@ def _profile_root(params: Mapping[str, Any], root: str | os.PathLike | None) -> 
 def _store_run(opened) -> Iterator[Any]:
     """Enter a run of the tracking store: the one place the store is reached when a stage starts.
 
-    A store that fails while the run opens (unreachable, a damaged database: :mod:`qac.tracking.store`)
-    is said in one paragraph and the stage goes on without a run (None), as no stage needs the store.
+    A store that fails while the run opens or closes (unreachable, a damaged database:
+    :mod:`qac.tracking.store`) is said in one paragraph and the stage goes on without a run (None),
+    as no stage needs the store; an error of the stage itself passes through as it is.
     """
+    import sys
+
     from qac.tracking.store import is_store_error, store_failed
 
-    with contextlib.ExitStack() as stack:
+    stack = contextlib.ExitStack()
+    try:
+        run = stack.enter_context(opened)
+    except Exception as error:
+        if not is_store_error(error):
+            raise
+        store_failed(error)
+        run = None
+    try:
+        yield run
+    except BaseException:
+        if not stack.__exit__(*sys.exc_info()):
+            raise
+    else:
         try:
-            run = stack.enter_context(opened)
+            stack.__exit__(None, None, None)
         except Exception as error:
             if not is_store_error(error):
                 raise
             store_failed(error)
-            run = None
-        yield run
 
 
 @contextlib.contextmanager
