@@ -253,9 +253,10 @@ def environment_error_message(error: BaseException) -> str | None:
 
     if is_store_error(error):
         reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
-        return (f"the MLflow tracking store failed ({type(error).__name__}: {reason}). Outputs are written "
-                "atomically, so nothing half-written was left; fix the store or point MLFLOW_TRACKING_URI at one "
-                "that works (`qac runs sweep` checks it), then run the command again.")
+        return (f"the tracking store failed ({type(error).__name__}: {reason}): the MLflow store "
+                "(MLFLOW_TRACKING_URI, else mlflow.db) or a study's database (hpo.storage). Outputs are written "
+                "atomically, so nothing half-written was left; fix the store or point the setting at one that "
+                "works, then run the command again.")
     if isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS:
         where = error.filename or "a file"
         if error.filename2:

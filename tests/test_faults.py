@@ -146,4 +146,4 @@ def test_a_failing_store_outside_a_stage_ends_in_one_paragraph(tmp_path, capsys)
 
     assert call_main(main, [], prog="qac") == 2
     err = capsys.readouterr().err
-    assert err.startswith("qac: error: the MLflow tracking store failed (DatabaseError") and len(err.splitlines()) == 1
+    assert err.startswith("qac: error: the tracking store failed (DatabaseError") and len(err.splitlines()) == 1
