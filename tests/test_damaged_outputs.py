@@ -42,3 +42,31 @@ def test_qac_tables_names_a_damaged_output_and_its_stage(tmp_path, capsys, relat
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert str(data / relative) in err and stage in err and "dvc repro profiles/smoke/dvc.yaml" in err
     assert not (tmp_path / "reports" / "smoke").exists()
+
+
+@pytest.mark.parametrize("relative, stage", [("datasets/scifact/corpus.jsonl", "prepare@scifact"),
+                                             ("bm25/negatives.jsonl", "bm25")])
+def test_any_malformed_stage_file_names_the_stage_that_rebuilds_it(tmp_path, monkeypatch, capsys, relative, stage):
+    """Every reader's DataFormatError on a file under data/<profile>/ gains the stage to rerun."""
+    from qac.console import call_main
+    from qac.io import iter_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    path = Path("data/smoke") / relative
+    path.parent.mkdir(parents=True)
+    path.write_text('{"_id": "d1", "text": "a"}\n{"_id": "d2", "te', encoding="utf-8")
+    assert call_main(lambda argv: list(iter_jsonl(path)), [], prog="qac") == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2:" in err and f"rebuild it with the DVC stage {stage}" in err
+
+
+def test_a_malformed_input_outside_the_data_folder_gets_no_stage(tmp_path, monkeypatch, capsys):
+    from qac.console import call_main
+    from qac.io import iter_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "mirror" / "scifact" / "corpus.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"_id": "d1", "te', encoding="utf-8")
+    assert call_main(lambda argv: list(iter_jsonl(path)), [], prog="qac") == 2
+    assert "DVC stage" not in capsys.readouterr().err
