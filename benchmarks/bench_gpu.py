@@ -473,10 +473,11 @@ def generation_section(args, device, tokenizer, triples):
 
         from transformers import T5Config, T5ForConditionalGeneration
 
+        from bench_querygen import T5_BASE
         from qac.querygen.generate import QueryGenerator, SamplingSettings
 
         dry = args.dry_run
-        sizes = dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4) if dry else {}
+        sizes = dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4) if dry else T5_BASE
         config = T5Config(vocab_size=max(len(tokenizer), 32128), pad_token_id=0,
                           eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=0, **sizes)
         torch.manual_seed(0)

@@ -44,6 +44,10 @@ from qac.config import data_mirror
 from qac.querygen.generate import QueryGenerator, SamplingSettings
 
 
+# t5-base's sizes (the paper's generator, doc2query/all-with_prefix-t5-base-v1); T5Config() alone is t5-small's.
+T5_BASE = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12)
+
+
 def load_passages(count: int) -> list[tuple[str, str]]:
     split = Path("data/default/passages.arrow")
     passages = []
@@ -143,7 +147,7 @@ def gpu_part(args) -> str:
 
     device = torch.device("cuda")
     tokenizer = load_tokenizer("minilm")
-    config = T5Config(pad_token_id=0, eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=0)  # t5-base sizes
+    config = T5Config(pad_token_id=0, eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=0, **T5_BASE)
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(config).to(device).eval()
     settings = SamplingSettings(queries_per_passage=args.gpu_candidates, max_new_tokens=args.max_new_tokens,
