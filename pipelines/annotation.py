@@ -11,7 +11,6 @@ from __future__ import annotations
 import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
 
 import json
-import sys
 from pathlib import Path
 
 from qac.config import profile_dir

@@ -1,22 +1,13 @@
 """DVC stage ``evaluate@<variant>``: dense retrieval with r1 and r2 on every evaluation set.
 
-For each retriever of the variant (``finetune/<variant>/r1``, ``r2``; for the
-variant ``none`` with ``evaluate.untuned_baseline`` also the start encoder,
-``untuned``) and each dataset (``train_dataset`` in-domain, then every
-``zero_shot`` one), the corpus is encoded once and every split except
-``train`` is searched (top ``evaluate.depth``, exact inner product); retriever
-1's in-domain runs were searched by the fine-tuning stage with the corpus
-vectors it mined with (``finetune/<variant>/r1_runs``) and are scored from
-there when their encoding record matches (qac.train.indomain_runs). Writes,
-as one unit, ``data/<profile>/eval/<variant>/<retriever>/<dataset>/<split>.trec``
-and ``<split>.per_query.json``, plus ``metrics/eval/<variant>.json``. Metrics
-go into the retriever's fine-tuning run as ``<dataset>/<split>/<measure>``
-with the per-query values as the artifact ``per_query/<dataset>/<split>.json``;
-the untuned encoder gets its own run ``untuned · none`` under the pre-training
-run. Fine-tuning runs keep their end time, so their duration stays the
-training's; each run gets ``eval/seconds`` and the evaluated datasets as MLflow
-inputs (context ``evaluation``). Graded sets count labels >= the split's
-``rel_threshold`` (``dataset.json``) as relevant in binary measures.
+For each retriever of the variant (r1, r2; for the variant ``none`` with
+``evaluate.untuned_baseline`` also the start encoder) and each dataset
+(``train_dataset`` in-domain, then every ``zero_shot`` one), every split except
+``train`` is searched, each retriever encoded as its folder says
+(:mod:`qac.evaluation.retrievers`). Writes, as one unit,
+``data/<profile>/eval/<variant>/<retriever>/<dataset>/<split>.trec`` and
+``<split>.per_query.json``, plus ``metrics/eval/<variant>.json``; the metrics go
+into each retriever's fine-tuning run (the untuned encoder gets its own run).
 """
 
 from __future__ import annotations
@@ -24,131 +15,8 @@ from __future__ import annotations
 import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-def retrievers_of(params: dict, variant: str, root: Path) -> list[tuple[str, Path, str | None]]:
-    """``(name, encoder folder, fine-tuning run id or None)`` for every retriever to evaluate.
-
-    The run id is None for the untuned encoder, and for a fine-tuned one whose run this tracking
-    store does not hold (no record: DVC restored or pulled the output; or another store): its
-    measures then go to a run of their own.
-    """
-    from qac.tracking.lifecycle import Upstream
-
-    found = []
-    for name in ("r1", "r2"):
-        folder = root / "finetune" / variant / name
-        if not folder.is_dir():
-            raise SystemExit(f"{folder}: missing (run the finetune@{variant} stage)")
-        found.append((name, folder, Upstream(root, folder, f"finetune@{variant} {name}").run_id()))
-    if variant == "none" and params["evaluate"].get("untuned_baseline", False):
-        found.append(("untuned", root / "pretrain" / variant / "encoder", None))
-    return found
-
-
-def evaluation_datasets(params: dict) -> list[str]:
-    """The in-domain dataset first, then the zero-shot ones, each once."""
-    names = [params["train_dataset"], *params.get("zero_shot", [])]
-    return list(dict.fromkeys(names))
-
-
-def evaluates_zero_shot(params: dict, variant: str, retriever: str) -> bool:
-    """Whether ``retriever`` of ``variant`` is evaluated on the zero-shot datasets.
-
-    ``evaluate.zero_shot_variants`` (null: all) and ``evaluate.zero_shot_retrievers``
-    (null: all) let a scaled-down profile spend its time on the cells Table 2 shows.
-    """
-    settings = params["evaluate"]
-    variants, retrievers = settings.get("zero_shot_variants"), settings.get("zero_shot_retrievers")
-    return (variants is None or variant in variants) and (retrievers is None or retriever in retrievers)
-
-
-def evaluate_retriever_on(model, tokenizer, dataset, *, settings: dict, lengths: tuple[int, int], device,
-                          out_dir: Path, separator: str = " ", normalize: bool = False) -> dict:
-    """Encode ``dataset``'s corpus once, search every evaluation split; write runs and per-query values.
-
-    Returns ``{split: EvalResult}``. ``lengths`` are the query and passage max lengths of fine-tuning;
-    ``separator`` joins a document's title and text (:func:`qac.retrieval.title_separator`).
-    """
-    from qac.retrieval import document_text
-    from qac.retrieval.dense import search_splits
-    from qac.retrieval.encode import encode_texts
-
-    query_max_len, passage_max_len = lengths
-    options = dict(batch_size=settings.get("batch_size", 128), device=device, normalize=normalize,
-                   loader_workers=settings.get("loader_workers", 0))
-    doc_ids = list(dataset.corpus)
-    doc_vectors = encode_texts(model.encoder, tokenizer,
-                               [document_text(dataset.corpus[d].title, dataset.corpus[d].text, separator)
-                                for d in doc_ids],
-                               max_length=passage_max_len, pooling=model.pooling,
-                               desc=f"encode {dataset.name} corpus", **options)
-    runs = search_splits(model, tokenizer, dataset, doc_ids, doc_vectors, query_max_len=query_max_len,
-                         depth=settings["depth"], **options)
-    return score_runs(dataset, runs, settings, out_dir)
-
-
-def score_runs(dataset, runs: dict, settings: dict, out_dir: Path) -> dict:
-    """Write each split's run and per-query values into ``out_dir``; ``{split: EvalResult}``."""
-    from qac.evaluation.split_evaluation import evaluate_split
-    from qac.evaluation.trec_io import write_run
-    from qac.io import write_json
-
-    results = {}
-    for split, run in runs.items():
-        write_run(out_dir / f"{split}.trec", run, tag=out_dir.parent.name)
-        result = evaluate_split(dataset, split, run, settings["metrics"])
-        write_json(out_dir / f"{split}.per_query.json", result.per_query)
-        results[split] = result
-    return results
-
-
-def finetuning_runs(root: Path, variant: str, dataset, encoding: dict, depth: int) -> dict | None:
-    """Retriever 1's in-domain runs as the fine-tuning stage searched them with the vectors it mined with
-    (qac.train.indomain_runs), when made with this encoding and depth; None otherwise."""
-    from qac.evaluation.split_evaluation import evaluation_splits
-    from qac.train.indomain_runs import RUNS_FOLDER, read_indomain_runs, run_encoding
-
-    expected = run_encoding(depth=depth, **encoding)
-    return read_indomain_runs(root / "finetune" / variant / RUNS_FOLDER, expected, evaluation_splits(dataset))
-
-
-def combine_parts(by_subset: dict, out_dir: Path) -> dict:
-    """``{split: EvalResult}`` of a dataset from its sub-collections' results (``{subset: {split: result}}``).
-
-    A plain dataset (subset None) is its own result; sub-collections (CQADupStack's
-    forums, each searched in its own corpus) give one figure per split, the mean
-    of theirs (:func:`qac.evaluation.split_evaluation.combine_subsets`), written beside
-    their folders with ``subsets.json`` naming them.
-    """
-    from qac.evaluation.split_evaluation import SUBSETS_FILE, combine_subsets
-    from qac.io import write_json
-
-    if None in by_subset:
-        return by_subset[None]
-    combined = {}
-    for split in next(iter(by_subset.values())):
-        combined[split] = combine_subsets({subset: results[split] for subset, results in by_subset.items()})
-        write_json(out_dir / f"{split}.per_query.json", combined[split].per_query)
-    write_json(out_dir / SUBSETS_FILE, {"subsets": list(by_subset)})
-    return combined
-
-
-def headline(params: dict, results: dict[str, dict[str, dict]]) -> list[str]:
-    """The summary line's facts: each retriever's first measure on the in-domain set's first split."""
-    measure = params["evaluate"]["metrics"][0]
-    facts = []
-    for name, by_dataset in results.items():
-        by_split = by_dataset.get(params["train_dataset"]) or {}
-        if by_split:
-            split, result = next(iter(by_split.items()))
-            facts.append(f"{name} {params['train_dataset']}/{split} {measure} {result.aggregate[measure]:.3f}")
-    zero_shot = sum(len(by_dataset) - (params["train_dataset"] in by_dataset) for by_dataset in results.values())
-    if zero_shot:
-        facts.append(f"{zero_shot} zero-shot evaluations")
-    return facts
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -157,103 +25,14 @@ def main(argv: list[str] | None = None) -> None:
     args = variant_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
-    import time
-
-    from qac.config import checked_variant, profile_dir
+    from qac.config import checked_variant
     from qac.params import load_params
-    from qac.data.prepared import load_prepared_parts, prepared_folders
-    from qac.distributed import init_distributed
-    from qac.io import atomic_path, write_json
-    from qac.models.loading import load_tokenizer
-    from qac.retrieval import title_separator
-    from qac.tracking.lifecycle import Upstream, reopened_stage, tracked_stage
-    from qac.tracking.naming import variant_description, variant_run_name
-    from qac.retrieval.dense import baseline_settings, start_encoder
-    from qac.train.biencoder import BiEncoder
+    from qac.evaluation.retrievers import evaluate_variant
 
     params = load_params()
     variant = checked_variant(params, args.variant)
-    root = profile_dir(params)
-    settings = params["evaluate"]
-    # The corpus is encoded at finetune.corpus_max_len when set (the release's 128 word pieces).
-    lengths = (params["finetune"]["query_max_len"],
-               params["finetune"].get("corpus_max_len") or params["finetune"]["passage_max_len"])
-    retrievers = retrievers_of(params, variant, root)
-    parent = Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}")
-    device = init_distributed().device
-    out_dir = root / "eval" / variant
-    results: dict[str, dict[str, dict]] = {name: {} for name, _, _ in retrievers}
-    seconds: dict[str, float] = {name: 0.0 for name, _, _ in retrievers}
-    reused: list[str] = []      # retriever and dataset scored from the fine-tuning stage's runs
-    with atomic_path(out_dir, directory=True) as staging:
-        # Datasets outside, retrievers inside: each corpus is read once.
-        for dataset_name in evaluation_datasets(params):
-            parts = load_prepared_parts(root / "datasets" / dataset_name)
-            for name, folder, _ in retrievers:
-                if dataset_name != params["train_dataset"] and not evaluates_zero_shot(params, variant, name):
-                    continue
-                started = time.perf_counter()
-                # The untuned start encoder is evaluated the way its model was trained (encoders.<spec>:
-                # pooling, normalisation, lengths); fine-tuned retrievers the way they were fine-tuned.
-                if name == "untuned":
-                    encoding = baseline_settings(params, start_encoder(params))
-                    used = (encoding["query_max_len"], encoding["passage_max_len"])
-                else:
-                    encoding, used = {"pooling": params["finetune"].get("pooling", "cls"), "normalize": False}, lengths
-                tokenizer = load_tokenizer(str(folder))
-                # In-domain documents are encoded as fine-tuning saw them (finetune.title_join); zero-shot
-                # ones as BEIR encodes them, title and text joined by a space.
-                separator = (title_separator(params["finetune"].get("title_join", "space"), tokenizer)
-                             if dataset_name == params["train_dataset"] else " ")
-                shared = None
-                if name == "r1" and dataset_name == params["train_dataset"] and len(parts) == 1:
-                    shared = finetuning_runs(root, variant, parts[0][1], dict(
-                        query_max_len=used[0], passage_max_len=used[1], pooling=encoding["pooling"],
-                        separator=separator), settings["depth"])
-                if shared is not None:      # the corpus as retriever 1 encoded it for mining, not encoded again
-                    by_subset = {None: score_runs(parts[0][1], shared, settings, Path(staging) / name / dataset_name)}
-                    reused.append(f"{name} {dataset_name}")
-                else:
-                    model = BiEncoder.from_pretrained(folder, pooling=encoding["pooling"])
-                    by_subset = {subset: evaluate_retriever_on(
-                        model.to(device), tokenizer, dataset, settings=settings, lengths=used, device=device,
-                        out_dir=Path(staging) / name / dataset_name / (subset or ""), separator=separator,
-                        normalize=encoding["normalize"])
-                        for subset, dataset in parts}
-                results[name][dataset_name] = combine_parts(by_subset, Path(staging) / name / dataset_name)
-                seconds[name] += time.perf_counter() - started
-
-        # Metrics go into each fine-tuning run, reopened by id without moving
-        # its end time (its duration stays the training's); the untuned
-        # encoder has no fine-tuning run, so it gets its own beside them.
-        description = variant_description(params, variant)
-        for name, folder, run_id in retrievers:
-            if run_id is None:
-                untuned = name == "untuned"
-                opened = tracked_stage(params, f"evaluate@{variant}",
-                                       variant_run_name(description, name if untuned else f"{name} eval"),
-                                       kind="baseline" if untuned else "evaluate",
-                                       stage_params={"encoder": str(folder), **settings, **description,
-                                                     "retriever": name},
-                                       tags={"qac.retriever": name, "qac.variant": variant}, parent=parent)
-            else:
-                opened = reopened_stage(params, run_id)
-            with opened as tracking:
-                tracking.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings["depth"]})
-                tracking.log_metrics({"eval/seconds": seconds[name]})
-                for dataset_name, by_split in results[name].items():
-                    for folder in prepared_folders(root / "datasets" / dataset_name):
-                        tracking.log_dataset_inputs(folder, "evaluation", splits=list(by_split))
-                    for split, result in by_split.items():
-                        tracking.log_evaluation(result, dataset_name, split)
-                if name == "untuned":
-                    tracking.write_record(out_dir / name, variant=variant, retriever=name)
-    summary = {name: {dataset_name: {split: result.aggregate for split, result in by_split.items()}
-                      for dataset_name, by_split in by_dataset.items()}
-               for name, by_dataset in results.items()}
-    write_json(root / "metrics" / "eval" / f"{variant}.json", summary)
-    print_summary(f"evaluate@{variant}", *headline(params, results),
-                  f"{', '.join(reused)} from the fine-tuning stage's runs" if reused else "", seconds=clock.seconds)
+    outcome = evaluate_variant(params, variant)
+    print_summary(f"evaluate@{variant}", *outcome.facts(params), seconds=clock.seconds)
 
 
 if __name__ == "__main__":

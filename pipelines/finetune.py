@@ -1,110 +1,25 @@
 """DVC stage ``finetune@<variant>``: two-stage fine-tuning of one pre-trained encoder.
 
-Retriever 1 starts from ``pretrain/<variant>/encoder`` and trains on the BM25
-hard negatives (``bm25/negatives.jsonl``): every judged training query, or with
-``r1_queries: triples`` only those the file gives negatives (the release's
-stage-1 set). It then encodes the corpus and retrieves the top ``mine_depth``
-documents for every judged training query; the
-non-positives there (below ``mine_skip_top``) are the mined negatives. With
-the same corpus vectors it searches the in-domain evaluation splits to
-``evaluate.depth`` (``r1_runs/``, qac.train.indomain_runs), which the
-evaluation stage scores instead of encoding the corpus a second time.
-Retriever 2 starts again from the same pre-trained encoder and trains on the
-mined negatives (plus the BM25 ones with ``r2_use_bm25_negatives``).
-
+Retriever 1 trains on the BM25 hard negatives, mines negatives for retriever 2
+and searches the in-domain evaluation splits with the corpus vectors it mined
+with; retriever 2 trains on the mined negatives (:mod:`qac.train.recipe`).
 Writes ``data/<profile>/finetune/<variant>/`` as one unit: ``r1/``, ``r2/``
-(Hugging Face encoder folders with tokenizer), ``mined_negatives.jsonl`` and ``r1_runs/``.
+(Hugging Face encoder folders with tokenizer that are also sentence-transformers
+model folders: pooling, normalisation and lengths), ``mined_negatives.jsonl`` and ``r1_runs/``.
 Each retriever is an MLflow run ``r1|r2 · <method> · <context> · C=<count>``
 (recorded in ``data/<profile>/.runs/finetune/<variant>/<r>/``) nested under the
-pre-training run when this store holds it (else under the study run),
-with the variant's parameters (method, context_type, query_count, retriever)
-and the training dataset as its input; ``--log-models`` (or
-``mlflow.log_models``) adds the encoder as an artifact. Only the train split
-of ``train_dataset`` is read. Runs alone or under ``torchrun``.
+pre-training run when this store holds it (else under the study run);
+``--log-models`` (or ``mlflow.log_models``) adds the encoder as an artifact.
+Only the train split of ``train_dataset`` is read. Runs alone or under ``torchrun``.
 """
 
 from __future__ import annotations
 
 import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
 
-import contextlib
 import os
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def broadcast_path(path: Path | None, dist) -> Path:
-    """The main process's staging folder, known to every process."""
-    if not dist.enabled:
-        return Path(path)
-    import torch.distributed
-
-    holder = [str(path) if dist.is_main else None]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return Path(holder[0])
-
-
-def judged_queries(dataset, negatives: dict, section: dict, seed: int):
-    """The judged training queries of ``dataset`` (a seeded subset with ``max_train_queries``), their pools
-    from ``negatives``."""
-    from qac.train.groups import training_queries
-
-    return training_queries(dataset.queries, dataset.qrels["train"], negatives,
-                            rel_threshold=dataset.rel_threshold("train"), max_queries=section.get("max_train_queries"),
-                            seed=seed, corpus_ids=dataset.corpus)
-
-
-def train_retriever(name: str, negatives: dict, *, variant: str, params: dict, settings, dataset, passage_text,
-                    start: Path, parent, staging: Path, out_dir: Path, root: Path, dist,
-                    inputs: dict, log_models: bool = False, section_key: str = "finetune", stage: str | None = None,
-                    query_set: str = "judged"):
-    """Fine-tune one retriever from ``start``, save it to ``staging/<name>``.
-
-    ``section_key`` names the params section of the recipe (``finetune``; ``beir_retriever`` for
-    Table 2's zero-shot retriever) and ``stage`` the DVC stage (default ``finetune@<variant>``);
-    ``query_set`` chooses the training queries (qac.train.groups.retriever1_queries); ``parent`` is the
-    upstream output (:class:`qac.tracking.lifecycle.Upstream`) whose run it nests under.
-    Returns the model, the tokenizer, the training queries and the per-step losses.
-    """
-    from qac.tracking.lifecycle import tracked_stage
-    from qac.tracking.naming import variant_description, variant_run_name
-    from qac.train.finetune import check_whole_batches, fine_tune_retriever
-    from qac.train.groups import negative_pool_stats, retriever1_queries
-
-    section = params[section_key]
-    stage = stage or f"finetune@{variant}"
-    queries = retriever1_queries(judged_queries(dataset, negatives, section, params["seed"]), query_set)
-    # Before the model loads: the queries must fill whole batches (or be left out knowingly).
-    left_out = check_whole_batches(len(queries), settings, where=f"{stage} {name}")
-    description = {**variant_description(params, variant), "retriever": name}
-    with tracked_stage(params, stage, variant_run_name(description, name), kind="finetune",
-                       stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"],
-                                     **description},
-                       inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant}, parent=parent,
-                       output=out_dir / name, main=dist.is_main, log_models=log_models, root=root) as tracking:
-        tracking.log_dataset_inputs(inputs["dataset"], "training", splits=["train"])
-        if tracking.active:
-            stats = negative_pool_stats(queries, settings.n_negatives)
-            tracking.log_metrics({f"train_queries/{key}": value for key, value in stats.items()}
-                                 | {"train_queries/left_out": left_out})
-        model, tokenizer, losses = fine_tune_retriever(
-            start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
-            device=dist.device, rank=dist.rank, world_size=dist.world_size,
-            on_step=(lambda step, values: tracking.log_metrics(values, step=step)) if dist.is_main else None)
-        if dist.is_main:
-            model.save(staging / name, tokenizer)
-            tracking.log_model(staging / name, "encoder")
-            tracking.describe(variant=variant, retriever=name, start=str(start), steps=len(losses))
-    return model, tokenizer, queries, losses, left_out
-
-
-def loss_fact(name: str, losses: list[float]) -> str:
-    """``r1 40 steps, final loss 1.234`` (the mean of the last tenth of the steps, less noisy than one step)."""
-    if not losses:
-        return f"{name} 0 steps"
-    tail = losses[-max(1, len(losses) // 10):]
-    return f"{name} {len(losses)} steps, final loss {sum(tail) / len(tail):.3f}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,90 +29,14 @@ def main(argv: list[str] | None = None) -> None:
                                    log_models_help="log r1 and r2 to MLflow as artifacts (also mlflow.log_models in params)")
     clock = StageClock()
 
-    from qac.config import checked_variant, profile_dir
+    from qac.config import checked_variant
     from qac.params import load_params
-    from qac.data.prepared import load_prepared
-    from qac.distributed import barrier, cleanup, init_distributed
-    from qac.io import atomic_path, write_jsonl
-    from qac.models.loading import load_tokenizer
-    from qac.retrieval import document_text, title_separator
-    from qac.tracking.lifecycle import Upstream
-    from qac.train.finetune import FinetuneSettings
-    from qac.train.groups import read_negatives, retriever2_negatives
-    from qac.retrieval.dense import search_splits
-    from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, write_indomain_runs
-    from qac.train.mining import encode_corpus, mine_with_retriever
+    from qac.train.recipe import fine_tune_variant
 
     params = load_params()
     variant = checked_variant(params, args.variant)
-    root = profile_dir(params)
-    pretrain_dir = root / "pretrain" / variant
-    start = pretrain_dir / "encoder"
-    if not start.is_dir():
-        raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
-    bm25_negatives_path = root / "bm25" / "negatives.jsonl"
-    dataset_dir = root / "datasets" / params["train_dataset"]
-    dataset = load_prepared(dataset_dir)
-    if "train" not in dataset.qrels:
-        raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to fine-tune on")
-    section = params["finetune"]
-    settings = FinetuneSettings.from_params(section, params["seed"])
-    try:   # title [SEP] text as the release (Tevatron) fine-tunes, or title and text joined by a space
-        separator = title_separator(section.get("title_join", "space"), load_tokenizer(str(start)))
-    except ValueError as error:
-        raise SystemExit(str(error)) from None
-    passage_text = {doc_id: document_text(doc.title, doc.text, separator) for doc_id, doc in dataset.corpus.items()}
-    inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
-    common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
-                  start=start, log_models=args.log_models)
-
-    dist = init_distributed()
-    out_dir = root / "finetune" / variant
-    # The pre-training run, when this store holds it; else the runs nest under the study run.
-    common.update(parent=Upstream(root, pretrain_dir, f"pretrain@{variant}"), out_dir=out_dir, root=root)
-    # Only the main process writes the output folder, as one atomic unit.
-    output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(None)
-    try:
-        with output as staging:
-            staging = broadcast_path(staging, dist)
-            bm25_negatives = read_negatives(bm25_negatives_path)
-            r1, tokenizer, queries, r1_losses, left_out = train_retriever(
-                "r1", bm25_negatives, staging=staging, dist=dist, inputs=inputs,
-                query_set=section.get("r1_queries", "judged"), **common)
-            # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
-            mining_queries = judged_queries(dataset, bm25_negatives, section, params["seed"])
-            mined_path = staging / "mined_negatives.jsonl"
-            encode_options = dict(batch_size=section.get("encode_batch_size", 128),
-                                  loader_workers=section.get("loader_workers", 0), dist=dist)
-            # The corpus is encoded once: the mining and retriever 1's in-domain evaluation runs share it.
-            corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length,
-                                   **encode_options)
-            records = mine_with_retriever(
-                r1, tokenizer, mining_queries, passage_text, depth=section["mine_depth"],
-                skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
-                passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
-            encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
-                                    pooling=r1.pooling, separator=separator, depth=params["evaluate"]["depth"])
-            runs = search_splits(r1, tokenizer, dataset, *corpus, query_max_len=settings.query_max_len,
-                                 depth=encoding["depth"], device=dist.device, **encode_options)
-            del corpus
-            if dist.is_main:
-                write_jsonl(mined_path, records)
-                write_indomain_runs(staging / RUNS_FOLDER, runs, encoding, tag=variant)
-            barrier()
-            negatives = read_negatives(mined_path)
-            mined = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
-            negatives = retriever2_negatives(negatives, bm25_negatives, section.get("r2_use_bm25_negatives", False))
-            del r1
-            _, _, _, r2_losses, _ = train_retriever("r2", negatives, staging=staging, dist=dist,
-                                                 inputs={**inputs, "mined_negatives": mined_path}, **common)
-            barrier()
-    finally:
-        cleanup()
-    print_summary(f"finetune@{variant}", loss_fact("r1", r1_losses), f"{mined:.1f} mined negatives per query",
-                  loss_fact("r2", r2_losses),
-                  f"{left_out} of {len(queries)} training queries left out by whole batches" if left_out else "",
-                  seconds=clock.seconds)
+    outcome = fine_tune_variant(params, variant, log_models=args.log_models)
+    print_summary(f"finetune@{variant}", *outcome.facts(), seconds=clock.seconds)
 
 
 if __name__ == "__main__":

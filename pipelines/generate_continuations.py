@@ -1,16 +1,12 @@
 """DVC stage generate_continuations: one causal-LM continuation per passage -> data/<profile>/continuations.arrow.
 
-The texts MASTER's GOR decoder recovers (qac.querygen.continuation). Sharded,
-resumable and merged by the same code as generate_queries (qac.querygen.stage):
-
+MASTER's GOR texts (qac.querygen.continuation), sharded, resumable and merged as generate_queries.
 Single process:       python pipelines/generate_continuations.py
 One machine, N GPUs:  torchrun --nproc_per_node N pipelines/generate_continuations.py
 Separate machines:    python pipelines/generate_continuations.py --shard i/n   (each i, shared disk)
                       python pipelines/generate_continuations.py --merge-only  (once all shards finished)
-
-A rerun after an interruption continues from the committed chunks
-(``data/<profile>/.continuations.work/``). Quality figures (length,
-distinct-1/2, empty and duplicate shares) go to metrics/continuations.json.
+A rerun continues from the committed chunks (``data/<profile>/.continuations.work/``); length,
+distinct-1/2, empty and duplicate shares go to metrics/continuations.json.
 """
 
 from __future__ import annotations
@@ -63,19 +59,18 @@ def main(argv=None) -> int:
 
     def summarize(totals):
         # The merged texts: one continuation per record, empty when the LM wrote nothing.
-        texts = [(record["queries"] or [""])[0] for record in iter_records(output, QUERIES_SCHEMA, ["queries"])]
-        return continuation_quality(texts, totals)
+        return continuation_quality([(record["queries"] or [""])[0]
+                                     for record in iter_records(output, QUERIES_SCHEMA, ["queries"])], totals)
 
     merged = run_sharded_generation(args, ctx, stage="generate_continuations", passages_path=passages_path,
                                     output=output, source=settings.model, settings=settings, section=section,
                                     compute=compute, open_run=open_run, make_generator=make_generator,
                                     summarize=summarize)
-    if merged is None:
-        return 0
-    summary, _ = merged
-    print_summary("generate_continuations", f"{summary['passages']} passages",
-                  f"mean {summary['mean_words']:.1f} words", f"distinct-2 {summary['distinct_2']:.3f}",
-                  rate(summary), seconds=clock.seconds)
+    if merged is not None:     # the merging process (every other one, and a shard-only run, gets None)
+        summary, _ = merged
+        print_summary("generate_continuations", f"{summary['passages']} passages",
+                      f"mean {summary['mean_words']:.1f} words", f"distinct-2 {summary['distinct_2']:.3f}",
+                      rate(summary), seconds=clock.seconds)
     return 0
 
 

@@ -5,10 +5,9 @@ One machine, N GPUs:  torchrun --nproc_per_node N pipelines/generate_queries.py
 Separate machines:    python pipelines/generate_queries.py --shard i/n   (each i, shared disk)
                       python pipelines/generate_queries.py --merge-only  (once all shards finished)
 
-A rerun after an interruption continues from the committed chunks
-(``data/<profile>/.queries.work/``); see ``qac.querygen.shards`` and ``qac.querygen.stage``. It says so,
-and its MLflow run resumes the killed one (``qac.resumes_run``, whose id the
-work folder keeps). The run is recorded in ``data/<profile>/.runs/queries.arrow/``.
+A rerun after an interruption continues from the committed chunks (``data/<profile>/.queries.work/``,
+``qac.querygen.shards``, ``qac.querygen.stage``), says so, and its MLflow run resumes the killed one
+(``qac.resumes_run``). The run is recorded in ``data/<profile>/.runs/queries.arrow/``.
 """
 
 from __future__ import annotations
@@ -68,11 +67,10 @@ def main(argv=None) -> int:
                                     source=str(generator_dir), settings=settings, section=section, compute=compute,
                                     open_run=open_run, make_generator=make_generator,
                                     summarize=lambda totals: totals.summary())
-    if merged is None:
-        return 0
-    summary, _ = merged
-    print_summary("generate_queries", f"{summary['passages']} passages", f"{summary['queries']} queries",
-                  rate(summary), seconds=clock.seconds)
+    if merged is not None:     # the merging process (every other one, and a shard-only run, gets None)
+        summary, _ = merged
+        print_summary("generate_queries", f"{summary['passages']} passages", f"{summary['queries']} queries",
+                      rate(summary), seconds=clock.seconds)
     return 0
 
 

@@ -1,12 +1,10 @@
 """Stage `prepare@<dataset>`: one declared dataset, read, checked and normalised.
 
-Finds ``datasets.<name>`` in the mirror or downloads it (failing before any work
-when neither is possible), reads and validates it, keeps the subset that
-``prepare`` asks for, and writes data/<profile>/datasets/<name>/ (BEIR layout
-plus dataset.json) atomically. Logs the MLflow run `<name> · prepare` with the
-prepared corpus, queries and qrels as its dataset inputs (context ``prepared``).
-A TSV collection (MS MARCO documents, 22 GB) is streamed from its file: memory
-holds its document ids, not its texts (``qac.data.streamed``).
+Finds ``datasets.<name>`` in the mirror or downloads it (failing before any work when
+neither is possible), reads and validates it, keeps the subset that ``prepare`` asks
+for, and writes data/<profile>/datasets/<name>/ (BEIR layout plus dataset.json) atomically, logging
+the MLflow run `<name> · prepare` with the prepared files as dataset inputs. A TSV collection (MS MARCO
+documents, 22 GB) is streamed: memory holds its document ids, not its texts (``qac.data.streamed``).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from __future__ import annotations
 import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
 
 import argparse
-import sys
 
 from qac.config import data_mirror, profile_dir
 from qac.params import load_params
@@ -50,11 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     with tracked_stage(params, f"prepare@{spec.name}", run_name(spec.name, "prepare"), kind="prepare",
                        stage_params={"prepare": settings, "dataset": declared[spec.name]},
                        tags={"qac.dataset": spec.name}) as tracking:
-        try:
+        try:   # and the official training triples (retriever 1's negatives in the release), when declared
             source = fetch_dataset(spec, mirror, downloads)
-        except DatasetUnavailableError as error:
-            raise SystemExit(str(error)) from None
-        try:   # the official training triples (retriever 1's negatives in the release), when declared
             triples = triples_path(spec, source, mirror=mirror, downloads=downloads) if spec.triples else None
         except DatasetUnavailableError as error:
             raise SystemExit(str(error)) from None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
 
-import sys
 import time
 
 from qac.config import profile_dir

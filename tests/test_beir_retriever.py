@@ -85,7 +85,7 @@ def test_the_file_is_looked_for_in_the_mirror_then_the_cache(tmp_path):
 def test_cosine_mnrl_is_infonce_over_unit_vectors_at_temperature_one_over_scale(tiny_bert_dir):
     from qac.config import render_profile
     from qac.models.loading import load_tokenizer
-    from qac.train.biencoder import BiEncoder
+    from qac.models.biencoder import BiEncoder
 
     params = render_profile("paper")
     settings = recipe_settings(params["beir_retriever"], seed=0)

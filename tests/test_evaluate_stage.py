@@ -22,15 +22,19 @@ def evaluated(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F8
     root = tmp_path_factory.mktemp("evaluated") / "study"
     with study_dir(root, tiny_bert_dir) as params:
         load_stage("finetune").main(["--variant", "none"])
-        stage = load_stage("evaluate")
-        original = stage.evaluate_retriever_on
+        from qac.evaluation import retrievers
+
+        original = retrievers.evaluate_retriever_on
 
         def recording(model, tokenizer, dataset, *, out_dir, **options):
             ENCODED.append((out_dir.parent.name, dataset.name))      # (retriever, dataset) encoded here
             return original(model, tokenizer, dataset, out_dir=out_dir, **options)
 
-        stage.evaluate_retriever_on = recording
-        stage.main(["--variant", "none"])
+        retrievers.evaluate_retriever_on = recording
+        try:
+            load_stage("evaluate").main(["--variant", "none"])
+        finally:
+            retrievers.evaluate_retriever_on = original
     return root, params
 
 
@@ -135,7 +139,7 @@ def test_retriever_one_in_domain_is_scored_from_the_runs_searched_with_the_minin
     from qac.evaluation.trec_io import read_run
     from qac.models.loading import load_tokenizer
     from qac.retrieval import title_separator
-    from qac.train.biencoder import BiEncoder
+    from qac.models.biencoder import BiEncoder
     from qac.train.finetune import FinetuneSettings
 
     root, params = evaluated
@@ -144,15 +148,18 @@ def test_retriever_one_in_domain_is_scored_from_the_runs_searched_with_the_minin
     shared = read_run(data / "finetune" / "none" / "r1_runs" / "test.trec")
     assert read_run(data / "eval" / "none" / "r1" / "tinyset" / "test.trec") == shared
 
-    evaluate = load_stage("evaluate")
+    from qac.evaluation.retrievers import evaluate_retriever_on
+    from qac.models.encoding import Encoding
+
     settings = FinetuneSettings.from_params(params["finetune"], params["seed"])
     folder = data / "finetune" / "none" / "r1"
     tokenizer = load_tokenizer(str(folder))
     dataset = load_prepared(data / "datasets" / "tinyset")
-    results = evaluate.evaluate_retriever_on(
+    results = evaluate_retriever_on(
         BiEncoder.from_pretrained(folder, pooling=settings.pooling), tokenizer, dataset,
         settings={**params["evaluate"], "batch_size": params["finetune"]["encode_batch_size"]},
-        lengths=(settings.query_max_len, settings.corpus_length), device="cpu",
+        encoding=Encoding(pooling=settings.pooling, normalize=False, query_max_len=settings.query_max_len,
+                          passage_max_len=settings.corpus_length), device="cpu",
         out_dir=root / "fresh" / "r1" / "tinyset",
         separator=title_separator(params["finetune"].get("title_join", "space"), tokenizer))
     assert read_run(root / "fresh" / "r1" / "tinyset" / "test.trec") == shared
@@ -174,3 +181,33 @@ def test_runs_made_with_another_encoding_are_not_reused(evaluated):
         assert read_indomain_runs(folder, run_encoding(**{**made, key: other}), ["test"]) is None, key
     assert read_indomain_runs(folder, run_encoding(**made), ["test", "dev"]) is None    # a split it lacks
     assert read_indomain_runs(root / "nowhere", run_encoding(**made), ["test"]) is None
+
+
+def test_a_fine_tuned_retriever_loads_in_sentence_transformers_with_the_vectors_evaluation_uses(evaluated):
+    """The fine-tuning stage's retriever folder is a sentence-transformers model: handed to the field's
+    tools as it is, it encodes documents as the evaluation encodes them (its pooling and length)."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from qac.data.prepared import load_prepared
+    from qac.models.biencoder import BiEncoder
+    from qac.models.encoding import read_encoding
+    from qac.models.loading import load_tokenizer
+    from qac.retrieval import document_text
+    from qac.retrieval.encode import encode_texts
+
+    root, params = evaluated
+    data = root / "data" / "smoke"
+    folder = data / "finetune" / "none" / "r1"
+    encoding = read_encoding(folder)
+    assert (encoding.pooling, encoding.normalize, encoding.query_max_len) == \
+        (params["finetune"]["pooling"], False, params["finetune"]["query_max_len"])
+    assert encoding.passage_max_len == (params["finetune"].get("corpus_max_len")
+                                        or params["finetune"]["passage_max_len"])
+    dataset = load_prepared(data / "datasets" / "tinyset")
+    texts = [document_text(doc.title, doc.text, encoding.title_separator) for doc in dataset.corpus.values()]
+    ours = encode_texts(BiEncoder.from_pretrained(folder).encoder, load_tokenizer(str(folder)), texts,
+                        max_length=encoding.passage_max_len, pooling=encoding.pooling, normalize=encoding.normalize)
+    theirs = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
+    # float32 rounding of vectors of this magnitude, batched differently
+    np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-5 * float(np.abs(ours).max()))

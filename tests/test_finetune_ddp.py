@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qac.train.biencoder import BiEncoder
+from qac.models.biencoder import BiEncoder
 
 WORKER = textwrap.dedent(
     """
@@ -27,7 +27,7 @@ WORKER = textwrap.dedent(
     from transformers import AutoTokenizer
     from qac.distributed import cleanup, init_distributed
     from qac.models.loading import load_model
-    from qac.train.biencoder import BiEncoder
+    from qac.models.biencoder import BiEncoder
     from qac.train.finetune import FinetuneSettings, collate, train_biencoder
     from qac.train.groups import GroupSampler, TrainingQuery
 

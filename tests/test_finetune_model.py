@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from qac.train.biencoder import BiEncoder, infonce_loss, pool
+from qac.models.biencoder import BiEncoder, infonce_loss, pool
 
 
 def test_infonce_equals_hand_computed_cross_entropy():
@@ -66,7 +66,7 @@ def test_loss_gradient_reaches_the_encoder_and_save_load_round_trips(tiny_bert_d
     grad = model.encoder.embeddings.word_embeddings.weight.grad
     assert loss.item() > 0 and grad is not None and grad.abs().sum() > 0
 
-    model.eval().save(tmp_path / "enc", tokenizer)
+    model.eval().save(tmp_path / "enc", tokenizer, query_max_len=8, passage_max_len=16)
     reloaded = BiEncoder.from_pretrained(tmp_path / "enc").eval()
     with torch.no_grad():
         assert torch.allclose(model.encode_passage(passages), reloaded.encode_passage(passages), atol=1e-6)

@@ -55,7 +55,7 @@ WORKER = textwrap.dedent("""
     from qac.distributed import broadcast_object, cleanup, init_distributed
     from qac.models.loading import load_model
     from qac.retrieval.encode import encode_distributed
-    from qac.train.biencoder import BiEncoder
+    from qac.models.biencoder import BiEncoder
     from qac.train.finetune import FinetuneSettings, train_biencoder
     from qac.train.groups import GroupSampler, TrainingQuery
     from qac.train.pretrain import PretrainSettings, pretrain

@@ -149,15 +149,17 @@ def dev_corpus_ids(corpus_ids: list[str], dev_qrels: Mapping[str, Mapping[str, i
 # --- dev evaluation -----------------------------------------------------------------
 
 class DevEvaluator:
-    """Dense retrieval of the dev queries (exact inner-product search), scored with trec_eval semantics."""
+    """Dense retrieval of the dev queries (exact inner-product search), scored with trec_eval semantics.
 
-    def __init__(self, dataset, doc_ids: list[str], dev_qrels: Mapping[str, Mapping[str, int]], measures: list[str],
+    ``passage_text`` holds the documents as the retriever reads them (titles joined as it was trained,
+    :func:`qac.train.recipe.retriever_texts`).
+    """
+
+    def __init__(self, dataset, passage_text: Mapping[str, str], doc_ids: list[str],
+                 dev_qrels: Mapping[str, Mapping[str, int]], measures: list[str],
                  query_max_len: int, passage_max_len: int, depth: int, device, batch_size: int = 128):
-        from qac.retrieval import document_text
-
         self.doc_ids = doc_ids
-        self.doc_texts = [document_text(dataset.corpus[doc_id].title, dataset.corpus[doc_id].text)
-                          for doc_id in doc_ids]
+        self.doc_texts = [passage_text[doc_id] for doc_id in doc_ids]
         self.qids = sorted(dev_qrels)
         self.query_texts = [dataset.queries[qid] for qid in self.qids]
         self.qrels = dev_qrels
@@ -170,14 +172,14 @@ class DevEvaluator:
         self.batch_size = batch_size
 
     def __call__(self, model, tokenizer) -> dict[str, float]:
-        """Evaluate a :class:`~qac.train.biencoder.BiEncoder` (its training mode is restored)."""
+        """Evaluate a :class:`~qac.models.biencoder.BiEncoder` (its training mode is restored)."""
         from qac.evaluation.metrics import evaluate
         from qac.retrieval.encode import encode_texts
         from qac.retrieval.search import dense_search
 
         def encode(texts: list[str], max_length: int):
             return encode_texts(model.encoder, tokenizer, texts, max_length=max_length, batch_size=self.batch_size,
-                                pooling=model.pooling, device=self.device)
+                                pooling=model.pooling, normalize=model.normalize, device=self.device)
 
         passages = encode(self.doc_texts, self.passage_max_len)
         queries = encode(self.query_texts, self.query_max_len)
@@ -191,17 +193,17 @@ class DevEvaluator:
 # --- the job ------------------------------------------------------------------------------
 
 def required_inputs(params: Mapping[str, Any], variant: str) -> dict[Path, str]:
-    """The files a trial reads, each with the DVC stage that writes it."""
+    """The files a trial reads, each with the DVC stage that writes it: the fine-tuning data, and what
+    the pre-training stage reads for ``variant`` (:func:`qac.models.factory.input_files`)."""
     from qac.config import profile_dir
+    from qac.models.factory import INPUT_FILES, input_files
+    from qac.train.pretrain import PretrainSettings
 
     root = profile_dir(params)
-    variant_settings = {**params["pretrain"].get("common", {}), **params["pretrain"]["variants"][variant]}
     inputs = {root / "datasets" / str(params.get("train_dataset")): f"prepare@{params.get('train_dataset')}",
               root / "bm25" / "negatives.jsonl": "bm25"}
-    if variant_settings.get("method", "none") != "none":
-        inputs[root / "passages.arrow"] = "split_passages"
-        if variant_settings.get("context_type") in ("query", "mixed"):
-            inputs[root / "queries.arrow"] = "generate_queries"
+    for name, path in input_files(root, PretrainSettings.from_params(params, variant)).items():
+        inputs[path] = INPUT_FILES[name][1]
     return inputs
 
 
@@ -218,11 +220,12 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     from qac.distributed import barrier, init_distributed
     from qac.hpo.study import HpoSettings
     from qac.io import write_json
+    from qac.models.factory import input_files
     from qac.models.loading import load_tokenizer
-    from qac.train.biencoder import BiEncoder
-    from qac.train.finetune import FinetuneSettings, train_biencoder
+    from qac.train.finetune import FinetuneSettings, start_retriever, train_biencoder
     from qac.train.groups import GroupSampler, read_negatives, retriever1_queries, training_queries
     from qac.train.pretrain import PretrainSettings, pretrain
+    from qac.train.recipe import retriever_texts
 
     settings = HpoSettings.from_params(params)
     dist = init_distributed()
@@ -244,14 +247,15 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         pretrain_settings = dataclasses.replace(
             pretrain_settings, steps=settings.pretrain_steps,
             checkpoint_every=min(pretrain_settings.checkpoint_every, settings.pretrain_steps))
-    uses_queries = pretrain_settings.context_type in ("query", "mixed")
+    # The files the pre-training stage reads for this variant (MASTER's continuations and word weights too).
+    files = input_files(root, pretrain_settings)
 
     def log_pretrain(step: int, values: dict[str, float]) -> None:
         print(f"pretrain step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items()), flush=True)
 
-    pretrain(pretrain_settings, passages=root / "passages.arrow",
-             queries=root / "queries.arrow" if uses_queries else None,
-             work_dir=work / "pretrain-work", out_dir=work / "pretrain", log=log_pretrain)
+    pretrain(pretrain_settings, passages=root / "passages.arrow", queries=files.get("queries"),
+             work_dir=work / "pretrain-work", out_dir=work / "pretrain", log=log_pretrain,
+             extra_inputs={name: path for name, path in files.items() if name not in ("passages", "queries")})
     barrier()
     start = work / "pretrain" / "encoder"
 
@@ -259,22 +263,23 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     section = {**params["finetune"], "log_every": 1}   # on_step every step, so eval_every is honoured
     if settings.finetune_epochs is not None:
         section["epochs"] = settings.finetune_epochs
-    finetune_settings = FinetuneSettings.from_params(section, params["seed"])
+    # Trained as the fine-tuning stage trains retriever 1 (qac.train.recipe): its passage length, its model.
+    finetune_settings = FinetuneSettings.from_params(section, params["seed"]).for_retriever("r1")
     all_negatives = read_negatives(root / "bm25" / "negatives.jsonl")
     negatives = {qid: docs for qid, docs in all_negatives.items() if qid in train_qrels}
     queries = training_queries(dataset.queries, train_qrels, negatives, rel_threshold=rel_threshold,
                                max_queries=section.get("max_train_queries"), seed=params["seed"],
                                corpus_ids=dataset.corpus)
     queries = retriever1_queries(queries, section.get("r1_queries", "judged"))
-    tokenizer = load_tokenizer(str(start))
-    model = BiEncoder.from_pretrained(start, pooling=finetune_settings.pooling,
-                                      temperature=finetune_settings.temperature)
+    model, tokenizer = start_retriever(start, finetune_settings)
+    # The documents as the stage's retrievers read them (finetune.title_join).
+    passage_text, separator = retriever_texts(dataset, section.get("title_join", "space"), load_tokenizer(str(start)))
     sampler = GroupSampler(queries, list(dataset.corpus), finetune_settings.n_negatives, finetune_settings.seed)
     measures = list(dict.fromkeys([settings.metric, *params.get("evaluate", {}).get("metrics", [])]))
     doc_ids = dev_corpus_ids(list(dataset.corpus), dev_qrels, all_negatives, settings.dev_max_documents,
                              params["seed"])
-    evaluator = DevEvaluator(dataset, doc_ids, dev_qrels, measures, finetune_settings.query_max_len,
-                             finetune_settings.passage_max_len, params.get("evaluate", {}).get("depth", 1000),
+    evaluator = DevEvaluator(dataset, passage_text, doc_ids, dev_qrels, measures, finetune_settings.query_max_len,
+                             finetune_settings.corpus_length, params.get("evaluate", {}).get("depth", 1000),
                              dist.device)
     last: dict[str, Any] = {}
 
@@ -287,23 +292,17 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
               f"{metrics[settings.metric]:.4f}", flush=True)
         emit_event("intermediate", step=step, value=metrics[settings.metric])
 
-    losses = train_biencoder(model, tokenizer, sampler, passage_text_of(dataset), finetune_settings,
+    losses = train_biencoder(model, tokenizer, sampler, passage_text, finetune_settings,
                              device=dist.device, rank=dist.rank, world_size=dist.world_size, on_step=on_step)
     if not dist.is_main:
         return {}
     metrics = last["metrics"] if last.get("step") == len(losses) else evaluator(model, tokenizer)
     if settings.keep_models:
-        model.save(work / "r1", tokenizer)
+        model.save(work / "r1", tokenizer, query_max_len=finetune_settings.query_max_len,
+                   passage_max_len=finetune_settings.corpus_length, title_separator=separator)
     emit_event("result", value=metrics[settings.metric], metrics=metrics,
                finetune_steps=len(losses), dev_queries=len(dev_qids), dev_documents=len(doc_ids))
     return metrics
-
-
-def passage_text_of(dataset) -> dict[str, str]:
-    """Document text for retrieval, as every retrieval stage builds it."""
-    from qac.retrieval import document_text
-
-    return {doc_id: document_text(document.title, document.text) for doc_id, document in dataset.corpus.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,22 @@ def required_inputs(settings) -> list[str]:
     return ["queries"] if settings.method != "none" and settings.context_type in ("query", "mixed") else []
 
 
+# The stage that writes each file a pre-training run may read (data/<profile>/<file>).
+INPUT_FILES = {"passages": ("passages.arrow", "split_passages"), "queries": ("queries.arrow", "generate_queries"),
+               "continuations": ("continuations.arrow", "generate_continuations"),
+               "word_frequencies": ("word_frequencies.json", "word_frequencies")}
+
+
+def input_files(root, settings) -> dict[str, Any]:
+    """``{name: path under root}`` of every file a run of ``settings`` reads: the passages (unless it
+    pre-trains nothing, method none) and :func:`required_inputs`. The pre-training stage and a
+    hyperparameter trial read their inputs from here, so both check and read the same files."""
+    from pathlib import Path
+
+    names = ([] if settings.method == "none" else ["passages"]) + required_inputs(settings)
+    return {name: Path(root) / INPUT_FILES[name][0] for name in names}
+
+
 def build_batches(settings, model, tokenizer, corpus, inputs: Mapping[str, Any]):
     """``(sampler, collator)`` of a run: ``sampler.batch(step, size)`` gives the global batch's
     examples, ``collator(examples, step)`` this process's tensors. ``inputs`` maps the names of

@@ -22,18 +22,6 @@ from typing import Sequence
 
 import numpy as np
 
-POOLINGS = ("cls", "mean")
-
-
-def pool(hidden, attention_mask, pooling: str):
-    """[CLS] vector or masked mean of the last hidden states."""
-    if pooling == "cls":
-        return hidden[:, 0]
-    if pooling == "mean":
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-    raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
-
 
 def encode_texts(
     model,
@@ -68,6 +56,8 @@ def encode_texts(
     from qac.console import progress
 
     from qac.distributed import autocast_context, autocast_dtype
+    from qac.models.biencoder import pool
+    from qac.models.encoding import POOLINGS
 
     if pooling not in POOLINGS:
         raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")

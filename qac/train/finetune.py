@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from qac.errors import UserError
-from qac.train.biencoder import BiEncoder
+from qac.models.biencoder import BiEncoder
 from qac.train.groups import GroupSampler, TrainingGroup, TrainingQuery
 from qac.train.optim import build_optimizer
 
@@ -301,6 +301,17 @@ def train_biencoder(
     return losses
 
 
+def start_retriever(start: str | Path, settings: FinetuneSettings) -> tuple[BiEncoder, Any]:
+    """``(BiEncoder, tokenizer)`` of the encoder at ``start``, set up as ``settings`` train it (pooling,
+    temperature, unit-length vectors for cosine similarity)."""
+    from qac.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(str(start))
+    model = BiEncoder.from_pretrained(start, pooling=settings.pooling, temperature=settings.temperature,
+                                      normalize=settings.similarity == "cosine")
+    return model, tokenizer
+
+
 def fine_tune_retriever(
     start: str | Path,
     queries: Sequence[TrainingQuery],
@@ -313,11 +324,7 @@ def fine_tune_retriever(
 
     ``train_options`` go to :func:`train_biencoder` (device, rank, world_size, on_step).
     """
-    from qac.models.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(str(start))
-    model = BiEncoder.from_pretrained(start, pooling=settings.pooling, temperature=settings.temperature,
-                                      normalize=settings.similarity == "cosine")
+    model, tokenizer = start_retriever(start, settings)
     sampler = GroupSampler(queries, corpus_ids, settings.n_negatives, settings.seed)
     losses = train_biencoder(model, tokenizer, sampler, passage_text, settings, **train_options)
     return model, tokenizer, losses

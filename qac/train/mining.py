@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from qac.train.biencoder import BiEncoder
+from qac.models.biencoder import BiEncoder
 from qac.train.groups import TrainingQuery
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ MultipleNegativesRankingLoss over cosine similarities scaled by 20, batches of
 that through the project's own fine-tuning loop (:func:`qac.train.finetune.train_biencoder`):
 MNRL with scale ``s`` over unit-length vectors is InfoNCE with temperature
 ``1 / s`` over the positive, the query's hard negative and every other passage
-of the batch, which is what :class:`qac.train.biencoder.BiEncoder` computes.
+of the batch, which is what :class:`qac.models.biencoder.BiEncoder` computes.
 The settings come from ``beir_retriever`` in params.yaml (qac.params.sections).
 """
 

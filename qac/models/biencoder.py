@@ -1,9 +1,13 @@
-"""The dense retriever being fine-tuned: one shared encoder for queries and passages.
+"""The dense retriever: one shared encoder for queries and passages, its pooling and its loss.
 
 Queries and passages go through the same transformer; a text is represented by
 its [CLS] vector (or the attention-masked mean of its token states) and a
-query-passage score is their dot product. Training uses InfoNCE over the
-positive, the hard negatives and every other passage in the (global) batch.
+query-passage score is their dot product (their cosine when the retriever
+normalises). Training uses InfoNCE over the positive, the hard negatives and
+every other passage in the (global) batch. The fine-tuning loop trains it, the
+evaluation and the mining encode with it (:mod:`qac.retrieval.encode` pools
+through :func:`pool`), and its folder says how it encodes
+(:mod:`qac.models.encoding`), so it loads as a sentence-transformers model too.
 """
 
 from __future__ import annotations
@@ -14,17 +18,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-POOLING_MODES = ("cls", "mean")
+from qac.models.encoding import POOLINGS, Encoding, read_encoding, write_encoding
+from qac.models.losses import gather_with_grad
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """One vector per sequence from the last hidden states: [CLS] or masked mean."""
+    """One vector per sequence from the last hidden states: [CLS] or masked mean.
+
+    The mean divides by the number of attended tokens, at least 1: a row with no
+    attended token (never produced by a tokenizer) gives the zero vector, not NaN.
+    """
     if mode == "cls":
         return hidden[:, 0]
     if mode == "mean":
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-    raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLING_MODES)}")
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    raise ValueError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLINGS)}")
 
 
 def infonce_loss(query_reps: torch.Tensor, passage_reps: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -43,23 +52,13 @@ def infonce_loss(query_reps: torch.Tensor, passage_reps: torch.Tensor, temperatu
     return F.cross_entropy(scores.float(), targets)
 
 
-def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
-    """Concatenate every process's tensor in global-rank order; only the local slot keeps its grad."""
-    import torch.distributed as dist
-
-    slots = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(slots, local.detach().contiguous())
-    slots[dist.get_rank()] = local
-    return torch.cat(slots, dim=0)
-
-
 class BiEncoder(nn.Module):
     """A shared-weight bi-encoder around a Hugging Face encoder (``AutoModel``)."""
 
     def __init__(self, encoder: nn.Module, pooling: str = "cls", temperature: float = 1.0, normalize: bool = False):
         super().__init__()
-        if pooling not in POOLING_MODES:
-            raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
         # BERT's pooler (dense + tanh over [CLS]) is not part of a dense retriever's
         # representation; left in, its unused parameters would make DDP fail.
         if getattr(encoder, "pooler", None) is not None:
@@ -72,18 +71,40 @@ class BiEncoder(nn.Module):
         self.normalize = normalize
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, pooling: str = "cls", temperature: float = 1.0,
-                        normalize: bool = False) -> "BiEncoder":
-        """Load the encoder of a Hugging Face folder (or any model spec of ``qac.models.loading``)."""
+    def from_pretrained(cls, path: str | Path, pooling: str | None = None, temperature: float = 1.0,
+                        normalize: bool | None = None) -> "BiEncoder":
+        """Load the encoder of a Hugging Face folder (or any model spec of ``qac.models.loading``).
+
+        ``pooling`` and ``normalize`` default to what a retriever folder declares
+        (:func:`qac.models.encoding.read_encoding`), else [CLS] and no normalisation.
+        """
         from qac.models.loading import load_model
 
+        declared = read_encoding(path) if Path(path).is_dir() else None
+        if pooling is None:
+            pooling = declared.pooling if declared else "cls"
+        if normalize is None:
+            normalize = declared.normalize if declared else False
         return cls(load_model(str(path)), pooling=pooling, temperature=temperature, normalize=normalize)
 
-    def save(self, path: str | Path, tokenizer=None) -> None:
-        """Write the encoder (and tokenizer) as a folder ``AutoModel`` can load."""
+    def save(self, path: str | Path, tokenizer=None, *, query_max_len: int, passage_max_len: int,
+             title_separator: str = " ") -> None:
+        """Write the encoder (and tokenizer) as a folder ``AutoModel`` loads, which also says how it encodes:
+        pooling, normalisation and lengths, as sentence-transformers reads them (:mod:`qac.models.encoding`).
+
+        ``passage_max_len`` is a document's length when the corpus is encoded; ``title_separator`` joins a
+        document's title and body as the retriever was trained on them.
+        """
         self.encoder.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
+        write_encoding(path, self.encoding(query_max_len, passage_max_len, title_separator),
+                       self.encoder.config.hidden_size)
+
+    def encoding(self, query_max_len: int, passage_max_len: int, title_separator: str = " ") -> Encoding:
+        """How this retriever encodes at those lengths."""
+        return Encoding(pooling=self.pooling, normalize=self.normalize, query_max_len=query_max_len,
+                        passage_max_len=passage_max_len, title_separator=title_separator)
 
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         output = self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],

@@ -1,0 +1,139 @@
+"""Table 2's zero-shot retriever, trained and evaluated (the ``beir_retriever`` stage's work).
+
+Runs only when ``tables.zero_shot_retriever`` is ``beir`` (otherwise it writes
+an empty output and Table 2 reads retriever 1 or 2 of the evaluation). For
+each variant Table 2 reports (``evaluate.zero_shot_variants``; null: all) it
+starts again from ``pretrain/<variant>/encoder`` and trains with the
+``beir_retriever`` recipe (:mod:`qac.train.zero_shot`: pooling, loss and scale,
+batch, lengths) on the train dataset's queries with negatives from
+sentence-transformers' ``msmarco-hard-negatives.jsonl.gz``
+(:mod:`qac.data.hard_negatives`; ``beir_retriever.negatives: bm25`` uses the
+bm25 stage's instead), through the fine-tuning stage's own
+:func:`qac.train.recipe.train_retriever`. The retriever is then evaluated on
+every ``zero_shot`` dataset, encoded as its saved folder says (its pooling and
+similarity: unit-length vectors for cosine). Writes, as one unit,
+``data/<profile>/beir/<variant>/encoder/`` (its MLflow run, recorded under
+``data/<profile>/.runs/``, nests under the pre-training run and holds the
+evaluation's metrics) and ``data/<profile>/beir/<variant>/eval/<dataset>/<split>.per_query.json``
+and ``.trec``, plus ``data/<profile>/metrics/beir.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def training_negatives(params: Mapping[str, Any], dataset, root: Path) -> tuple[dict, dict]:
+    """``(qid -> negatives, facts)`` from the recipe's source, before any model loads."""
+    from qac.data.hard_negatives import HardNegativesError, locate_hard_negatives, read_hard_negatives
+    from qac.train.groups import read_negatives
+
+    section = params["beir_retriever"]
+    if section["negatives"] == "bm25":
+        path = root / "bm25" / "negatives.jsonl"
+        if not path.is_file():
+            raise SystemExit(f"{path}: missing, but beir_retriever.negatives is 'bm25' (run the bm25 stage)")
+        return read_negatives(path), {"source": str(path)}
+    path = locate_hard_negatives(section["hard_negatives"])
+    try:
+        selected = read_hard_negatives(path, per_system=int(section["negatives_per_system"]),
+                                       ce_score_margin=section["ce_score_margin"], systems=section["systems"],
+                                       keep=dataset.qrels["train"])
+    except HardNegativesError as error:
+        raise SystemExit(str(error)) from None
+    if not selected.negatives:
+        raise SystemExit(f"{path}: no query of {dataset.name}'s train split has a hard negative "
+                         f"({selected.lines} lines, {selected.outside} outside the train split)")
+    return selected.negatives, {"source": str(path), **selected.stats()}
+
+
+
+def train_zero_shot_retrievers(params: Mapping[str, Any]) -> list[str]:
+    """Train and evaluate the zero-shot retriever of every variant Table 2 reports; the summary line's facts."""
+    from qac.config import profile_dir
+    from qac.data.prepared import load_prepared, load_prepared_parts
+    from qac.distributed import cleanup, init_distributed
+    from qac.evaluation.retrievers import combine_parts, evaluate_retriever_on
+    from qac.io import atomic_path, write_json
+    from qac.models.encoding import read_encoding
+    from qac.retrieval import document_text
+    from qac.tracking.lifecycle import Upstream, reopened_stage
+    from qac.train.recipe import train_retriever
+    from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
+
+    root = profile_dir(params)
+    out_dir = root / "beir"
+    metrics_path = root / "metrics" / "beir.json"
+    variants = trained_variants(params)
+    if not variants:
+        with atomic_path(out_dir, directory=True) as staging:
+            (Path(staging) / "variants.json").write_text("[]\n", encoding="utf-8")
+        write_json(metrics_path, {})
+        return [f"nothing to train (tables.zero_shot_retriever: {params['tables']['zero_shot_retriever']})"]
+
+    # Every input checked before any model loads.
+    starts = {}
+    for variant in variants:
+        start = root / "pretrain" / variant / "encoder"
+        if not start.is_dir():
+            raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
+        starts[variant] = start
+    dataset_dir = root / "datasets" / params["train_dataset"]
+    dataset = load_prepared(dataset_dir)
+    if "train" not in dataset.qrels:
+        raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to train on")
+    section = params["beir_retriever"]
+    try:
+        settings = recipe_settings(section, params["seed"])
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    negatives, facts = training_negatives(params, dataset, root)
+    # train_msmarco_v3.py trains on the passage text alone (BEIR's MS MARCO corpus has no titles).
+    passage_text = {doc_id: document_text("", doc.text, " ") for doc_id, doc in dataset.corpus.items()}
+
+    dist = init_distributed()
+    summary: dict[str, dict] = {}
+    try:
+        with atomic_path(out_dir, directory=True) as staging:
+            staging = Path(staging)
+            for variant in variants:
+                start = starts[variant]
+                folder = staging / variant
+                folder.mkdir(parents=True, exist_ok=True)
+                # The pre-training run, when this store holds it; else the run nests under the study run.
+                model, tokenizer, _, losses, _ = train_retriever(
+                    "encoder", negatives, variant=variant, params=params, settings=settings, dataset=dataset,
+                    passage_text=passage_text, start=start,
+                    parent=Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}"), staging=folder,
+                    out_dir=out_dir / variant, root=root, dist=dist,
+                    inputs={"encoder": start, "dataset": dataset_dir}, section_key="beir_retriever",
+                    stage="beir_retriever")
+                # Encoded as its saved folder says (only the main process saves it; the others hold the same model).
+                encoding = (read_encoding(folder / "encoder") if dist.is_main
+                            else model.encoding(settings.query_max_len, settings.corpus_length))
+                results = {}
+                for dataset_name in params.get("zero_shot", []):
+                    parts = load_prepared_parts(root / "datasets" / dataset_name)
+                    by_subset = {subset: evaluate_retriever_on(
+                        model, tokenizer, part, settings=params["evaluate"], encoding=encoding, device=dist.device,
+                        out_dir=folder / "eval" / dataset_name / (subset or ""), separator=" ")
+                        for subset, part in parts}
+                    results[dataset_name] = combine_parts(by_subset, folder / "eval" / dataset_name)
+                record = Upstream(root, out_dir / variant / "encoder", "beir_retriever").record()
+                if record is not None:
+                    with reopened_stage(params, record["run_id"], main=dist.is_main) as tracking:
+                        for dataset_name, by_split in results.items():
+                            for split, result in by_split.items():
+                                tracking.log_evaluation(result, dataset_name, split)
+                summary[variant] = {dataset_name: {split: result.aggregate for split, result in by_split.items()}
+                                    for dataset_name, by_split in results.items()}
+                summary[variant]["train"] = {"steps": len(losses), **facts}
+                del model
+            (staging / "variants.json").write_text(json.dumps(variants) + "\n", encoding="utf-8")
+    finally:
+        cleanup()
+    write_json(metrics_path, summary)
+    return [f"{len(variants)} zero-shot retrievers ({RETRIEVER} recipe)",
+            f"{facts.get('queries', len(negatives))} training queries with negatives"]

@@ -1,0 +1,218 @@
+"""The two-stage fine-tuning recipe of one pre-trained encoder (the ``finetune@<variant>`` stage's work).
+
+Retriever 1 starts from ``pretrain/<variant>/encoder`` and trains on the BM25
+hard negatives (``bm25/negatives.jsonl``): every judged training query, or with
+``r1_queries: triples`` only those the file gives negatives (the release's
+stage-1 set). It then encodes the corpus and retrieves the top ``mine_depth``
+documents for every judged training query; the non-positives there (below
+``mine_skip_top``) are the mined negatives. With
+the same corpus vectors it searches the in-domain evaluation splits to
+``evaluate.depth`` (``r1_runs/``, :mod:`qac.train.indomain_runs`), which the
+evaluation scores instead of encoding the corpus a second time. Retriever 2
+starts again from the same pre-trained encoder and trains on the mined
+negatives (plus the BM25 ones with ``r2_use_bm25_negatives``).
+
+Each retriever is saved as a folder that says how it encodes (pooling,
+normalisation, lengths, title separator; a sentence-transformers model folder,
+:mod:`qac.models.encoding`) and tracked as its own MLflow run nested under the
+pre-training run (:func:`train_retriever`). The hyperparameter search trains
+its retriever 1 from the same pieces (:func:`retriever_texts`,
+:func:`qac.train.finetune.start_retriever`), so a trial tunes on the text and model the stage uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def retriever_texts(dataset, title_join: str, tokenizer) -> tuple[dict[str, str], str]:
+    """``({doc id: text}, separator)``: each document as a retriever reads it, its title and body joined by
+    ``finetune.title_join`` (``sep``: the release's, Tevatron's, ``title [SEP] text``; ``space``)."""
+    from qac.retrieval import document_text, title_separator
+
+    try:
+        separator = title_separator(title_join, tokenizer)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    return {doc_id: document_text(doc.title, doc.text, separator) for doc_id, doc in dataset.corpus.items()}, separator
+
+
+def judged_queries(dataset, negatives: dict, section: Mapping[str, Any], seed: int):
+    """The judged training queries of ``dataset`` (a seeded subset with ``max_train_queries``), their pools
+    from ``negatives``."""
+    from qac.train.groups import training_queries
+
+    return training_queries(dataset.queries, dataset.qrels["train"], negatives,
+                            rel_threshold=dataset.rel_threshold("train"), max_queries=section.get("max_train_queries"),
+                            seed=seed, corpus_ids=dataset.corpus)
+
+
+def broadcast_path(path: Path | None, dist) -> Path:
+    """The main process's staging folder, known to every process."""
+    if not dist.enabled:
+        return Path(path)
+    import torch.distributed
+
+    holder = [str(path) if dist.is_main else None]
+    torch.distributed.broadcast_object_list(holder, src=0)
+    return Path(holder[0])
+
+
+def train_retriever(name: str, negatives: dict, *, variant: str, params: Mapping[str, Any], settings, dataset,
+                    passage_text: Mapping[str, str], start: Path, parent, staging: Path, out_dir: Path, root: Path,
+                    dist, inputs: Mapping[str, Path], title_separator: str = " ", log_models: bool = False,
+                    section_key: str = "finetune", stage: str | None = None, query_set: str = "judged"):
+    """Fine-tune one retriever from ``start``, save it to ``staging/<name>``.
+
+    ``section_key`` names the params section of the recipe (``finetune``; ``beir_retriever`` for
+    Table 2's zero-shot retriever) and ``stage`` the DVC stage (default ``finetune@<variant>``);
+    ``title_separator`` joined the documents' titles and bodies in ``passage_text``, which the saved
+    folder records with the pooling and lengths it encodes with (:mod:`qac.models.encoding`);
+    ``parent`` is the upstream output (:class:`qac.tracking.lifecycle.Upstream`) whose run it nests under;
+    ``query_set`` chooses the training queries (:func:`qac.train.groups.retriever1_queries`).
+    Returns the model, the tokenizer, the training queries, the per-step losses and the queries
+    whole batches left out.
+    """
+    from qac.tracking.lifecycle import tracked_stage
+    from qac.tracking.naming import variant_description, variant_run_name
+    from qac.train.finetune import check_whole_batches, fine_tune_retriever
+    from qac.train.groups import negative_pool_stats, retriever1_queries
+
+    section = params[section_key]
+    stage = stage or f"finetune@{variant}"
+    queries = retriever1_queries(judged_queries(dataset, negatives, section, params["seed"]), query_set)
+    # Before the model loads: the queries must fill whole batches (or be left out knowingly).
+    left_out = check_whole_batches(len(queries), settings, where=f"{stage} {name}")
+    description = {**variant_description(params, variant), "retriever": name}
+    with tracked_stage(params, stage, variant_run_name(description, name), kind="finetune",
+                       stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"],
+                                     **description},
+                       inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant}, parent=parent,
+                       output=out_dir / name, main=dist.is_main, log_models=log_models, root=root) as tracking:
+        tracking.log_dataset_inputs(inputs["dataset"], "training", splits=["train"])
+        if tracking.active:
+            stats = negative_pool_stats(queries, settings.n_negatives)
+            tracking.log_metrics({f"train_queries/{key}": value for key, value in stats.items()}
+                                 | {"train_queries/left_out": left_out})
+        model, tokenizer, losses = fine_tune_retriever(
+            start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
+            device=dist.device, rank=dist.rank, world_size=dist.world_size,
+            on_step=(lambda step, values: tracking.log_metrics(values, step=step)) if dist.is_main else None)
+        if dist.is_main:
+            model.save(staging / name, tokenizer, query_max_len=settings.query_max_len,
+                       passage_max_len=settings.corpus_length, title_separator=title_separator)
+            tracking.log_model(staging / name, "encoder")
+            tracking.describe(variant=variant, retriever=name, start=str(start), steps=len(losses))
+    return model, tokenizer, queries, losses, left_out
+
+
+def loss_fact(name: str, losses: list[float]) -> str:
+    """``r1 40 steps, final loss 1.234`` (the mean of the last tenth of the steps, less noisy than one step)."""
+    if not losses:
+        return f"{name} 0 steps"
+    tail = losses[-max(1, len(losses) // 10):]
+    return f"{name} {len(losses)} steps, final loss {sum(tail) / len(tail):.3f}"
+
+
+@dataclass
+class FinetuneOutcome:
+    """What the two-stage recipe did, for the stage's summary line."""
+
+    r1_losses: list[float] = field(default_factory=list)
+    r2_losses: list[float] = field(default_factory=list)
+    mined_per_query: float = 0.0
+    training_queries: int = 0
+    left_out: int = 0
+
+    def facts(self) -> list[str]:
+        return [loss_fact("r1", self.r1_losses), f"{self.mined_per_query:.1f} mined negatives per query",
+                loss_fact("r2", self.r2_losses),
+                f"{self.left_out} of {self.training_queries} training queries left out by whole batches"
+                if self.left_out else ""]
+
+
+def fine_tune_variant(params: Mapping[str, Any], variant: str, *, log_models: bool = False) -> FinetuneOutcome:
+    """Run the two-stage recipe on ``variant``'s pre-trained encoder; writes ``data/<profile>/finetune/<variant>/``
+    (``r1/``, ``r2/``, ``mined_negatives.jsonl``, ``r1_runs/``) as one unit. Runs alone or under ``torchrun``.
+
+    ``log_models``: the retrievers go to MLflow as artifacts (also ``mlflow.log_models``).
+    """
+    import contextlib
+
+    from qac.config import profile_dir
+    from qac.data.prepared import load_prepared
+    from qac.distributed import barrier, cleanup, init_distributed
+    from qac.io import atomic_path, write_jsonl
+    from qac.models.loading import load_tokenizer
+    from qac.retrieval.dense import search_splits
+    from qac.tracking.lifecycle import Upstream
+    from qac.train.finetune import FinetuneSettings
+    from qac.train.groups import read_negatives, retriever2_negatives
+    from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, write_indomain_runs
+    from qac.train.mining import encode_corpus, mine_with_retriever
+
+    root = profile_dir(params)
+    pretrain_dir = root / "pretrain" / variant
+    start = pretrain_dir / "encoder"
+    if not start.is_dir():
+        raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
+    bm25_negatives_path = root / "bm25" / "negatives.jsonl"
+    dataset_dir = root / "datasets" / params["train_dataset"]
+    dataset = load_prepared(dataset_dir)
+    if "train" not in dataset.qrels:
+        raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to fine-tune on")
+    section = params["finetune"]
+    settings = FinetuneSettings.from_params(section, params["seed"])
+    passage_text, separator = retriever_texts(dataset, section.get("title_join", "space"), load_tokenizer(str(start)))
+    inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
+
+    dist = init_distributed()
+    out_dir = root / "finetune" / variant
+    # The pre-training run, when this store holds it; else the runs nest under the study run.
+    common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
+                  start=start, title_separator=separator, log_models=log_models, dist=dist,
+                  parent=Upstream(root, pretrain_dir, f"pretrain@{variant}"), out_dir=out_dir, root=root)
+    outcome = FinetuneOutcome()
+    # Only the main process writes the output folder, as one atomic unit.
+    output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(None)
+    try:
+        with output as staging:
+            staging = broadcast_path(staging, dist)
+            bm25_negatives = read_negatives(bm25_negatives_path)
+            r1, tokenizer, queries, outcome.r1_losses, outcome.left_out = train_retriever(
+                "r1", bm25_negatives, staging=staging, inputs=inputs, query_set=section.get("r1_queries", "judged"),
+                **common)
+            outcome.training_queries = len(queries)
+            # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
+            mining_queries = judged_queries(dataset, bm25_negatives, section, params["seed"])
+            mined_path = staging / "mined_negatives.jsonl"
+            encode_options = dict(batch_size=section.get("encode_batch_size", 128),
+                                  loader_workers=section.get("loader_workers", 0), dist=dist)
+            # The corpus is encoded once: the mining and retriever 1's in-domain evaluation runs share it.
+            corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length,
+                                   **encode_options)
+            records = mine_with_retriever(
+                r1, tokenizer, mining_queries, passage_text, depth=section["mine_depth"],
+                skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
+                passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
+            encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
+                                    pooling=r1.pooling, separator=separator, depth=params["evaluate"]["depth"])
+            runs = search_splits(r1, tokenizer, dataset, *corpus, query_max_len=settings.query_max_len,
+                                 depth=encoding["depth"], device=dist.device, **encode_options)
+            del corpus
+            if dist.is_main:
+                write_jsonl(mined_path, records)
+                write_indomain_runs(staging / RUNS_FOLDER, runs, encoding, tag=variant)
+            barrier()
+            negatives = read_negatives(mined_path)
+            outcome.mined_per_query = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
+            negatives = retriever2_negatives(negatives, bm25_negatives, section.get("r2_use_bm25_negatives", False))
+            del r1
+            _, _, _, outcome.r2_losses, _ = train_retriever(
+                "r2", negatives, staging=staging, inputs={**inputs, "mined_negatives": mined_path}, **common)
+            barrier()
+    finally:
+        cleanup()
+    return outcome
