@@ -100,15 +100,19 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def autocast_context(device, dtype):
-    """``torch.autocast`` to ``dtype`` on ``device``'s type; no autocast (a null context) when ``dtype`` is None."""
+def autocast_context(device, dtype, enabled: bool = True):
+    """``torch.autocast`` to ``dtype`` on ``device``'s type; no autocast (a null context) when ``dtype`` is None.
+
+    ``enabled=False`` inside an autocast region turns it off for a while without
+    clearing the region's cached weight casts (backward passes run so).
+    """
     import contextlib
 
     import torch
 
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype, enabled=enabled)
 
 
 def autocast_dtype(setting: str, device) -> "object | None":

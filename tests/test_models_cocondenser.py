@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from qac.data.context_pairs import Pair, PairCollator
+from qac.data.masking import masked_targets
 from qac.models.cocondenser import CoCondenser
 from qac.models.losses import PairContrastiveLoss, masked_lm_sum
 
@@ -58,13 +59,16 @@ def test_masked_only_logits_give_the_full_vocabulary_loss_and_gradient():
     hidden = torch.randn(2, 6, 8, requires_grad=True)
     labels = torch.full((2, 6), -100)
     labels[0, 1], labels[1, 4], labels[1, 5] = 3, 17, 49
-    sparse, count = masked_lm_sum(head, hidden, labels)
+    # the collator's gathered positions (padded to 8 slots a row), and positions derived here from the labels
+    sparse, count = masked_lm_sum(head, hidden, {"labels": labels, **masked_targets(labels, multiple=8)})
     (sparse_grad,) = torch.autograd.grad(sparse, hidden)
-    dense, _ = masked_lm_sum(head, hidden, labels, full_vocab_logits=True)
+    derived, _ = masked_lm_sum(head, hidden, {"labels": labels})
+    dense, _ = masked_lm_sum(head, hidden, {"labels": labels}, full_vocab_logits=True)
     (dense_grad,) = torch.autograd.grad(dense, hidden)
     reference = torch.nn.functional.cross_entropy(head(hidden).reshape(-1, 50), labels.reshape(-1), reduction="sum")
     assert count.item() == 3
     assert sparse.item() == pytest.approx(reference.item(), rel=1e-6)
+    assert derived.item() == pytest.approx(reference.item(), rel=1e-6)
     assert dense.item() == pytest.approx(reference.item(), rel=1e-6)
     torch.testing.assert_close(sparse_grad, dense_grad)
 

@@ -94,19 +94,90 @@ def test_loss_scaling_reaches_every_term(tokenizer):
 
 
 def test_replayed_rng_reproduces_dropout(tokenizer):
-    # One chunk per side consumes the generator in the order the full-batch step
-    # does (anchors, then contexts), so with dropout on the two paths agree only
-    # if the re-run replays the generator state of the first pass.
+    """With dropout on, the second pass draws the masks the first pass drew, so the cached gradient is the
+    full-batch gradient of the loss under those masks.
+
+    The first pass runs the encoder alone, so chunk k's masks come from the
+    generator as the first pass left it after the encoder runs of the chunks
+    before it. With one chunk per side the reference below draws them so: the
+    anchor side from the step's state, the context side from the state after an
+    encoder pass over the anchors. A second pass that did not replay the states
+    would draw other masks and another gradient.
+    """
     batch = make_batch(tokenizer, n_pairs=6)
-    full, cached = tiny(0.1).train(), tiny(0.1).train()
+    reference, cached = tiny(0.1).train(), tiny(0.1).train()
     torch.manual_seed(123)
-    full_parts = FullBatchStep(full, CPU).forward_backward(batch)
-    after_full = torch.get_rng_state()
+    anchor_state = torch.get_rng_state()
+    with torch.no_grad():
+        reference.represent(batch["anchor"])
+    context_state = torch.get_rng_state()
+    torch.set_rng_state(anchor_state)
+    anchor = reference.encode_side(batch["anchor"])
+    torch.set_rng_state(context_state)
+    context = reference.encode_side(batch["context"])
+    expected = reference.pair_loss(anchor, context)
+    expected.loss.backward()
     torch.manual_seed(123)
     cached_parts = GradCachedStep(cached, 6, CPU).forward_backward(batch)
-    assert torch.equal(torch.get_rng_state(), after_full)      # the generator ends where the full step left it
-    assert float(cached_parts["contrastive"]) == pytest.approx(float(full_parts["contrastive"]), rel=1e-12)
-    assert_same_gradients(gradients(full), gradients(cached), batch)
+    for name, value in expected.parts.items():
+        assert float(cached_parts[name]) == pytest.approx(float(value), rel=1e-12), name
+    assert_same_gradients(gradients(reference), gradients(cached), batch)
+
+
+def test_chunks_hold_about_the_same_number_of_tokens_on_both_sides():
+    from qac.models.grad_cache import rows_per_chunk
+
+    batch = {"anchor": {"input_ids": torch.zeros(64, 144)}, "context": {"input_ids": torch.zeros(64, 16)}}
+    assert rows_per_chunk(batch, 8) == {"anchor": 8, "context": 72}   # 8 x 144 tokens = 72 x 16
+
+
+def test_first_pass_runs_the_encoder_alone():
+    """Counted FLOPs (BERT-base shapes, on the meta device): the gradient-cached step costs the full step
+    plus exactly one encoder forward over both sides, nothing of the condenser head or the MLM heads."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from qac.models.backbone import encoder_with_layer
+
+    model, batch = bert_base_on_meta()
+    with FlopCounterMode(display=False) as counter:
+        FullBatchStep(model, torch.device("meta")).forward_backward(batch)
+    full = counter.get_total_flops()
+    with FlopCounterMode(display=False) as counter:
+        GradCachedStep(model, 16, torch.device("meta")).forward_backward(batch)
+    cached = counter.get_total_flops()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        for side in batch.values():
+            encoder_with_layer(model.bert, side["input_ids"], side["attention_mask"], 0)
+    encoder = counter.get_total_flops()
+    # the contrastive loss's own products (2N x 2N scores and their gradient) are counted in both steps
+    assert cached - full == encoder
+    # The encoder forward is ~26% of a full step (forward and backward of encoder, head and MLM heads):
+    # the floor of gradient caching without skipping the last layer's token states.
+    assert 0.24 < encoder / full < 0.28
+
+
+def bert_base_on_meta(pairs: int = 64, anchor_length: int = 144, context_length: int = 32):
+    """coCondenser at BERT-base size on the meta device (shapes only), and a batch of query-as-context pairs."""
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    from qac.data.masking import masked_targets
+
+    config = BertConfig()          # bert-base-uncased's configuration: 12 layers, 768 wide, 30,522 word-pieces
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        bert, lm_head = BertModel(config), BertForMaskedLM(config).cls
+        lm_head.predictions.decoder.weight = bert.embeddings.word_embeddings.weight
+        model = CoCondenser(bert, lm_head)
+
+    def side(length):
+        labels = torch.full((pairs, length), -100)
+        labels[:, 1:1 + round(0.15 * (length - 2))] = 5
+        tensors = {"input_ids": torch.zeros(pairs, length, dtype=torch.long),
+                   "attention_mask": torch.ones(pairs, length, dtype=torch.long), "labels": labels,
+                   **masked_targets(labels, 8)}
+        return {name: tensor.to("meta") for name, tensor in tensors.items()}
+
+    return model, {"anchor": side(anchor_length), "context": side(context_length)}
 
 
 def test_rng_state_restores_cpu_draws():

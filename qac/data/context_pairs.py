@@ -42,7 +42,8 @@ import torch
 
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, MappedTable, RowGather, open_mapped, scan_tables
 from qac.data.errors import DataFormatError
-from qac.data.masking import IGNORE_INDEX, MaskingVocab, whole_word_mask, whole_word_mask_batch
+from qac.data.masking import (IGNORE_INDEX, MaskingVocab, masked_targets, round_up, whole_word_mask,
+                              whole_word_mask_batch)
 from qac.data.tokens import SpecialTokens, TextEncoder, check_stamp, with_special_tokens
 
 CONTEXT_TYPES = ("passage", "query", "mixed")
@@ -357,18 +358,21 @@ class PairSampler:
 
 
 def pad_and_mask(sequences: list[np.ndarray], mask_keys: list[tuple[int, ...]], vocab: MaskingVocab,
-                 mask_ratio: float, pad_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+                 mask_ratio: float, pad_id: int, pad_to: int | None = None,
+                 multiple: int = 1) -> dict[str, torch.Tensor]:
     """One batch side from id arrays that already carry their special tokens.
 
     ``input_ids`` (whole-word masked), ``attention_mask`` and ``labels``
     (original ids at masked positions, ``-100`` elsewhere), padded to the
-    longest sequence or to ``pad_to``. Sequence i is masked with a generator
+    longest sequence rounded up to ``multiple``, or to ``pad_to``; and the
+    masked positions row by row, ``mlm_positions`` and ``mlm_labels``
+    (:func:`qac.data.masking.masked_targets`). Sequence i is masked with a generator
     seeded by ``mask_keys[i]`` (qac.data.masking.whole_word_mask_batch), so its
     mask depends on that key alone, not on the batch it sits in. Every
     collator (coCondenser, CoT-MAE, others to come) builds its sides with it.
     """
     lengths = np.fromiter((len(ids) for ids in sequences), dtype=np.int64, count=len(sequences))
-    width = pad_to or int(lengths.max())
+    width = pad_to or round_up(int(lengths.max()), multiple)
     flat = np.concatenate(sequences).astype(np.int64, copy=False)
     inputs, targets = whole_word_mask_batch(flat, lengths, mask_keys, vocab, mask_ratio)
     # scatter the flat sequences into [rows, width], left-aligned
@@ -380,8 +384,9 @@ def pad_and_mask(sequences: list[np.ndarray], mask_keys: list[tuple[int, ...]], 
     input_ids[rows, columns] = inputs
     labels[rows, columns] = targets
     attention[rows, columns] = 1
+    labels = torch.from_numpy(labels)
     return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention),
-            "labels": torch.from_numpy(labels)}
+            "labels": labels, **masked_targets(labels, multiple)}
 
 
 def check_pad_to(pad_to: int | None, max_len: int, query_max_len: int) -> None:
@@ -433,6 +438,7 @@ class PairMasking:
     context_mask_ratio: float
     seed: int
     pad_to: int | None = None
+    pad_to_multiple_of: int = 1   # lengths and masked-position counts rounded up to a multiple of this
 
 
 @dataclass
@@ -468,10 +474,11 @@ class PairCollator(StoredIdsReader, PairMasking):
                     for pair, ids in zip(pairs, self._ids(pairs, "context_ids", "context"))]
         keys = [(self.seed, 2, step, pair.index) for pair in pairs]
         pad = self.special.pad_id
+        multiple = self.pad_to_multiple_of
         return {"anchor": pad_and_mask(anchors, [key + (0,) for key in keys], self.vocab, self.anchor_mask_ratio,
-                                       pad, self.pad_to),
+                                       pad, self.pad_to, multiple),
                 "context": pad_and_mask(contexts, [key + (1,) for key in keys], self.vocab, self.context_mask_ratio,
-                                        pad, self.pad_to)}
+                                        pad, self.pad_to, multiple)}
 
 
 @dataclass
@@ -491,7 +498,7 @@ class TextPairCollator(PairMasking):
         return self.tokenizer(texts, truncation=True, max_length=max_len, add_special_tokens=True)["input_ids"]
 
     def _side(self, token_ids, indices, side, step, mask_ratio):
-        length = self.pad_to or max(len(ids) for ids in token_ids)
+        length = self.pad_to or round_up(max(len(ids) for ids in token_ids), self.pad_to_multiple_of)
         pad = self.tokenizer.pad_token_id
         input_ids = torch.full((len(token_ids), length), pad, dtype=torch.long)
         labels = torch.full((len(token_ids), length), IGNORE_INDEX, dtype=torch.long)
@@ -502,7 +509,8 @@ class TextPairCollator(PairMasking):
             input_ids[row, :len(ids)] = torch.tensor(masked)
             labels[row, :len(ids)] = torch.tensor(target)
             attention[row, :len(ids)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels,
+                **masked_targets(labels, self.pad_to_multiple_of)}
 
     def __call__(self, pairs: list[Pair], step: int) -> dict[str, dict[str, torch.Tensor]]:
         indices = [pair.index for pair in pairs]

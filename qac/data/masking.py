@@ -236,6 +236,43 @@ def whole_word_mask_batch(flat_ids: np.ndarray, lengths: np.ndarray, keys, vocab
     return inputs, labels
 
 
+def round_up(value: int, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple`` (``multiple`` 1 or less leaves it as it is)."""
+    if multiple <= 1:
+        return value
+    return -(-value // multiple) * multiple
+
+
+def masked_targets(labels, multiple: int = 1) -> dict:
+    """The labelled positions of a side, row by row: ``mlm_positions`` and ``mlm_labels``, both ``[rows, P]``.
+
+    Row r lists the columns of its labelled tokens (``labels != IGNORE_INDEX``)
+    in increasing order, then columns whose label is ``IGNORE_INDEX``, so that
+    ``mlm_labels`` is ``labels`` gathered at ``mlm_positions``: the labelled
+    tokens, then ignored slots. ``P`` is the largest labelled count of a row,
+    rounded up to ``multiple``. The loss gathers the rows the MLM head reads
+    with these indices (qac.models.losses.masked_lm_sum): selecting them with a
+    boolean mask on the device would make the device tell the host how many
+    there are (an ``aten.nonzero`` per selection, a host-device sync, and a
+    graph break under ``torch.compile``), while here the count is known where
+    the batch is made. Rows, not a flat list, so that a side splits by rows
+    (processes, gradient-cache chunks) with its targets.
+    """
+    import torch
+
+    labels = torch.as_tensor(labels)
+    rows, width = labels.shape
+    selected = labels != IGNORE_INDEX
+    slots = max(1, round_up(int(selected.sum(dim=1).max()) if rows else 0, multiple))
+    # a stable sort of "not labelled" puts each row's labelled columns first, in column order
+    order = torch.argsort((~selected).to(torch.int8), dim=1, stable=True)[:, :slots]
+    positions = torch.zeros((rows, slots), dtype=torch.long)
+    positions[:, :order.shape[1]] = order
+    targets = torch.full((rows, slots), IGNORE_INDEX, dtype=labels.dtype)
+    targets[:, :order.shape[1]] = labels.gather(1, order)
+    return {"mlm_positions": positions, "mlm_labels": targets}
+
+
 # ---------------------------------------------------------------------------
 # ``np.random.default_rng(key)`` for many keys at once.
 #

@@ -64,9 +64,9 @@ import numpy as np
 import torch
 
 from qac.data.arrowstore import PASSAGES_SCHEMA, QUERIES_SCHEMA, RowGather, open_mapped, scan_tables
-from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, weighted_word_mask, whole_word_mask,
-                              word_spans, word_strings)
 from qac.data.context_pairs import Pair, PairSampler, StoredIdsReader, check_pad_to, pad_and_mask
+from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, masked_targets, round_up,
+                              weighted_word_mask, whole_word_mask, word_spans, word_strings)
 from qac.data.tokens import SpecialTokens, check_stamp, with_special_tokens
 
 TASKS = ("mkp", "cmp", "npr", "dor", "gor")
@@ -207,9 +207,12 @@ class MasterSampler:
         return self.sources.attach(self.pairs.batch(step, batch_size))
 
 
-def pack_side(rows: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
-    """``(inputs, labels)`` rows padded into ``input_ids``, ``attention_mask`` and ``labels`` tensors."""
-    length = pad_to or max(len(inputs) for inputs, _ in rows)
+def pack_side(rows: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int | None = None,
+              multiple: int = 1) -> dict[str, torch.Tensor]:
+    """``(inputs, labels)`` rows padded into ``input_ids``, ``attention_mask`` and ``labels`` tensors (to the
+    longest row rounded up to ``multiple``, or to ``pad_to``), with the masked positions row by row
+    (:func:`qac.data.masking.masked_targets`)."""
+    length = pad_to or round_up(max(len(inputs) for inputs, _ in rows), multiple)
     input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
     attention = torch.zeros((len(rows), length), dtype=torch.long)
@@ -217,7 +220,8 @@ def pack_side(rows: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int 
         input_ids[row, :len(inputs)] = torch.tensor(inputs, dtype=torch.long)
         labels[row, :len(inputs)] = torch.tensor(targets, dtype=torch.long)
         attention[row, :len(inputs)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels,
+            **masked_targets(labels, multiple)}
 
 
 @dataclass
@@ -235,6 +239,7 @@ class MasterMasking:
     word_weights: WordWeights | None = None
     pad_to: int | None = None
     npr_mask: str = "uniform"
+    pad_to_multiple_of: int = 1   # lengths and masked-position counts rounded up to a multiple of this
 
     @property
     def keyword_tasks(self) -> tuple[str, ...]:
@@ -315,8 +320,9 @@ class MasterCollator(StoredIdsReader, MasterMasking):
         keys = [(self.seed, 2, step, pair.index) for pair in pairs]
         anchors = [self._passage(ids, step, pair.index, 0)
                    for pair, ids in zip(pairs, self._ids(pairs, "anchor_ids", "anchor"))]
+        multiple = self.pad_to_multiple_of
         batch = {"anchor": pad_and_mask(anchors, [key + (0,) for key in keys], self.vocab, self.mask_ratio,
-                                        pad, self.pad_to)}
+                                        pad, self.pad_to, multiple)}
         sequences: dict[str, list[np.ndarray]] = {}
         weighted = {"mkp": anchors}      # masked word by word with TF-IDF weights
         if "npr" in self.decoders:
@@ -333,7 +339,7 @@ class MasterCollator(StoredIdsReader, MasterMasking):
         for task in self.decoders:
             if task in sequences:
                 batch[task] = pad_and_mask(sequences[task], [key + (SIDES[task],) for key in keys], self.vocab,
-                                           rate, pad, self.pad_to)
+                                           rate, pad, self.pad_to, multiple)
                 continue
             rows = []
             lengths = batch["anchor"]["attention_mask"].sum(dim=1).tolist()
@@ -344,7 +350,7 @@ class MasterCollator(StoredIdsReader, MasterMasking):
                 else:
                     encoder_labels = batch["anchor"]["labels"][row, :lengths[row]].tolist()
                     rows.append(self.cmp(anchors[row].tolist(), encoder_labels, rng))
-            batch[task] = pack_side(rows, pad, self.pad_to)
+            batch[task] = pack_side(rows, pad, self.pad_to, multiple)
         return batch
 
 
@@ -382,7 +388,8 @@ class TextMasterCollator(MasterMasking):
         anchors = self._tokenize([pair.anchor for pair in pairs], self.max_len)
         anchor_rows = [whole_word_mask(ids, self.vocab, self.mask_ratio, self._rng(step, pair.index, 0))
                        for ids, pair in zip(anchors, pairs)]
-        batch = {"anchor": pack_side(anchor_rows, pad, self.pad_to)}
+        multiple = self.pad_to_multiple_of
+        batch = {"anchor": pack_side(anchor_rows, pad, self.pad_to, multiple)}
         texts: dict[str, list[list[int]]] = {}
         if "npr" in self.decoders:
             texts["npr"] = [[] for _ in pairs]
@@ -406,7 +413,7 @@ class TextMasterCollator(MasterMasking):
                     rows.append(self.cmp(anchors[row], anchor_rows[row][1], rng))
                 else:
                     rows.append(whole_word_mask(texts[task][row], self.vocab, rate, rng))
-            batch[task] = pack_side(rows, pad, self.pad_to)
+            batch[task] = pack_side(rows, pad, self.pad_to, multiple)
         return batch
 
 
@@ -425,7 +432,8 @@ def master_batches(settings, mask_ratios: tuple[float, float], tokenizer, sample
     weights = WordWeights.load(inputs["word_frequencies"]) if "word_frequencies" in needs else None
     collator = MasterCollator(tokenizer, settings.max_len, settings.query_max_len, *mask_ratios,
                               seed=settings.seed, decoders=decoders, word_weights=weights, pad_to=settings.pad_to,
-                              crop=settings.spans == "overflow", npr_mask=settings.master_npr_mask)
+                              pad_to_multiple_of=settings.pad_to_multiple_of, crop=settings.spans == "overflow",
+                              npr_mask=settings.master_npr_mask)
     return MasterSampler(sampler, sources), collator
 
 

@@ -99,6 +99,40 @@ def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return attention_mask[:, None, None, :].bool()
 
 
+def encoder_mask(bert: nn.Module, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The 4-D mask to give ``bert`` for a ``[B, L]`` padding mask: boolean for SDPA, additive for eager.
+
+    Given the 2-D mask, transformers asks the device whether it has any padding
+    (to drop the mask where it has none), a host-device sync in every forward
+    and a graph break under ``torch.compile``; a 4-D mask is used as it is.
+    """
+    allowed = padding_mask(attention_mask)
+    implementation = getattr(bert.config, "_attn_implementation", "sdpa")
+    if implementation == "eager":
+        return additive_mask(allowed, bert.embeddings.word_embeddings.weight.dtype)
+    return allowed if implementation == "sdpa" else attention_mask
+
+
+def encoder_with_layer(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``bert``'s last hidden states and the states after layer ``layer`` (0: the embeddings).
+
+    What ``bert(..., output_hidden_states=True)`` gives, without the pooler
+    (pre-training never reads it); transformers collects hidden states with
+    hooks installed under a lock, which ``torch.compile`` cannot trace (a
+    graph break per call), so the layers are run here one after the other.
+    """
+    hidden = bert.embeddings(input_ids=input_ids)
+    mask = encoder_mask(bert, attention_mask)
+    kept = hidden
+    for index, block in enumerate(bert.encoder.layer, start=1):
+        output = block(hidden, mask)
+        hidden = output[0] if isinstance(output, tuple) else output
+        if index == layer:
+            kept = hidden
+    return hidden, kept
+
+
 def layer_mask(layers: nn.ModuleList, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The mask ``layers`` take: boolean for SDPA, additive in ``dtype`` for eager attention."""
     if layers and layers[0].attention.self.config._attn_implementation == "eager":

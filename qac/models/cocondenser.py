@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qac.models.backbone import PretrainingModel, PretrainOutput, load_backbone, new_layers, padding_mask, run_layers
+from qac.models.backbone import (PretrainingModel, PretrainOutput, encoder_with_layer, load_backbone, new_layers,
+                                 padding_mask, run_layers)
 from qac.models.losses import LossTerm, PairContrastiveLoss, masked_lm_sum, mean_over_processes
 
 # pretrain.common.cocondenser_loss_weights -> weight of each MLM term (the contrastive term's is 1)
@@ -84,14 +85,28 @@ class CoCondenser(PretrainingModel):
 
     def encode_side(self, side: dict[str, torch.Tensor]) -> SideOutput:
         """Encoder and condenser head over one side (or a chunk of it)."""
-        output = self.bert(input_ids=side["input_ids"], attention_mask=side["attention_mask"],
-                           output_hidden_states=True)
-        last = output.last_hidden_state
-        mlm_sum, masked = masked_lm_sum(self.lm_head, last, side["labels"], self.full_vocab_logits)
-        head_input = torch.cat([last[:, :1], output.hidden_states[self.skip_from][:, 1:]], dim=1)
+        last, skipped = encoder_with_layer(self.bert, side["input_ids"], side["attention_mask"], self.skip_from)
+        mlm_sum, masked = masked_lm_sum(self.lm_head, last, side, self.full_vocab_logits)
+        head_input = torch.cat([last[:, :1], skipped[:, 1:]], dim=1)
         head_output = run_layers(self.head, head_input, padding_mask(side["attention_mask"]))
-        head_sum, _ = masked_lm_sum(self.lm_head, head_output, side["labels"], self.full_vocab_logits)
+        head_sum, _ = masked_lm_sum(self.lm_head, head_output, side, self.full_vocab_logits)
         return SideOutput(cls=last[:, 0], mlm_sum=mlm_sum, head_mlm_sum=head_sum, masked=masked)
+
+    def represent(self, side: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The [CLS] vectors of a side alone: what the contrastive loss reads (gradient caching's first pass).
+
+        The encoder draws its dropout masks first in :meth:`encode_side` too, so
+        from the same generator state both give the same vectors.
+        """
+        last, _ = encoder_with_layer(self.bert, side["input_ids"], side["attention_mask"], self.skip_from)
+        return last[:, 0]
+
+    def pair_loss(self, anchor: SideOutput, context: SideOutput) -> PretrainOutput:
+        """The loss of a batch of pairs from the outputs of its two sides."""
+        masked = anchor.masked + context.masked
+        return self.combine(mean_over_processes(anchor.mlm_sum + context.mlm_sum, masked),
+                            mean_over_processes(anchor.head_mlm_sum + context.head_mlm_sum, masked),
+                            self.contrastive(anchor.cls, context.cls))
 
     def combine(self, mlm: LossTerm, head_mlm: LossTerm, contrastive: LossTerm) -> PretrainOutput:
         weight = self.mlm_weight
@@ -109,8 +124,4 @@ class CoCondenser(PretrainingModel):
         """
         if mode == "side":
             return self.encode_side(batch)
-        anchor, context = self.encode_side(batch["anchor"]), self.encode_side(batch["context"])
-        masked = anchor.masked + context.masked
-        return self.combine(mean_over_processes(anchor.mlm_sum + context.mlm_sum, masked),
-                            mean_over_processes(anchor.head_mlm_sum + context.head_mlm_sum, masked),
-                            self.contrastive(anchor.cls, context.cls))
+        return self.pair_loss(self.encode_side(batch["anchor"]), self.encode_side(batch["context"]))

@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from qac.data.masking import IGNORE_INDEX
-from qac.models.backbone import (PretrainingModel, PretrainOutput, additive_mask, load_backbone, new_layers,
-                                 padding_mask, run_layers)
-from qac.models.losses import masked_lm_sum, mean_over_processes
+from qac.models.backbone import (PretrainingModel, PretrainOutput, additive_mask, encoder_mask, load_backbone,
+                                 new_layers, padding_mask, run_layers)
+from qac.models.losses import dense_lm_sum, masked_lm_sum, mean_over_processes
 
 DECODERS = ("paper", "release")
 
@@ -154,7 +154,10 @@ class CoTMAE(PretrainingModel):
     def decode(self, cls_vector: torch.Tensor, context: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed decoder loss over the context and the number of predicted tokens."""
         hidden, labels = self.decoder_states(cls_vector, context)
-        return masked_lm_sum(self.lm_head, hidden, labels, self.full_vocab_logits)
+        if self.decoder_kind == "paper":
+            return masked_lm_sum(self.lm_head, hidden, context, self.full_vocab_logits)
+        # Every position but the last real one predicts a token: the head runs over all of them.
+        return dense_lm_sum(self.lm_head, hidden, labels)
 
     def decoder_states(self, cls_vector: torch.Tensor,
                        context: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,8 +172,9 @@ class CoTMAE(PretrainingModel):
 
     def forward(self, batch: dict) -> PretrainOutput:
         anchor = batch["anchor"]
-        encoded = self.bert(input_ids=anchor["input_ids"], attention_mask=anchor["attention_mask"]).last_hidden_state
-        mlm = mean_over_processes(*masked_lm_sum(self.lm_head, encoded, anchor["labels"], self.full_vocab_logits))
+        encoded = self.bert(input_ids=anchor["input_ids"],
+                            attention_mask=encoder_mask(self.bert, anchor["attention_mask"])).last_hidden_state
+        mlm = mean_over_processes(*masked_lm_sum(self.lm_head, encoded, anchor, self.full_vocab_logits))
         decoder = mean_over_processes(*self.decode(encoded[:, 0], batch["context"]))
         loss = mlm.backward + self.decoder_weight * decoder.backward
         parts = {"loss": mlm.value + self.decoder_weight * decoder.value, "mlm": mlm.value, "decoder": decoder.value}

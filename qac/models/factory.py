@@ -76,5 +76,6 @@ def build_batches(settings, model, tokenizer, corpus, inputs: Mapping[str, Any])
 
         return master_batches(settings, model.mask_ratios, tokenizer, sampler, dict(inputs))
     collator = PairCollator(tokenizer, settings.max_len, settings.query_max_len, *model.mask_ratios,
-                            seed=settings.seed, pad_to=settings.pad_to, crop=settings.spans == "overflow")
+                            seed=settings.seed, pad_to=settings.pad_to, pad_to_multiple_of=settings.pad_to_multiple_of,
+                            crop=settings.spans == "overflow")
     return sampler, collator

@@ -10,15 +10,22 @@ not know which one it holds.
 Size under Memory Limited Setup", 2021) lets the contrastive loss see a batch
 far larger than fits in memory with its activations:
 
-1. encode every chunk of ``chunk_size`` sequences without autograd and keep
-   only the [CLS] vectors (and the RNG state before each chunk);
+1. run the encoder alone over every chunk without autograd and keep only
+   the [CLS] vectors (and the RNG state before each chunk): the condenser
+   head and the MLM heads take no part in the contrastive loss, so this pass
+   costs one encoder forward (``represent``), about a quarter of a full step;
 2. compute the contrastive loss on those vectors and back-propagate it to
    them alone, which gives d loss / d [CLS] for every sequence;
-3. re-run each chunk with autograd, replaying its RNG state so dropout draws
-   the same masks, and back-propagate ``<[CLS], cached gradient>`` plus the
+3. re-run each chunk with autograd through the whole side (``encode_side``),
+   replaying its RNG state so the encoder draws the same dropout masks (it
+   draws first), and back-propagate ``<[CLS], cached gradient>`` plus the
    chunk's own MLM terms.
 
-By the chain rule the accumulated gradient equals the full-batch gradient.
+By the chain rule the accumulated gradient equals the full-batch gradient of
+the loss under the dropout masks drawn. A chunk holds about ``chunk_size``
+anchor sequences' worth of tokens on either side (a side of short queries
+gets more rows per chunk), so each chunk gives the device the same amount of
+work; each pass runs in one autocast region, so weights are cast once a pass.
 """
 
 from __future__ import annotations
@@ -67,10 +74,16 @@ class RngState:
             torch.cuda.set_rng_state(self.cuda, self.device)
 
 
-def split_side(side: dict[str, torch.Tensor], chunk_size: int) -> list[dict[str, torch.Tensor]]:
-    rows = next(iter(side.values())).shape[0]
-    return [{name: tensor[start:start + chunk_size] for name, tensor in side.items()}
-            for start in range(0, rows, chunk_size)]
+def split_side(side: dict[str, torch.Tensor], rows: int) -> list[dict[str, torch.Tensor]]:
+    """``side`` cut into chunks of ``rows`` sequences (the last one shorter)."""
+    total = next(iter(side.values())).shape[0]
+    return [{name: tensor[start:start + rows] for name, tensor in side.items()} for start in range(0, total, rows)]
+
+
+def rows_per_chunk(batch: dict, chunk_size: int) -> dict[str, int]:
+    """Rows of each side in a chunk of about ``chunk_size`` anchors' tokens (padded lengths, known on the host)."""
+    tokens = chunk_size * batch["anchor"]["input_ids"].shape[1]
+    return {side: max(1, tokens // max(1, batch[side]["input_ids"].shape[1])) for side in ("anchor", "context")}
 
 
 class GradCachedStep:
@@ -79,6 +92,7 @@ class GradCachedStep:
     def __init__(self, module: torch.nn.Module, chunk_size: int, device: torch.device,
                  autocast_dtype: torch.dtype | None = None):
         model = getattr(module, "module", module)  # unwrap DDP
+        model = getattr(model, "_orig_mod", model)  # and torch.compile
         if not getattr(model, "supports_grad_cache", False):
             raise ValueError(f"{type(model).__name__} has no contrastive loss to cache")
         if chunk_size < 1:
@@ -90,51 +104,51 @@ class GradCachedStep:
         self.autocast_dtype = autocast_dtype
 
     def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, torch.Tensor]:
-        chunks = [(side, chunk) for side in ("anchor", "context")
-                  for chunk in split_side(batch[side], self.chunk_size)]
+        rows = rows_per_chunk(batch, self.chunk_size)
+        chunks = [(side, chunk) for side in ("anchor", "context") for chunk in split_side(batch[side], rows[side])]
 
-        # 1. [CLS] vectors of every chunk, no activations kept.
+        # 1. [CLS] vectors of every chunk from the encoder alone, no activations kept.
         states, vectors = [], {"anchor": [], "context": []}
         with torch.no_grad(), autocast_context(self.device, self.autocast_dtype):
             for side, chunk in chunks:
                 states.append(RngState(self.device))
-                vectors[side].append(at_least_fp32(self.model.encode_side(chunk).cls))
-        after_first_pass = RngState(self.device)
+                vectors[side].append(at_least_fp32(self.model.represent(chunk)))
 
         # 2. Contrastive loss and its gradient with respect to the vectors.
         anchors = torch.cat(vectors["anchor"]).requires_grad_()
         contexts = torch.cat(vectors["context"]).requires_grad_()
         contrastive = self.model.contrastive(anchors, contexts)
         scale_loss(contrastive.backward).backward()
-        cached = {"anchor": anchors.grad.split(self.chunk_size), "context": contexts.grad.split(self.chunk_size)}
+        cached = {"anchor": anchors.grad.split(rows["anchor"]), "context": contexts.grad.split(rows["context"])}
 
         # 3. Each chunk again with autograd; DDP synchronises on the last backward only.
         _, world_size = process_group()
-        local_masked = sum((chunk["labels"] != -100).sum() for side in ("anchor", "context")
-                           for chunk in [batch[side]])
+        local_masked = sum((batch[side]["labels"] != -100).sum() for side in ("anchor", "context"))
         masked = all_reduce_sum(local_masked.to(torch.get_default_dtype())).clamp(min=1)
         # float64 sums: the logged values must not lose what a float64 model computes
         mlm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         head_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         position = {"anchor": 0, "context": 0}
         weight = getattr(self.model, "mlm_weight", 1.0)
-        for index, ((side, chunk), state) in enumerate(zip(chunks, states)):
-            last = index == len(chunks) - 1
-            no_sync = getattr(self.module, "no_sync", None)
-            with (contextlib.nullcontext() if last or no_sync is None else no_sync()):
-                state.restore()
-                with autocast_context(self.device, self.autocast_dtype):
+        no_sync = getattr(self.module, "no_sync", None)
+        # One autocast region for every chunk, so the weights are cast to the autocast dtype once;
+        # each backward runs with autocast off (a nested region, which keeps the casts cached).
+        with autocast_context(self.device, self.autocast_dtype):
+            for index, ((side, chunk), state) in enumerate(zip(chunks, states)):
+                last = index == len(chunks) - 1
+                with (contextlib.nullcontext() if last or no_sync is None else no_sync()):
+                    state.restore()
                     output = self.module(chunk, mode="side")
-                gradient = cached[side][position[side]]
-                position[side] += 1
-                # The MLM terms are per-chunk sums over the global number of masked
-                # tokens, times W for DDP's averaging (qac.models.losses.mean_over_processes).
-                mlm_terms = weight * (output.mlm_sum + output.head_mlm_sum) * world_size / masked
-                surrogate = (at_least_fp32(output.cls) * gradient).sum() + scale_loss(mlm_terms)
-                surrogate.backward()
-            mlm_sum += output.mlm_sum.detach()
-            head_sum += output.head_mlm_sum.detach()
-        after_first_pass.restore()
+                    gradient = cached[side][position[side]]
+                    position[side] += 1
+                    # The MLM terms are per-chunk sums over the global number of masked
+                    # tokens, times W for DDP's averaging (qac.models.losses.mean_over_processes).
+                    mlm_terms = weight * (output.mlm_sum + output.head_mlm_sum) * world_size / masked
+                    surrogate = (at_least_fp32(output.cls) * gradient).sum() + scale_loss(mlm_terms)
+                    with autocast_context(self.device, self.autocast_dtype, enabled=False):
+                        surrogate.backward()
+                mlm_sum += output.mlm_sum.detach()
+                head_sum += output.head_mlm_sum.detach()
 
         mlm = all_reduce_sum(mlm_sum) / masked
         head_mlm = all_reduce_sum(head_sum) / masked

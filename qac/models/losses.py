@@ -8,12 +8,12 @@ the term's global value for logging (the same on every process).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from qac.data.masking import IGNORE_INDEX
+from qac.data.masking import IGNORE_INDEX, masked_targets
 
 
 class LossTerm(NamedTuple):
@@ -66,26 +66,48 @@ def mean_over_processes(local_sum: torch.Tensor, local_count: torch.Tensor | int
     return LossTerm(backward=local_sum * world_size / count, value=value)
 
 
-def masked_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor,
+def masked_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor, side: Mapping[str, torch.Tensor],
                   full_vocab_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed cross-entropy of the MLM head at labelled positions, and their number.
+    """Summed cross-entropy of the MLM head at a side's masked positions, and their number.
 
-    Only labelled positions (``labels != -100``, about 15% of the tokens) go
-    through the vocabulary projection: the head's cost is proportional to the
-    number of rows it sees, and the vocabulary matrix dominates it. With
-    ``full_vocab_logits`` the head runs over every position (the usual
-    BertForMaskedLM way), which gives the same loss at a higher cost; it exists
-    to measure that cost.
+    Only masked positions (about 15% of the tokens) go through the vocabulary
+    projection: the head's cost is proportional to the number of rows it sees,
+    and the vocabulary matrix dominates it. The rows are gathered with the
+    positions the collator listed (``mlm_positions``, ``mlm_labels``:
+    qac.data.masking.masked_targets), a shape known before the step runs, so
+    the step makes no host-device sync and compiles into one graph; their
+    ignored slots add nothing. A side without them (built by hand) has them
+    computed here, which costs that sync. With ``full_vocab_logits`` the head
+    runs over every position (the usual BertForMaskedLM way), which gives the
+    same loss at a higher cost; it exists to measure that cost.
     """
-    selected = labels != IGNORE_INDEX
     if full_vocab_logits:
-        logits = lm_head(hidden)
-        loss = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), labels.flatten(), ignore_index=IGNORE_INDEX,
-                               reduction="sum")
+        return dense_lm_sum(lm_head, hidden, side["labels"])
+    if "mlm_positions" in side:
+        positions, labels = side["mlm_positions"], side["mlm_labels"]
     else:
-        logits = lm_head(hidden[selected])
-        loss = F.cross_entropy(at_least_fp32(logits), labels[selected], reduction="sum")
-    return loss, selected.sum()
+        targets = masked_targets(side["labels"].cpu())
+        positions, labels = (targets[name].to(hidden.device) for name in ("mlm_positions", "mlm_labels"))
+    rows, length = hidden.shape[:2]
+    flat = (positions + torch.arange(rows, device=positions.device)[:, None] * length).flatten()
+    logits = lm_head(hidden.flatten(0, 1).index_select(0, flat))
+    labels = labels.flatten()
+    loss = F.cross_entropy(at_least_fp32(logits), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss, (labels != IGNORE_INDEX).sum()
+
+
+def dense_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor,
+                 labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`masked_lm_sum` with the head over every position, ``labels`` ``[B, L]`` (``-100``: no loss).
+
+    For targets that cover nearly every token (the release decoder's next
+    token, where only padding is left out), and to measure the cost of
+    projecting every position.
+    """
+    logits = lm_head(hidden)
+    loss = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), labels.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="sum")
+    return loss, (labels != IGNORE_INDEX).sum()
 
 
 def gather_with_grad(local: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qac.models.backbone import PretrainingModel, PretrainOutput, load_backbone, new_layers, run_layers
+from qac.models.backbone import PretrainingModel, PretrainOutput, encoder_mask, load_backbone, new_layers, run_layers
 from qac.models.losses import masked_lm_sum, mean_over_processes
 
 TASKS = ("mkp", "cmp", "npr", "dor", "gor")
@@ -94,12 +94,13 @@ class Master(PretrainingModel):
     def decode(self, task: str, cls_vector: torch.Tensor, side: dict[str, torch.Tensor]):
         """Summed MLM loss of decoder ``task`` and its number of masked tokens."""
         hidden = self.decoder_states(task, cls_vector, side)
-        return masked_lm_sum(self.lm_head, hidden, side["labels"], self.full_vocab_logits)
+        return masked_lm_sum(self.lm_head, hidden, side, self.full_vocab_logits)
 
     def forward(self, batch: dict) -> PretrainOutput:
         anchor = batch["anchor"]
-        encoded = self.bert(input_ids=anchor["input_ids"], attention_mask=anchor["attention_mask"]).last_hidden_state
-        mlm = mean_over_processes(*masked_lm_sum(self.lm_head, encoded, anchor["labels"], self.full_vocab_logits))
+        encoded = self.bert(input_ids=anchor["input_ids"],
+                            attention_mask=encoder_mask(self.bert, anchor["attention_mask"])).last_hidden_state
+        mlm = mean_over_processes(*masked_lm_sum(self.lm_head, encoded, anchor, self.full_vocab_logits))
         loss, total = mlm.backward, mlm.value
         parts = {"mlm": mlm.value}
         for task in self.tasks:

@@ -194,7 +194,8 @@ class PretrainCommon(Section):
     mlm_probability: OpenFraction = Field(description="share of tokens masked for the MLM losses")
     temperature: ContrastiveTemperature
     grad_cache_chunk: NonNegativeInt = Field(
-        description="0: no gradient caching; else chunk size of the cached contrastive pass")
+        description="0: no gradient caching; else chunk size of the cached contrastive pass, in anchor sequences "
+                    "(a chunk of either side holds about that many anchors' tokens)")
     n_head_layers: PositiveInt = Field(description="coCondenser head layers")
     skip_from: NonNegativeInt = Field(description="coCondenser: the encoder layer whose output skips to the head")
     cocondenser_loss_weights: Literal["paper", "release"] = Field(
@@ -231,6 +232,10 @@ class PretrainCommon(Section):
                     "the same anchors)")
     pad_to: PositiveInt | None = Field(
         description="null: pad each batch side to its longest sequence; N: pad everything to N")
+    pad_to_multiple_of: PositiveInt = Field(
+        description="with pad_to null, a side's length and its count of masked positions are rounded up to a "
+                    "multiple of this (8: tensor-core friendly shapes, fewer distinct shapes to compile; 1: the "
+                    "longest sequence exactly)")
     dropout: DropoutProbability | None = Field(
         description="null: the init checkpoint's dropout; 0.0 makes runs repeatable across process layouts")
     checkpoint_every: PositiveInt = Field(description="steps between resumable checkpoints")
@@ -291,6 +296,10 @@ class FinetuneSection(Section):
     corpus_max_len: PositiveInt | None = Field(
         description="tokens (with [CLS] and [SEP]) of the corpus encoded for mining and evaluation and of retriever "
                     "1's training passages; null: passage_max_len (paper); release: 130 (128 + 2)")
+    pad_to_multiple_of: PositiveInt = Field(
+        description="training queries and passages are padded to their longest sequence rounded up to a multiple "
+                    "of this (8: tensor-core friendly shapes, fewer distinct shapes to compile; 1: the longest "
+                    "exactly)")
     train_n_passages: Annotated[int, Field(ge=2)] = Field(
         description="passages per training query: 1 positive + the rest negatives")
     batch_size: PositiveInt = Field(description="queries per step (global); the training queries must fill whole "

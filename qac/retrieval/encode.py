@@ -144,13 +144,16 @@ def encode_loader(batches: EncodeBatches, workers: int, prefetch: int, device):
                                        generator=torch.Generator())
 
 
-def pad_ids(sequences: Sequence, pad_id: int) -> dict[str, np.ndarray]:
-    """``input_ids`` and ``attention_mask`` (int64) of sequences padded on the right to the longest."""
+def pad_ids(sequences: Sequence, pad_id: int, multiple: int = 1) -> dict[str, np.ndarray]:
+    """``input_ids`` and ``attention_mask`` (int64) of sequences padded on the right to the longest,
+    rounded up to a multiple of ``multiple``."""
+    from qac.data.masking import round_up
+
     lengths = np.fromiter((len(ids) for ids in sequences), dtype=np.int64, count=len(sequences))
     flat = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in sequences])
     rows = np.repeat(np.arange(len(sequences)), lengths)
     columns = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    input_ids = np.full((len(sequences), int(lengths.max())), pad_id, dtype=np.int64)
+    input_ids = np.full((len(sequences), round_up(int(lengths.max()), multiple)), pad_id, dtype=np.int64)
     attention = np.zeros(input_ids.shape, dtype=np.int64)
     input_ids[rows, columns] = flat
     attention[rows, columns] = 1

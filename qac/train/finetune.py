@@ -34,6 +34,7 @@ class FinetuneSettings:
     query_max_len: int = 32
     passage_max_len: int = 144
     corpus_max_len: int | None = None   # corpus encoding and retriever 1's passages; None: passage_max_len
+    pad_to_multiple_of: int = 8     # training batches padded to their longest rounded up to a multiple of this
     train_n_passages: int = 16      # per query: 1 positive + (n - 1) hard negatives
     batch_size: int = 64            # queries per optimizer step, over all processes
     lr: float = 2e-5
@@ -85,7 +86,20 @@ def collate(groups: Sequence[TrainingGroup], passage_text: Mapping[str, str], to
     passages = tokenizer([passage_text[doc_id] for group in groups for doc_id in group.passages],
                          max_length=settings.passage_max_len, truncation=True, padding=True,
                          return_tensors="pt")
-    return dict(queries), dict(passages)
+    return (widen(dict(queries), settings.pad_to_multiple_of, tokenizer.pad_token_id),
+            widen(dict(passages), settings.pad_to_multiple_of, tokenizer.pad_token_id))
+
+
+def widen(tensors: dict[str, torch.Tensor], multiple: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``[rows, L]`` tensors widened to a multiple of ``multiple`` (the tokenizer's own
+    ``pad_to_multiple_of`` refuses a truncation length that is not one)."""
+    from qac.data.masking import round_up
+
+    extra = round_up(tensors["input_ids"].shape[1], multiple) - tensors["input_ids"].shape[1]
+    if not extra:
+        return tensors
+    return {name: torch.nn.functional.pad(tensor, (0, extra), value=pad_id if name == "input_ids" else 0)
+            for name, tensor in tensors.items()}
 
 
 class FinetuneBatches(torch.utils.data.Dataset):
@@ -104,6 +118,7 @@ class FinetuneBatches(torch.utils.data.Dataset):
         self.global_batch, self.local = settings.batch_size, settings.batch_size // world_size
         self.query_ids, self.passage_ids, self.special, self.type_ids = query_ids, passage_ids, special, type_ids
         self.query_max_len, self.passage_max_len = settings.query_max_len, settings.passage_max_len
+        self.multiple = settings.pad_to_multiple_of
 
     def __len__(self) -> int:
         return self.per_epoch * len(self.epochs)
@@ -126,7 +141,7 @@ class FinetuneBatches(torch.utils.data.Dataset):
     def _tensors(self, sequences) -> dict[str, torch.Tensor]:
         from qac.retrieval.encode import pad_ids
 
-        padded = pad_ids(sequences, self.special.pad_id)
+        padded = pad_ids(sequences, self.special.pad_id, self.multiple)
         tensors = {"input_ids": torch.from_numpy(padded["input_ids"])}
         if self.type_ids:
             tensors["token_type_ids"] = torch.zeros_like(tensors["input_ids"])

@@ -85,6 +85,7 @@ class PretrainSettings:
     single_span_documents: str = "drop"   # drop | self: a single-span document's passage paired with itself (release)
     spans: str = "bounded"            # split.spans: overflow crops a passage over max_len at random (release)
     pad_to: int | None = None         # None: dynamic padding to the longest sequence of a batch side
+    pad_to_multiple_of: int = 8       # dynamic lengths and masked-position counts rounded up to a multiple of this
     dropout: float | None = None      # None: the init checkpoint's dropout; 0 for exactly repeatable runs
     checkpoint_every: int = 50
     log_every: int = 10
@@ -135,7 +136,7 @@ class PretrainSettings:
             raise ValueError(f"{where}: batch_size {self.batch_size} is not a multiple of "
                              f"grad_accumulation {self.grad_accumulation}")
         for name in ("steps", "batch_size", "grad_accumulation", "checkpoint_every", "log_every", "max_len",
-                     "prefetch_batches"):
+                     "prefetch_batches", "pad_to_multiple_of"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{where}: {name} must be at least 1, got {getattr(self, name)}")
         if self.loader_workers < 0:
