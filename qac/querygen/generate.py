@@ -7,7 +7,10 @@ bert2bert ``EncoderDecoderModel``), and so does the prefix-LM of
 ``generate`` so that every passage draws from its own random stream
 (:mod:`qac.querygen.sampling`): the encoder runs once per batch, the decoder
 one token per step with its key/value cache, and finished rows leave the
-batch as it shrinks.
+batch as it shrinks. The first decoder step runs once per passage, not once
+per candidate: it is the same for all of them, and it is the call that
+projects the encoder states to each layer's cross-attention keys and values,
+which the cache then repeats to the candidates.
 
 Batch-size invariance. A row's logits depend slightly (about 5e-6 in fp32)
 on the shape of the batch it was computed in, and a sampling decision is a
@@ -358,15 +361,13 @@ class QueryGenerator:
                 encoder = self._encode_output(hidden)
             else:
                 encoder = self._encode(batch.input_ids, batch.attention_mask)
-            hidden = encoder.last_hidden_state.repeat_interleave(C, dim=0)
-            mask = batch.attention_mask.repeat_interleave(C, dim=0)
+            logits, cache, hidden, mask = self._first_step(encoder, batch.attention_mask, C)
             active = torch.arange(rows, device=device)     # global row of each row in the running batch
             alive = torch.ones(rows, dtype=torch.bool, device=device)     # per running row: not yet finished
-            next_ids = torch.full((rows, 1), self.start_id, dtype=torch.long, device=device)
-            cache = None
             for step in range(T):
-                encoder.last_hidden_state = hidden
-                logits, cache = self._decoder_logits(encoder, mask, next_ids, cache)
+                if step:
+                    encoder.last_hidden_state = hidden
+                    logits, cache = self._decoder_logits(encoder, mask, next_ids, cache)
                 logits = adjust_logits(logits, generated[active, :step], settings, self.eos_id)
                 if self.batch_invariant:
                     tokens = self._invariant_tokens(batch, logits, active, alive, generated, step, stats)
@@ -396,6 +397,26 @@ class QueryGenerator:
         texts = self.tokenizer.batch_decode([generated[r, :lengths[r]].tolist() for r in range(rows)],
                                             skip_special_tokens=True)
         return [texts[b * C:(b + 1) * C] for b in range(len(pids))], stats
+
+    def _first_step(self, encoder, attention_mask, candidates: int):
+        """The first decoder step, run once per passage, and the state of the loop for ``candidates`` rows each.
+
+        Every candidate of a passage feeds the same start token against the
+        same encoder states, so its first logits and caches are the passage's:
+        the cross-attention keys and values of every decoder layer (which the
+        model computes on its first call and reuses after) are projected once
+        per passage and repeated to the candidates, instead of projected for
+        each of them (C times the work: at 144 passage tokens and 64 new
+        tokens about a quarter of the decoder's matrix products). Returns the
+        first logits, the cache, the encoder states and the mask, each with
+        ``candidates`` consecutive rows per passage.
+        """
+        hidden = encoder.last_hidden_state
+        start = torch.full((hidden.shape[0], 1), self.start_id, dtype=torch.long, device=hidden.device)
+        logits, cache = self._decoder_logits(encoder, attention_mask, start)
+        cache.batch_repeat_interleave(candidates)
+        return (logits.repeat_interleave(candidates, dim=0), cache, hidden.repeat_interleave(candidates, dim=0),
+                attention_mask.repeat_interleave(candidates, dim=0))
 
     @staticmethod
     def _finished_rows(alive: torch.Tensor) -> int:

@@ -86,6 +86,13 @@ class PrefixCache:
             self.values[layer] = torch.cat([self.values[layer], values], dim=2)
         return self.keys[layer], self.values[layer]
 
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each row ``repeats`` times (the generator's first step runs once per passage, then this)."""
+        self.keys = [k.repeat_interleave(repeats, dim=0) for k in self.keys]
+        self.values = [v.repeat_interleave(repeats, dim=0) for v in self.values]
+        if self.emitted is not None:
+            self.emitted = self.emitted.repeat_interleave(repeats, dim=0)
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep rows ``indices`` (the generator prunes finished rows this way)."""
         self.keys = [k[indices] for k in self.keys]
