@@ -63,11 +63,12 @@ import torch  # noqa: E402
 
 from sample_text import MODEL_DIR, text_triples  # noqa: E402
 
+from qac.params.vocabulary import PRETRAINING_METHODS as METHODS  # noqa: E402
+
 SECTIONS = ("pretrain", "grad_cache", "stage_loop", "encoding", "search", "generation", "compile")
 RESULTS = "bench_gpu.json"
 PUBLISHED = REPO / "reports" / "bench_gpu.json"
 PAPER_CORPUS_PASSAGES = 8_841_823          # MS MARCO passages
-METHODS = ("cocondenser", "cotmae", "master")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def peak_of(device) -> tuple[str, float | None]:
 def pretraining_settings(method: str, spec: str, **overrides) -> dict:
     from qac.train.pretrain import PretrainSettings
 
-    values = {"method": method, "init": spec, "skip_from": 1 if spec.startswith("tiny:") else 6,
+    values = {"method": method, "seed": 42, "init": spec, "skip_from": 1 if spec.startswith("tiny:") else 6,
               "n_head_layers": 2, "dropout": 0.0, "cotmae_decoder": "release", **overrides}
     return PretrainSettings.from_mapping(values)
 
@@ -482,7 +483,7 @@ def generation_section(args, device, tokenizer, triples):
                           eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=0, **sizes)
         torch.manual_seed(0)
         model = T5ForConditionalGeneration(config).to(device).eval()
-        settings = SamplingSettings(queries_per_passage=4 if dry else 20, max_new_tokens=8 if dry else 64,
+        settings = SamplingSettings(seed=42, queries_per_passage=4 if dry else 20, max_new_tokens=8 if dry else 64,
                                     max_source_len=512, drop_duplicates=False)
         passages = [(f"p{i}", anchor) for i, (anchor, _, _) in enumerate(triples)]
         batch = args.generation_batch

@@ -159,6 +159,7 @@ def cpu_table(args) -> str:
     from qac.models.cotmae import CoTMAE
     from qac.models.loading import load_tokenizer
     from qac.models.master import Master
+    from qac.params.vocabulary import MASTER_TASKS
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
@@ -237,7 +238,8 @@ def gpu_table(args) -> str:
 
     from qac.models.cocondenser import CoCondenser
     from qac.models.loading import load_tokenizer
-    from qac.models.master import TASKS, Master
+    from qac.models.master import Master
+    from qac.params.vocabulary import MASTER_TASKS
 
     device = torch.device("cuda")
     tokenizer = load_tokenizer("minilm")            # bert-base-uncased's vocabulary
@@ -260,7 +262,7 @@ def gpu_table(args) -> str:
                             "batches": make_batches(tokenizer, triples, context, args.gpu_batch_size,
                                                     args.steps + 2, model.mask_ratios, pad_to)})
     # MASTER: the encoder reads the anchor, each 2-layer decoder its own text (embeddings and LM head shared).
-    master = Master(bert, head, decoders=TASKS).to(device)
+    master = Master(bert, head, decoders=MASTER_TASKS).to(device)
     decoder_parameters = sum(p.numel() for p in master.decoders["mkp"].parameters())
     for context in ("passage", "query"):
         configs.append({"recipe": "MASTER, ours: bf16, masked-only logits, dynamic padding", "context": context,
@@ -349,7 +351,7 @@ def cpu_ratios(args) -> list[str]:
         # worker processes starting, first-call allocations) that a long run does not see.
         steps, batch_size = (3 if args.small else 9), args.batch_size
         settings = PretrainSettings.from_mapping(dict(
-            method="cocondenser", init=args.model, context_type="mixed", steps=steps, batch_size=batch_size,
+            method="cocondenser", seed=42, init=args.model, context_type="mixed", steps=steps, batch_size=batch_size,
             max_len=144, query_max_len=32, log_every=1, checkpoint_every=steps, dropout=0.0, dtype="fp32",
             loader_workers=2))
         logged = []

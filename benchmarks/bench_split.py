@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     corpus = data_mirror() / "scifact" / "corpus.jsonl"
     documents = [(d.doc_id, d.full_text) for d in itertools.islice(iter_corpus_jsonl(corpus), args.documents)]
-    settings = SplitSettings(max_len=args.max_len)
+    settings = SplitSettings(max_len=args.max_len, seed=42)
     with tempfile.TemporaryDirectory() as tmp:
         punkt_dir = os.path.join(tmp, "punkt")
         punkt_model = prepare_punkt(args.punkt, punkt_dir, lambda: (text for _, text in documents), "bench")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from qac.config import profile_dir
 from qac.params import load_params
-from qac.console import StageClock, print_summary, stage_arguments
+from qac.cli.stage_arguments import stage_arguments
+from qac.console import StageClock, print_summary
 from qac.io import atomic_path
 from qac.evaluation import annotation
 from qac.tracking.lifecycle import tracked_stage

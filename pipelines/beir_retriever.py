@@ -19,7 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.console import StageClock, print_summary, stage_arguments
+    from qac.cli.stage_arguments import stage_arguments
+    from qac.console import StageClock, print_summary
 
     stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()

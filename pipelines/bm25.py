@@ -11,7 +11,8 @@ from __future__ import annotations
 import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
 
 from qac.params import load_params
-from qac.console import StageClock, print_summary, stage_arguments
+from qac.cli.stage_arguments import stage_arguments
+from qac.console import StageClock, print_summary
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.console import StageClock, print_summary, variant_stage_arguments
+    from qac.cli.stage_arguments import variant_stage_arguments
+    from qac.console import StageClock, print_summary
 
     args = variant_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()

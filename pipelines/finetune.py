@@ -23,7 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.console import StageClock, print_summary, variant_stage_arguments
+    from qac.cli.stage_arguments import variant_stage_arguments
+    from qac.console import StageClock, print_summary
 
     args = variant_stage_arguments(__doc__.splitlines()[0], argv,
                                    log_models_help="log r1 and r2 to MLflow as artifacts (also mlflow.log_models in params)")

@@ -21,7 +21,7 @@ from qac.console import StageClock, print_summary
 
 
 def main(argv=None) -> int:
-    from qac.querygen.stage import sharded_stage_arguments
+    from qac.cli.stage_arguments import sharded_stage_arguments
 
     args = sharded_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
@@ -62,7 +62,8 @@ def main(argv=None) -> int:
         return continuation_quality([(record["queries"] or [""])[0]
                                      for record in iter_records(output, QUERIES_SCHEMA, ["queries"])], totals)
 
-    merged = run_sharded_generation(args, ctx, stage="generate_continuations", passages_path=passages_path,
+    merged = run_sharded_generation(ctx, shard=args.shard, merge=args.merge, merge_only=args.merge_only,
+                                    stage="generate_continuations", passages_path=passages_path,
                                     output=output, source=settings.model, settings=settings, section=section,
                                     compute=compute, open_run=open_run, make_generator=make_generator,
                                     summarize=summarize)

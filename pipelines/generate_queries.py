@@ -22,7 +22,7 @@ from qac.console import StageClock, print_summary
 
 
 def main(argv=None) -> int:
-    from qac.querygen.stage import sharded_stage_arguments
+    from qac.cli.stage_arguments import sharded_stage_arguments
 
     args = sharded_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
@@ -63,7 +63,8 @@ def main(argv=None) -> int:
         return generator_from_settings(str(generator_dir), settings, ctx.device, str(section.get("dtype", "auto")),
                                        invariant, sync_every)
 
-    merged = run_sharded_generation(args, ctx, stage="generate_queries", passages_path=passages_path, output=output,
+    merged = run_sharded_generation(ctx, shard=args.shard, merge=args.merge, merge_only=args.merge_only,
+                                    stage="generate_queries", passages_path=passages_path, output=output,
                                     source=str(generator_dir), settings=settings, section=section, compute=compute,
                                     open_run=open_run, make_generator=make_generator,
                                     summarize=lambda totals: totals.summary())

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
 
-import argparse
-
 from qac.config import data_mirror, profile_dir
 from qac.params import load_params
-from qac.console import StageClock, add_verbose_flag, print_summary, setup_console
+from qac.cli.stage_arguments import dataset_stage_arguments
+from qac.console import StageClock, print_summary
 from qac.data.errors import DatasetUnavailableError
 from qac.data.prepared import prepare_dataset, write_prepared_parts
 from qac.data.sources import (DatasetSpec, download_dir, fetch_dataset, locate_dataset, read_dataset_parts,
@@ -25,16 +24,13 @@ from qac.tracking.naming import run_name
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", required=True, help="a name under `datasets` in params.yaml")
-    args = add_verbose_flag(parser).parse_args(argv)
-    setup_console(args.verbose)
+    args = dataset_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
     params = load_params()
     declared = params.get("datasets") or {}
     if args.dataset not in declared:
-        parser.error(f"dataset {args.dataset!r} is not declared in params.yaml (declared: {', '.join(declared)})")
+        raise SystemExit(f"dataset {args.dataset!r} is not declared in params.yaml (declared: {', '.join(declared)})")
     spec = DatasetSpec.from_params(args.dataset, declared[args.dataset])
     settings = subset_settings(params, args.dataset)     # a dataset entry may override the profile-wide ones
     mirror, downloads = data_mirror(), download_dir(params)

@@ -19,7 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.console import StageClock, print_summary, variant_stage_arguments
+    from qac.cli.stage_arguments import variant_stage_arguments
+    from qac.console import StageClock, print_summary
 
     args = variant_stage_arguments(__doc__.splitlines()[0], argv,
                                    log_models_help="log the encoder to MLflow as an artifact (also mlflow.log_models in params)")

@@ -13,8 +13,8 @@ import time
 
 from qac.config import profile_dir
 from qac.params import load_params
-from qac.console import StageClock, print_summary, stage_arguments
-from qac.data.punkt import SETTINGS as PUNKT_SETTINGS
+from qac.cli.stage_arguments import stage_arguments
+from qac.console import StageClock, print_summary
 from qac.data.punkt import PunktUnavailableError, download_pretrained_english, pretrained_english_available
 from qac.data.splitting import SplitSettings, split_corpus_file
 from qac.reporting.dvc_metrics import write_stage_metrics
@@ -32,9 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     if not corpus.is_file():
         raise FileNotFoundError(f"{corpus}: run the prepare stage for {params['pretrain_corpus']!r} first")
     passages = data / "passages.arrow"
-    if split["punkt"] not in PUNKT_SETTINGS:
-        raise SystemExit(f"params split.punkt: {split['punkt']!r} is not one of {', '.join(PUNKT_SETTINGS)} "
-                         "(pretrained: NLTK's English Punkt, as the release; trained: learned from the corpus)")
     if split["punkt"] == "pretrained" and not pretrained_english_available():
         try:   # NLTK's own downloader, before any work; a clear paragraph when there is no network
             download_pretrained_english()

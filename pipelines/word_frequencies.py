@@ -16,7 +16,8 @@ import time
 
 from qac.config import profile_dir
 from qac.params import load_params
-from qac.console import StageClock, print_summary, stage_arguments
+from qac.cli.stage_arguments import stage_arguments
+from qac.console import StageClock, print_summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,6 @@ and keeps its traceback.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import logging
 import os
@@ -43,34 +42,6 @@ NOISY_LOGGERS = ("mlflow", "alembic", "transformers", "sentence_transformers", "
 def verbose_requested(flag: bool = False) -> bool:
     """``-v`` or ``QAC_VERBOSE`` set to anything but empty, 0, false or no."""
     return bool(flag) or os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``-v/--verbose`` to a stage's argument parser."""
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help=f"show library logs and warnings (also {VERBOSE_ENV}=1)")
-    return parser
-
-
-def stage_arguments(description: str, argv: list[str] | None) -> argparse.Namespace:
-    """The command line of a stage without options of its own (``-v``), parsed, with the console set up for
-    it. ``argv`` None (``run_main(main)``, as DVC runs the stage) parses no arguments."""
-    args = add_verbose_flag(argparse.ArgumentParser(description=description)).parse_args([] if argv is None else argv)
-    setup_console(args.verbose)
-    return args
-
-
-def variant_stage_arguments(description: str, argv: list[str] | None,
-                            log_models_help: str | None = None) -> argparse.Namespace:
-    """The command line of a per-variant stage (``--variant``, ``-v``, and ``--log-models`` with its help
-    where the stage can log models), parsed, with the console set up for it."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--variant", required=True, help="a key of pretrain.variants")
-    if log_models_help:
-        parser.add_argument("--log-models", action="store_true", help=log_models_help)
-    args = add_verbose_flag(parser).parse_args(argv)
-    setup_console(args.verbose)
-    return args
 
 
 def setup_console(verbose: bool = False) -> bool:

@@ -17,9 +17,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from qac.params.vocabulary import RECIPES
+
 LEDGER = Path(__file__).with_name("deviations.yaml")
 DOC = Path(__file__).resolve().parent.parent / "docs" / "deviations.md"
-RECIPES = ("paper", "release")
 STAGES = ("pretrain", "finetune", "evaluate", "split", "querygen", "prepare", "bm25", "beir", "tables", "none")
 _MISSING = object()
 

@@ -188,17 +188,6 @@ def write_json(path: str | os.PathLike, obj) -> None:
         Path(tmp).write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    """Yield the records (JSON objects) of a JSONL file; a bad line raises with file and line number.
-
-    Decoded by :func:`qac.data.textfile.iter_json_objects`, the path every input takes.
-    """
-    from qac.data.textfile import iter_json_objects
-
-    for _, record in iter_json_objects(path):
-        yield record
-
-
 def file_md5(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     """MD5 of a file's bytes, the hash DVC uses for file outputs."""
     digest = hashlib.md5()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.io import iter_jsonl
+from qac.data.textfile import iter_jsonl
 from stages import load_stage
 
 METRICS = ["RR@10", "nDCG@10", "R@2"]

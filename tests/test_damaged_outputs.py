@@ -49,7 +49,7 @@ def test_qac_tables_names_a_damaged_output_and_its_stage(tmp_path, capsys, relat
 def test_any_malformed_stage_file_names_the_stage_that_rebuilds_it(tmp_path, monkeypatch, capsys, relative, stage):
     """Every reader's DataFormatError on a file under data/<profile>/ gains the stage to rerun."""
     from qac.console import call_main
-    from qac.io import iter_jsonl
+    from qac.data.textfile import iter_jsonl
 
     monkeypatch.chdir(tmp_path)
     path = Path("data/smoke") / relative
@@ -62,7 +62,7 @@ def test_any_malformed_stage_file_names_the_stage_that_rebuilds_it(tmp_path, mon
 
 def test_a_malformed_input_outside_the_data_folder_gets_no_stage(tmp_path, monkeypatch, capsys):
     from qac.console import call_main
-    from qac.io import iter_jsonl
+    from qac.data.textfile import iter_jsonl
 
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "mirror" / "scifact" / "corpus.jsonl"

@@ -189,7 +189,7 @@ def test_a_converted_download_is_read_as_beir(tmp_path):
 
 
 def test_the_dl19_subset_keeps_every_relevant_passage_then_judged_then_others(tmp_path):
-    from qac.data.dl19_subset import main
+    from qac.cli.dl19_subset_command import main
 
     (tmp_path / "collection.tsv").write_text("".join(f"{pid}\tpassage number {pid}\n" for pid in range(10)))
     with gzip.open(tmp_path / "topics.tsv.gz", "wt") as topics:
@@ -246,5 +246,5 @@ def test_every_default_profile_dataset_has_a_public_source_or_a_documented_build
         if entry.get("url"):
             assert entry["url"].startswith(("https://", "http://")), name
         else:
-            assert f"`{name}`" in docs and "qac.data.dl19_subset" in docs, name
+            assert f"`{name}`" in docs and "qac.cli.dl19_subset_command" in docs, name
     assert render_profile("default")["datasets"]["cranfield"]["convert"] == "cranfield"

@@ -175,7 +175,7 @@ def _run_finetune(params, entry, tmp_path, model_dir):
 
 def _run_bm25(params, entry, tmp_path, model_dir):
     """The prepare and bm25 stages on RocketQA-style passages with official triples: retriever 1's negatives."""
-    from qac.io import iter_jsonl
+    from qac.data.textfile import iter_jsonl
     from test_release_data import marco_project
 
     monkeypatch = pytest.MonkeyPatch()

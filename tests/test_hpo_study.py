@@ -17,6 +17,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from qac.config import render_profile
+from qac.params import ParamsError, validate_params
 from qac.hpo.study_report import study_summary, write_study_report
 from qac.hpo.study import (WORKER_ATTR, HpoSettings, SettingsError, counted_trials, fail_orphaned_trials,
                            has_work, make_pruner, retry_trial)
@@ -48,22 +49,25 @@ def test_the_smoke_profile_declares_a_usable_study():
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"variant": None}, "hpo.variant: name the pre-training variant"),
-    ({"variant": "nope"}, "hpo.variant: 'nope' is not a pre-training variant"),
-    ({"pruner": {"type": "sha"}}, "hpo.pruner.type must be one of median, hyperband, none"),
-    ({"direction": "up"}, "hpo.direction must be maximize or minimize"),
-    ({"n_trials": 0}, "hpo.n_trials must be an integer >= 1"),
-    ({"launcher": "mpirun"}, "hpo.launcher must be one of python, torchrun"),
-    ({"dev": {"queries": 0}}, "hpo.dev.queries must be a positive integer"),
-    ({"trial_timeout": -1}, "hpo.trial_timeout must be a positive number"),
-    ({"metric": "MRR@10"}, "hpo.metric: unknown measure 'MRR@10'"),
+    ({"variant": None}, "parameter hpo.variant: expected a string, found None"),
+    ({"variant": "nope"}, "parameter hpo.variant: 'nope' is not a key of pretrain.variants"),
+    ({"pruner": {"type": "sha"}}, "parameter hpo.pruner.type: expected one of 'median', 'hyperband' or 'none'"),
+    ({"direction": "up"}, "parameter hpo.direction: expected one of 'maximize' or 'minimize'"),
+    ({"n_trials": 0}, "parameter hpo.n_trials: must be >= 1, found 0"),
+    ({"launcher": "mpirun"}, "parameter hpo.launcher: expected one of 'python' or 'torchrun'"),
+    ({"dev": {"queries": 0, "max_documents": None}}, "parameter hpo.dev.queries: must be >= 1, found 0"),
+    ({"trial_timeout": -1}, "parameter hpo.trial_timeout: must be > 0"),
+    ({"metric": "MRR@10"}, "parameter hpo.metric: unknown measure 'MRR@10'"),
     ({"space": {"pretrain.lr": {"type": "float", "low": 1, "high": 0}}}, "hpo.space.pretrain.lr: 'low' (1) is above"),
 ])
 def test_bad_settings_fail_with_the_key_named(override, message):
-    with pytest.raises((SettingsError, ValueError)) as error:
-        smoke_settings(**override)
+    """The study's settings are the schema's: a bad one stops the study when its params are read."""
+    params = render_profile("smoke")
+    params["hpo"].update(override)
+    with pytest.raises(ParamsError) as error:
+        validate_params(params, "params.yaml")
     assert message in str(error.value)
-    assert str(error.value).startswith("params.yaml: ")
+    assert str(error.value).startswith("params.yaml")
 
 
 def test_the_command_refuses_bad_settings_before_starting_anything(tmp_path, capsys):

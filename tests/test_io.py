@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from qac.io import atomic_path, iter_jsonl, path_md5, write_jsonl
+from qac.data.textfile import iter_jsonl
+from qac.io import atomic_path, path_md5, write_jsonl
 
 
 def test_failed_write_leaves_nothing(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ import torch
 
 from qac.data.masking import IGNORE_INDEX, MaskingVocab, weighted_word_mask, word_spans, word_strings
 from qac.data.master import MasterCollator, MasterPair, WordWeights
-from qac.models.master import TASKS, Master
+from qac.models.master import Master
+from qac.params.vocabulary import MASTER_TASKS
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def weights():
 _BUILT: dict[tuple, Master] = {}
 
 
-def tiny(decoders=TASKS, weights=None) -> Master:
+def tiny(decoders=MASTER_TASKS, weights=None) -> Master:
     """A fresh copy of a tiny MASTER (building one takes seconds)."""
     if decoders not in _BUILT:
         _BUILT[decoders] = Master.from_spec("tiny:minilm", seed=0, dropout=0.0, decoders=decoders).eval()
@@ -50,7 +52,7 @@ def pairs(n=3):
             for i in range(n)]
 
 
-def collate(tokenizer, weights, decoder_rate=0.5, mask_rate=0.3, decoders=TASKS, batch=None, step=0):
+def collate(tokenizer, weights, decoder_rate=0.5, mask_rate=0.3, decoders=MASTER_TASKS, batch=None, step=0):
     collator = MasterCollator(tokenizer, 48, 16, mask_rate, decoder_rate, seed=7, decoders=decoders,
                               word_weights=weights)
     return collator(batch or pairs(), step)
@@ -189,11 +191,11 @@ def test_keyword_npr_needs_word_frequencies(tokenizer):
 
 def test_masks_are_seeded_per_pair_and_side(tokenizer, weights):
     one, again = collate(tokenizer, weights), collate(tokenizer, weights)
-    for task in ("anchor",) + TASKS:
+    for task in ("anchor",) + MASTER_TASKS:
         assert torch.equal(one[task]["input_ids"], again[task]["input_ids"])
     # a pair masks the same tokens alone as in a batch
     alone = collate(tokenizer, weights, batch=pairs(3)[2:])
-    for task in ("anchor",) + TASKS:
+    for task in ("anchor",) + MASTER_TASKS:
         length = int(alone[task]["attention_mask"][0].sum())
         assert torch.equal(alone[task]["labels"][0, :length], one[task]["labels"][2, :length]), task
     other_step = collate(tokenizer, weights, step=1)
@@ -223,7 +225,7 @@ def test_each_decoder_loss_matches_a_hand_computation(tokenizer, weights):
     batch = collate(tokenizer, weights)
     with torch.no_grad():
         parts = model(batch).parts
-    for task in TASKS:
+    for task in MASTER_TASKS:
         assert parts[task].item() == pytest.approx(_hand_decoder_loss(model, task, batch), rel=1e-5), task
     with torch.no_grad():
         encoded = model.bert(input_ids=batch["anchor"]["input_ids"],
@@ -231,14 +233,14 @@ def test_each_decoder_loss_matches_a_hand_computation(tokenizer, weights):
         mlm = torch.nn.functional.cross_entropy(model.lm_head(encoded).flatten(0, 1),
                                                 batch["anchor"]["labels"].flatten())
     assert parts["mlm"].item() == pytest.approx(mlm.item(), rel=1e-5)
-    total = mlm.item() + sum(model.weights[task] * parts[task].item() for task in TASKS)
+    total = mlm.item() + sum(model.weights[task] * parts[task].item() for task in MASTER_TASKS)
     assert parts["loss"].item() == pytest.approx(total, rel=1e-5)
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", MASTER_TASKS)
 def test_turning_a_decoder_off_removes_exactly_its_loss_term(tokenizer, weights, task):
     full = tiny()
-    without = tiny(decoders=tuple(t for t in TASKS if t != task))
+    without = tiny(decoders=tuple(t for t in MASTER_TASKS if t != task))
     assert task not in without.decoders
     batch = collate(tokenizer, weights)
     reduced = collate(tokenizer, weights, decoders=without.tasks)
@@ -254,7 +256,7 @@ def test_turning_a_decoder_off_removes_exactly_its_loss_term(tokenizer, weights,
     assert (all_parts["loss"] - some_parts["loss"]).item() == pytest.approx(all_parts[task].item(), rel=1e-5)
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", MASTER_TASKS)
 def test_gradient_reaches_the_encoder_only_through_cls(tokenizer, weights, task):
     model = tiny().double()
     batch = collate(tokenizer, weights)
@@ -275,7 +277,7 @@ def test_gradient_reaches_the_encoder_only_through_cls(tokenizer, weights, task)
 
 def test_decoders_use_sdpa_and_share_embeddings_and_head():
     model = tiny()
-    for task in TASKS:
+    for task in MASTER_TASKS:
         assert model.decoders[task][0].attention.self.config._attn_implementation == "sdpa"
     assert model.lm_head.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     # decoders are seeded by task: each starts from its own weights, the same whichever others are on
@@ -284,13 +286,22 @@ def test_decoders_use_sdpa_and_share_embeddings_and_head():
     assert not torch.equal(model.decoders["mkp"][0].output.dense.weight, model.decoders["gor"][0].output.dense.weight)
 
 
-def test_bad_settings_are_refused(tokenizer):
-    from qac.train.pretrain import PretrainSettings
+@pytest.mark.parametrize("setting, message", [
+    ({"master_decoders": ["mkp", "xyz"]}, "parameter pretrain.variants.bad.master_decoders.1: expected one of"),
+    ({"master_decoders": ["mkp", "mkp"]}, "parameter pretrain.variants.bad.master_decoders: names a decoder twice"),
+    ({"master_weights": {"npx": 1.0}}, "parameter pretrain.variants.bad.master_weights.npx: unknown key"),
+])
+def test_bad_settings_are_refused_by_the_schema(setting, message):
+    from qac.config import render_profile
+    from qac.params import ParamsError, validate_params
 
-    with pytest.raises(ValueError, match="master_decoders"):
-        PretrainSettings.from_mapping({"method": "master", "master_decoders": ["mkp", "xyz"]})
-    with pytest.raises(ValueError, match="master_weights"):
-        PretrainSettings.from_mapping({"method": "master", "master_weights": {"npx": 1.0}})
+    params = render_profile("smoke")
+    params["pretrain"]["variants"]["bad"] = {"method": "master", "context_type": "passage", **setting}
+    with pytest.raises(ParamsError, match=re.escape(message)):
+        validate_params(params)
+
+
+def test_a_collator_without_word_frequencies_is_refused(tokenizer):
     with pytest.raises(ValueError, match="word frequencies"):
         MasterCollator(tokenizer, 48, 16, 0.3, 0.5, seed=0, decoders=("mkp",))
 

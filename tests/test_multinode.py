@@ -41,7 +41,7 @@ from qac.train.throughput import SPEED_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
 
-PRETRAIN = dict(method="cocondenser", init="tiny:minilm", context_type="mixed", query_count=3, max_len=40,
+PRETRAIN = dict(method="cocondenser", seed=42, init="tiny:minilm", context_type="mixed", query_count=3, max_len=40,
                 query_max_len=12, steps=3, batch_size=8, skip_from=1, n_head_layers=1, lr=1e-3,
                 warmup_ratio=0.0, checkpoint_every=100, log_every=1, dropout=0.0, dtype="fp64")
 TEXTS = [f"passage {i} about topic {i % 3} with {'many ' * (i % 5)}words" for i in range(7)]

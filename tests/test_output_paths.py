@@ -124,12 +124,12 @@ def test_a_profile_name_from_the_environment_is_checked(monkeypatch):
         checked_plain_name("a/b", "variant")
 
 
-def test_a_study_name_given_on_the_command_line_is_checked():
-    from qac.hpo.study import HpoSettings, SettingsError
+def test_a_study_name_given_on_the_command_line_is_checked(capsys):
+    from qac.cli import main
 
-    params = load_params(REPO / "profiles" / "smoke" / "params.yaml")
-    with pytest.raises(SettingsError, match="hpo.study_name"):
-        HpoSettings.from_params({**params, "hpo": {**params["hpo"], "study_name": "../../elsewhere"}})
+    smoke = REPO / "profiles" / "smoke" / "params.yaml"
+    assert main(["hpo", "--params", str(smoke), "--study-name", "../../elsewhere"]) == 2
+    assert "parameter hpo.study_name" in capsys.readouterr().err
 
 
 def test_a_symbolic_link_leading_out_of_the_data_folder_is_refused(tmp_path, monkeypatch):

@@ -44,7 +44,7 @@ CONFIGS = {
 }
 # A layout that is not: dropout masks are drawn per process.
 DROPOUT = {"cocondenser-dropout": dict(method="cocondenser", dropout=0.1)}
-COMMON = dict(init="tiny:minilm", context_type="mixed", query_count=3, max_len=40, query_max_len=12, steps=3,
+COMMON = dict(seed=42, init="tiny:minilm", context_type="mixed", query_count=3, max_len=40, query_max_len=12, steps=3,
               batch_size=8, skip_from=1, n_head_layers=1, lr=1e-3, warmup_ratio=0.0, checkpoint_every=100,
               log_every=1, dropout=0.0, dtype="fp64")
 EPS = torch.finfo(torch.float64).eps

@@ -95,9 +95,12 @@ def test_unknown_variant_and_unknown_key_are_rejected(smoke_params):
 
     with pytest.raises(ValueError, match="no pretrain.variants.nope"):
         PretrainSettings.from_params(smoke_params, "nope")
+    # an unknown key is the schema's to refuse, before any settings are built
+    from qac.params import ParamsError, validate_params
+
     smoke_params["pretrain"]["variants"]["typo"] = {"method": "cocondenser", "lerning_rate": 1}
-    with pytest.raises(ValueError, match="pretrain.variants.typo: unknown pre-training key.*lerning_rate"):
-        PretrainSettings.from_params(smoke_params, "typo")
+    with pytest.raises(ParamsError, match="parameter pretrain.variants.typo.lerning_rate: unknown key"):
+        validate_params(smoke_params)
 
 
 def _longer(params, tmp_path, **pretrain):

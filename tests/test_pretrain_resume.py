@@ -19,7 +19,7 @@ from test_pretrain_corpus import write_corpus, write_master_inputs
 REPO = Path(__file__).resolve().parent.parent
 
 # Dropout stays on: resuming must restore the generator state too.
-SETTINGS = dict(method="cocondenser", init="tiny:minilm", context_type="query", query_count=3, max_len=40,
+SETTINGS = dict(method="cocondenser", seed=42, init="tiny:minilm", context_type="query", query_count=3, max_len=40,
                 query_max_len=12, steps=16, batch_size=8, grad_accumulation=2, skip_from=1, n_head_layers=1,
                 lr=1e-3, checkpoint_every=4, log_every=4, dtype="fp32")
 # MASTER under the same guarantees: all five decoders, NPR on the next span, no GradCache.

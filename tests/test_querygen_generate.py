@@ -293,8 +293,7 @@ def test_min_new_tokens_rules_out_the_end_as_huggingface_does_and_stays_batch_in
         ids = torch.cat([torch.zeros(4, 1, dtype=torch.long), emitted], 1)      # HF counts the start token
         oracle = MinNewTokensLengthLogitsProcessor(1, 3, 102)(ids, logits.clone())
         assert torch.equal(adjust_logits(logits, emitted, settings(min_new_tokens=3), 102), oracle)
-    with pytest.raises(ValueError, match="min_new_tokens"):
-        settings(min_new_tokens=8)                                             # max_new_tokens is 8
+    # min_new_tokens >= max_new_tokens is the schema's to refuse (test_bad_settings_are_rejected_by_the_schema)
     # A random T5 pushed toward [SEP] ends most candidates early: 3 tokens at least is a change it has to show
     eager = tiny_t5(seed=1)
     eager.lm_head.register_forward_hook(lambda module, inputs, output: output.index_add(
@@ -356,13 +355,23 @@ def test_bert2bert_generator_runs_through_the_same_loop(tokenizer, tiny_bert_dir
         assert candidates == [tokenizer.decode(reference[0], skip_special_tokens=True)]
 
 
-def test_bad_settings_are_rejected():
-    with pytest.raises(ValueError, match="top_p"):
-        SamplingSettings(top_p=0.0)
-    with pytest.raises(ValueError, match="queries_per_passage"):
-        SamplingSettings(queries_per_passage=0)
-    with pytest.raises(ValueError, match="repeat_penalty"):
-        SamplingSettings(repeat_penalty=-1.0)
-    with pytest.raises(ValueError, match="temperature"):
-        SamplingSettings(temperature=0.0)
-    assert math.isclose(SamplingSettings().top_p, 0.95) and SamplingSettings().top_k == 25
+@pytest.mark.parametrize("key, value, message", [
+    ("top_p", 0.0, "must be > 0"), ("queries_per_passage", 0, "must be >= 1"), ("repeat_penalty", -1.0, "must be >= 0"),
+    ("temperature", 0.0, "must be > 0"), ("max_source_len", 1, "must be >= 2"),
+    ("min_new_tokens", 64, "must be below querygen.max_new_tokens"),
+])
+def test_bad_settings_are_rejected_by_the_schema(key, value, message):
+    from qac.config import render_profile
+    from qac.params import ParamsError, validate_params
+
+    params = render_profile("smoke")
+    params["querygen"].update({key: value, "max_new_tokens": 64})
+    with pytest.raises(ParamsError, match=f"parameter querygen.{key}: .*{message}"):
+        validate_params(params)
+
+
+def test_the_base_profile_samples_as_the_paper():
+    from qac.config import render_profile
+
+    querygen = render_profile("paper")["querygen"]
+    assert math.isclose(querygen["top_p"], 0.95) and querygen["top_k"] == 25

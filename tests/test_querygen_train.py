@@ -325,9 +325,11 @@ def test_prefix_lm_copy_bias_raises_the_passage_tokens_not_yet_emitted(prefix_lm
 def test_kind_prefixes_mark_each_pair_kind_in_the_source():
     from qac.querygen.train_generator import TrainSettings, build_generator, encode_pairs
 
-    params = {"query_generator": {"prefix": "text: ", "kind_prefixes": {"title": "title: ", "query": "query: "},
-                                  "max_source_len": 16, "max_target_len": 6, "epochs": 1, "batch_size": 2,
-                                  "lr": 1e-3, "warmup_ratio": 0.0}}
+    from qac.config import render_profile
+
+    params = render_profile("smoke")
+    params["query_generator"].update({"prefix": "text: ", "kind_prefixes": {"title": "title: ", "query": "query: "},
+                                      "max_source_len": 16, "max_target_len": 6})
     settings = TrainSettings.from_params(params)
     assert settings.source_prefix("query") == "query: " and settings.source_prefix("other") == "text: "
     _, tokenizer = build_generator("prefix_lm", "tiny:minilm", seed=0)
@@ -365,7 +367,7 @@ def test_training_lowers_the_loss_and_keeps_the_best_validated_weights(architect
     torch.set_num_threads(1)
     model, tokenizer = build_generator(architecture, "tiny:minilm", seed=0)
     pairs = [Pair(text, title, "title", "x", d) for d, (title, text) in DOCS.items() if title]
-    settings = TrainSettings(max_source_len=24, max_target_len=6, epochs=12, batch_size=5, lr=5e-3, warmup_ratio=0.0,
+    settings = TrainSettings(seed=42, max_source_len=24, max_target_len=6, epochs=12, batch_size=5, lr=5e-3, warmup_ratio=0.0,
                              eval_every=3)
     before = validation_loss(model, tokenizer, pairs, settings, "cpu")
     figures = train_generator(model, tokenizer, pairs, settings, "cpu", validation=pairs)
@@ -385,7 +387,7 @@ def test_patience_stops_training_early():
     pairs = [Pair(text, title, "title", "x", d) for d, (title, text) in DOCS.items() if title]
     # validation targets unrelated to training: the validation loss rises as training fits the titles
     unrelated = [Pair(text, "zebra quantum harbour", "title", "x", d) for d, (_, text) in DOCS.items()]
-    settings = TrainSettings(max_source_len=24, max_target_len=6, epochs=20, batch_size=5, lr=5e-3, warmup_ratio=0.0,
+    settings = TrainSettings(seed=42, max_source_len=24, max_target_len=6, epochs=20, batch_size=5, lr=5e-3, warmup_ratio=0.0,
                              eval_every=1, patience=2)
     figures = train_generator(model, tokenizer, pairs, settings, "cpu", validation=unrelated)
     assert figures["train/steps"] == figures["validation/best_step"] + 2 < 20
@@ -444,7 +446,7 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     model, tokenizer = load_generator(str(folder))
     assert isinstance(model, PrefixLM)
     assert (model.config.decoder_start_token_id, model.config.eos_token_id, model.config.pad_token_id) == (101, 102, 0)
-    queries, _ = QueryGenerator(model, tokenizer, SamplingSettings(queries_per_passage=2, max_new_tokens=4)
+    queries, _ = QueryGenerator(model, tokenizer, SamplingSettings(queries_per_passage=2, max_new_tokens=4, seed=42)
                                 ).generate([("d1#0", DOCS["d1"][1])], 1)
     assert len(queries) == 1
 

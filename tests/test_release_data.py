@@ -14,7 +14,7 @@ import yaml
 from qac.data.errors import DataFormatError
 from qac.data.msmarco import iter_passage_collection, iter_triple_negatives
 from qac.data.prepared import TRAIN_NEGATIVES, load_prepared
-from qac.io import iter_jsonl
+from qac.data.textfile import iter_jsonl
 from qac.params import ParamsError
 from qac.retrieval import document_text, title_separator
 from stages import load_stage

@@ -57,9 +57,14 @@ def test_the_lucene_analyzer_drops_possessives_and_lucenes_stopwords_and_stems_w
     assert BM25Index(["d"], ["word"]).analyze(text) == ["john", "dog", "aren", "fan", "000", "mail", "generous"]
 
 
-def test_an_unknown_tokenizer_is_rejected():
-    with pytest.raises(ValueError, match="tokenizer 'whitespace'"):
-        BM25Settings(tokenizer="whitespace")
+def test_an_unknown_tokenizer_is_rejected_by_the_schema():
+    from qac.config import render_profile
+    from qac.params import ParamsError, validate_params
+
+    params = render_profile("smoke")
+    params["bm25"]["tokenizer"] = "whitespace"
+    with pytest.raises(ParamsError, match="parameter bm25.tokenizer: expected one of 'bm25s' or 'lucene'"):
+        validate_params(params)
 
 
 def test_from_params_reads_the_analyzer_keys_and_ignores_what_is_indexed():

@@ -69,9 +69,14 @@ def test_overflow_never_cuts_a_long_sentence(tokenizer):
     assert len(overflow.passages) == 2 and overflow.passages[0]["n_tokens"] > 30   # "short one." + the long one
 
 
-def test_unknown_span_rule_is_refused():
-    with pytest.raises(ValueError, match="split.spans"):
-        SplitSettings(spans="cropped")
+def test_unknown_span_rule_is_refused_by_the_schema():
+    from qac.config import render_profile
+    from qac.params import ParamsError, validate_params
+
+    params = render_profile("smoke")
+    params["split"]["spans"] = "cropped"
+    with pytest.raises(ParamsError, match="parameter split.spans: expected one of 'bounded' or 'overflow'"):
+        validate_params(params)
 
 
 # --- the crop --------------------------------------------------------------------

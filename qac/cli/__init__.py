@@ -2,9 +2,12 @@
 
 Every command-line module of qac lives in this package and is named after the
 command it implements: ``qac.cli.<subcommand>_command`` for each ``qac``
-subcommand, which defines ``add_arguments(parser)`` and ``run(args) -> int``;
-its docstring's first line is the subcommand's help. The library below knows
-nothing of command lines: these modules parse arguments and call it.
+subcommand, which defines ``add_arguments(parser)`` and ``run(args) -> int``
+(its docstring's first line is the subcommand's help), and ``<name>_command``
+for the programs run with ``python -m`` (``hpo_worker_command``, a worker
+`qac hpo` starts; ``dl19_subset_command``, a data builder).
+``stage_arguments`` parses the DVC stage scripts' command lines. The library
+below knows nothing of command lines: these modules parse arguments and call it.
 Modules import heavy libraries (torch, mlflow) inside ``run`` so that
 ``qac --help`` stays fast.
 

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     log = command_logger("qac.hpo", "hpo")
 
     from qac.config import write_params
-    from qac.params import load_params, params_path
+    from qac.params import load_params, params_path, validate_params
     from qac.hpo.study_report import log_report_to_mlflow, write_study_report
     from qac.hpo.space import SpaceError
     from qac.hpo.study import (DEFAULT_JOB, STORAGE_ENV, HpoSettings, SettingsError, ensure_study_mlflow_run,
@@ -92,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     gpus = [gpu.strip() for gpu in args.gpus.split(",") if gpu.strip()]
     params = apply_overrides(load_params(args.params), args)
+    validate_params(params, args.params or params_path())   # the command line's overrides obey the schema too
     try:
-        settings = HpoSettings.from_params(params, where=str(args.params or params_path()))
+        settings = HpoSettings.from_params(params)
         make_pruner(settings)
         if settings.job == DEFAULT_JOB and not args.report_only:
             check_inputs(params, settings.variant)

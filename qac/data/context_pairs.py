@@ -45,10 +45,8 @@ from qac.data.errors import DataFormatError
 from qac.data.masking import (IGNORE_INDEX, MaskingVocab, masked_targets, round_up, whole_word_mask,
                               whole_word_mask_batch)
 from qac.data.tokens import SpecialTokens, TextEncoder, check_stamp, with_special_tokens
+from qac.params.vocabulary import CONTEXT_TYPES, PASSAGE_CONTEXTS, SINGLE_SPAN_DOCUMENTS
 
-CONTEXT_TYPES = ("passage", "query", "mixed")
-SINGLE_SPAN = ("drop", "self")
-PASSAGE_CONTEXTS = ("random_sampled", "nearby", "overlap", "next")
 # Rows checked at a time when the corpus is loaded: bounds the memory of the scan.
 _SCAN_ROWS = 1 << 13
 
@@ -237,8 +235,8 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
         raise ValueError(f"passage_context must be one of {PASSAGE_CONTEXTS}, got {passage_context!r}")
     if query_count < 1:
         raise ValueError(f"query_count must be at least 1, got {query_count}")
-    if single_span not in SINGLE_SPAN:
-        raise ValueError(f"single_span_documents must be one of {SINGLE_SPAN}, got {single_span!r}")
+    if single_span not in SINGLE_SPAN_DOCUMENTS:
+        raise ValueError(f"single_span_documents must be one of {SINGLE_SPAN_DOCUMENTS}, got {single_span!r}")
     passages_path = Path(passages_path)
     passages_mapped = open_mapped(passages_path, PASSAGES_SCHEMA)
     passages = passages_mapped.table

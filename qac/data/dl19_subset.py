@@ -18,7 +18,7 @@ Public inputs, in their native formats:
 
 Usage (``.gz`` inputs are read as they are)::
 
-    python -m qac.data.dl19_subset --collection collection.tsv \\
+    python -m qac.cli.dl19_subset_command --collection collection.tsv \\
         --topics msmarco-test2019-queries.tsv.gz --qrels 2019qrels-pass.txt \\
         --out ../shared/data/msmarco-dl19-subset
 
@@ -27,7 +27,6 @@ The collection is streamed once (8.8M lines); only the kept passages are held.
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -76,24 +75,3 @@ def build_dl19_subset(collection: str | os.PathLike, topics: str | os.PathLike, 
             handle.write("query-id\tcorpus-id\tscore\n")
             handle.writelines(f"{qid}\t{pid}\t{grade}\n" for qid, pid, grade in rows)
     return {"documents": len(kept), "queries": len(judgements), "qrels": len(rows), "relevant": len(relevant)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--collection", required=True, help="MS MARCO collection.tsv[.gz] (pid<TAB>text)")
-    parser.add_argument("--topics", required=True, help="DL19 topics msmarco-test2019-queries.tsv[.gz]")
-    parser.add_argument("--qrels", required=True, help="DL19 passage qrels 2019qrels-pass.txt (TREC format)")
-    parser.add_argument("--out", required=True, help="output folder (BEIR layout)")
-    parser.add_argument("--others", type=int, default=DEFAULT_OTHERS,
-                        help=f"passages beyond the relevant ones (default {DEFAULT_OTHERS})")
-    args = parser.parse_args(argv)
-    counts = build_dl19_subset(args.collection, args.topics, args.qrels, args.out, args.others)
-    print(f"msmarco-dl19-subset: {counts['documents']} passages ({counts['relevant']} judged relevant), "
-          f"{counts['queries']} queries, {counts['qrels']} qrels -> {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    from qac.console import run_main
-
-    run_main(main)

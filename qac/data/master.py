@@ -68,9 +68,8 @@ from qac.data.context_pairs import Pair, PairSampler, StoredIdsReader, check_pad
 from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, masked_targets, round_up,
                               weighted_word_mask, whole_word_mask, word_spans, word_strings)
 from qac.data.tokens import SpecialTokens, check_stamp, with_special_tokens
+from qac.params.vocabulary import MASTER_TASKS, NPR_MASKS
 
-TASKS = ("mkp", "cmp", "npr", "dor", "gor")
-NPR_MASKS = ("uniform", "keyword")   # pretrain.common.master_npr_mask
 # Masking-generator side of each decoder's sequence (anchor 0 and context 1 are PairCollator's).
 SIDES = {"npr": 1, "mkp": 2, "cmp": 3, "dor": 4, "gor": 5}
 FREQUENCY_BATCH = 1024
@@ -235,7 +234,7 @@ class MasterMasking:
     mask_ratio: float
     decoder_mask_ratio: float
     seed: int
-    decoders: tuple[str, ...] = TASKS
+    decoders: tuple[str, ...] = MASTER_TASKS
     word_weights: WordWeights | None = None
     pad_to: int | None = None
     npr_mask: str = "uniform"
@@ -450,6 +449,6 @@ def required_inputs(settings) -> list[str]:
     return needs
 
 
-__all__ = ["TASKS", "MasterCollator", "MasterPair", "MasterSampler", "MasterSources", "TextMasterCollator",
+__all__ = ["MasterCollator", "MasterPair", "MasterSampler", "MasterSources", "TextMasterCollator",
            "WordWeights",
            "count_word_frequencies", "master_batches", "pack_side", "required_inputs"]

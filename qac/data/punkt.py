@@ -33,10 +33,10 @@ from typing import Callable, Iterable
 from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer, PunktTrainer
 
 from qac.io import atomic_path
+from qac.params.vocabulary import PUNKT_SOURCES
 
 PRETRAINED = "nltk-pretrained-english"
 TRAINED = "trained-on-corpus"
-SETTINGS = ("pretrained", "trained")
 PUNKT_PACKAGE = "punkt_tab"
 META_FILE = "punkt.json"
 _TRAIN_BATCH_DOCUMENTS = 1000
@@ -163,8 +163,8 @@ def prepare_punkt(setting: str, directory: str | os.PathLike, texts: Callable[[]
     ``max_train_documents`` are reused; otherwise ``texts()`` is iterated to
     train. Returns :data:`PRETRAINED` or :data:`TRAINED`.
     """
-    if setting not in SETTINGS:
-        raise ValueError(f"split.punkt: {setting!r} is not one of {', '.join(SETTINGS)}")
+    if setting not in PUNKT_SOURCES:
+        raise ValueError(f"split.punkt: {setting!r} is not one of {', '.join(PUNKT_SOURCES)}")
     directory = Path(directory)
     if setting == "pretrained":
         if not pretrained_english_available():

@@ -68,8 +68,8 @@ from qac.data.errors import DataFormatError, DatasetUnavailableError
 from qac.data.msmarco import stream_tsv_corpus
 from qac.data.trec import read_topics, read_trec_qrels
 from qac.io import atomic_path
+from qac.params.vocabulary import DATASET_FORMATS
 
-FORMATS = ("beir", "msmarco-docs", "msmarco-passage", "trec", "hf")
 MSMARCO_DOCUMENT_FILES = ("msmarco-docs.tsv", "msmarco-docs.tsv.gz")
 URL_TIMEOUT_S = 30
 CHECKSUMS = {"sha256": 64, "md5": 32}      # algorithm: hex digits; the first one declared is used
@@ -126,8 +126,8 @@ class DatasetSpec:
         if unknown:
             raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
         fmt = entry.get("format")
-        if fmt not in FORMATS:
-            raise ValueError(f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
+        if fmt not in DATASET_FORMATS:
+            raise ValueError(f"{where}.format: {fmt!r} is not one of {', '.join(DATASET_FORMATS)}")
         splits = tuple(str(split) for split in entry.get("splits") or ())
         threshold = entry.get("rel_threshold", 1)
         if isinstance(threshold, Mapping):

@@ -58,8 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from qac.data.arrowstore import write_passages
-
-SPAN_RULES = ("bounded", "overflow")
+from qac.params.vocabulary import SpanRule
 
 
 @dataclass(frozen=True)
@@ -70,22 +69,12 @@ class SplitSettings:
     short_span_prob: float = 0.15
     random_sampled_window: int = 100
     overlap_sentences: int = 2
-    seed: int = 42
-    spans: str = "bounded"           # bounded: never over max_len; overflow: close after the crossing sentence
+    seed: int = field(kw_only=True)
+    spans: SpanRule = "bounded"      # bounded: never over max_len; overflow: close after the crossing sentence
 
     @property
     def overflow(self) -> bool:
         return self.spans == "overflow"
-
-    def __post_init__(self):
-        if self.max_len < 2:
-            raise ValueError(f"split.max_len must be >= 2, not {self.max_len}")
-        if not 0.0 <= self.short_span_prob <= 1.0:
-            raise ValueError(f"split.short_span_prob must be in [0, 1], not {self.short_span_prob}")
-        if self.random_sampled_window < 1 or self.overlap_sentences < 1:
-            raise ValueError("split.random_sampled_window and split.overlap_sentences must be >= 1")
-        if self.spans not in SPAN_RULES:
-            raise ValueError(f"split.spans must be one of {', '.join(SPAN_RULES)}, not {self.spans!r}")
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "SplitSettings":

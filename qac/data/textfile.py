@@ -115,6 +115,12 @@ def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, 
         yield line_number, record
 
 
+def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    """Yield the records (JSON objects) of a JSONL file; a bad line raises with file and line number."""
+    for _, record in iter_json_objects(path):
+        yield record
+
+
 def iter_rows(path: str | os.PathLike, fields: tuple[str, ...], *,
               whitespace: bool = False) -> Iterator[tuple[int, list[str]]]:
     """Yield ``(line_number, values)`` for each non-blank line with exactly ``len(fields)`` columns.

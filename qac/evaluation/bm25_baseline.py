@@ -49,7 +49,7 @@ def official_negatives(folder: Path, dataset, per_query: int, seed: int):
     """
     from qac.data.prepared import TRAIN_NEGATIVES
     from qac.data.splitting import document_rng
-    from qac.io import iter_jsonl
+    from qac.data.textfile import iter_jsonl
 
     path = folder / TRAIN_NEGATIVES
     if not path.is_file():

@@ -24,7 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-KINDS = ("float", "int", "categorical")
+from qac.params.vocabulary import SPACE_KINDS
+
 _FIELDS = {
     "float": {"type", "low", "high", "log", "step"},
     "int": {"type", "low", "high", "log", "step"},
@@ -76,8 +77,8 @@ def _parse_entry(key: str, entry: Any, where: str) -> Dimension:
     if not isinstance(entry, Mapping):
         raise SpaceError(f"{where}: expected a mapping like {{type: float, low: .., high: ..}}, got {entry!r}")
     kind = entry.get("type")
-    if kind not in KINDS:
-        raise SpaceError(f"{where}: 'type' must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind not in SPACE_KINDS:
+        raise SpaceError(f"{where}: 'type' must be one of {', '.join(SPACE_KINDS)}, got {kind!r}")
     unknown = set(entry) - _FIELDS[kind]
     if unknown:
         raise SpaceError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))} for type {kind} "

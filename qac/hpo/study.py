@@ -30,15 +30,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from qac.config import profile_dir
-from qac.evaluation.metrics import Measure
-from qac.hpo.space import Dimension, check_space_against_params, parse_space
-from qac.names import PLAIN_NAME_RULE, is_plain_name
+from qac.hpo.space import Dimension, parse_space
 
 WORKER_ATTR = "qac.worker"
 MLFLOW_RUN_ATTR = "qac.mlflow_run_id"
 FAIL_REASON_ATTR = "qac.fail_reason"
-PRUNERS = ("median", "hyperband", "none")
-LAUNCHERS = ("python", "torchrun")
 DEFAULT_JOB = "qac.hpo.trial_job"
 
 
@@ -75,85 +71,34 @@ class HpoSettings:
     dimensions: list[Dimension] = field(default_factory=list)
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], where: str = "params.yaml") -> "HpoSettings":
-        section = params.get("hpo")
-        if not isinstance(section, Mapping):
-            raise SettingsError(f"{where}: no 'hpo' section")
-        variant = section.get("variant")
-        if not variant:
-            raise SettingsError(f"{where}: hpo.variant: name the pre-training variant the study searches")
-        variants = (params.get("pretrain") or {}).get("variants") or {}
-        if variant not in variants:
-            raise SettingsError(f"{where}: hpo.variant: {variant!r} is not a pre-training variant "
-                                f"(pretrain.variants has {', '.join(variants) or 'none'})")
-        dimensions = parse_space(section.get("space"), where=f"{where}: hpo.space")
-        check_space_against_params(dimensions, params, variant, where=f"{where}: hpo.space")
-        pruner = dict(section.get("pruner") or {"type": "none"})
-        if pruner.get("type") not in PRUNERS:
-            raise SettingsError(f"{where}: hpo.pruner.type must be one of {', '.join(PRUNERS)}, got {pruner.get('type')!r}")
-        direction = section.get("direction", "maximize")
-        if direction not in ("maximize", "minimize"):
-            raise SettingsError(f"{where}: hpo.direction must be maximize or minimize, got {direction!r}")
-        launcher = section.get("launcher", "python")
-        if launcher not in LAUNCHERS:
-            raise SettingsError(f"{where}: hpo.launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-
-        def integer(key: str, default: int | None, minimum: int, allow_none: bool = False) -> int | None:
-            value = section.get(key, default)
-            if value is None and allow_none:
-                return None
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise SettingsError(f"{where}: hpo.{key} must be an integer >= {minimum}, got {value!r}")
-            return value
-
-        metric = str(section.get("metric", "nDCG@10"))
-        try:
-            Measure.parse(metric)
-        except ValueError as error:
-            raise SettingsError(f"{where}: hpo.metric: {error}") from None
-        seed = section.get("seed")
-        timeout = section.get("trial_timeout")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise SettingsError(f"{where}: hpo.trial_timeout must be a positive number of seconds or null")
-        dev = section.get("dev") or {}
-        study_name = section.get("study_name") or f"{params['profile']}-{variant}"
-        if not is_plain_name(study_name):   # --study-name bypasses the schema; the name becomes a folder
-            raise SettingsError(f"{where}: hpo.study_name {study_name!r} is not {PLAIN_NAME_RULE}")
+    def from_params(cls, params: Mapping[str, Any]) -> "HpoSettings":
+        """The ``hpo`` section of a params file the schema has checked (``qac.params``), the space parsed."""
+        section, dev = params["hpo"], params["hpo"]["dev"]
         return cls(
-            study_name=study_name,
-            variant=variant,
-            storage=storage_with_credentials(section.get("storage")),
-            n_trials=integer("n_trials", 20, 1),
-            direction=direction,
-            metric=metric,
-            seed=int(params.get("seed", 0) if seed is None else seed),
-            tpe_startup_trials=integer("tpe_startup_trials", 5, 0),
-            pruner=pruner,
-            retry_failed=integer("retry_failed", 1, 0),
-            heartbeat_interval=integer("heartbeat_interval", 60, 1),
-            grace_period=integer("grace_period", 180, 1),
-            launcher=launcher,
-            nproc_per_node=integer("nproc_per_node", 1, 1),
-            trial_timeout=None if timeout is None else float(timeout),
-            job=str(section.get("job") or DEFAULT_JOB),
-            dev_queries=_dev_int(dev, "queries", 200, where),
-            dev_max_documents=_dev_int(dev, "max_documents", None, where),
-            eval_every=integer("eval_every", 50, 1),
-            finetune_epochs=integer("finetune_epochs", 1, 1, allow_none=True),
-            pretrain_steps=integer("pretrain_steps", None, 1, allow_none=True),
-            keep_models=bool(section.get("keep_models", False)),
-            dimensions=dimensions,
+            study_name=section["study_name"] or f"{params['profile']}-{section['variant']}",
+            variant=section["variant"],
+            storage=storage_with_credentials(section["storage"]),
+            n_trials=section["n_trials"],
+            direction=section["direction"],
+            metric=section["metric"],
+            seed=params["seed"] if section["seed"] is None else section["seed"],
+            tpe_startup_trials=section["tpe_startup_trials"],
+            pruner=dict(section["pruner"]),
+            retry_failed=section["retry_failed"],
+            heartbeat_interval=section["heartbeat_interval"],
+            grace_period=section["grace_period"],
+            launcher=section["launcher"],
+            nproc_per_node=section["nproc_per_node"],
+            trial_timeout=None if section["trial_timeout"] is None else float(section["trial_timeout"]),
+            job=section["job"],
+            dev_queries=dev["queries"],
+            dev_max_documents=dev["max_documents"],
+            eval_every=section["eval_every"],
+            finetune_epochs=section["finetune_epochs"],
+            pretrain_steps=section["pretrain_steps"],
+            keep_models=section["keep_models"],
+            dimensions=parse_space(section["space"]),
         )
-
-
-def _dev_int(dev: Mapping[str, Any], key: str, default: int | None, where: str) -> int | None:
-    value = dev.get(key, default)
-    if value is None and default is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SettingsError(f"{where}: hpo.dev.{key} must be a positive integer{' or null' if default is None else ''}, "
-                            f"got {value!r}")
-    return value
 
 
 def study_dir(params: Mapping[str, Any], settings: HpoSettings) -> Path:

@@ -15,7 +15,6 @@ left.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import logging
@@ -297,30 +296,6 @@ def run_worker(params: Mapping[str, Any], settings: HpoSettings, index: int = 0,
     return ran
 
 
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="One worker of a qac hpo study (started by `qac hpo`).")
-    parser.add_argument("--params", required=True, help="the study's params file")
-    parser.add_argument("--index", type=int, default=0, help="worker number (seeds the sampler)")
-    parser.add_argument("--gpus", default=None, help="CUDA_VISIBLE_DEVICES value for this worker's jobs")
-    args = parser.parse_args(argv)
-    from qac.console import command_logger, setup_console
-
-    setup_console()
-    command_logger("qac.hpo", f"worker {args.index}")
-    # TERM (from the driver) ends the current trial as failed, with the job stopped.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    from qac.params import load_params
-
-    params = load_params(args.params)
-    settings = HpoSettings.from_params(params, where=args.params)
-    run_worker(params, settings, index=args.index, gpu_slot=args.gpus)
-    return 0
-
-
 # --- the driver's pool -------------------------------------------------------------------
 
 def run_worker_pool(params_file: Path, params: Mapping[str, Any], settings: HpoSettings,
@@ -340,7 +315,7 @@ def run_worker_pool(params_file: Path, params: Mapping[str, Any], settings: HpoS
     replacements_left = workers
 
     def start(index: int) -> None:
-        command = [sys.executable, "-m", "qac.hpo.worker", "--params", str(params_file), "--index", str(index)]
+        command = [sys.executable, "-m", "qac.cli.hpo_worker_command", "--params", str(params_file), "--index", str(index)]
         if slots[index] is not None:
             command += ["--gpus", slots[index]]
         processes[index] = subprocess.Popen(command)
@@ -379,9 +354,3 @@ def run_worker_pool(params_file: Path, params: Mapping[str, Any], settings: HpoS
     finally:
         orphaned += fail_orphaned_trials(study, settings)
     return {"orphaned_trials": orphaned, "worker_exits": exits}
-
-
-if __name__ == "__main__":
-    from qac.console import run_main
-
-    run_main(main)

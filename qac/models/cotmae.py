@@ -35,8 +35,7 @@ from qac.data.masking import IGNORE_INDEX
 from qac.models.backbone import (PretrainingModel, PretrainOutput, additive_mask, encoder_mask, load_backbone,
                                  new_layers, padding_mask, run_layers)
 from qac.models.losses import dense_lm_sum, masked_lm_sum, mean_over_processes
-
-DECODERS = ("paper", "release")
+from qac.params.vocabulary import RECIPES
 
 
 def windowed_causal_mask(attention_mask: torch.Tensor, window: int) -> torch.Tensor:
@@ -117,8 +116,8 @@ class CoTMAE(PretrainingModel):
                  decoder_mask_ratio: float = 0.45, full_vocab_logits: bool = False, seed: int = 0,
                  attn_implementation: str = "sdpa"):
         super().__init__()
-        if decoder not in DECODERS:
-            raise ValueError(f"cotmae_decoder must be one of {DECODERS}, got {decoder!r}")
+        if decoder not in RECIPES:
+            raise ValueError(f"cotmae_decoder must be one of {RECIPES}, got {decoder!r}")
         if decoder_layers < 1:
             raise ValueError(f"cotmae_decoder_layers must be at least 1, got {decoder_layers}")
         if attention_window < 1:

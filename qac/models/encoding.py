@@ -27,7 +27,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-POOLINGS = ("cls", "mean")    # a text's vector: its [CLS] token state, or the attention-masked mean
+from qac.params.vocabulary import POOLINGS   # a text's vector: its [CLS] token state, or the attention-masked mean
+
 RETRIEVER_FILE = "retriever.json"
 _TRANSFORMER = "sentence_transformers.models.Transformer"
 _POOLING = "sentence_transformers.models.Pooling"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-METHODS = ("none", "cocondenser", "cotmae", "master")
+from qac.params.vocabulary import METHODS
 
 
 def build_pretraining_model(settings: Mapping[str, Any], seed: int, full_vocab_logits: bool = False):

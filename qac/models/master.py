@@ -32,8 +32,7 @@ from torch import nn
 
 from qac.models.backbone import PretrainingModel, PretrainOutput, encoder_mask, load_backbone, new_layers, run_layers
 from qac.models.losses import masked_lm_sum, mean_over_processes
-
-TASKS = ("mkp", "cmp", "npr", "dor", "gor")
+from qac.params.vocabulary import MASTER_TASKS
 
 
 def bool_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -42,26 +41,26 @@ def bool_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class Master(PretrainingModel):
-    def __init__(self, bert, lm_head, *, decoders=TASKS, decoder_layers: int = 2,
+    def __init__(self, bert, lm_head, *, decoders=MASTER_TASKS, decoder_layers: int = 2,
                  weights: dict[str, float] | None = None, mask_ratio: float = 0.30,
                  decoder_mask_ratio: float = 0.50, full_vocab_logits: bool = False, seed: int = 0):
         super().__init__()
         decoders = tuple(decoders)
-        unknown = [task for task in decoders if task not in TASKS]
+        unknown = [task for task in decoders if task not in MASTER_TASKS]
         if unknown or len(set(decoders)) != len(decoders):
-            raise ValueError(f"master_decoders must be distinct names among {TASKS}, got {list(decoders)}")
+            raise ValueError(f"master_decoders must be distinct names among {MASTER_TASKS}, got {list(decoders)}")
         if decoder_layers < 1:
             raise ValueError(f"master_decoder_layers must be at least 1, got {decoder_layers}")
-        weights = {task: 1.0 for task in TASKS} | dict(weights or {})
-        if set(weights) - set(TASKS):
-            raise ValueError(f"master_weights: unknown task(s) {sorted(set(weights) - set(TASKS))}")
+        weights = {task: 1.0 for task in MASTER_TASKS} | dict(weights or {})
+        if set(weights) - set(MASTER_TASKS):
+            raise ValueError(f"master_weights: unknown task(s) {sorted(set(weights) - set(MASTER_TASKS))}")
         self.bert = bert
         self.lm_head = lm_head
-        # In the fixed order of TASKS, each decoder seeded by its task, so that turning one decoder
+        # In the fixed order of MASTER_TASKS, each decoder seeded by its task, so that turning one decoder
         # off leaves the others' initial weights as they were.
-        self.tasks = tuple(task for task in TASKS if task in decoders)
+        self.tasks = tuple(task for task in MASTER_TASKS if task in decoders)
         self.decoders = nn.ModuleDict({
-            task: new_layers(bert.config, decoder_layers, seed + 1 + TASKS.index(task), attn_implementation="sdpa")
+            task: new_layers(bert.config, decoder_layers, seed + 1 + MASTER_TASKS.index(task), attn_implementation="sdpa")
             for task in self.tasks})
         self.weights = {task: float(weights[task]) for task in self.tasks}
         self.decoder_layers = decoder_layers

@@ -7,7 +7,7 @@ description, and the sections name it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -22,8 +22,6 @@ Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]          # [
 OpenFraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]      # (0, 1)
 DropoutProbability = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # [0, 1)
 LearningRate = NonNegativeFloat
-DType = Literal["auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64"]
-Retriever = Literal["r1", "r2", "untuned"]
 
 # Keys that mean the same in every section holding them: type, range and description declared once.
 PeakLearningRate = Annotated[LearningRate, Field(description="peak learning rate")]

@@ -24,26 +24,28 @@ def _corpus_limit(params: Params, dataset: str | None) -> int | None:
     return entry.max_documents if "max_documents" in entry.model_fields_set else params.prepare.max_documents
 
 
-def cross_field_problems(params: Params) -> list[Problem]:
-    """The rules that tie keys together, each broken one named by its key."""
-    problems: list[Problem] = []
+def dataset_ref(params: Params, key: str, name: str | None) -> list[Problem]:
+    """``name`` (at ``key``) must be a key of ``datasets``; null names none."""
+    if name is None or name in params.datasets:
+        return []
     declared = list(params.datasets)
+    close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return [Problem(key, f"{name!r} is not a key of datasets (declared: {', '.join(declared) or 'none'}){hint}")]
 
-    def dataset_ref(key: str, name: str | None, allow_null: bool = True) -> None:
-        if name is None:
-            if not allow_null:
-                problems.append(Problem(key, "must name a dataset"))
-            return
-        if name not in params.datasets:
-            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            problems.append(Problem(key, f"{name!r} is not a key of datasets (declared: "
-                                         f"{', '.join(declared) or 'none'}){hint}"))
 
-    dataset_ref("pretrain_corpus", params.pretrain_corpus)
-    dataset_ref("train_dataset", params.train_dataset)
+def dataset_names(params: Params) -> list[Problem]:
+    """The corpus, the training set and the zero-shot sets are declared datasets."""
+    problems = dataset_ref(params, "pretrain_corpus", params.pretrain_corpus)
+    problems += dataset_ref(params, "train_dataset", params.train_dataset)
     for index, name in enumerate(params.zero_shot):
-        dataset_ref(f"zero_shot.{index}", name)
+        problems += dataset_ref(params, f"zero_shot.{index}", name)
+    return problems
+
+
+def dataset_entries(params: Params) -> list[Problem]:
+    """Each dataset's keys fit its format."""
+    problems: list[Problem] = []
     for name, entry in params.datasets.items():
         if entry.format == "hf" and not entry.hub:
             problems.append(Problem(f"datasets.{name}.hub", "format hf needs hub (a Hugging Face dataset name such "
@@ -64,7 +66,12 @@ def cross_field_problems(params: Params) -> list[Problem]:
                 if split not in entry.splits:
                     problems.append(Problem(f"datasets.{name}.rel_threshold.{split}",
                                             f"not one of the dataset's splits ({', '.join(entry.splits) or 'none'})"))
+    return problems
 
+
+def training_set_needs(params: Params) -> list[Problem]:
+    """What the fine-tuning and annotation settings need of ``train_dataset``."""
+    problems: list[Problem] = []
     train = params.datasets.get(params.train_dataset) if params.train_dataset else None
     if train is not None and params.finetune.r1_negatives == "official" and not train.triples:
         problems.append(Problem("finetune.r1_negatives", f"'official' needs the training triples of train_dataset "
@@ -74,8 +81,13 @@ def cross_field_problems(params: Params) -> list[Problem]:
         problems.append(Problem("annotation.calibration_split",
                                 f"{params.annotation.calibration_split!r} is not a split of train_dataset "
                                 f"{params.train_dataset} ({', '.join(train.splits) or 'none'})"))
+    return problems
 
-    # Pre-training variants, each merged with pretrain.common.
+
+def variant_rules(params: Params) -> list[Problem]:
+    """Each pre-training variant, merged with ``pretrain.common``: its C is generated, its batch splits into
+    micro-batches, its MASTER decoders are distinct."""
+    problems: list[Problem] = []
     available = params.querygen.queries_per_passage
     variants = list(params.pretrain.variants)
     for name in variants:
@@ -95,14 +107,23 @@ def cross_field_problems(params: Params) -> list[Problem]:
                     f"{where}.batch_size" if "batch_size" in variant.model_fields_set else "pretrain.common.batch_size",
                     f"{settings['batch_size']} pairs per step do not split into grad_accumulation="
                     f"{settings['grad_accumulation']} equal micro-batches"))
+            decoders = settings["master_decoders"]
+            if variant.method == "master" and len(set(decoders)) != len(decoders):
+                problems.append(Problem(f"{where}.master_decoders" if "master_decoders" in variant.model_fields_set
+                                        else "pretrain.common.master_decoders", f"names a decoder twice: {decoders}"))
+    return problems
+
+
+def variant_names(params: Params) -> list[Problem]:
+    """Variants named elsewhere are declared; Table 1's C is one a variant has."""
+    problems: list[Problem] = []
     if params.hpo.variant not in params.pretrain.variants:
-        close = difflib.get_close_matches(params.hpo.variant, variants, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(params.hpo.variant, list(params.pretrain.variants), n=1, cutoff=0.6)
         problems.append(Problem("hpo.variant", f"{params.hpo.variant!r} is not a key of pretrain.variants"
                                                + (f"; did you mean {close[0]}?" if close else "")))
-    for key in ("zero_shot_variants",):
-        for index, name in enumerate(getattr(params.evaluate, key) or []):
-            if name not in params.pretrain.variants:
-                problems.append(Problem(f"evaluate.{key}.{index}", f"{name!r} is not a key of pretrain.variants"))
+    for index, name in enumerate(params.evaluate.zero_shot_variants or []):
+        if name not in params.pretrain.variants:
+            problems.append(Problem(f"evaluate.zero_shot_variants.{index}", f"{name!r} is not a key of pretrain.variants"))
     if params.tables.main_query_count is not None:
         counts = {v.query_count for v in params.pretrain.variants.values()
                   if v.method != "none" and v.context_type in ("query", "mixed")}
@@ -110,8 +131,13 @@ def cross_field_problems(params: Params) -> list[Problem]:
             problems.append(Problem("tables.main_query_count",
                                     f"no query-context variant has query_count {params.tables.main_query_count} "
                                     f"(the variants have {', '.join(map(str, sorted(counts)))})"))
+    return problems
 
-    # Fine-tuning: enough candidates for the negatives, depths within the corpus the profile keeps.
+
+def finetune_depths(params: Params) -> list[Problem]:
+    """Fine-tuning: enough candidates for the negatives, depths within the corpus the profile keeps,
+    whole batches of training queries."""
+    problems: list[Problem] = []
     ft = params.finetune
     negatives = ft.train_n_passages - 1
     if ft.mine_skip_top >= ft.mine_depth:
@@ -140,8 +166,12 @@ def cross_field_problems(params: Params) -> list[Problem]:
                                 f"{ft.max_train_queries} queries do not fill whole batches of {ft.batch_size} "
                                 f"(finetune.batch_size): {ft.max_train_queries % ft.batch_size} would be left out; "
                                 f"use a multiple of {ft.batch_size}, or finetune.incomplete_batch: drop"))
+    return problems
 
-    # Cluster resources: the default sets every one; several nodes only under torchrun.
+
+def cluster_resources(params: Params) -> list[Problem]:
+    """The cluster default sets every resource; several nodes only under torchrun."""
+    problems: list[Problem] = []
     cluster = params.cluster
     unset = [name for name in ClusterResources.model_fields if getattr(cluster.default, name) is None]
     if unset:
@@ -151,10 +181,14 @@ def cross_field_problems(params: Params) -> list[Problem]:
         if (merged["nodes"] or 1) > 1 and not merged["distributed"]:
             problems.append(Problem(f"cluster.{stage}.nodes", f"{merged['nodes']} nodes need distributed: true (a "
                                                               "stage runs on several nodes only under torchrun)"))
+    return problems
 
-    # Measures.
+
+def measures_and_columns(params: Params) -> list[Problem]:
+    """Measures parse; the in-domain columns name declared datasets, splits and computed measures."""
     from qac.evaluation.metrics import Measure
 
+    problems: list[Problem] = []
     measures = set()
     for index, name in enumerate(params.evaluate.metrics):
         try:
@@ -170,7 +204,7 @@ def cross_field_problems(params: Params) -> list[Problem]:
                 problems.append(Problem(f"{where}.{key}", "required unless the column is `missing`"))
         dataset = column.dataset if column.dataset is not None else params.train_dataset
         if column.dataset is not None:
-            dataset_ref(f"{where}.dataset", column.dataset)
+            problems += dataset_ref(params, f"{where}.dataset", column.dataset)
         entry = params.datasets.get(dataset) if dataset else None
         if entry is not None and column.split is not None and column.split not in entry.splits:
             problems.append(Problem(f"{where}.split", f"{column.split!r} is not a split of {dataset} "
@@ -178,17 +212,31 @@ def cross_field_problems(params: Params) -> list[Problem]:
         if column.measure is not None and measures and column.measure not in measures:
             problems.append(Problem(f"{where}.measure", f"{column.measure!r} is not computed (evaluate.metrics: "
                                                         f"{', '.join(params.evaluate.metrics)})"))
+    return problems
 
-    # Query generator.
+
+def generation_rules(params: Params) -> list[Problem]:
+    """The generator's query prefix is the one generation uses; a query may end after ``min_new_tokens``
+    only if fewer than ``max_new_tokens``."""
+    problems: list[Problem] = []
     qg = params.query_generator
     if qg.kind_prefixes and "query" in qg.kind_prefixes and qg.kind_prefixes["query"] != params.querygen.prefix:
         problems.append(Problem("querygen.prefix", f"{params.querygen.prefix!r} differs from the generator's query "
                                                    f"prefix query_generator.kind_prefixes.query "
                                                    f"({qg.kind_prefixes['query']!r})"))
+    querygen = params.querygen
+    if querygen.min_new_tokens >= querygen.max_new_tokens:
+        problems.append(Problem("querygen.min_new_tokens", f"{querygen.min_new_tokens} must be below "
+                                                           f"querygen.max_new_tokens ({querygen.max_new_tokens})"))
+    return problems
 
-    # The search space (qac.hpo.space holds its rules).
+
+def search_space(params: Params) -> list[Problem]:
+    """The search space follows docs/hpo.md (qac.hpo.space holds its rules); the study's measure parses."""
+    from qac.evaluation.metrics import Measure
     from qac.hpo.space import SpaceError, check_space_against_params, parse_space
 
+    problems: list[Problem] = []
     raw_space = {key: (None if entry is None else entry.model_dump(exclude_unset=True))
                  for key, entry in params.hpo.space.items()}
     try:
@@ -204,3 +252,12 @@ def cross_field_problems(params: Params) -> list[Problem]:
     except ValueError as error:
         problems.append(Problem("hpo.metric", str(error)))
     return problems
+
+
+RULES = (dataset_names, dataset_entries, training_set_needs, variant_rules, variant_names, finetune_depths,
+         cluster_resources, measures_and_columns, generation_rules, search_space)
+
+
+def cross_field_problems(params: Params) -> list[Problem]:
+    """The rules that tie keys together (:data:`RULES`, one function each), each broken one named by its key."""
+    return [problem for rule in RULES for problem in rule(params)]

@@ -14,7 +14,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model
 
-from qac.params.fields import (ChunkSize, ContrastiveTemperature, DType, DropoutProbability, Fraction, InsidePath, LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction, PeakLearningRate, PlainName, PositiveFloat, PositiveInt, Retriever, Section, TopK, TopP, WarmupRatio, WeightDecay)
+from qac.params.fields import (ChunkSize, ContrastiveTemperature, DropoutProbability, Fraction, InsidePath,
+                               LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction, PeakLearningRate,
+                               PlainName, PositiveFloat, PositiveInt, Section, TopK, TopP, WarmupRatio, WeightDecay)
+from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
+                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask, PassageContext,
+                                    Pooling, Pruner, PunktSource, R1Negatives, Recipe, Retriever, SingleSpanDocuments,
+                                    SpaceKind, SpanRule, TitleJoin, ZeroShotLoss, ZeroShotNegatives)
 
 
 class MlflowSection(Section):
@@ -26,7 +32,7 @@ class MlflowSection(Section):
 
 
 class DatasetEntry(Section):
-    format: Literal["beir", "msmarco-docs", "msmarco-passage", "trec", "hf"] = Field(
+    format: DatasetFormat = Field(
         description="how the dataset's files are laid out")
     mirror: InsidePath | None = Field(default=None, description="folder name in the local mirror (QAC_DATA_MIRROR)")
     url: str | None = Field(default=None, description="public URL downloaded when the mirror lacks the dataset")
@@ -74,13 +80,13 @@ class PrepareSection(Section):
 
 class SplitSection(Section):
     tokenizer: str = Field(description="the encoder's tokenizer (paper: bert-base-uncased)")
-    max_len: PositiveInt = Field(description="passage length in tokens (paper: 144, no special tokens)")
+    max_len: Annotated[int, Field(ge=2)] = Field(description="passage length in tokens (paper: 144, no special tokens)")
     short_span_prob: Fraction = Field(description="paper: 0.15, target length drawn from [2, max_len]")
     random_sampled_window: PositiveInt = Field(
         description="passages a random_sampled context is drawn from")
-    overlap_sentences: NonNegativeInt = Field(
+    overlap_sentences: PositiveInt = Field(
         description="overlap context: last k sentences of the span plus what follows")
-    spans: Literal["bounded", "overflow"] = Field(
+    spans: SpanRule = Field(
         description="bounded: a span never exceeds max_len (long sentences cut); overflow (the release): a span closes "
                     "after the sentence that crosses its target, and pre-training crops one over pretrain max_len to "
                     "a random window (seeded per step and pair)")
@@ -88,7 +94,7 @@ class SplitSection(Section):
     chunk_size: PositiveInt = Field(description="documents per worker task (output does not depend on it)")
     max_documents: NonNegativeInt | None = Field(
         description="split only the first N documents of the corpus (null: all); a scaled-down pre-training corpus")
-    punkt: Literal["pretrained", "trained"] = Field(
+    punkt: PunktSource = Field(
         description="pretrained: NLTK's English Punkt (the release; downloaded by NLTK at split time, an error naming "
                     "`python -m nltk.downloader punkt_tab` without a network); trained: learned from the corpus (runs "
                     "offline). Never one in place of the other")
@@ -97,10 +103,10 @@ class SplitSection(Section):
 
 
 class QueryGeneratorSection(Section):
-    mode: Literal["train", "pretrained"] = Field(
+    mode: GeneratorMode = Field(
         description="train: fine-tune a generator here; pretrained: save a hub model")
     model: str = Field(description="warm start (train) or the generator itself (pretrained)")
-    architecture: Literal["prefix_lm", "bert2bert"] = Field(
+    architecture: GeneratorArchitecture = Field(
         description="train: prefix_lm (the encoder generates; all weights pretrained) or bert2bert")
     copy_bias: bool = Field(description="prefix_lm: learned bonus for the logits of the passage's own tokens")
     dropout: DropoutProbability | None = Field(
@@ -156,7 +162,7 @@ class QuerygenSection(Section):
     top_p: TopP
     top_k: TopK
     max_new_tokens: PositiveInt = Field(description="longest generated query, in tokens")
-    max_source_len: PositiveInt = Field(description="passage tokens the generator reads")
+    max_source_len: Annotated[int, Field(ge=2)] = Field(description="passage tokens the generator reads")
     batch_size: PositiveInt = Field(description="passages per generation batch")
     chunk_size: ChunkSize
     max_passages: PositiveInt | None = Field(
@@ -198,10 +204,10 @@ class PretrainCommon(Section):
                     "(a chunk of either side holds about that many anchors' tokens)")
     n_head_layers: PositiveInt = Field(description="coCondenser head layers")
     skip_from: NonNegativeInt = Field(description="coCondenser: the encoder layer whose output skips to the head")
-    cocondenser_loss_weights: Literal["paper", "release"] = Field(
+    cocondenser_loss_weights: Recipe = Field(
         description="paper: MLM + head MLM + contrastive, 1:1:1 (Eq. 7); release: 2:2:1 (qac/deviations.yaml)")
     cotmae_mask_ratio: OpenFraction = Field(description="CoT-MAE encoder mask ratio")
-    cotmae_decoder: Literal["paper", "release"] = Field(
+    cotmae_decoder: Recipe = Field(
         description="paper: bidirectional BERT layers, masked context, MLM; release: GPT-2 block(s), causal window, "
                     "unmasked query, next token")
     cotmae_decoder_layers: PositiveInt = Field(description="CoT-MAE decoder layers")
@@ -211,22 +217,22 @@ class PretrainCommon(Section):
         description="paper decoder only: share of the context's words masked (the CoT-MAE paper's 45%; neither the "
                     "query-as-context paper nor its release has one)")
     mixed_query_prob: Fraction = Field(description="mixed context: probability that a pair's context is a query")
-    master_decoders: list[Literal["mkp", "cmp", "npr", "dor", "gor"]] = Field(
+    master_decoders: list[MasterTask] = Field(
         description="MASTER's decoders, any subset of mkp, cmp, npr, dor, gor (docs/architecture.md, \"MASTER\")")
     master_mask_ratio: Fraction = Field(description="MASTER encoder mask ratio (MASTER paper: 30%)")
     master_decoder_mask_ratio: Fraction = Field(
         description="MASTER decoders' mask ratio (MASTER paper: 50%); CMP masks exactly what the encoder saw instead")
     master_decoder_layers: PositiveInt = Field(description="layers of each MASTER decoder (MASTER paper: 2)")
     master_weights: MasterWeights = Field(description="loss weight per MASTER decoder (MASTER paper: all 1)")
-    master_npr_mask: Literal["uniform", "keyword"] = Field(
+    master_npr_mask: NprMask = Field(
         description="MASTER's NPR decoder: uniform (its words masked uniformly) or keyword (drawn with MKP's TF-IDF "
                     "weights, as the MASTER paper and release)")
     master_dor_queries: PositiveInt = Field(
         description="k: generated queries joined into MASTER's DOR decoder text (MASTER's release data: 10)")
-    passage_context: Literal["random_sampled", "nearby", "overlap", "next"] = Field(
+    passage_context: PassageContext = Field(
         description="how a passage context is drawn: random_sampled | nearby | overlap | next (the following span, "
                     "MASTER's NPR)")
-    single_span_documents: Literal["drop", "self"] = Field(
+    single_span_documents: SingleSpanDocuments = Field(
         description="passage and mixed contexts of a document split into one span: drop (no other span, not an "
                     "anchor) or self (the release: paired with itself, so the passage, query and mixed variants see "
                     "the same anchors)")
@@ -257,9 +263,9 @@ def _override(name: str, info: Any) -> tuple[Any, Any]:
 # One row of the study: pretrain.common with the keys a variant sets overriding it (absent: as common).
 PretrainVariant = create_model(
     "PretrainVariant", __base__=Section,
-    method=(Literal["none", "cocondenser", "cotmae", "master"],
+    method=(Method,
             Field(description="none (no pre-training: the init encoder as is), cocondenser, cotmae or master")),
-    context_type=(Literal["passage", "query", "mixed"] | None,
+    context_type=(ContextType | None,
                   Field(default=None, description="what a pair's context is (null: passage)")),
     query_count=(PositiveInt | None,
                  Field(default=None, description="C: generated queries a passage's context is drawn from "
@@ -304,7 +310,7 @@ class FinetuneSection(Section):
         description="passages per training query: 1 positive + the rest negatives")
     batch_size: PositiveInt = Field(description="queries per step (global); the training queries must fill whole "
                                                 "batches (see incomplete_batch)")
-    incomplete_batch: Literal["error", "drop"] = Field(
+    incomplete_batch: IncompleteBatch = Field(
         description="training queries that do not fill a last whole batch: error (stop before training, naming "
                     "the counts) or drop (leave them out, counted in the summary line and in MLflow)")
     lr: PeakLearningRate
@@ -312,12 +318,12 @@ class FinetuneSection(Section):
     warmup_ratio: WarmupRatio
     weight_decay: WeightDecay
     temperature: ContrastiveTemperature
-    pooling: Literal["cls", "mean"] = Field(description="how a text's embedding is read: cls | mean")
+    pooling: Pooling = Field(description="how a text's embedding is read: cls | mean")
     bm25_depth: PositiveInt = Field(description="BM25 negatives are drawn from this depth")
     mine_depth: PositiveInt = Field(description="retriever 1 mining depth (paper: 200)")
     mine_skip_top: NonNegativeInt = Field(description="mined negatives start below this rank (0: from the top)")
     r2_use_bm25_negatives: bool = Field(description="paper release: retriever 2 sees mined negatives only")
-    r1_negatives: Literal["bm25", "official"] = Field(
+    r1_negatives: R1Negatives = Field(
         description="retriever 1's negatives: bm25 (our BM25 top bm25_depth) or official (drawn from the training "
                     "triples of datasets.<train_dataset>.triples, as the release)")
     official_negatives: PositiveInt = Field(description="official: negatives kept per query (the release: 128)")
@@ -326,7 +332,7 @@ class FinetuneSection(Section):
                     "gets random corpus negatives) or triples (only those with negatives, as the release's stage 1: "
                     "the official triples' queries, or with r1_negatives bm25 those whose positive BM25 finds "
                     "within bm25_depth); mining covers every judged query either way")
-    title_join: Literal["space", "sep"] = Field(
+    title_join: TitleJoin = Field(
         description="in-domain title and text for the dense encoder: space, or sep (title [SEP] text, as the "
                     "release's Tevatron corpus); zero-shot sets are joined by a space, as BEIR")
     max_train_queries: PositiveInt | None = Field(
@@ -351,7 +357,7 @@ class Bm25Section(Section):
     in_domain_title: bool = Field(
         description="index train_dataset's titles with the text (false: text only, as Anserini's title-less MS MARCO "
                     "passage collection); zero-shot datasets always index title and text, as BEIR")
-    tokenizer: Literal["bm25s", "lucene"] = Field(
+    tokenizer: Bm25Tokenizer = Field(
         description="bm25s (lower-cased \\w\\w+ words) or lucene (Lucene's StandardTokenizer approximated, English "
                     "possessive dropped, lower-cased: with stopwords lucene and stemmer porter, Lucene's "
                     "EnglishAnalyzer as Anserini runs it)")
@@ -385,7 +391,7 @@ class PublishedFigure(Section):
 
 
 class EncoderEntry(Section):
-    pooling: Literal["cls", "mean"] = Field(description="how the model was trained to pool its token states")
+    pooling: Pooling = Field(description="how the model was trained to pool its token states")
     normalize: bool = Field(description="embeddings L2-normalised (cosine similarity), as the model was trained")
     query_max_len: PositiveInt = Field(description="query tokens the model reads")
     passage_max_len: PositiveInt = Field(description="passage tokens the model reads")
@@ -425,7 +431,7 @@ class HardNegativesSource(Section):
 class BeirRetrieverSection(Section):
     hard_negatives: HardNegativesSource = Field(
         description="sentence-transformers' msmarco-hard-negatives.jsonl.gz: mirror path, URL, checksum")
-    negatives: Literal["hard_negatives", "bm25"] = Field(
+    negatives: ZeroShotNegatives = Field(
         description="training negatives: hard_negatives (the file above, the paper's footnote 2) or bm25 (the "
                     "bm25 stage's negatives.jsonl)")
     systems: list[str] | None = Field(
@@ -435,8 +441,8 @@ class BeirRetrieverSection(Section):
     ce_score_margin: NonNegativeFloat | None = Field(
         description="skip negatives scored by the cross-encoder above the lowest positive's score minus this "
                     "(train_msmarco_v3.py: 3); null: keep every negative (the only choice for an unscored file)")
-    pooling: Literal["cls", "mean"] = Field(description="how a text's embedding is read (train_msmarco_v3.py: mean)")
-    loss: Literal["cosine_mnrl", "dot_infonce"] = Field(
+    pooling: Pooling = Field(description="how a text's embedding is read (train_msmarco_v3.py: mean)")
+    loss: ZeroShotLoss = Field(
         description="cosine_mnrl: MultipleNegativesRankingLoss over cosines times scale (train_msmarco_v3.py); "
                     "dot_infonce: InfoNCE over dot products divided by 1 / scale (Tevatron, scale 1)")
     scale: PositiveFloat = Field(description="similarity scale, the inverse temperature (MNRL: 20)")
@@ -452,7 +458,7 @@ class BeirRetrieverSection(Section):
                                                "1000 steps)")
     weight_decay: NonNegativeFloat = Field(description="AdamW weight decay (sentence-transformers' default 0.01)")
     max_grad_norm: PositiveFloat | None = Field(description="gradient clipping norm (sentence-transformers: 1.0)")
-    incomplete_batch: Literal["error", "drop"] = Field(
+    incomplete_batch: IncompleteBatch = Field(
         description="training queries that do not fill a last whole batch: error or drop (counted)")
     max_train_queries: PositiveInt | None = Field(
         description="keep a seeded random subset of the training queries (null: all)")
@@ -481,7 +487,7 @@ class CheckSection(Section):
 
 
 class PrunerSection(Section):
-    type: Literal["median", "hyperband", "none"] = Field(description="median | hyperband | none")
+    type: Pruner = Field(description="median | hyperband | none")
     n_startup_trials: NonNegativeInt = Field(default=5, description="median: trials before pruning starts")
     n_warmup_steps: NonNegativeInt = Field(default=0, description="median: steps of a trial before it may be pruned")
     interval_steps: PositiveInt = Field(default=1, description="median: steps between pruning checks")
@@ -491,7 +497,7 @@ class PrunerSection(Section):
 
 
 class SpaceEntry(Section):
-    type: Literal["float", "int", "categorical"] = Field(description="float | int | categorical")
+    type: SpaceKind = Field(description="float | int | categorical")
     low: int | float | None = Field(default=None, description="float/int: lowest value")
     high: int | float | None = Field(default=None, description="float/int: highest value")
     log: bool = Field(default=False, description="float/int: sample on a log scale")
@@ -513,7 +519,7 @@ class HpoSection(Section):
         description="null: journal file data/<profile>/hpo/<study>/journal.log; or a database URL")
     n_trials: PositiveInt = Field(description="trials of the study")
     metric: str = Field(description="the dev measure the study optimises")
-    direction: Literal["maximize", "minimize"] = Field(description="maximize | minimize")
+    direction: Direction = Field(description="maximize | minimize")
     seed: int | None = Field(description="null: the top-level seed; worker i samples with seed + i")
     tpe_startup_trials: NonNegativeInt = Field(description="random trials before TPE models the results")
     pruner: PrunerSection = Field(description="median | hyperband | none, with their settings")
@@ -521,7 +527,7 @@ class HpoSection(Section):
     heartbeat_interval: PositiveInt = Field(description="database storage: seconds between heartbeats of a running "
                                                         "trial")
     grace_period: PositiveInt = Field(description="database storage: silence after which a running trial is failed")
-    launcher: Literal["python", "torchrun"] = Field(
+    launcher: Launcher = Field(
         description="python | torchrun (each trial on nproc_per_node processes)")
     nproc_per_node: PositiveInt = Field(description="torchrun: processes per trial")
     trial_timeout: PositiveFloat | None = Field(description="seconds; null: no limit")

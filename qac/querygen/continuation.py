@@ -24,14 +24,14 @@ nothing).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from qac.distributed import autocast_context
 from qac.querygen.generate import GenerationStats, decode_longest_first
-from qac.querygen.sampling import check_sampling, passage_uniforms, sample_tokens
+from qac.querygen.sampling import passage_uniforms, sample_tokens
 
 TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=2, n_inner=128, n_positions=512)
 
@@ -46,20 +46,15 @@ class ContinuationSettings:
     top_k: int = 50
     top_p: float = 0.95
     temperature: float = 1.0
-    seed: int = 42
-
-    def __post_init__(self):
-        if self.max_source_len < 1 or self.max_new_tokens < 1:
-            raise ValueError("continuation.max_source_len and continuation.max_new_tokens must be >= 1")
-        check_sampling("continuation", self.top_k, self.top_p, self.temperature)
+    seed: int = field(kw_only=True)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "ContinuationSettings":
         section = params["continuation"]
         return cls(model=str(section["model"]), max_source_len=int(section["max_source_len"]),
                    max_new_tokens=int(section["max_new_tokens"]), top_k=int(section["top_k"]),
-                   top_p=float(section["top_p"]), temperature=float(section.get("temperature", 1.0)),
-                   seed=int(params.get("seed", 42)))
+                   top_p=float(section["top_p"]), temperature=float(section["temperature"]),
+                   seed=int(params["seed"]))
 
 
 def tiny_causal_lm(tokenizer_spec: str, seed: int = 0):

@@ -62,8 +62,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from qac.distributed import autocast_context
-from qac.querygen.sampling import (check_sampling, choose_tokens, filtered_distribution, passage_uniforms,
-                                   sample_tokens)
+from qac.querygen.sampling import choose_tokens, filtered_distribution, passage_uniforms, sample_tokens
 
 # Prune finished rows from the batch once this share of the active rows is done.
 _PRUNE_FRACTION = 0.125
@@ -84,36 +83,24 @@ class SamplingSettings:
     repeat_penalty: float = 0.0   # subtracted from the logits of tokens already emitted (see the module docstring)
     temperature: float = 1.0      # logits are divided by it before top-k/top-p (1: the paper's sampling)
     min_new_tokens: int = 0       # tokens before end of sequence may be sampled (0: the paper's sampling)
-    seed: int = 42
-
-    def __post_init__(self):
-        if self.queries_per_passage < 1:
-            raise ValueError(f"querygen.queries_per_passage must be >= 1, got {self.queries_per_passage}")
-        check_sampling("querygen", self.top_k, self.top_p, self.temperature)
-        if self.repeat_penalty < 0:
-            raise ValueError(f"querygen.repeat_penalty must be >= 0, got {self.repeat_penalty}")
-        if self.max_new_tokens < 1 or self.max_source_len < 2:
-            raise ValueError("querygen.max_new_tokens must be >= 1 and max_source_len >= 2")
-        if not 0 <= self.min_new_tokens < self.max_new_tokens:
-            raise ValueError(f"querygen.min_new_tokens must be in [0, max_new_tokens = {self.max_new_tokens}), "
-                             f"got {self.min_new_tokens}")
+    seed: int = field(kw_only=True)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "SamplingSettings":
         section = params["querygen"]
         return cls(
-            prefix=section.get("prefix") or "",
+            prefix=section["prefix"],
             queries_per_passage=int(section["queries_per_passage"]),
             top_p=float(section["top_p"]),
             top_k=int(section["top_k"]),
             max_new_tokens=int(section["max_new_tokens"]),
             max_source_len=int(section["max_source_len"]),
-            drop_duplicates=bool(section.get("drop_duplicates", True)),
-            drop_empty=bool(section.get("drop_empty", True)),
-            repeat_penalty=float(section.get("repeat_penalty") or 0.0),
-            temperature=float(section.get("temperature", 1.0)),
-            min_new_tokens=int(section.get("min_new_tokens") or 0),
-            seed=int(params.get("seed", 42)),
+            drop_duplicates=bool(section["drop_duplicates"]),
+            drop_empty=bool(section["drop_empty"]),
+            repeat_penalty=float(section["repeat_penalty"]),
+            temperature=float(section["temperature"]),
+            min_new_tokens=int(section["min_new_tokens"]),
+            seed=int(params["seed"]),
         )
 
 

@@ -118,7 +118,7 @@ def make_query_generator(params: Mapping[str, Any]) -> list[str]:
     from qac.tracking.lifecycle import tracked_stage
 
     section = params["query_generator"]
-    mode, spec, seed = section["mode"], section["model"], int(params.get("seed", 42))
+    mode, spec, seed = section["mode"], section["model"], int(params["seed"])
     architecture = section.get("architecture", "bert2bert")
     if mode not in ("train", "pretrained"):
         raise ValueError(f"query_generator.mode must be train or pretrained, got {mode!r}")

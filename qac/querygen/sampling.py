@@ -43,16 +43,6 @@ LOGIT_NOISE = 1.5e-5
 _ROUNDING = 1e-12     # float64 rounding of the shares themselves
 
 
-def check_sampling(section: str, top_k: int, top_p: float, temperature: float) -> None:
-    """Refuse a top-k, top-p or temperature out of range, naming its key (``<section>.top_p``)."""
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"{section}.top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ValueError(f"{section}.top_k must be >= 0 (0: no top-k), got {top_k}")
-    if not temperature > 0:
-        raise ValueError(f"{section}.temperature must be > 0, got {temperature}")
-
-
 def passage_seed(seed: int, pid: str) -> int:
     """A 63-bit seed for the random stream of passage ``pid`` under the global ``seed``."""
     digest = hashlib.sha256(f"{seed}\0{pid}".encode("utf-8")).digest()

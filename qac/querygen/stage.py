@@ -15,7 +15,6 @@ and ends the killed run as resumed by this one (:mod:`qac.tracking.interrupted`)
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -31,27 +30,15 @@ from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate
 RUN_FILE = "mlflow_run.json"   # in the work folder: the run whose chunks it holds
 
 
-def sharded_stage_arguments(description: str, argv: list[str] | None) -> argparse.Namespace:
-    """The command line of a sharded generation stage (``--shard``, ``--merge``, ``--merge-only``, ``-v``),
-    parsed, with the console set up for it."""
-    from qac.console import add_verbose_flag, setup_console
-
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--shard", help="i/n: generate only shard i of n (0-based); no merge unless --merge")
-    parser.add_argument("--merge", action="store_true", help="with --shard: merge afterwards (all shards must be done)")
-    parser.add_argument("--merge-only", action="store_true", help="only merge the committed chunks of all shards")
-    args = add_verbose_flag(parser).parse_args(argv)
-    setup_console(args.verbose)
-    return args
-
-
-def run_sharded_generation(args: argparse.Namespace, ctx, *, stage: str, passages_path: str | os.PathLike,
-                           output: str | os.PathLike, source: str, settings: Any, section: Mapping[str, Any],
+def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: bool, stage: str,
+                           passages_path: str | os.PathLike, output: str | os.PathLike, source: str, settings: Any, section: Mapping[str, Any],
                            compute: Mapping[str, Any], open_run: Callable[[], ContextManager[Any]],
                            make_generator: Callable[[], Any],
                            summarize: Callable[[GenerationStats], dict[str, float]]) -> tuple[dict, Any] | None:
     """Generate ``output`` from ``passages_path`` in resumable chunks; ``(summary, run)`` in the merging process.
 
+    ``shard`` (``i/n``, None: all) is the part this launch generates, further split among torchrun ranks;
+    a shard alone merges nothing unless ``merge``; ``merge_only`` merges the committed chunks of all shards.
     ``source``, ``settings`` and ``compute`` fingerprint the chunks (:func:`build_manifest`); ``section`` is the
     stage's params section (``batch_size``, ``chunk_size``, ``max_passages``). ``open_run()`` opens the stage's
     MLflow run, ``make_generator()`` loads the generator (not called by ``--merge-only``) and ``summarize(totals)``
@@ -73,10 +60,10 @@ def run_sharded_generation(args: argparse.Namespace, ctx, *, stage: str, passage
     if not ctx.is_main:
         store.prepare()
 
-    shard = (ShardSpec.parse(args.shard) if args.shard else ShardSpec()).within(ctx.rank, ctx.world_size)
+    spec = (ShardSpec.parse(shard) if shard else ShardSpec()).within(ctx.rank, ctx.world_size)
     # The run is open from before generation to after the merge, so its
     # duration is the stage's; a shard-only process (merged later) records none.
-    merging = not (args.shard and not (args.merge or args.merge_only))
+    merging = not (shard and not (merge or merge_only))
     tracked = contextlib.ExitStack()
     tracking = None
     if ctx.is_main and merging:
@@ -86,19 +73,19 @@ def run_sharded_generation(args: argparse.Namespace, ctx, *, stage: str, passage
     with tracked:
         started = time.perf_counter()
         generated_here = 0
-        if not args.merge_only:
+        if not merge_only:
             generator = make_generator()
             # One bar per process (each generates its own shard), each on its own line.
-            bar = progress(total=pending_passages(store, shard), unit="passage", main_only=False,
-                           desc=f"{output.stem} shard {shard.index}/{shard.count}", position=ctx.local_rank)
+            bar = progress(total=pending_passages(store, spec), unit="passage", main_only=False,
+                           desc=f"{output.stem} shard {spec.index}/{spec.count}", position=ctx.local_rank)
             with torch.inference_mode():
-                stats = generate_chunks(store, generator, passages_path, shard, int(section["batch_size"]),
+                stats = generate_chunks(store, generator, passages_path, spec, int(section["batch_size"]),
                                         bar.update)
             bar.close()
             generated_here = stats.passages
         generated_all = sum_over_ranks(generated_here, ctx.device)   # also a barrier
         if not merging and ctx.is_main:
-            print(f"shard {args.shard} done; merge with --merge-only once every shard has finished",
+            print(f"shard {shard} done; merge with --merge-only once every shard has finished",
                   file=sys.stderr)
         if not (merging and ctx.is_main):
             cleanup()

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from qac.distributed import autocast_context
+from qac.params.vocabulary import GENERATOR_ARCHITECTURES
 from qac.querygen.generator_pairs import Pair
 
 
@@ -49,29 +50,26 @@ class TrainSettings:
     eval_every: int = 0           # steps between validation losses (0: no validation, no early stopping)
     patience: int = 0             # evaluations without improvement before stopping (0: never stop early)
     max_steps: int | None = None  # cap on optimizer steps (the schedule decays to zero at the cap)
-    seed: int = 42
+    seed: int = field(kw_only=True)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "TrainSettings":
         section = params["query_generator"]
-        return cls(prefix=section.get("prefix") or "",
-                   kind_prefixes=tuple(sorted((str(k), str(v)) for k, v in (section.get("kind_prefixes") or {}).items())),
+        return cls(prefix=section["prefix"],
+                   kind_prefixes=tuple(sorted((str(k), str(v)) for k, v in section["kind_prefixes"].items())),
                    max_source_len=int(section["max_source_len"]),
                    max_target_len=int(section["max_target_len"]), epochs=int(section["epochs"]),
                    batch_size=int(section["batch_size"]), lr=float(section["lr"]),
                    warmup_ratio=float(section["warmup_ratio"]),
-                   weight_decay=float(section.get("weight_decay", 0.01)),
-                   log_every=int(section.get("log_every", 10)), eval_every=int(section.get("eval_every") or 0),
-                   patience=int(section.get("patience") or 0),
-                   max_steps=int(section["max_steps"]) if section.get("max_steps") else None,
-                   seed=int(params.get("seed", 42)))
+                   weight_decay=float(section["weight_decay"]),
+                   log_every=int(section["log_every"]), eval_every=int(section["eval_every"]),
+                   patience=int(section["patience"]),
+                   max_steps=int(section["max_steps"]) if section["max_steps"] else None,
+                   seed=int(params["seed"]))
 
     def source_prefix(self, kind: str) -> str:
         """The input prefix of a pair of ``kind``."""
         return dict(self.kind_prefixes).get(kind, self.prefix)
-
-
-ARCHITECTURES = ("prefix_lm", "bert2bert")
 
 
 def build_generator(architecture: str, spec: str, seed: int = 0, copy_bias: bool = True,
@@ -87,7 +85,7 @@ def build_generator(architecture: str, spec: str, seed: int = 0, copy_bias: bool
     elif architecture == "bert2bert":
         model, tokenizer = build_bert2bert(spec, seed=seed)
     else:
-        raise ValueError(f"query_generator.architecture must be one of {', '.join(ARCHITECTURES)}, "
+        raise ValueError(f"query_generator.architecture must be one of {', '.join(GENERATOR_ARCHITECTURES)}, "
                          f"got {architecture!r}")
     if dropout is not None:
         set_dropout(model, dropout)
@@ -172,8 +170,6 @@ def validation_loss(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
             tokens += count
     model.train(was_training)
     return total / tokens if tokens else float("nan")
-
-
 
 
 def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSettings, device,

@@ -30,11 +30,11 @@ from typing import Any, Mapping
 
 from qac.data.errors import DataFormatError
 from qac.evaluation.split_evaluation import SUBSETS_FILE, subset_mean
+from qac.params.vocabulary import FINETUNED_RETRIEVERS
 from qac.tracking import RECORDS_DIR, RUN_RECORD, record_path
 from qac.train.step_log import LOSSES_FILE
 
 PER_QUERY_SUFFIX = ".per_query.json"
-RETRIEVERS = ("r1", "r2")
 _METHOD_ORDER = {"none": 0, "cocondenser": 1, "cotmae": 2}
 _CONTEXT_ORDER = {"passage": 0, "query": 1, "mixed": 2}
 
@@ -204,7 +204,7 @@ class Study:
     def variants(self) -> list[Variant]:
         """Every condition of ``pretrain.variants`` whose retrievers were evaluated, in a stable order."""
         found = [v for v in self._variants.values() if self.declared_variants
-                 or any((self.root / "eval" / v.name / r).is_dir() for r in RETRIEVERS)]
+                 or any((self.root / "eval" / v.name / r).is_dir() for r in FINETUNED_RETRIEVERS)]
         return sorted(found, key=lambda v: v.order)
 
     def variant(self, name: str) -> Variant | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from qac.evaluation.significance import compare_paired
+from qac.params.vocabulary import CONTEXT_TYPES, PRETRAINING_METHODS
 from qac.reporting import paper
 from qac.reporting.lineage import Source, Study, Variant
 from qac.tracking import metric_key
@@ -28,7 +29,6 @@ _SCALE = {PERCENT: 100.0, FRACTION: 1.0}
 RETRIEVER_LABELS = {"r1": "retriever 1", "r2": "retriever 2",
                     "beir": "zero-shot retriever on MS MARCO hard negatives"}
 # Pre-training methods with rows of their own, in table order (MASTER: qac.models.master).
-PRETRAINING_METHODS = ("cocondenser", "cotmae", "master")
 PAPER_COLUMN_LABELS = {
     "mrr@10": "MS MARCO dev MRR@10",
     "r@50": "MS MARCO dev R@50 (hit rate)",
@@ -159,7 +159,7 @@ class TableContext:
     zero_shot_datasets: list[str] = field(default_factory=list)
     zero_shot_retriever: str = "r1"
     permutations: int = 10000
-    seed: int = 0
+    seed: int = field(kw_only=True)
     params: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -169,7 +169,7 @@ class TableContext:
                    main_query_count=tables.get("main_query_count"),
                    zero_shot_datasets=list(params.get("zero_shot") or []),
                    zero_shot_retriever=tables.get("zero_shot_retriever", "r1"),
-                   permutations=int(tables.get("permutations", 10000)), seed=int(params.get("seed", 0)),
+                   permutations=int(tables.get("permutations", 10000)), seed=int(params["seed"]),
                    params=params)
 
     def column(self, paper_key: str) -> MetricColumn | None:
@@ -667,7 +667,7 @@ def table4_mixed_context(ctx: TableContext) -> Table:
     for retriever, column, _ in specs:
         _describe_columns(table, [column], f"{RETRIEVER_LABELS[retriever]} ", f"R{retriever[1:]} ")
     for method in PRETRAINING_METHODS:
-        variants = {context: ctx.variant(method, context) for context in ("passage", "query", "mixed")}
+        variants = {context: ctx.variant(method, context) for context in CONTEXT_TYPES}
         if not any(variants.values()):
             continue
         sources = {}

@@ -13,8 +13,7 @@ order (``qac.evaluation.metrics.trec_order``).
 
 from __future__ import annotations
 
-
-TITLE_JOINS = ("space", "sep")
+from qac.params.vocabulary import TITLE_JOINS
 
 
 def document_text(title: str | None, text: str | None, separator: str = " ") -> str:

@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
-TOKENIZERS = ("bm25s", "lucene")
+from qac.params.vocabulary import Bm25Tokenizer
+
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET (StopFilter's default English set).
 LUCENE_ENGLISH_STOPWORDS = (
     "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not",
@@ -45,11 +46,7 @@ class BM25Settings:
     b: float = 0.4
     stopwords: str | None = "en"        # bm25s's list by name (en), lucene (Lucene's English set), None: none
     stemmer: str | None = "english"     # a PyStemmer algorithm (english: Snowball, porter), None: none
-    tokenizer: str = "bm25s"            # bm25s or lucene (module docstring)
-
-    def __post_init__(self):
-        if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"bm25 tokenizer {self.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
+    tokenizer: Bm25Tokenizer = "bm25s"  # bm25s or lucene (module docstring)
 
     @classmethod
     def from_params(cls, section: Mapping[str, Any]) -> "BM25Settings":

@@ -45,7 +45,7 @@ def baseline_settings(params: Mapping, spec: str | None) -> dict:
     finetune = params.get("finetune") or {}
     entry = (params.get("encoders") or {}).get(spec) if spec else None
     if entry is None:
-        return {"pooling": finetune.get("pooling", "cls"), "normalize": False,
+        return {"pooling": finetune["pooling"], "normalize": False,
                 "query_max_len": finetune["query_max_len"],
                 "passage_max_len": finetune.get("corpus_max_len") or finetune["passage_max_len"], "published": []}
     return {key: entry.get(key, []) if key == "published" else entry[key]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -46,7 +46,7 @@ class FinetuneSettings:
     pooling: str = "cls"
     similarity: str = "dot"         # dot | cosine (unit-length representations; the zero-shot recipe's MNRL)
     dtype: str = "auto"             # autocast dtype on GPU; CPU always runs fp32
-    seed: int = 42
+    seed: int = field(kw_only=True)
     log_every: int = 1
     incomplete_batch: str = "error"  # queries that do not fill a last whole batch: error | drop (counted)
     loader_workers: int = 0         # DataLoader processes padding steps ahead (0: in the loop; params: 2)

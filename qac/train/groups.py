@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from qac.io import iter_jsonl
+from qac.data.textfile import iter_jsonl
 
 
 @dataclass(frozen=True)

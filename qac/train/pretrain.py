@@ -36,9 +36,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-METHODS = ("none", "cocondenser", "cotmae", "master")
-MASTER_TASKS = ("mkp", "cmp", "npr", "dor", "gor")
-DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64")
+from qac.params.vocabulary import MASTER_TASKS
+
 LogFn = Callable[[int, dict[str, float]], None]
 # Settings that change how fast a run goes, not what it computes: left out of the fingerprint,
 # so a resume with other values continues the same run.
@@ -93,73 +92,22 @@ class PretrainSettings:
     compile: bool = False             # torch.compile the model (same loss to float tolerance)
     loader_workers: int = 2           # DataLoader worker processes collating batches (0: in the loop)
     prefetch_batches: int = 4         # steps collated ahead per worker
-    seed: int = 42
+    seed: int = field(kw_only=True)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], variant: str) -> "PretrainSettings":
-        section = params.get("pretrain") or {}
-        variants = section.get("variants") or {}
-        if variant not in variants:
-            raise ValueError(f"params: no pretrain.variants.{variant} (known: {', '.join(variants) or 'none'})")
-        merged = {**(section.get("common") or {}), **(variants[variant] or {}), "seed": params.get("seed", 42)}
-        if "spans" in (params.get("split") or {}):    # how the split stage cut the passages
-            merged["spans"] = params["split"]["spans"]
-        return cls.from_mapping(merged, where=f"pretrain.variants.{variant}")
+        """Variant ``variant`` of a checked params file: ``pretrain.common`` with the variant's keys over it,
+        the global seed and how the split stage cut the passages (``split.spans``)."""
+        section = params["pretrain"]
+        if variant not in section["variants"]:
+            raise ValueError(f"params: no pretrain.variants.{variant} (known: {', '.join(section['variants'])})")
+        return cls.from_mapping({**section["common"], **section["variants"][variant], "seed": params["seed"],
+                                 "spans": params["split"]["spans"]})
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], where: str = "settings") -> "PretrainSettings":
-        known = {field.name: field for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ValueError(f"{where}: unknown pre-training key(s) {', '.join(unknown)}")
-        if "method" not in values:
-            raise ValueError(f"{where}: missing 'method' (one of {', '.join(METHODS)})")
-        settings = cls(**values)
-        settings.validate(where)
-        return settings
-
-    def validate(self, where: str) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"{where}: method must be one of {METHODS}, got {self.method!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.method == "none":
-            return
-        if self.single_span_documents not in ("drop", "self"):
-            raise ValueError(f"{where}: single_span_documents must be drop or self, got {self.single_span_documents!r}")
-        if self.spans not in ("bounded", "overflow"):
-            raise ValueError(f"{where}: spans (split.spans) must be bounded or overflow, got {self.spans!r}")
-        if self.cocondenser_loss_weights not in ("paper", "release"):
-            raise ValueError(f"{where}: cocondenser_loss_weights must be paper or release, "
-                             f"got {self.cocondenser_loss_weights!r}")
-        if self.batch_size % self.grad_accumulation:
-            raise ValueError(f"{where}: batch_size {self.batch_size} is not a multiple of "
-                             f"grad_accumulation {self.grad_accumulation}")
-        for name in ("steps", "batch_size", "grad_accumulation", "checkpoint_every", "log_every", "max_len",
-                     "prefetch_batches", "pad_to_multiple_of"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{where}: {name} must be at least 1, got {getattr(self, name)}")
-        if self.loader_workers < 0:
-            raise ValueError(f"{where}: loader_workers must be at least 0, got {self.loader_workers}")
-        if self.method == "master":
-            self.validate_master(where)
-
-    def validate_master(self, where: str) -> None:
-        decoders = list(self.master_decoders)
-        if any(task not in MASTER_TASKS for task in decoders) or len(set(decoders)) != len(decoders):
-            raise ValueError(f"{where}: master_decoders must be distinct names among {', '.join(MASTER_TASKS)}, "
-                             f"got {decoders}")
-        unknown = sorted(set(self.master_weights) - set(MASTER_TASKS))
-        if unknown:
-            raise ValueError(f"{where}: master_weights: unknown decoder(s) {', '.join(unknown)}")
-        for name in ("master_mask_ratio", "master_decoder_mask_ratio"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{where}: {name} must be in [0, 1], got {getattr(self, name)}")
-        if self.master_npr_mask not in ("uniform", "keyword"):
-            raise ValueError(f"{where}: master_npr_mask must be uniform or keyword, got {self.master_npr_mask!r}")
-        for name in ("master_decoder_layers", "master_dor_queries"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{where}: {name} must be at least 1, got {getattr(self, name)}")
+    def from_mapping(cls, values: Mapping[str, Any]) -> "PretrainSettings":
+        """Settings from one mapping of keys (the schema has checked the values of a params file)."""
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -17,8 +17,6 @@ from typing import Any, Mapping
 
 from qac.train.finetune import FinetuneSettings
 
-LOSSES = ("cosine_mnrl", "dot_infonce")   # cosine MNRL (train_msmarco_v3) | dot-product InfoNCE (Tevatron)
-NEGATIVE_SOURCES = ("hard_negatives", "bm25")   # sentence-transformers' file | the bm25 stage's negatives
 
 #: The value of ``tables.zero_shot_retriever`` that trains and scores this retriever.
 RETRIEVER = "beir"
@@ -27,8 +25,6 @@ RETRIEVER = "beir"
 def recipe_settings(section: Mapping[str, Any], seed: int) -> FinetuneSettings:
     """:class:`FinetuneSettings` of the zero-shot recipe from the ``beir_retriever`` section."""
     loss = section["loss"]
-    if loss not in LOSSES:
-        raise ValueError(f"beir_retriever.loss: {loss!r} is not one of {', '.join(LOSSES)}")
     return FinetuneSettings(
         query_max_len=int(section["query_max_len"]), passage_max_len=int(section["passage_max_len"]),
         train_n_passages=int(section["train_n_passages"]), batch_size=int(section["batch_size"]),

@@ -1,0 +1,149 @@
+"""qac's import graph: no module imports itself round a circle, and the rooms stack in layers.
+
+A room is a subpackage of qac (``qac.data``) or a top-level module (``qac.io``).
+Every import of a qac module counts, those inside functions too. An arrow
+from a room to a room below it is the normal direction; an arrow running back
+up the layering is allowed only where ``ARROWS_UP`` lists it, and
+docs/architecture.md explains each one ("Import layers").
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "qac"
+
+# Bottom to top: a room may import the rooms before it.
+LAYERS = (
+    "errors", "names", "redaction", "io", "console", "distributed", "benchmarking",
+    "params", "config", "pipeline_plan", "deviations", "cluster",
+    "tracking", "data", "models", "evaluation", "retrieval", "train", "reporting", "querygen", "hpo",
+    "cli",
+)
+# The arrows that run back up, each explained in docs/architecture.md.
+ARROWS_UP = {
+    ("data", "models"),
+    ("params", "evaluation"),
+    ("params", "hpo"),
+    ("tracking", "train"),
+}
+MAX_ARROWS_UP = 4
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """qac module -> the qac modules it imports (anywhere in its body)."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:    # `from qac.x import name` imports module qac.x
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "qac"
+
+
+def room_arrows(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for source, targets in graph.items():
+        for target in targets:
+            if room(source) != room(target) and room(target) != "qac":
+                arrows.setdefault((room(source), room(target)), []).append(f"{source} -> {target}")
+    return arrows
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for following in sorted(graph[node]):
+            if following not in index:
+                visit(following)
+                low[node] = min(low[node], low[following])
+            elif following in on_stack:
+                low[node] = min(low[node], index[following])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_reader_sees_function_level_and_package_imports():
+    graph = import_graph()
+    assert "qac.params.sections" in graph["qac.params.validation"]
+    assert "qac.data.textfile" in graph["qac.train.groups"]
+    # an import inside a function counts as much as one at the top
+    assert "qac.evaluation.metrics" in graph["qac.params.rules"]
+
+
+def test_no_module_imports_itself_round_a_circle():
+    assert circles(import_graph()) == []
+
+
+def test_every_room_has_a_layer():
+    rooms = {room(module) for module in import_graph()} - {"qac"}
+    assert rooms <= set(LAYERS), f"place the new room(s) in LAYERS: {sorted(rooms - set(LAYERS))}"
+
+
+def test_arrows_run_down_the_layers_except_the_explained_few():
+    level = {name: position for position, name in enumerate(LAYERS)}
+    up = {arrow: imports for arrow, imports in room_arrows(import_graph()).items()
+          if level[arrow[0]] < level[arrow[1]]}
+    unexplained = {f"{a} -> {b}": imports for (a, b), imports in up.items() if (a, b) not in ARROWS_UP}
+    assert not unexplained, f"imports running back up the layers: {unexplained}"
+    assert len(ARROWS_UP) <= MAX_ARROWS_UP
+    stale = ARROWS_UP - set(up)
+    assert not stale, f"ARROWS_UP lists arrows that no longer exist: {sorted(stale)}"
+
+
+def test_each_arrow_up_is_explained_in_the_architecture_doc():
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.partition("## Import layers")[2].partition("\n## ")[0]
+    assert section, "docs/architecture.md has no '## Import layers' section"
+    for source, target in ARROWS_UP:
+        assert f"`{source} -> {target}`" in section, f"docs/architecture.md does not explain {source} -> {target}"
+    assert " < ".join(LAYERS) in " ".join(section.split())
