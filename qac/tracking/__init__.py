@@ -28,16 +28,13 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from qac.tracking.store import tracking_uri  # the store's address, beside the probe of it
+
 RUN_RECORD = "mlflow_run.json"
 RECORDS_DIR = ".runs"   # under data/<profile>/: beside the DVC outputs, inside none
 # Files DVC itself rewrites when it runs a profile: not a change to the code a run used.
 DVC_WRITTEN = (":(exclude)profiles/*/dvc.lock",)
 _INVALID_KEY_CHARS = re.compile(r"[^/\w.\- :]")
-
-
-def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else the SQLite store ``mlflow.db`` in the working directory."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
 def metric_key(*parts: str) -> str:

@@ -32,6 +32,11 @@ _answers: dict[str, str | None] = {}
 _printed: set[str | None] = set()
 
 
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else the SQLite store ``mlflow.db`` in the working directory."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
 def _timeout() -> float:
     try:
         return max(0.1, float(os.environ.get(PROBE_TIMEOUT_ENV, DEFAULT_TIMEOUT)))
@@ -97,8 +102,6 @@ def _folder_problem(uri: str) -> str | None:
 
 def store_problem(uri: str | None = None) -> str | None:
     """Why the tracking store at ``uri`` (default: the stages' store) cannot be used, or None if it can."""
-    from qac.tracking import tracking_uri
-
     uri = uri or tracking_uri()
     if uri not in _answers:
         scheme = urlsplit(uri).scheme.lower()
@@ -116,8 +119,6 @@ def store_problem(uri: str | None = None) -> str | None:
 
 def unavailable_message(problem: str, uri: str | None = None, what: str = "this stage") -> str:
     """The paragraph printed when the store cannot be used: what, why, that the work goes on, how to fix."""
-    from qac.tracking import tracking_uri
-
     uri = uri or tracking_uri()
     return (f"note: the MLflow tracking store {_shown(uri)} {problem}. {what[0].upper() + what[1:]} goes on "
             "without it: no run is logged there, and the outputs, their DVC hashes and the tables are the same "
