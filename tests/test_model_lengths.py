@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.models.positions import max_positions, positions_of_config
+from qac.model_specs import max_positions, positions_of_config
 from qac.params import ParamsError, load_params
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qac.config import resolve_model_name
+from qac.model_specs import resolve_model_name
 
 TINY_BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                  max_position_embeddings=512)

@@ -3,7 +3,7 @@
 ``finetune.passage_max_len: 100000`` passes every range check, and fails
 minutes later inside the first forward pass with a tensor-size error. Each
 length key is weighed here against the models it feeds, their positions read
-from their ``config.json`` (:func:`qac.models.positions.max_positions`): the
+from their ``config.json`` (:func:`qac.model_specs.max_positions`): the
 encoders of the pre-training variants (pre-training, fine-tuning, the zero-shot
 retriever, the passage split), a published encoder's own lengths, the query
 generator, the continuation LM and the annotation judge. A model whose
@@ -41,7 +41,7 @@ def _pretrain_lengths(params: Params) -> Iterable[tuple[str, int, str]]:
 
 def length_problems(params: Params) -> list[Problem]:
     """Each length key over the positions of a model it feeds, named with the model and its limit."""
-    from qac.models.positions import max_positions
+    from qac.model_specs import max_positions
 
     problems: dict[str, Problem] = {}
 

@@ -81,7 +81,7 @@ def load_causal_lm(spec: str, device: torch.device | str = "cpu", seed: int = 0)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from qac.config import resolve_model_name
+        from qac.model_specs import resolve_model_name
 
         path = resolve_model_name(spec)
         tokenizer = AutoTokenizer.from_pretrained(path)

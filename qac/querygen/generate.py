@@ -212,7 +212,7 @@ def load_generator(source: str, device: torch.device | str = "cpu"):
     """
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from qac.config import resolve_model_name
+    from qac.model_specs import resolve_model_name
     from qac.querygen.prefix_lm import PrefixLM, is_prefix_lm_folder
 
     path = resolve_model_name(source)

