@@ -1,6 +1,8 @@
 """Model specs as params name them: the model they mean, and how many tokens it reads.
 
-:func:`resolve_model_name` maps a spec to what ``from_pretrained`` accepts. A length parameter over a model's position embeddings fails deep inside the
+:func:`resolve_model_name` maps a spec to what ``from_pretrained`` accepts.
+
+A length parameter over a model's position embeddings fails deep inside the
 first forward pass (a tensor-size error) after the data is read and the model
 built. :func:`max_positions` reads the number from the configuration file of
 a model spec (``minilm``, a local folder, ``tiny:``/``scratch:`` specs, a hub

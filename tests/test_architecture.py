@@ -50,8 +50,9 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                if node.level:     # a relative import: from the package, up level - 1 steps
+                    parents = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(parents + ([base] if base else []))
                 targets = [f"{base}.{alias.name}" for alias in node.names]
             else:
                 continue

@@ -1,4 +1,7 @@
-"""One worker of a qac hpo study: ``python -m qac.cli.hpo_worker_command --params FILE --index I`` (started by `qac hpo`)."""
+"""One worker of a qac hpo study (started by `qac hpo`).
+
+``python -m qac.cli.hpo_worker_command --params FILE --index I [--gpus IDS]``.
+"""
 
 from __future__ import annotations
 

@@ -123,7 +123,8 @@ def variant_names(params: Params) -> list[Problem]:
                                                + (f"; did you mean {close[0]}?" if close else "")))
     for index, name in enumerate(params.evaluate.zero_shot_variants or []):
         if name not in params.pretrain.variants:
-            problems.append(Problem(f"evaluate.zero_shot_variants.{index}", f"{name!r} is not a key of pretrain.variants"))
+            problems.append(Problem(f"evaluate.zero_shot_variants.{index}",
+                                    f"{name!r} is not a key of pretrain.variants"))
     if params.tables.main_query_count is not None:
         counts = {v.query_count for v in params.pretrain.variants.values()
                   if v.method != "none" and v.context_type in ("query", "mixed")}

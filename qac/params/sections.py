@@ -18,9 +18,10 @@ from qac.params.fields import (ChunkSize, ContrastiveTemperature, DropoutProbabi
                                LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction, PeakLearningRate,
                                PlainName, PositiveFloat, PositiveInt, Section, TopK, TopP, WarmupRatio, WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
-                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask, PassageContext,
-                                    Pooling, Pruner, PunktSource, R1Negatives, Recipe, Retriever, SingleSpanDocuments,
-                                    SpaceKind, SpanRule, TitleJoin, ZeroShotLoss, ZeroShotNegatives)
+                                   GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
+                                   PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
+                                   Retriever, SingleSpanDocuments, SpaceKind, SpanRule, TitleJoin, ZeroShotLoss,
+                                   ZeroShotNegatives)
 
 
 class MlflowSection(Section):
@@ -327,7 +328,7 @@ class FinetuneSection(Section):
         description="retriever 1's negatives: bm25 (our BM25 top bm25_depth) or official (drawn from the training "
                     "triples of datasets.<train_dataset>.triples, as the release)")
     official_negatives: PositiveInt = Field(description="official: negatives kept per query (the release: 128)")
-    r1_queries: Literal["judged", "triples"] = Field(
+    r1_queries: R1Queries = Field(
         description="retriever 1's training queries: judged (every judged training query; one without negatives "
                     "gets random corpus negatives) or triples (only those with negatives, as the release's stage 1: "
                     "the official triples' queries, or with r1_negatives bm25 those whose positive BM25 finds "

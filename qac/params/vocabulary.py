@@ -71,6 +71,10 @@ TITLE_JOINS: tuple[str, ...] = get_args(TitleJoin)
 Bm25Tokenizer = Literal["bm25s", "lucene"]
 BM25_TOKENIZERS: tuple[str, ...] = get_args(Bm25Tokenizer)
 
+# Retriever 1's training queries: every judged one, or those with negatives (the release's stage 1).
+R1Queries = Literal["judged", "triples"]
+R1_QUERY_SETS: tuple[str, ...] = get_args(R1Queries)
+
 R1Negatives = Literal["bm25", "official"]
 R1_NEGATIVES: tuple[str, ...] = get_args(R1Negatives)
 

@@ -31,8 +31,9 @@ RUN_FILE = "mlflow_run.json"   # in the work folder: the run whose chunks it hol
 
 
 def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: bool, stage: str,
-                           passages_path: str | os.PathLike, output: str | os.PathLike, source: str, settings: Any, section: Mapping[str, Any],
-                           compute: Mapping[str, Any], open_run: Callable[[], ContextManager[Any]],
+                           passages_path: str | os.PathLike, output: str | os.PathLike, source: str, settings: Any,
+                           section: Mapping[str, Any], compute: Mapping[str, Any],
+                           open_run: Callable[[], ContextManager[Any]],
                            make_generator: Callable[[], Any],
                            summarize: Callable[[GenerationStats], dict[str, float]]) -> tuple[dict, Any] | None:
     """Generate ``output`` from ``passages_path`` in resumable chunks; ``(summary, run)`` in the merging process.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from qac.data.textfile import iter_jsonl
+from qac.params.vocabulary import R1_QUERY_SETS
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,6 @@ def training_queries(
     return selected
 
 
-R1_QUERY_SETS = ("judged", "triples")   # finetune.r1_queries
 
 
 def retriever1_queries(queries: Sequence[TrainingQuery], query_set: str) -> list[TrainingQuery]:
