@@ -18,8 +18,8 @@ PACKAGE = REPO / "qac"
 # Bottom to top: a room may import the rooms before it.
 LAYERS = (
     "errors", "names", "redaction", "io", "distributed", "benchmarking", "model_specs",
-    "params", "config", "pipeline_plan", "console", "deviations", "cluster", "gpu_cost",
-    "tracking", "data", "models", "evaluation", "retrieval", "train", "reporting", "querygen", "hpo",
+    "params", "config", "pipeline_plan", "deviations", "cluster", "gpu_cost",
+    "tracking", "console", "data", "models", "evaluation", "retrieval", "train", "reporting", "querygen", "hpo",
     "cli",
 )
 # The arrows that run back up, each explained in docs/architecture.md.

@@ -154,8 +154,6 @@ def store_failed(error: BaseException, what: str = "this stage", uri: str | None
     """Say in one paragraph (once) that the store failed although the probe found it usable."""
     import sys
 
-    from qac.tracking import tracking_uri
-
     uri = uri or tracking_uri()
     if uri not in _printed:
         _printed.add(uri)
