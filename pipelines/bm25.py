@@ -3,7 +3,7 @@
 Writes data/<profile>/bm25/ (negatives.jsonl: retriever 1's training negatives;
 runs/<dataset>/<split>.trec and .per_query.json of every evaluated split;
 metrics.json) as one unit, with the MLflow run `bm25 · baseline`
-(qac.evaluation.bm25_baseline).
+(qac.stages.bm25_baseline).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
-    from qac.evaluation.bm25_baseline import bm25_baseline
+    from qac.stages.bm25_baseline import bm25_baseline
 
     facts = bm25_baseline(load_params())
     print_summary("bm25", *facts, seconds=clock.seconds)

@@ -19,7 +19,8 @@ PACKAGE = REPO / "qac"
 LAYERS = (
     "errors", "names", "redaction", "io", "distributed", "benchmarking", "model_specs",
     "params", "config", "pipeline_plan", "deviations", "cluster", "gpu_cost",
-    "tracking", "console", "data", "models", "evaluation", "retrieval", "train", "reporting", "querygen", "hpo",
+    "tracking", "console", "data", "models", "evaluation", "retrieval", "train", "stages", "reporting", "querygen",
+    "hpo",
     "cli",
 )
 # The arrows that run back up, each explained in docs/architecture.md.

@@ -148,7 +148,7 @@ def test_retriever_one_in_domain_is_scored_from_the_runs_searched_with_the_minin
     shared = read_run(data / "finetune" / "none" / "r1_runs" / "test.trec")
     assert read_run(data / "eval" / "none" / "r1" / "tinyset" / "test.trec") == shared
 
-    from qac.evaluation.retrievers import evaluate_retriever_on
+    from qac.stages.retrievers import evaluate_retriever_on
     from qac.models.encoding import Encoding
 
     settings = FinetuneSettings.from_params(params["finetune"], params["seed"])

@@ -55,7 +55,7 @@ def train_zero_shot_retrievers(params: Mapping[str, Any]) -> list[str]:
     from qac.config import profile_dir
     from qac.data.prepared import load_prepared, load_prepared_parts
     from qac.distributed import cleanup, init_distributed
-    from qac.evaluation.retrievers import combine_parts, evaluate_retriever_on
+    from qac.stages.retrievers import combine_parts, evaluate_retriever_on
     from qac.io import atomic_path, write_json
     from qac.models.encoding import read_encoding
     from qac.retrieval import document_text
