@@ -202,10 +202,12 @@ def build_model(method: str, spec: str, device, full_vocab: bool = False):
 
 def method_batches(tokenizer, triples, method: str, model, context: str, batch_size: int, count: int,
                    pad_to=None) -> list[dict]:
+    """Collated batches of ``method``; lengths rounded up as the pipeline rounds them
+    (``pretrain.common.pad_to_multiple_of``) unless padded to a fixed ``pad_to``."""
     from bench_pretrain import make_batches
 
     return make_batches(tokenizer, triples, context, batch_size, count, model.mask_ratios, pad_to,
-                        master=method == "master")
+                        master=method == "master", pad_to_multiple_of=paper_setting("pad_to_multiple_of"))
 
 
 def optimizer_for(model, device):
@@ -257,7 +259,8 @@ def pretrain_section(args, device, tokenizer, triples, peak, progress):
         rows = []
         from qac.models.grad_cache import FullBatchStep
 
-        recipes = {"ours": "bf16 autocast, MLM logits at masked positions only, dynamic padding",
+        recipes = {"ours": f"bf16 autocast, MLM logits at masked positions only, dynamic padding rounded up to a "
+                           f"multiple of {paper_setting('pad_to_multiple_of')}",
                    "release": "fp16 autocast, full-vocabulary logits, static padding to max_len"}
         for method in METHODS:
             model = build_model(method, args.model, device)
@@ -286,18 +289,19 @@ def pretrain_section(args, device, tokenizer, triples, peak, progress):
     return section
 
 
-def paper_chunk() -> int:
+def paper_setting(key: str) -> int:
+    """``pretrain.common.<key>`` of the paper profile (the GradCache chunk, the length multiple)."""
     import yaml
 
     params = yaml.safe_load((REPO / "profiles" / "paper" / "params.yaml").read_text(encoding="utf-8"))
-    return int(params["pretrain"]["common"]["grad_cache_chunk"])
+    return int(params["pretrain"]["common"][key])
 
 
 def grad_cache_section(args, device, tokenizer, triples, peak):
     def section(budget_s):
         from qac.models.grad_cache import FullBatchStep, GradCachedStep
 
-        chunk = args.chunk or paper_chunk()
+        chunk = args.chunk or paper_setting("grad_cache_chunk")
         dtype = torch.bfloat16 if device.type == "cuda" else None
         model = build_model("cocondenser", args.model, device)
         optimizer = optimizer_for(model, device)

@@ -70,9 +70,10 @@ def corpus_pairs(passages: Path, queries: Path, count: int) -> list[tuple[str, s
 
 
 def make_batches(tokenizer, triples, context: str, batch_size: int, steps: int, mask_ratios, pad_to,
-                 master: bool = False):
-    collator = (master_collator(tokenizer, triples, mask_ratios, pad_to) if master
-                else PairCollator(tokenizer, 144, 32, *mask_ratios, seed=0, pad_to=pad_to))
+                 master: bool = False, pad_to_multiple_of: int = 1):
+    collator = (master_collator(tokenizer, triples, mask_ratios, pad_to, pad_to_multiple_of) if master
+                else PairCollator(tokenizer, 144, 32, *mask_ratios, seed=0, pad_to=pad_to,
+                                  pad_to_multiple_of=pad_to_multiple_of))
     batches = []
     for step in range(steps):
         chosen = [triples[(step * batch_size + i) % len(triples)] for i in range(batch_size)]
@@ -89,7 +90,7 @@ def make_batches(tokenizer, triples, context: str, batch_size: int, steps: int, 
     return batches
 
 
-def master_collator(tokenizer, triples, mask_ratios, pad_to):
+def master_collator(tokenizer, triples, mask_ratios, pad_to, pad_to_multiple_of: int = 1):
     """MASTER's collator with inverse document frequencies counted over the triples' anchors."""
     from collections import Counter
 
@@ -101,7 +102,8 @@ def master_collator(tokenizer, triples, mask_ratios, pad_to):
     for words in passage_words(tokenizer, anchors, MaskingVocab.from_tokenizer(tokenizer)):
         frequency.update(set(words))
     weights = WordWeights(passages=len(anchors), document_frequency=dict(frequency))
-    return MasterCollator(tokenizer, 144, 32, *mask_ratios, seed=0, word_weights=weights, pad_to=pad_to)
+    return MasterCollator(tokenizer, 144, 32, *mask_ratios, seed=0, word_weights=weights, pad_to=pad_to,
+                          pad_to_multiple_of=pad_to_multiple_of)
 
 
 class StepTimer:
