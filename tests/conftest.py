@@ -107,3 +107,17 @@ def postgres_url() -> str:
 def copy_repository():
     """Copy this checkout for a test study (see :func:`repository_copier`)."""
     return repository_copier(REPO_ROOT)
+
+
+@pytest.fixture(scope="session")
+def shared_smoke_study(tmp_path_factory, shared_data, copy_repository):
+    """``(folder, first dvc repro)`` of the suite's one smoke study (tests/smoke_study.py), built once per session.
+
+    Shared by every worker of a pytest-xdist run (its folder is the session's, not the worker's) and
+    by every test: never change it; work on ``smoke_study.copy_study(folder, tmp_path / "repo")``.
+    """
+    import smoke_study
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base   # the workers' common folder
+    return smoke_study.shared_study(root, shared_data, copy_repository)

@@ -1,14 +1,14 @@
 """The study end to end: `dvc repro` on the smoke profile in a fresh copy of the repository.
 
-One pipeline run is shared by the tests of this module: it is the slowest
-thing in the suite (a few minutes), and every assertion here is about its
-result, a second `dvc repro`, or a targeted parameter change.
+The suite's one smoke study (tests/smoke_study.py, built once per session) is
+the slowest thing in the suite (a few minutes); this module works on a copy of
+it, and every assertion here is about its result, a second `dvc repro`, or a
+targeted parameter change.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +17,12 @@ import pytest
 import yaml
 
 from qac.config import write_params
+from smoke_study import PARAMS, PIPELINE, copy_study, study_env
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # The module's first test sets up the whole smoke study (minutes on 2 cores): a longer timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-PIPELINE = "profiles/smoke/dvc.yaml"
-PARAMS = "profiles/smoke/params.yaml"
-
 
 
 def _run(cmd, cwd, env, check=True):
@@ -34,81 +32,36 @@ def _run(cmd, cwd, env, check=True):
     return result
 
 
-# The study's variants: every method once with query context, and coCondenser with passage context
-# against the untuned baseline, so that every table has a row and a delta. The smoke profile's other
-# variants (C=1, the mixed context, CoT-MAE and MASTER with passage context) add only more of the same
-# stages, each about a minute and a half of a 2-core machine: `make smoke` runs them all, and the
-# mixed context is tested on its own (its pairs in tests/test_pairs.py, its training in
-# tests/test_pretrain_distributed.py, its Table 4 rows and deltas in tests/test_tables.py).
-STUDY_VARIANTS = ("none", "cocondenser-passage", "cocondenser-query-q4", "cotmae-query-q4", "master-query-q4")
-
-
 @pytest.fixture(scope="module")
-def smoke_study(tmp_path_factory, shared_data, copy_repository):
-    work = tmp_path_factory.mktemp("study") / "repo"
-    copy_repository(work)
-    from qac.params import read_yaml
-
-    params = read_yaml((work / PARAMS).read_text())
-    variants = params["pretrain"]["variants"]
-    assert set(STUDY_VARIANTS) <= set(variants), sorted(variants)
-    params["pretrain"]["variants"] = {name: variants[name] for name in STUDY_VARIANTS}
-    write_params(params, work / PARAMS)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(work),
-           "QAC_DATA_MIRROR": str(shared_data), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=qac", "-c", "user.email=qac@localhost", "commit", "-qm", "study"]):
-        _run(cmd, work, env)
-    first = _run([str(BIN / "dvc"), "repro", PIPELINE], work, env)
-    return work, env, first
-
-
-def copy_study(work: Path, destination: Path) -> Path:
-    """A working copy of the study at ``work``, for a test that changes it.
-
-    ``data/`` and the DVC cache are hard-linked: stages write their outputs to a temporary file and
-    rename it, and DVC's cache files are read-only, so neither copy can change the other's files.
-    Everything else (git, the params files DVC edits in place, the SQLite store) is copied; DVC's
-    own lock and state (``.dvc/tmp``) start afresh.
-    """
-    import shutil
-
-    def link(source, target):
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copy2(source, target)
-
-    shutil.copytree(work, destination, symlinks=True, ignore=lambda folder, names: (
-        ["data", "tmp"] if Path(folder) == work / ".dvc" else ["data", ".dvc"] if Path(folder) == work else []))
-    shutil.copytree(work / "data", destination / "data", symlinks=True, copy_function=link)
-    shutil.copytree(work / ".dvc", destination / ".dvc", symlinks=True, copy_function=link,
-                    ignore=lambda folder, names: ["tmp"] if Path(folder) == work / ".dvc" else [])
-    return destination
+def smoke_study(shared_smoke_study, shared_data, tmp_path_factory):
+    """This module's copy of the suite's smoke study (its tests change it): folder, environment, first repro."""
+    work = copy_study(shared_smoke_study[0], tmp_path_factory.mktemp("study") / "repo")
+    return work, study_env(work, shared_data), shared_smoke_study[1]
 
 
 def _headline(work: Path) -> dict:
     return json.loads((work / "reports" / "headline" / "smoke.json").read_text(encoding="utf-8"))
 
 
-def test_an_experiment_shows_the_changed_parameter_beside_the_headline_it_moved(smoke_study, tmp_path):
+def test_an_experiment_shows_the_changed_parameter_beside_the_headline_it_moved(shared_smoke_study, shared_data,
+                                                                              tmp_path):
     """`dvc exp run -S` on the committed study reruns only what the parameter reaches; `dvc exp show`
     holds the parameter and the numeric headline of the baseline and the experiment; `dvc checkout`
     of the baseline's lock restores the baseline's headline from the DVC cache.
 
     A cheap parameter: annotation.documents reaches the annotation stage and the tables (Table 5).
-    It runs first, on a copy, so the study of the later tests stays as `dvc repro` left it.
+    It runs on its own copy of the study, as `dvc repro` left it.
     """
-    work = copy_study(smoke_study[0], tmp_path / "repo")
-    env = {**smoke_study[1], "PYTHONPATH": str(work), "DVC_IGNORE_ISATTY": "true"}   # DVC's bars as on a terminal
+    work = copy_study(shared_smoke_study[0], tmp_path / "repo")
+    env = study_env(work, shared_data)
     commit = ["git", "-c", "user.name=qac", "-c", "user.email=qac@localhost", "commit", "--allow-empty", "-qm"]
     _run(["git", "add", "-A"], work, env)
     _run([*commit, "smoke study"], work, env)
     baseline = _headline(work)
     documents = yaml.safe_load((work / PARAMS).read_text())["annotation"]["documents"]
     done = _run([str(BIN / "dvc"), "exp", "run", PIPELINE, "-n", "fewer-documents",
-                 "-S", f"{PARAMS}:annotation.documents={documents // 2}"], work, env)
+                 "-S", f"{PARAMS}:annotation.documents={documents // 2}"], work,
+                {**env, "DVC_IGNORE_ISATTY": "true"})   # DVC's progress and lock lines as on a terminal
     ran = {line.split("'")[1].rsplit(":", 1)[-1] for line in done.stdout.splitlines()
            if line.startswith("Running stage") or "is cached - skipping run" in line}   # (or from DVC's run cache)
     assert ran == {"annotation", "tables"}, done.stdout
