@@ -22,7 +22,7 @@ def evaluated(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F8
     root = tmp_path_factory.mktemp("evaluated") / "study"
     with study_dir(root, tiny_bert_dir) as params:
         load_stage("finetune").main(["--variant", "none"])
-        from qac.evaluation import retrievers
+        from qac.stages import retrievers
 
         original = retrievers.evaluate_retriever_on
 
