@@ -45,7 +45,7 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
 
     value = value.detach().clone()
-    if process_group()[1] > 1:
+    if process_group()[1] > 1 and value.device.type != "meta":   # meta: a FLOP count (qac.train.flops)
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
 
@@ -125,7 +125,8 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
     if world_size == 1:
         return local
     slots = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(slots, local.detach().contiguous())
+    if local.device.type != "meta":             # meta: a FLOP count (qac.train.flops), the shapes suffice
+        dist.all_gather(slots, local.detach().contiguous())
     slots[rank] = local
     return torch.cat(slots, dim=0)
 

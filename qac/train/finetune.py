@@ -256,12 +256,12 @@ def train_biencoder(
 
     from qac.console import progress
     from qac.models.losses import all_reduce_sum
-    from qac.train.throughput import ThroughputWindow, peak_flops, trainable_parameters
+    from qac.train.throughput import ThroughputWindow, peak_flops
 
     batches = step_batches(sampler, passage_text, tokenizer, settings, per_epoch, rank, world_size)
     loader = iter(step_loader(batches, settings.loader_workers, settings.prefetch_batches, device))
     _, peak = peak_flops(device)
-    window = ThroughputWindow(trainable_parameters(model), peak)
+    window = ThroughputWindow(peak)
     losses: list[float] = []
     pending: list[torch.Tensor] = []     # step losses on the device, read at logging steps
     step = 0
@@ -271,6 +271,8 @@ def train_biencoder(
             waited = time.perf_counter()
             queries, passages = next(loader)
             window.waiting += time.perf_counter() - waited
+            if window.flops_per_token is None:       # the run's first step: count a step's FLOPs once
+                window.count_flops(model, {"queries": queries, "passages": passages}, local_step_flops)
             window.add_batch({"queries": queries, "passages": passages})
             queries = {key: value.to(device, non_blocking=True) for key, value in queries.items()}
             passages = {key: value.to(device, non_blocking=True) for key, value in passages.items()}
@@ -304,8 +306,7 @@ def train_biencoder(
                 pending = []
                 global_loss = losses[-1]
                 bar.set_postfix(loss=f"{global_loss:.3f}", refresh=False)
-                counts = all_reduce_sum(torch.tensor([float(window.real_tokens), float(window.padded_tokens)],
-                                                     dtype=torch.float64, device=device)).tolist()
+                counts = all_reduce_sum(torch.tensor(window.counts(), dtype=torch.float64, device=device)).tolist()
                 if on_step is not None:
                     on_step(step, {"loss": global_loss, "lr": lr, "epoch": epoch + (index + 1) / per_epoch,
                                    **window.report(*counts)})
@@ -314,6 +315,22 @@ def train_biencoder(
     bar.close()
     model.eval()
     return losses
+
+
+def local_step_flops(replica, batch) -> None:
+    """What one process's training step computes (its encoders forward and backward, its scores), for
+    counting (qac.train.flops): the loss's gathering across processes moves vectors, no FLOPs to speak of.
+    The encoder gets a 4-D mask: given the 2-D one it reads the mask's values, which meta tensors lack;
+    pooling costs no products."""
+    from qac.models.backbone import encoder_mask
+
+    def vectors(side):
+        mask = encoder_mask(replica.encoder, side["attention_mask"])
+        return replica.encoder(input_ids=side["input_ids"], attention_mask=mask).last_hidden_state[:, 0]
+
+    scores = replica.compute_similarity(vectors(batch["queries"]), vectors(batch["passages"]))
+    torch.nn.functional.cross_entropy(scores, torch.zeros(scores.shape[0], dtype=torch.long,
+                                                          device=scores.device)).backward()
 
 
 def start_retriever(start: str | Path, settings: FinetuneSettings) -> tuple[BiEncoder, Any]:

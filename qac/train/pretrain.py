@@ -353,11 +353,12 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
 
     from qac.console import progress
 
-    from qac.train.throughput import SPEED_KEYS, ThroughputWindow, peak_flops, trainable_parameters
+    from qac.train.flops import META
+    from qac.train.throughput import SPEED_KEYS, ThroughputWindow, peak_flops
 
     model.train()
     device_name, peak = peak_flops(device)
-    window = ThroughputWindow(trainable_parameters(model), peak)
+    window = ThroughputWindow(peak)
     window_parts: dict[str, torch.Tensor] = {}
     last_metrics: dict[str, float] = {}
     batches = step_loader(StepBatches(sampler, collator, settings.batch_size, accumulation, dist.rank, world,
@@ -371,6 +372,9 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
         window.waiting += time.perf_counter() - waited
         assert loaded_step == step
         for micro, batch in enumerate(micro_batches):
+            if window.flops_per_token is None:       # this run's first micro-batch: count a step's FLOPs once
+                window.count_flops(model, batch, lambda replica, meta_batch: build_step(
+                    replica, replica, settings, META, None).forward_backward(meta_batch))
             window.add_batch(batch)
             batch = _to_device(batch, device)
             last_micro = micro == accumulation - 1
@@ -389,8 +393,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
 
         done = step + 1
         if done % settings.log_every == 0 or done == settings.steps:
-            counts = all_reduce_sum(torch.tensor([float(window.real_tokens), float(window.padded_tokens)],
-                                                 dtype=torch.float64, device=device)).tolist()
+            counts = all_reduce_sum(torch.tensor(window.counts(), dtype=torch.float64, device=device)).tolist()
             metrics = {name: float(value) / window.steps for name, value in window_parts.items()}
             metrics["lr"] = learning_rate
             metrics.update(window.report(*counts))
@@ -426,4 +429,5 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
             "inputs_md5": inputs,
             "grad_cache": type(step_fn).__name__ == "GradCachedStep", "corpus": corpus.stats(),
             "model": model.describe(), "world_size": world, "final_metrics": last_metrics,
-            "device": device_name, "peak_flops": peak, "loader_workers": settings.loader_workers}
+            "device": device_name, "peak_flops": peak, "loader_workers": settings.loader_workers,
+            "flops_per_padded_token": window.flops_per_token}

@@ -15,7 +15,8 @@ from typing import Mapping
 
 LOSSES_FILE = "losses.tsv"
 # Wall-clock throughput and the schedule are not losses: they stay in MLflow.
-THROUGHPUT = frozenset({"samples_per_second", "tokens_per_second", "padding_efficiency", "data_wait_share", "mfu"})
+THROUGHPUT = frozenset({"samples_per_second", "tokens_per_second", "padding_efficiency", "data_wait_share", "mfu",
+                        "hfu"})
 NOT_LOSSES = frozenset({"lr"}) | THROUGHPUT
 
 
