@@ -18,7 +18,7 @@ import copy
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -48,9 +48,56 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     profiles_dir = Path(profiles_dir or profiles_root())
     base = read_yaml((profiles_dir / "base.yaml").read_text(encoding="utf-8"))
     override = read_yaml((profiles_dir / f"{name}.yaml").read_text(encoding="utf-8")) or {}
-    params = deep_merge(base, override)
+    params = expand_seeds(deep_merge(base, override))
     params["profile"] = name
     return params
+
+
+SEED_SUFFIX = "-seed"
+
+
+def seed_variant_name(variant: str, seed: int) -> str:
+    """The name of ``variant`` run again with another ``seed``: ``<variant>-seed<seed>``."""
+    return f"{variant}{SEED_SUFFIX}{seed}"
+
+
+def expand_seeds(params: dict[str, Any]) -> dict[str, Any]:
+    """One variant per seed: a variant's ``seeds: [s0, s1, ...]`` (or the profile's ``seeds``) becomes itself
+    with seed ``s0`` and a copy ``<variant>-seed<s>`` per further seed (``seed: s``, ``seed_of: <variant>``).
+
+    Each copy is a variant of its own, so DVC runs its pre-training, fine-tuning and evaluation as
+    stages of their own; the tables read a variant and its copies as one row (mean and spread across
+    seeds). The first seed keeps the variant's name, and where it is the top-level ``seed`` the
+    variant's entry is left as it was, so its stages and outputs do not change.
+    """
+    variants = (params.get("pretrain") or {}).get("variants")
+    if not variants:
+        return params
+    profile_seeds = params.get("seeds")
+    expanded = {}
+    for name, spec in variants.items():
+        spec = dict(spec or {})
+        seeds = spec.pop("seeds", None)
+        if seeds is None and spec.get("method") != "none":
+            seeds = profile_seeds
+        if not seeds or "seed_of" in spec:
+            expanded[name] = spec
+            continue
+        seeds = [int(seed) for seed in seeds]
+        first, *others = seeds
+        if first != params.get("seed"):
+            spec["seed"] = first
+        expanded[name] = spec
+        for seed in others:
+            expanded[seed_variant_name(name, seed)] = {**spec, "seed": seed, "seed_of": name}
+    params["pretrain"]["variants"] = expanded
+    return params
+
+
+def variant_seed(params: Mapping[str, Any], variant: str) -> int:
+    """The seed variant ``variant`` trains with: its own ``seed``, else the top-level one."""
+    spec = ((params.get("pretrain") or {}).get("variants") or {}).get(variant) or {}
+    return int(spec["seed"] if spec.get("seed") is not None else params["seed"])
 
 
 def _leading_comment(path: Path) -> str:

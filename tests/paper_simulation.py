@@ -88,11 +88,11 @@ def write_paper_outputs(params: Mapping, root: Path, shift: Mapping[str, float] 
     ``shift`` adds points (percent) or nDCG (fraction) to a measure's mean in
     every file, e.g. ``{"RR@10": -1.0}``. Returns ``{(file, measure): mean}``.
     """
-    from qac.reporting.cell_plan import PRODUCED, plan_cells
+    from qac.reporting.cell_plan import PRODUCED, plan_cells, plan_reference_cells
 
     shift = dict(shift or {})
     targets: dict[tuple[str, str], float] = {}
-    for cell in plan_cells(params):
+    for cell in plan_cells(params) + plan_reference_cells(params):
         if cell.status != PRODUCED or cell.paper is None or cell.table == "table5_pair_correlation":
             continue
         measure = _measure_of(params, cell)

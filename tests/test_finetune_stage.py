@@ -166,6 +166,8 @@ def test_finetune_runs_nest_under_the_pretraining_run(finetuned, shared_mlflow_s
         assert run.data.tags["mlflow.parentRunId"] == pretrain_run
         assert run.data.tags["qac.kind"] == "finetune" and run.data.tags["qac.retriever"] == name
         assert run.data.tags["qac.variant"] == "none"
+        # The seed it trained with, as a parameter and a tag (a seed copy of a variant carries its own).
+        assert run.data.tags["qac.seed"] == run.data.params["seed"] == str(finetuned[1]["seed"])
         assert run.data.params["train_n_passages"] == "3"
         losses = client.get_metric_history(run.info.run_id, "loss")
         assert [m.step for m in losses] == [1, 2]  # 16 training queries, batch 8, 1 epoch

@@ -68,7 +68,11 @@ def rename_key(mapping: dict, old: str, new: str) -> None:
 
 
 def _variant(params, name):
-    rename_key(params["pretrain"]["variants"], "cocondenser-passage", name)
+    variants = params["pretrain"]["variants"]
+    rename_key(variants, "cocondenser-passage", name)
+    for spec in variants.values():     # its seed copies name it
+        if spec.get("seed_of") == "cocondenser-passage":
+            spec["seed_of"] = name
 
 
 def _dataset(params, name):

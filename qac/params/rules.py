@@ -117,6 +117,20 @@ def variant_rules(params: Params) -> list[Problem]:
 def variant_names(params: Params) -> list[Problem]:
     """Variants named elsewhere are declared; Table 1's C is one a variant has."""
     problems: list[Problem] = []
+    for name, variant in params.pretrain.variants.items():
+        where = f"pretrain.variants.{name}"
+        if variant.seeds is not None:
+            problems.append(Problem(f"{where}.seeds", "seeds are expanded by `qac profile render` into one variant "
+                                                      "per seed; render the profile instead of writing them here"))
+        if variant.seed_of is None:
+            continue
+        origin = params.pretrain.variants.get(variant.seed_of)
+        if origin is None or origin.seed_of is not None:
+            problems.append(Problem(f"{where}.seed_of", f"{variant.seed_of!r} is not a variant without seed_of"))
+        elif {**origin.model_dump(exclude={"seed"}), "seed_of": None} != {**variant.model_dump(exclude={"seed"}),
+                                                                           "seed_of": None}:
+            problems.append(Problem(f"{where}.seed_of", f"a seed copy of {variant.seed_of!r} must equal it but for "
+                                                        "its seed"))
     if params.hpo.variant not in params.pretrain.variants:
         close = difflib.get_close_matches(params.hpo.variant, list(params.pretrain.variants), n=1, cutoff=0.6)
         problems.append(Problem("hpo.variant", f"{params.hpo.variant!r} is not a key of pretrain.variants"

@@ -271,6 +271,15 @@ PretrainVariant = create_model(
     query_count=(PositiveInt | None,
                  Field(default=None, description="C: generated queries a passage's context is drawn from "
                                                  "(null: 1); at most querygen.queries_per_passage")),
+    seeds=(list[int] | None,
+           Field(default=None, description="run the variant once per seed: rendering keeps the first under the "
+                                           "variant's name and adds <name>-seed<s> per further seed (seed, seed_of); "
+                                           "null: the profile's seeds, else once with the top-level seed")),
+    seed=(int | None, Field(default=None, description="the seed of this variant's pre-training and fine-tuning "
+                                                      "(null: the top-level seed)")),
+    seed_of=(PlainName | None,
+             Field(default=None, description="set by rendering on a seed copy: the variant it repeats with another "
+                                             "seed (the tables show the two as one row, mean and spread)")),
     **{name: _override(name, info) for name, info in PretrainCommon.model_fields.items()},
 )
 
@@ -578,6 +587,9 @@ class Params(Section):
 
     profile: PlainName = Field(description="the profile's name (set by rendering)")
     seed: int = Field(description="seed of every random choice")
+    seeds: list[int] | None = Field(
+        default=None, description="every pre-training variant runs once per seed (pretrain.variants.<name>.seeds "
+                                  "wins); null: once, with seed")
     data_dir: str = Field(description="every stage output lives under data/<profile>/")
     mlflow: MlflowSection = Field(description="run tracking")
     datasets: dict[PlainName, DatasetEntry] = Field(
@@ -603,6 +615,9 @@ class Params(Section):
     encoders: dict[str, EncoderEntry] = Field(
         default_factory=dict, description="by model spec (as pretrain inits name it): how a published encoder "
         "was trained, so that its untuned baseline row is evaluated that way; others use the finetune settings")
+    reference_retrievers: list[str] = Field(
+        default_factory=list, description="released retrievers (hub names) evaluated as published by stage "
+        "reference, each described in encoders (pooling, lengths, published figures): Table 1's reference rows")
     tables: TablesSection = Field(description="Tables 1-5 (stage tables)")
     check: CheckSection = Field(description="expected-score check (`qac check`)")
     hpo: HpoSection = Field(description="hyper-parameter search (`qac hpo`, docs/hpo.md)")

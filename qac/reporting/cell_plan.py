@@ -70,6 +70,7 @@ class PlannedCell:
     outputs: list[str] = field(default_factory=list)
     recipe: str | None = None
     reason: str | None = None
+    seeds: list[int] = field(default_factory=list)   # the seeds the cell's value averages (one run per seed)
 
     @property
     def compared(self) -> bool:
@@ -97,6 +98,8 @@ class _Profile:
         """The variant of exactly this configuration (any C for passage context), or None."""
         for name, spec in self.variants.items():
             spec = spec or {}
+            if spec.get("seed_of"):    # a seed copy is read with its variant
+                continue
             if spec.get("method") != method or spec.get("context_type") != context_type:
                 continue
             if context_type == "passage" or spec.get("query_count") == query_count:
@@ -121,10 +124,18 @@ class _Profile:
             cell.status, cell.reason, cell.variant = MISSING, reason, variant
             return cell
         cell.status, cell.variant, cell.recipe = PRODUCED, variant, self.recipe(variant)
-        cell.stages = [f"pretrain@{variant}", f"finetune@{variant}", f"evaluate@{variant}"]
-        cell.outputs = [f"{self.root}/eval/{variant}/{retriever}/{dataset}/{split}.per_query.json",
-                        f"{self.root}/finetune/{variant}/{retriever}"]
+        runs = self.seed_runs(variant)
+        cell.seeds = [seed for _, seed in runs]
+        cell.stages = [f"{stage}@{name}" for name, _ in runs for stage in ("pretrain", "finetune", "evaluate")]
+        cell.outputs = [path for name, _ in runs for path in (
+            f"{self.root}/eval/{name}/{retriever}/{dataset}/{split}.per_query.json",
+            f"{self.root}/finetune/{name}/{retriever}")]
         return cell
+
+    def seed_runs(self, variant: str) -> list[tuple[str, int]]:
+        """``(variant name, seed)`` of each run behind ``variant``: itself, then its seed copies."""
+        names = [variant] + [name for name, spec in self.variants.items() if (spec or {}).get("seed_of") == variant]
+        return [(name, int((self.variants[name] or {}).get("seed") or self.params.get("seed", 42))) for name in names]
 
     def in_domain(self, column: str) -> tuple[str | None, str | None, str | None]:
         """``(dataset, split, reason)`` of the profile's column standing for the paper's ``column``."""
@@ -166,6 +177,34 @@ def plan_unpublished_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
             published = paper.table3_value(method, query_count, key, retriever)
             cells.append(profile.variant_cell(PlannedCell("table3_query_count", row, column, published, MISSING),
                                               method, "query", query_count, retriever, dataset, split, reason))
+    return cells
+
+
+def plan_reference_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
+    """Table 1's reference rows: each released retriever (``reference_retrievers``) and each of its published
+    figures the profile has a column for, produced by stage ``reference``; compared on a whole corpus, cited
+    where the profile cuts it."""
+    from qac.reference import published_figure, reference_slug
+    from qac.reporting.tables import corpus_cut
+
+    profile = _Profile(params)
+    cells = []
+    for spec in params.get("reference_retrievers") or []:
+        for key, column in profile.columns.items():
+            if column.get("missing"):
+                continue
+            dataset, split, _ = profile.in_domain(key)
+            figure = published_figure(params, spec, dataset, split, column.get("measure"))
+            if figure is None:
+                continue
+            cell = PlannedCell("reference", spec, key, float(figure["value"]) * 100, PRODUCED, retriever="reference",
+                               stages=["reference"], recipe=f"as published: encoders.{spec}; {figure['source']}",
+                               outputs=[f"{profile.root}/reference/{reference_slug(spec)}/{dataset}/{split}"
+                                        ".per_query.json"])
+            if corpus_cut(params, dataset) is not None:
+                cell.status, cell.reason = CITED, (f"the published figure is on the whole {dataset} corpus; this "
+                                                   "profile cuts it: cited, not compared")
+            cells.append(cell)
     return cells
 
 
@@ -258,6 +297,8 @@ def describe(cell: PlannedCell) -> str:
         what = cell.variant or ", ".join(cell.stages)
         if cell.retriever and cell.variant:
             what += f" {cell.retriever}"
+        if len(cell.seeds) > 1:
+            what += f" x {len(cell.seeds)} seeds ({', '.join(map(str, cell.seeds))}: mean and spread)"
         return f"{head} {what}  <- {', '.join(cell.outputs)}  [{cell.recipe}]"
     return f"{head} {cell.reason}"
 
@@ -270,8 +311,10 @@ def print_cell_plan(params: Mapping[str, Any]) -> int:
     """Print the plan; exit status 1 when a cell is missing (one with a paper value or one without)."""
     cells, unpublished = plan_cells(params), plan_unpublished_cells(params)
     counts, unpublished_counts = _counts(cells), _counts(unpublished)
+    runs = len({stage for cell in cells for stage in cell.stages if stage.startswith("pretrain@")})
     print(f"profile {params['profile']}: {len(cells)} numeric cells of the paper's Tables 1-5: "
-          + ", ".join(f"{count} {status}" for status, count in counts.items()))
+          + ", ".join(f"{count} {status}" for status, count in counts.items())
+          + f"; they read {runs} pre-trained runs (variant x seed)")
     for cell in cells:
         print(describe(cell))
     print(f"profile {params['profile']}: {len(unpublished)} cells of the paper's Table 3 beyond "
@@ -279,5 +322,11 @@ def print_cell_plan(params: Mapping[str, Any]) -> int:
           "for C = 5 from Table 1's retriever-2 QaC row, – for the other C): "
           + ", ".join(f"{count} {status}" for status, count in unpublished_counts.items() if status in (PRODUCED, MISSING)))
     for cell in unpublished:
+        print(describe(cell))
+    references = plan_reference_cells(params)
+    print(f"profile {params['profile']}: {len(references)} cells of reference rows (released retrievers evaluated as "
+          "published, stage reference; their published figures): "
+          + ", ".join(f"{count} {status}" for status, count in _counts(references).items() if count))
+    for cell in references:
         print(describe(cell))
     return 1 if counts[MISSING] or unpublished_counts[MISSING] else 0

@@ -70,6 +70,7 @@ class Variant:
     method: str
     context_type: str | None
     query_count: int | None
+    seed_of: str | None = None    # a seed copy: the variant it repeats with another seed (one row with it)
 
     @property
     def label(self) -> str:
@@ -93,7 +94,8 @@ class Variant:
         if method == "none":
             return cls(name, "none", None, None)
         count = spec.get("query_count")
-        return cls(name, method, spec.get("context_type", "passage"), None if count is None else int(count))
+        return cls(name, method, spec.get("context_type", "passage"), None if count is None else int(count),
+                   spec.get("seed_of"))
 
     @property
     def order(self) -> tuple:
@@ -180,6 +182,53 @@ class Source(_Recorded):
         return sorted(p.name[:-len(PER_QUERY_SUFFIX)] for p in folder.iterdir() if p.name.endswith(PER_QUERY_SUFFIX))
 
 
+class SeededSource:
+    """One system trained with several seeds: a variant's outputs and its seed copies' (``<variant>-seed<s>``).
+
+    Reads as a :class:`Source`: ``per_query`` is each query's value averaged
+    over the seeds (so paired tests compare seed-averaged values), ``metric``
+    the mean of the seeds' figures; ``seed_metrics`` gives each seed's figure
+    for the spread. The record, run id and file cited are the first seed's.
+    """
+
+    def __init__(self, sources: list[Source], seeds: list[int]):
+        self.sources, self.seeds = sources, seeds
+        self.name, self.root, self.record = sources[0].name, sources[0].root, sources[0].record
+
+    @property
+    def run_id(self) -> str | None:
+        return self.sources[0].run_id
+
+    @property
+    def git_commit(self) -> str | None:
+        return self.sources[0].git_commit
+
+    def path(self, dataset: str, split: str) -> Path:
+        return self.sources[0].path(dataset, split)
+
+    def relative(self, dataset: str, split: str) -> str:
+        return self.sources[0].relative(dataset, split)
+
+    def splits(self, dataset: str) -> list[str]:
+        return self.sources[0].splits(dataset)
+
+    def per_query(self, dataset: str, split: str, measure: str) -> dict[str, float] | None:
+        """Each query's value averaged over the seeds; None unless every seed was evaluated on the same queries."""
+        values = [source.per_query(dataset, split, measure) for source in self.sources]
+        if any(v is None for v in values) or any(set(v) != set(values[0]) for v in values):
+            return None
+        return {qid: math.fsum(v[qid] for v in values) / len(values) for qid in values[0]}
+
+    def seed_metrics(self, dataset: str, split: str, measure: str) -> list[float] | None:
+        """Each seed's figure, in the order of ``seeds``; None unless every seed has one."""
+        values = [source.metric(dataset, split, measure) for source in self.sources]
+        return None if any(v is None for v in values) else values
+
+    def metric(self, dataset: str, split: str, measure: str) -> float | None:
+        values = self.seed_metrics(dataset, split, measure)
+        return None if values is None else math.fsum(values) / len(values)
+
+
 @dataclass(frozen=True)
 class Annotation(_Recorded):
     """Table 5's outputs: ``annotation/summary.json``, ``labels.csv`` text and the run record."""
@@ -194,18 +243,33 @@ class Study:
     """The DVC outputs of one profile, indexed by what the tables ask for."""
 
     def __init__(self, root: str | os.PathLike, variants: Mapping[str, Any], profile: str,
-                 declared_variants: bool = False):
+                 declared_variants: bool = False, seed: int = 42):
         self.root = Path(root)
         self.profile = profile
         self._variants = {name: Variant.from_params(name, spec) for name, spec in (variants or {}).items()}
+        self._seeds = {name: int(spec["seed"]) for name, spec in (variants or {}).items()
+                       if (spec or {}).get("seed") is not None}
+        self.seed = seed
         self._sources: dict[str, Source | None] = {}
         self.declared_variants = declared_variants   # rows for every declared variant, evaluated or not
 
     def variants(self) -> list[Variant]:
-        """Every condition of ``pretrain.variants`` whose retrievers were evaluated, in a stable order."""
-        found = [v for v in self._variants.values() if self.declared_variants
-                 or any((self.root / "eval" / v.name / r).is_dir() for r in FINETUNED_RETRIEVERS)]
+        """Every condition of ``pretrain.variants`` whose retrievers were evaluated, in a stable order.
+
+        A seed copy is no condition of its own: it is read with its variant (:meth:`finetuned`).
+        """
+        found = [v for v in self._variants.values() if v.seed_of is None and (
+                 self.declared_variants or any((self.root / "eval" / v.name / r).is_dir()
+                                               for r in FINETUNED_RETRIEVERS))]
         return sorted(found, key=lambda v: v.order)
+
+    def seed_copies(self, variant: str) -> list[Variant]:
+        """The seed copies of ``variant`` (``seed_of: variant``), in declaration order."""
+        return [v for v in self._variants.values() if v.seed_of == variant]
+
+    def seeds(self, variant: str) -> list[int]:
+        """The seeds ``variant`` runs with: its own (or the top-level seed) first, then its copies'."""
+        return [self._seeds.get(name, self.seed) for name in [variant, *(v.name for v in self.seed_copies(variant))]]
 
     def variant(self, name: str) -> Variant | None:
         return self._variants.get(name)
@@ -217,9 +281,20 @@ class Study:
                                    if folder.is_dir() else None)
         return self._sources[name]
 
-    def finetuned(self, variant: str, retriever: str) -> Source | None:
+    def finetuned(self, variant: str, retriever: str) -> Source | SeededSource | None:
         """Retriever ``r1``/``r2`` of ``variant``: ``eval/<variant>/<r>/``, run from ``finetune/<variant>/<r>/``;
-        ``beir`` (Table 2's zero-shot retriever): ``beir/<variant>/eval/``, run from ``beir/<variant>/encoder/``."""
+        ``beir`` (Table 2's zero-shot retriever): ``beir/<variant>/eval/``, run from ``beir/<variant>/encoder/``.
+
+        A variant with seed copies reads as one :class:`SeededSource` over every seed, once every seed's
+        output exists; until then as its own first seed alone would be wrong, so it is None.
+        """
+        copies = self.seed_copies(variant)
+        if copies:
+            sources = [self._single(name, retriever) for name in [variant, *(v.name for v in copies)]]
+            return None if None in sources else SeededSource(sources, self.seeds(variant))
+        return self._single(variant, retriever)
+
+    def _single(self, variant: str, retriever: str) -> Source | None:
         if retriever == "beir":
             return self._source(f"beir/{variant}", self.root / "beir" / variant / "eval",
                                 self.root / "beir" / variant / "encoder")
@@ -237,6 +312,13 @@ class Study:
                     return self._source(f"eval/untuned/{variant.name}", folder, folder)
             return None
         raise ValueError(f"unknown baseline {retriever!r}: bm25 or untuned")
+
+    def reference(self, spec: str) -> Source | None:
+        """A released retriever evaluated as published: ``reference/<slug>/`` (stage reference, qac/reference.py)."""
+        from qac.reference import REFERENCE_DIR, reference_slug
+
+        folder = self.root / REFERENCE_DIR / reference_slug(spec)
+        return self._source(f"reference/{spec}", folder, folder)
 
     def pretrain_record(self, variant: str) -> dict[str, Any] | None:
         return read_record(self.root, self.root / "pretrain" / variant)
@@ -318,4 +400,4 @@ def load_study(params: Mapping[str, Any], root: str | os.PathLike | None = None,
     from qac.config import profile_dir
 
     return Study(root or profile_dir(dict(params)), (params.get("pretrain") or {}).get("variants") or {},
-                 params["profile"], declared_variants)
+                 params["profile"], declared_variants, int(params.get("seed", 42)))

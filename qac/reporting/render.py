@@ -19,10 +19,10 @@ from typing import Any, Iterable, Mapping
 from qac.evaluation.significance import ALPHA, POWER
 from qac.reporting.lineage import Study
 from qac.reporting.precision import decimals
-from qac.reporting.tables import Cell, Table, plural
+from qac.reporting.tables import Cell, Table, plural, seed_spread
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
-              "compared_source", "metric", "paper_row", "published", "cited", "recipe", "note"]
+              "compared_source", "metric", "paper_row", "published", "cited", "seeds", "recipe", "note"]
 # The MLflow runs behind the cells: bookkeeping, kept out of the tracked report (see runs_csv).
 RUN_FIELDS = ["table", "row", "column", "run_id", "git_commit", "compared_run_id", "compared_git_commit"]
 
@@ -141,6 +141,9 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
         ours = f"n/a [{footnote}]" if footnote else "n/a"
     else:
         ours = _number(cell.value, table, column, signed=cell.difference, difference=cell.difference)
+        if cell.seed_values:   # the spread across seeds (sample sd), as precise as a difference
+            ours += (f" ±{_number(seed_spread(cell.seed_values), table, column, difference=True)} "
+                     f"({len(cell.seed_values)} seeds)")
         if cell.difference and cell.p_value is not None:
             mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column, difference=True)}"
             ours += f" ({_p_text(cell.p_value)}{mde})"
@@ -233,6 +236,7 @@ def to_csv(table: Table) -> str:
                 "metric": cell.metric or "", "paper_row": table.paper_rows.get(row, ""),
                 "published": "" if cell.published is None else repr(float(cell.published)),
                 "cited": "" if cell.cited is None else repr(float(cell.cited)),
+                "seeds": ";".join(repr(float(v)) for v in cell.seed_values or ()),
                 "recipe": cell.recipe or "",
                 "note": cell.text if cell.text is not None else (cell.note or ""),
             })
@@ -256,6 +260,8 @@ def _latex_cell(table: Table, column: str, cell: Cell, footnote: int | None) -> 
         ours = f"n/a\\textsuperscript{{{footnote}}}" if footnote else "n/a"
     else:
         ours = latex_escape(_number(cell.value, table, column, signed=cell.difference, difference=cell.difference))
+        if cell.seed_values:
+            ours += r"$\pm$" + latex_escape(_number(seed_spread(cell.seed_values), table, column, difference=True))
         if cell.difference and cell.p_value is not None and cell.p_value < ALPHA:
             ours += "$^{*}$"
     theirs = "--" if cell.paper is None else latex_escape(_number(cell.paper, table, column, signed=cell.difference))

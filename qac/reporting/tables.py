@@ -95,6 +95,7 @@ class Cell:
     recipe: str | None = None   # which recipe (qac/deviations.yaml) the run behind the value ran
     published: float | None = None   # a published figure of the same model used the same way (encoders.<spec>)
     cited: float | None = None   # a published figure of another configuration: shown beside ours, never compared
+    seed_values: list[float] | None = None   # our value of each seed, where the variant ran several (table unit)
     std_error: float | None = None   # sampling error of ``value``: sd of the per-query values / sqrt(n), table unit
 
 
@@ -234,7 +235,18 @@ def metric_cell(source: Source | None, dataset: str | None, split: str | None, m
         cell.value = value * _SCALE[unit]
         cell.n_queries = len(per_query)
         cell.std_error = standard_error(per_query.values(), _SCALE[unit])
+        seed_metrics = getattr(source, "seed_metrics", None)
+        if seed_metrics is not None:
+            cell.seed_values = [figure * _SCALE[unit] for figure in seed_metrics(dataset, split, measure)]
     return cell
+
+
+def seed_spread(values: list[float] | None) -> float | None:
+    """Sample standard deviation across seeds (n - 1); None below two seeds."""
+    if not values or len(values) < 2:
+        return None
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((value - mean) ** 2 for value in values) / (len(values) - 1))
 
 
 def standard_error(values, scale: float = 1.0) -> float | None:
@@ -270,8 +282,14 @@ def difference_cell(ctx: TableContext, with_source: Source | None, without_sourc
         return cell
     scale = _SCALE[unit]
     cell.value = (with_source.metric(dataset, split, measure) - without_source.metric(dataset, split, measure)) * scale
+    # With several seeds, each query's values are averaged over the seeds first (SeededSource.per_query):
+    # the test asks whether the seed-averaged systems differ; the seeds' spread of the difference is shown.
     result = compare_paired(per_query_with, per_query_without, ctx.permutations, ctx.seed)
     cell.p_value, cell.n_queries, cell.note = result.p_value, result.n_queries, result.note
+    seeds_with = getattr(with_source, "seed_metrics", lambda *a: None)(dataset, split, measure)
+    seeds_without = getattr(without_source, "seed_metrics", lambda *a: None)(dataset, split, measure)
+    if seeds_with and seeds_without and len(seeds_with) == len(seeds_without):
+        cell.seed_values = [(a - b) * scale for a, b in zip(seeds_with, seeds_without)]
     cell.mde = None if result.mde is None else result.mde * scale
     return cell
 
@@ -336,6 +354,37 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
                            "and its lengths.")
 
 
+def reference_row(spec: str) -> str:
+    """Table 1's row of a released retriever evaluated as published."""
+    return f"published checkpoint {spec}"
+
+
+def _reference_row(ctx: TableContext, table: Table, spec: str) -> None:
+    """A released retriever (stage reference) beside its published figures: compared on the whole corpus,
+    cited beside ours where the profile cuts the corpus (fewer distractors make retrieval easier)."""
+    from qac.reference import published_figure
+
+    row = reference_row(spec)
+    source = ctx.study.reference(spec)
+    sources = set()
+    for column in ctx.columns:
+        figure = published_figure(ctx.params, spec, column.dataset, column.split, column.measure)
+        like_for_like = figure is not None and corpus_cut(ctx.params, column.dataset) is None
+        cell = metric_cell(source, column.dataset, column.split, column.measure, PERCENT,
+                           float(figure["value"]) * _SCALE[PERCENT] if like_for_like else None, column.missing)
+        if figure is not None and not like_for_like:
+            cell.cited = float(figure["value"]) * _SCALE[PERCENT]
+        if source is None and not column.missing:
+            cell.note = "no reference/ output for this retriever: run the reference stage"
+        if figure is not None:
+            sources.add(figure["source"])
+        table.put(row, column.header, cell)
+    if sources:
+        table.paper_rows[row] = "published: " + "; ".join(sorted(sources))
+    table.notes.append(f"{row}: the released model evaluated as published (encoders.{spec}: pooling, lengths; stage "
+                       "reference); its published figures are compared where the corpus is whole, else cited.")
+
+
 def corpus_cut(params: Mapping, dataset: str | None) -> tuple[int, bool] | None:
     """``(max_documents, keep_judged_documents)`` the prepare stage applied to ``dataset``, or None if uncut.
 
@@ -390,6 +439,8 @@ def table1_in_domain(ctx: TableContext) -> Table:
     untuned = ctx.study.baseline("untuned")
     if untuned is not None:
         _untuned_row(ctx, table, untuned)
+    for spec in (ctx.params.get("reference_retrievers") or []):
+        _reference_row(ctx, table, spec)
     # The zero-shot retriever (Table 2's footnote recipe) has in-domain rows only where the profile trains it.
     retrievers = [r for r in RETRIEVER_LABELS if r != "beir" or ctx.zero_shot_retriever == "beir"]
     for variant in ctx.study.variants():

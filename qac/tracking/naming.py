@@ -47,6 +47,10 @@ def variant_description(params: Mapping[str, Any], variant: str) -> dict[str, An
         description["cotmae_decoder"] = settings.cotmae_decoder
     if settings.method == "master":
         description["master_decoders"] = ",".join(settings.master_decoders)
+    description["seed"] = settings.seed
+    seed_of = (((params.get("pretrain") or {}).get("variants") or {}).get(variant) or {}).get("seed_of")
+    if seed_of:   # a seed copy: the variant it repeats with another seed
+        description["seed_of"] = seed_of
     description["init"] = settings.init
     return description
 
@@ -72,6 +76,8 @@ def variant_label(description: Mapping[str, Any]) -> str:
     if description["context_type"] in ("query", "mixed"):
         parts.append(f"C={description['query_count']}")
     parts += [description["context_type"], description["method"]]
+    if description.get("seed_of"):
+        parts.insert(0, f"seed={description['seed']}")
     return run_name(*parts)
 
 

@@ -97,11 +97,15 @@ class PretrainSettings:
     @classmethod
     def from_params(cls, params: Mapping[str, Any], variant: str) -> "PretrainSettings":
         """Variant ``variant`` of a checked params file: ``pretrain.common`` with the variant's keys over it,
-        the global seed and how the split stage cut the passages (``split.spans``)."""
+        its seed (a seed copy's own, else the global one) and how the split stage cut the passages
+        (``split.spans``)."""
         section = params["pretrain"]
         if variant not in section["variants"]:
             raise ValueError(f"params: no pretrain.variants.{variant} (known: {', '.join(section['variants'])})")
-        return cls.from_mapping({**section["common"], **section["variants"][variant], "seed": params["seed"],
+        spec = dict(section["variants"][variant] or {})
+        spec.pop("seed_of", None)   # a seed copy trains as its variant does, with its own seed
+        seed = spec.pop("seed", None)
+        return cls.from_mapping({**section["common"], **spec, "seed": params["seed"] if seed is None else seed,
                                  "spans": params["split"]["spans"]})
 
     @classmethod

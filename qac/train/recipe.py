@@ -80,16 +80,20 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Mapping
     from qac.train.finetune import check_whole_batches, fine_tune_retriever
     from qac.train.groups import negative_pool_stats, retriever1_queries
 
+    from qac.config import variant_seed
+
     section = params[section_key]
     stage = stage or f"finetune@{variant}"
-    queries = retriever1_queries(judged_queries(dataset, negatives, section, params["seed"]), query_set)
+    seed = variant_seed(params, variant)   # a seed copy of a variant (pretrain.variants.<name>.seed) trains with its own
+    queries = retriever1_queries(judged_queries(dataset, negatives, section, seed), query_set)
     # Before the model loads: the queries must fill whole batches (or be left out knowingly).
     left_out = check_whole_batches(len(queries), settings, where=f"{stage} {name}")
     description = {**variant_description(params, variant), "retriever": name}
     with tracked_stage(params, stage, variant_run_name(description, name), kind="finetune",
-                       stage_params={**section, "seed": params["seed"], "train_dataset": params["train_dataset"],
+                       stage_params={**section, "seed": seed, "train_dataset": params["train_dataset"],
                                      **description},
-                       inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant}, parent=parent,
+                       inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant, "qac.seed": seed},
+                       parent=parent,
                        output=out_dir / name, main=dist.is_main, log_models=log_models, root=root) as tracking:
         tracking.log_dataset_inputs(inputs["dataset"], "training", splits=["train"])
         if tracking.active:
@@ -164,7 +168,7 @@ def fine_tune_variant(params: Mapping[str, Any], variant: str, *, log_models: bo
     if "train" not in dataset.qrels:
         raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to fine-tune on")
     section = params["finetune"]
-    settings = FinetuneSettings.from_params(section, params["seed"])
+    settings = FinetuneSettings.from_params(section, variant_seed(params, variant))
     passage_text, separator = retriever_texts(dataset, section.get("title_join", "space"), load_tokenizer(str(start)))
     inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
 
@@ -186,7 +190,7 @@ def fine_tune_variant(params: Mapping[str, Any], variant: str, *, log_models: bo
                 **common)
             outcome.training_queries = len(queries)
             # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
-            mining_queries = judged_queries(dataset, bm25_negatives, section, params["seed"])
+            mining_queries = judged_queries(dataset, bm25_negatives, section, variant_seed(params, variant))
             mined_path = staging / "mined_negatives.jsonl"
             encode_options = dict(batch_size=section.get("encode_batch_size", 128),
                                   loader_workers=section.get("loader_workers", 0), dist=dist)
