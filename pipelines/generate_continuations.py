@@ -5,8 +5,7 @@ Single process:       python pipelines/generate_continuations.py
 One machine, N GPUs:  torchrun --nproc_per_node N pipelines/generate_continuations.py
 Separate machines:    python pipelines/generate_continuations.py --shard i/n   (each i, shared disk)
                       python pipelines/generate_continuations.py --merge-only  (once all shards finished)
-A rerun continues from the committed chunks (``data/<profile>/.continuations.work/``); length,
-distinct-1/2, empty and duplicate shares go to metrics/continuations.json.
+A rerun continues from the committed chunks (``data/<profile>/.continuations.work/``).
 """
 
 from __future__ import annotations

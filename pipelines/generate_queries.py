@@ -6,8 +6,7 @@ Separate machines:    python pipelines/generate_queries.py --shard i/n   (each i
                       python pipelines/generate_queries.py --merge-only  (once all shards finished)
 
 A rerun after an interruption continues from the committed chunks (``data/<profile>/.queries.work/``,
-``qac.querygen.shards``, ``qac.querygen.stage``), says so, and its MLflow run resumes the killed one
-(``qac.resumes_run``). The run is recorded in ``data/<profile>/.runs/queries.arrow/``.
+``qac.querygen.stage``), says so, and its MLflow run resumes the killed one (``qac.resumes_run``).
 """
 
 from __future__ import annotations
