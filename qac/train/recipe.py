@@ -145,7 +145,7 @@ def fine_tune_variant(params: Mapping[str, Any], variant: str, *, log_models: bo
     """
     import contextlib
 
-    from qac.config import profile_dir
+    from qac.config import profile_dir, variant_seed
     from qac.data.prepared import load_prepared
     from qac.distributed import barrier, cleanup, init_distributed
     from qac.io import atomic_path, write_jsonl
