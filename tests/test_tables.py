@@ -408,6 +408,8 @@ def test_failed_report_leaves_the_previous_one(data, tmp_path, monkeypatch):
 
     write_report(PARAMS, tmp_path, data)
     before = (tmp_path / PROFILE / "tables.md").read_text(encoding="utf-8")
+    headline = tmp_path / "headline" / f"{PROFILE}.json"
+    headline_before = headline.read_bytes()
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk full")
@@ -416,7 +418,10 @@ def test_failed_report_leaves_the_previous_one(data, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         write_report(PARAMS, tmp_path, data)
     assert (tmp_path / PROFILE / "tables.md").read_text(encoding="utf-8") == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [PROFILE]
+    assert headline.read_bytes() == headline_before
+    # the report and its headline metrics beside it, no staging folder or file left
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([PROFILE, "headline"])
 
 
 def test_bad_column_spec_is_named():
