@@ -242,7 +242,9 @@ class PretrainCommon(Section):
     pad_to_multiple_of: PositiveInt = Field(
         description="with pad_to null, a side's length and its count of masked positions are rounded up to a "
                     "multiple of this (8: tensor-core friendly shapes, fewer distinct shapes to compile; 1: the "
-                    "longest sequence exactly)")
+                    "longest sequence exactly). Under dropout the padded shape changes which random draws mask "
+                    "which positions, so two multiples train on different dropout masks, beyond float rounding; "
+                    "with dropout 0.0 their losses agree to float rounding")
     dropout: DropoutProbability | None = Field(
         description="null: the init checkpoint's dropout; 0.0 makes runs repeatable across process layouts")
     checkpoint_every: PositiveInt = Field(description="steps between resumable checkpoints")
