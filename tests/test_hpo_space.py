@@ -98,3 +98,15 @@ def test_suggested_values_stay_in_bounds_and_respect_types():
         assert values["b"] in (2, 4, 6, 8)
         assert values["c"] in ("x", "y")
         study.tell(trial, 0.0)
+
+
+def test_a_trial_value_reaches_the_seed_copies_of_its_variant_so_the_trial_params_stay_valid():
+    from qac.params import validate_params
+
+    params = render_profile("smoke")
+    variant = params["hpo"]["variant"]
+    copies = [name for name, v in params["pretrain"]["variants"].items() if v.get("seed_of") == variant]
+    assert copies, "the smoke profile's tuned variant has a seed copy"
+    trial_params = apply_values(params, {"pretrain.lr": 3e-4}, variant)
+    assert all(trial_params["pretrain"]["variants"][name]["lr"] == 3e-4 for name in [variant, *copies])
+    validate_params(trial_params)

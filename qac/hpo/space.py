@@ -159,12 +159,16 @@ def suggest_values(trial, dimensions: list[Dimension]) -> dict[str, Any]:
 
 
 def apply_values(params: Mapping[str, Any], values: Mapping[str, Any], variant: str) -> dict[str, Any]:
-    """A copy of ``params`` with a trial's values written in (``pretrain.*`` into the variant)."""
+    """A copy of ``params`` with a trial's values written in (``pretrain.*`` into the variant and
+    its seed copies, which must equal it but for their seed)."""
     out = copy.deepcopy(dict(params))
+    variants = out["pretrain"]["variants"]
+    copies = [name for name, settings in variants.items() if name == variant or settings.get("seed_of") == variant]
     for key, value in values.items():
         section, _, field = key.partition(".")
         if section == "pretrain":
-            out["pretrain"]["variants"][variant][field] = value
+            for name in copies:
+                variants[name][field] = value
             continue
         node = out
         parts = key.split(".")
