@@ -123,8 +123,10 @@ def _run_job(params: dict, out: Path) -> tuple[list[dict], subprocess.CompletedP
 
 @pytest.mark.slow
 def test_a_trial_job_reports_dev_metrics_while_fine_tuning(trial_inputs, tmp_path):
-    params = trial_inputs
-    params["pretrain"]["variants"][params["hpo"]["variant"]]["lr"] = 1e-3
+    from qac.hpo.space import apply_values
+
+    # as a trial writes its value: into the variant and its seed copies
+    params = apply_values(trial_inputs, {"pretrain.lr": 1e-3}, trial_inputs["hpo"]["variant"])
     params["hpo"]["finetune_epochs"] = 2
     events, done = _run_job(params, tmp_path / "trial")
     assert done.returncode == 0, done.stderr[-3000:]
