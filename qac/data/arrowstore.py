@@ -210,6 +210,14 @@ def unreadable(path: str | os.PathLike, error: BaseException) -> DataFormatError
                                              f"one ({reason}); {rerun_hint(path)}")
 
 
+def _schema_error(path: str | os.PathLike, field: str, problem: str) -> DataFormatError:
+    """A column missing or of another type, with the stage that rebuilds the file (the plan is read
+    only when a file is bad, so a stage that reads good files runs none of it)."""
+    from qac.pipeline_plan import rerun_hint
+
+    return DataFormatError(path, None, field, f"{problem}; {rerun_hint(path)}")
+
+
 def _batches(path: str | os.PathLike, source) -> Iterator[pa.RecordBatch]:
     """The record batches of an Arrow stream, a read failure named as :func:`unreadable` names it."""
     try:
@@ -220,8 +228,6 @@ def _batches(path: str | os.PathLike, source) -> Iterator[pa.RecordBatch]:
 
 def open_mapped(path: str | os.PathLike, schema: pa.Schema) -> MappedTable:
     """Map an Arrow stream file (random-access advice, see the module text), checked against ``schema``."""
-    from qac.pipeline_plan import rerun_hint
-
     path = Path(path)
     if not path.is_file():
         raise DataFormatError(path, None, None, "file not found")
@@ -248,10 +254,10 @@ def open_mapped(path: str | os.PathLike, schema: pa.Schema) -> MappedTable:
     mapped.release()
     for field in schema:
         if field.name not in table.schema.names:
-            raise DataFormatError(path, None, field.name, f"column missing; {rerun_hint(path)}")
+            raise _schema_error(path, field.name, "column missing")
         found = table.schema.field(field.name).type
         if not found.equals(field.type):
-            raise DataFormatError(path, None, field.name, f"expected {field.type}, found {found}; {rerun_hint(path)}")
+            raise _schema_error(path, field.name, f"expected {field.type}, found {found}")
     mapped.table = table
     return mapped
 

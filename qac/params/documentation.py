@@ -11,6 +11,9 @@ from qac.params.errors import unwrap
 from qac.params.sections import Params
 
 
+# Fields holding entries of their own: (type argument of the entry, key suffix, how the table names it).
+_ENTRY_CONTAINERS = {dict: (1, ".<name>", "mapping of name to entry"), list: (0, "[]", "list of entries")}
+
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is Annotated:
@@ -111,18 +114,13 @@ def parameters_markdown(base: Mapping[str, Any] | None = None) -> str:
                 nested.append((inner, key, value, info.description))
                 lines.append(f"| `{key}` | mapping | | {_escape(info.description or '')} (below) |")
                 continue
-            if typing.get_origin(inner) is dict:
-                item = unwrap(typing.get_args(inner)[1])
+            container = _ENTRY_CONTAINERS.get(typing.get_origin(inner))
+            if container:
+                index, suffix, kind = container
+                item = unwrap(typing.get_args(inner)[index])
                 if isinstance(item, type) and issubclass(item, BaseModel):
-                    nested.append((item, f"{key}.<name>", None, info.description))
-                    lines.append(f"| `{key}` | mapping of name to entry | {_format_value(value)} | "
-                                 f"{_escape(info.description or '')} (below) |")
-                    continue
-            if typing.get_origin(inner) is list:
-                item = unwrap(typing.get_args(inner)[0])
-                if isinstance(item, type) and issubclass(item, BaseModel):
-                    nested.append((item, f"{key}[]", None, info.description))
-                    lines.append(f"| `{key}` | list of entries | {_format_value(value)} | "
+                    nested.append((item, f"{key}{suffix}", None, info.description))
+                    lines.append(f"| `{key}` | {kind} | {_format_value(value)} | "
                                  f"{_escape(info.description or '')} (below) |")
                     continue
             if isinstance(values, Mapping) and name in values:

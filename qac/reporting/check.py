@@ -335,18 +335,21 @@ def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expe
     return str(document.get("profile", "")), kind, cells
 
 
-def _lookup(tables: Sequence[Table], expected: Expected):
+def _our_cell(tables: Sequence[Table], expected: Expected):
+    """Our cell of an expected one and, where it holds no value, why (None, reason)."""
     table = next((table for table in tables if table.key == expected.table), None)
-    return table.cells.get((expected.row, expected.column)) if table else None
+    cell = table.cells.get((expected.row, expected.column)) if table else None
+    if cell is None:
+        return None, "no such cell in the tables"
+    return (cell, None) if cell.value is not None else (None, cell.note)
 
 
 def compare(tables: Sequence[Table], expected: Sequence[Expected]) -> list[Outcome]:
     """Rerun check: our value of every expected cell and the tolerance it is held to."""
     outcomes = []
     for cell_expected in expected:
-        cell = _lookup(tables, cell_expected)
-        if cell is None or cell.value is None:
-            why = "no such cell in the tables" if cell is None else cell.note
+        cell, why = _our_cell(tables, cell_expected)
+        if cell is None:
             outcomes.append(Outcome(cell_expected, None, None, why))
             continue
         limit = cell_expected.tolerance
@@ -360,13 +363,12 @@ def judge(tables: Sequence[Table], expected: Sequence[Expected]) -> list[Judgeme
     """Reproduction check: every expected (published) cell against ours, with our sampling error and seed spread."""
     judgements = []
     for cell_expected in expected:
-        cell = _lookup(tables, cell_expected)
-        if cell is None or cell.value is None:
-            why = "no such cell in the tables" if cell is None else cell.note
+        cell, why = _our_cell(tables, cell_expected)
+        if cell is None:
             judgements.append(Judgement(cell_expected, None, why=why))
             continue
-        judgements.append(Judgement(cell_expected, float(cell.value), cell.std_error,
-                                    tuple(getattr(cell, "seed_values", None) or ()), cell.n_queries))
+        judgements.append(Judgement(cell_expected, float(cell.value), cell.std_error, tuple(cell.seed_values or ()),
+                                    cell.n_queries))
     return judgements
 
 

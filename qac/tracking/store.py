@@ -130,6 +130,7 @@ def usable_store(what: str = "this stage", uri: str | None = None) -> bool:
     """Whether the store can be used; when it cannot, prints :func:`unavailable_message` once on stderr."""
     import sys
 
+    uri = uri or tracking_uri()    # one key per store, as store_failed's, so the store is said once
     problem = store_problem(uri)
     if problem is None:
         return True

@@ -93,7 +93,6 @@ class ThroughputWindow:
         self.model_flops, self.hardware_flops = 0.0, 0.0
         return figures
 
-
     def count_flops(self, model: torch.nn.Module, batch, run) -> None:
         """Count the FLOPs of the step ``run(model, batch)`` makes, per side and padded token, for this run
         (qac.train.flops.flops_per_side_token); call it before :meth:`add_batch` of the first batch."""
