@@ -141,8 +141,10 @@ def rendered_params_text(params: dict[str, Any], profiles_dir: str | os.PathLike
 
 
 def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: str | os.PathLike | None = None) -> None:
-    """Write ``params`` to ``path``, atomically, as :func:`rendered_params_text` renders it."""
-    _write_text(path, rendered_params_text(params, profiles_dir))
+    """Write ``params`` (a mapping, or checked parameters) to ``path``, atomically, as
+    :func:`rendered_params_text` renders it."""
+    plain = params.to_dict() if hasattr(params, "to_dict") else params
+    _write_text(path, rendered_params_text(plain, profiles_dir))
 
 
 def _write_text(path: str | os.PathLike, text: str) -> None:

@@ -19,6 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,15 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-only", action="store_true", help="run no trials; rewrite the report")
 
 
-def apply_overrides(params: dict, args: argparse.Namespace) -> dict:
-    """The command line's overrides written into ``params['hpo']``."""
-    hpo = dict(params.get("hpo") or {})
-    for option, key in (("study_name", "study_name"), ("storage", "storage"), ("n_trials", "n_trials"),
-                        ("launcher", "launcher"), ("nproc_per_node", "nproc_per_node")):
-        value = getattr(args, option)
-        if value is not None:
-            hpo[key] = value
-    return {**params, "hpo": hpo}
+def apply_overrides(params: Params, args: argparse.Namespace) -> Params:
+    """``params`` with the command line's overrides of ``hpo`` keys set (checked as a file's are)."""
+    from qac.params import with_values
+
+    options = ("study_name", "storage", "n_trials", "launcher", "nproc_per_node")
+    return with_values(params, {f"hpo.{option}": getattr(args, option) for option in options
+                                if getattr(args, option) is not None})
 
 
 def check_inputs(params: dict, variant: str) -> None:

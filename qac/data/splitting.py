@@ -54,7 +54,7 @@ import itertools
 import hashlib
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Iterator, Sequence
 
 from qac.data.arrowstore import write_passages
@@ -65,12 +65,12 @@ from qac.params.vocabulary import SpanRule
 class SplitSettings:
     """The ``split`` section of ``params.yaml`` (plus the global seed)."""
 
-    max_len: int = 144
-    short_span_prob: float = 0.15
-    random_sampled_window: int = 100
-    overlap_sentences: int = 2
-    seed: int = field(kw_only=True)
-    spans: SpanRule = "bounded"      # bounded: never over max_len; overflow: close after the crossing sentence
+    max_len: int
+    short_span_prob: float
+    random_sampled_window: int
+    overlap_sentences: int
+    seed: int
+    spans: SpanRule  # bounded: never over max_len; overflow: close after the crossing sentence
 
     @property
     def overflow(self) -> bool:
@@ -79,10 +79,8 @@ class SplitSettings:
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "SplitSettings":
         split = params["split"]
-        return cls(max_len=int(split["max_len"]), short_span_prob=float(split["short_span_prob"]),
-                   random_sampled_window=int(split["random_sampled_window"]),
-                   overlap_sentences=int(split["overlap_sentences"]), seed=int(params["seed"]),
-                   spans=str(split["spans"]))
+        return cls(**{field.name: split[field.name] for field in fields(cls) if field.name != "seed"},
+                   seed=params["seed"])
 
 
 class TokenCounter:

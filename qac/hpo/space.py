@@ -19,12 +19,14 @@ before any trial runs, with an error that names the key.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from qac.params.vocabulary import SPACE_KINDS
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 _FIELDS = {
     "float": {"type", "low", "high", "log", "step"},
@@ -158,21 +160,17 @@ def suggest_values(trial, dimensions: list[Dimension]) -> dict[str, Any]:
     return {dim.key: dim.suggest(trial) for dim in dimensions}
 
 
-def apply_values(params: Mapping[str, Any], values: Mapping[str, Any], variant: str) -> dict[str, Any]:
-    """A copy of ``params`` with a trial's values written in (``pretrain.*`` into the variant and
-    its seed copies, which must equal it but for their seed)."""
-    out = copy.deepcopy(dict(params))
-    variants = out["pretrain"]["variants"]
-    copies = [name for name, settings in variants.items() if name == variant or settings.get("seed_of") == variant]
+def apply_values(params: Params, values: Mapping[str, Any], variant: str) -> Params:
+    """``params`` with a trial's values set (``pretrain.*`` in the variant and its seed copies, which must
+    equal it but for their seed), checked again as a whole."""
+    from qac.params import with_values
+
+    copies = [name for name, spec in params.pretrain.variants.items() if name == variant or spec.seed_of == variant]
+    changes: dict[str, Any] = {}
     for key, value in values.items():
         section, _, field = key.partition(".")
         if section == "pretrain":
-            for name in copies:
-                variants[name][field] = value
-            continue
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node[part]
-        node[parts[-1]] = value
-    return out
+            changes.update({f"pretrain.variants.{name}.{field}": value for name in copies})
+        else:
+            changes[key] = value
+    return with_values(params, changes)

@@ -35,7 +35,7 @@ from qac.hpo.space import Dimension, parse_space
 WORKER_ATTR = "qac.worker"
 MLFLOW_RUN_ATTR = "qac.mlflow_run_id"
 FAIL_REASON_ATTR = "qac.fail_reason"
-DEFAULT_JOB = "qac.hpo.trial_job"
+DEFAULT_JOB = "qac.cli.hpo_trial_command"
 
 
 class SettingsError(ValueError):

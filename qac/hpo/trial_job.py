@@ -1,7 +1,9 @@
 """One trial as a job: pre-train with the trial's values, fine-tune retriever 1, score it on dev.
 
-    python -m qac.hpo.trial_job --params TRIAL_PARAMS.yaml --out TRIAL_DIR
-    torchrun --standalone --nproc-per-node 2 -m qac.hpo.trial_job --params ... --out ...
+The job's command line is :mod:`qac.cli.hpo_trial_command`::
+
+    python -m qac.cli.hpo_trial_command --params TRIAL_PARAMS.yaml --out TRIAL_DIR
+    torchrun --standalone --nproc-per-node 2 -m qac.cli.hpo_trial_command --params ... --out ...
 
 The worker that starts this job reads its standard output. Lines starting
 with ``@qac-hpo`` are events, one JSON object each::
@@ -17,7 +19,6 @@ end-of-file, which happens when the worker that started it dies.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -27,7 +28,10 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 EVENT_PREFIX = "@qac-hpo "
 EVENT_KINDS = ("intermediate", "result")
@@ -192,7 +196,7 @@ class DevEvaluator:
 
 # --- the job ------------------------------------------------------------------------------
 
-def required_inputs(params: Mapping[str, Any], variant: str) -> dict[Path, str]:
+def required_inputs(params: Params, variant: str) -> dict[Path, str]:
     """The files a trial reads, each with the DVC stage that writes it: the fine-tuning data, and what
     the pre-training stage reads for ``variant`` (:func:`qac.models.factory.input_files`)."""
     from qac.config import profile_dir
@@ -200,14 +204,14 @@ def required_inputs(params: Mapping[str, Any], variant: str) -> dict[Path, str]:
     from qac.train.pretrain import PretrainSettings
 
     root = profile_dir(params)
-    inputs = {root / "datasets" / str(params.get("train_dataset")): f"prepare@{params.get('train_dataset')}",
+    inputs = {root / "datasets" / str(params.train_dataset): f"prepare@{params.train_dataset}",
               root / "bm25" / "negatives.jsonl": "bm25"}
     for name, path in input_files(root, PretrainSettings.from_params(params, variant)).items():
         inputs[path] = INPUT_FILES[name][1]
     return inputs
 
 
-def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+def run_trial(params: Params, out_dir: Path) -> dict[str, Any]:
     """Pre-train, fine-tune retriever 1 and evaluate on dev; emits events on the main process.
 
     Returns the final dev metrics. Models go to ``out_dir/work`` (removed by the
@@ -260,26 +264,28 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     start = work / "pretrain" / "encoder"
 
     # Retriever 1 on BM25 negatives of the remaining training queries.
-    section = {**params["finetune"], "log_every": 1}   # on_step every step, so eval_every is honoured
+    section = params.finetune
+    # Trained as the fine-tuning stage trains retriever 1 (qac.train.recipe): its passage length, its model;
+    # on_step every step, so that eval_every is honoured.
+    finetune_settings = dataclasses.replace(FinetuneSettings.from_params(section, params.seed).for_retriever("r1"),
+                                            log_every=1)
     if settings.finetune_epochs is not None:
-        section["epochs"] = settings.finetune_epochs
-    # Trained as the fine-tuning stage trains retriever 1 (qac.train.recipe): its passage length, its model.
-    finetune_settings = FinetuneSettings.from_params(section, params["seed"]).for_retriever("r1")
+        finetune_settings = dataclasses.replace(finetune_settings, epochs=settings.finetune_epochs)
     all_negatives = read_negatives(root / "bm25" / "negatives.jsonl")
     negatives = {qid: docs for qid, docs in all_negatives.items() if qid in train_qrels}
     queries = training_queries(dataset.queries, train_qrels, negatives, rel_threshold=rel_threshold,
-                               max_queries=section.get("max_train_queries"), seed=params["seed"],
+                               max_queries=section.max_train_queries, seed=params.seed,
                                corpus_ids=dataset.corpus)
-    queries = retriever1_queries(queries, section.get("r1_queries", "judged"))
+    queries = retriever1_queries(queries, section.r1_queries)
     model, tokenizer = start_retriever(start, finetune_settings)
     # The documents as the stage's retrievers read them (finetune.title_join).
-    passage_text, separator = retriever_texts(dataset, section.get("title_join", "space"), load_tokenizer(str(start)))
+    passage_text, separator = retriever_texts(dataset, section.title_join, load_tokenizer(str(start)))
     sampler = GroupSampler(queries, list(dataset.corpus), finetune_settings.n_negatives, finetune_settings.seed)
-    measures = list(dict.fromkeys([settings.metric, *params.get("evaluate", {}).get("metrics", [])]))
+    measures = list(dict.fromkeys([settings.metric, *params.evaluate.metrics]))
     doc_ids = dev_corpus_ids(list(dataset.corpus), dev_qrels, all_negatives, settings.dev_max_documents,
                              params["seed"])
     evaluator = DevEvaluator(dataset, passage_text, doc_ids, dev_qrels, measures, finetune_settings.query_max_len,
-                             finetune_settings.corpus_length, params.get("evaluate", {}).get("depth", 1000),
+                             finetune_settings.corpus_length, params.evaluate.depth,
                              dist.device)
     last: dict[str, Any] = {}
 
@@ -303,28 +309,3 @@ def run_trial(params: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     emit_event("result", value=metrics[settings.metric], metrics=metrics,
                finetune_steps=len(losses), dev_queries=len(dev_qids), dev_documents=len(doc_ids))
     return metrics
-
-
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    stop_when_parent_goes()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", required=True, help="the trial's params file (written by the worker)")
-    parser.add_argument("--out", required=True, help="the trial's folder")
-    args = parser.parse_args(argv)
-    from qac.params import load_params
-    from qac.console import setup_console
-    from qac.distributed import cleanup
-
-    setup_console()
-    try:
-        run_trial(load_params(args.params), Path(args.out))
-    finally:
-        cleanup()
-    return 0
-
-
-if __name__ == "__main__":
-    from qac.console import run_main
-
-    run_main(main)

@@ -1,6 +1,6 @@
 """Worker processes: each runs trials one after another, each trial as a separate job.
 
-A trial is a real training job in a child process (``python -m qac.hpo.trial_job``
+A trial is a real training job in a child process (``python -m qac.cli.hpo_trial_command``
 or the same under ``torchrun``), started in its own process group so that
 pruning can stop it and everything it spawned at once. The job prints its dev
 metric at intervals (see :mod:`qac.hpo.trial_job`); the worker reports each

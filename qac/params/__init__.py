@@ -19,7 +19,8 @@ every key and its line (:mod:`qac.params.errors`). The modules:
 - ``errors``: pydantic's errors as problems with key and line;
 - ``yaml_io``: YAML as DVC reads and writes it, the line of every key;
 - ``locations``: which params file a stage reads;
-- ``validation``, ``loading``: checking a mapping, reading a file;
+- ``validation``, ``loading``: checking a mapping, reading a file (typed and frozen);
+- ``changes``: a new checked set with some keys set (a trial's values, overrides);
 - ``documentation``: ``docs/parameters.md`` (``qac profile docs``).
 
 A new parameter is declared in ``sections`` (a field with its type, range and
@@ -34,7 +35,8 @@ from qac.params.yaml_io import read_yaml, yaml_dumper, yaml_loader
 # Names that need pydantic are imported when first used: reading a profile's YAML or locating
 # its file must work where pydantic is not installed (the GPU benchmark's bare machine).
 _LAZY = {"ParamsError": "errors", "Problem": "errors", "known_keys_at": "errors", "load_params": "loading",
-         "Params": "sections", "validate_params": "validation"}
+         "base_params": "loading", "Params": "sections", "validate_params": "validation",
+         "with_values": "changes"}
 
 
 def __getattr__(name: str):
@@ -45,6 +47,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'qac.params' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_PROFILE", "PROFILE_NAMES", "Params", "ParamsError", "Problem", "known_keys_at", "load_params",
-           "params_path", "profile_params_path", "profiles_root", "read_yaml", "validate_params", "yaml_dumper",
-           "yaml_loader"]
+__all__ = ["DEFAULT_PROFILE", "PROFILE_NAMES", "Params", "ParamsError", "Problem", "base_params", "known_keys_at",
+           "load_params", "params_path", "profile_params_path", "profiles_root", "read_yaml", "validate_params",
+           "with_values", "yaml_dumper", "yaml_loader"]

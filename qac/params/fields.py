@@ -7,9 +7,10 @@ description, and the sections name it.
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from qac.names import INSIDE_PATH_RULE, PLAIN_NAME_RULE, is_inside_path, is_plain_name
 
@@ -51,6 +52,71 @@ ChunkSize = Annotated[PositiveInt, Field(description="passages per atomically co
 
 
 class Section(BaseModel):
-    """A mapping of the params file: every key declared, nothing else allowed."""
+    """A mapping of the params file: every key declared, nothing else allowed; typed and frozen.
+
+    Read a key as an attribute (``params.pretrain.common.lr``): a key the file leaves out reads as the
+    schema's default, the one place defaults live. A section also reads as a read-only mapping of the
+    keys the file set (``section["lr"]``, ``dict(section)``, ``{**common, **variant}``), which is what
+    generic code needs: a variant's overrides merged over ``pretrain.common`` take the keys the variant
+    set and no others, and logging every key logs what the file said.
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    _file_order: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_file_order(cls, data: Any, handler: Any) -> Any:
+        # The mapping view lists keys as the file wrote them (a dumped section reads like its source).
+        section = handler(data)
+        if isinstance(data, dict):
+            section._file_order = tuple(key for key in data if key in type(section).model_fields)
+        return section
+
+    def keys(self) -> list[str]:
+        """The keys the file set, in the file's order."""
+        given = self.model_fields_set
+        ordered = [name for name in self._file_order if name in given]
+        return ordered + [name for name in type(self).model_fields if name in given and name not in ordered]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in type(self).model_fields:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self.model_fields_set else default
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_fields_set
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]  (pydantic's yields (key, value) pairs)
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.model_fields_set)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(name, getattr(self, name)) for name in self.keys()]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, name) for name in self.keys()]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (nested sections as dicts) of the keys the file set, in its order: what YAML or JSON
+        writes."""
+        return {key: _plain(value) for key, value in self.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Section):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(item) for item in value)
+    return value
+
+
+# Generic code asks isinstance(value, Mapping) before walking a value (logging, overrides by path).
+Mapping.register(Section)

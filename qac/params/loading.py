@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
 import yaml
 
 from qac.params.errors import ParamsError, Problem
 from qac.params.locations import PROFILE_NAMES, params_path
+from qac.params.sections import Params
 from qac.params.validation import validate_params
 from qac.params.yaml_io import read_yaml
 
 
-def load_params(path: str | os.PathLike | None = None, validate: bool = True) -> dict[str, Any]:
+def load_params(path: str | os.PathLike | None = None) -> Params:
     """Read a profile's parameters: ``path`` if given, else :func:`params_path`.
 
     The whole file is checked against the schema (:mod:`qac.params.sections`) first, so a
     misspelt key or a value out of range stops the caller before any slow work, with a
-    :class:`~qac.params.errors.ParamsError` naming the key and its line. Floats written
-    ``5e-05`` (as ``dvc exp run -S`` writes them) read as numbers.
+    :class:`~qac.params.errors.ParamsError` naming the key and its line. What comes back is the
+    checked file itself, typed and frozen (:class:`~qac.params.sections.Params`): a key it leaves
+    out reads as the schema's default, and a partial file (a small study naming some sections)
+    reads as ``profiles/base.yaml`` with its keys over it. Floats written ``5e-05`` (as
+    ``dvc exp run -S`` writes them) read as numbers.
     """
     path = Path(path) if path else params_path()
     if not path.exists():
@@ -39,6 +41,17 @@ def load_params(path: str | os.PathLike | None = None, validate: bool = True) ->
             from None
     if not isinstance(params, dict) or "profile" not in params:
         raise ParamsError(path, [Problem("", "not a qac params file (no 'profile' key)")])
-    if validate:
-        validate_params(params, path, text)
-    return params
+    return validate_params(params, path, text)
+
+
+def base_params() -> Params:
+    """``profiles/base.yaml`` typed: the method's settings as the paper defines them, every key the schema
+    knows. What a library function or a test starts from when it has no profile: take a section's
+    settings from it and change the keys that matter (``dataclasses.replace``). The rules across keys
+    are left out: the base names no datasets or variants of its own."""
+    from qac.params.locations import profiles_root
+    from qac.params.validation import validate_params
+
+    path = profiles_root() / "base.yaml"
+    text = path.read_text(encoding="utf-8")
+    return validate_params(read_yaml(text), path, text, complete=False)

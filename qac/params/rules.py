@@ -95,7 +95,7 @@ def variant_rules(params: Params) -> list[Problem]:
         where = f"pretrain.variants.{name}"
         variant = params.pretrain.variants[name]
         if variant.method != "none":
-            context = variant.context_type or "passage"
+            context = variant.context_type
             count = variant.query_count if variant.query_count is not None else 1
             if context in ("query", "mixed") and count > available:
                 problems.append(Problem(

@@ -268,11 +268,11 @@ PretrainVariant = create_model(
     "PretrainVariant", __base__=Section,
     method=(Method,
             Field(description="none (no pre-training: the init encoder as is), cocondenser, cotmae or master")),
-    context_type=(ContextType | None,
-                  Field(default=None, description="what a pair's context is (null: passage)")),
-    query_count=(PositiveInt | None,
-                 Field(default=None, description="C: generated queries a passage's context is drawn from "
-                                                 "(null: 1); at most querygen.queries_per_passage")),
+    context_type=(ContextType,
+                  Field(default="passage", description="what a pair's context is")),
+    query_count=(PositiveInt,
+                 Field(default=1, description="C: generated queries a passage's context is drawn from; at most "
+                                              "querygen.queries_per_passage")),
     seeds=(list[int] | None,
            Field(default=None, description="run the variant once per seed: rendering keeps the first under the "
                                            "variant's name and adds <name>-seed<s> per further seed (seed, seed_of); "
@@ -464,6 +464,9 @@ class BeirRetrieverSection(Section):
         description="passages per query: 1 positive + the rest hard negatives (train_msmarco_v3.py: 2, a triple)")
     query_max_len: PositiveInt = Field(description="query tokens (train_msmarco_v3.py: 350, one length for all)")
     passage_max_len: PositiveInt = Field(description="passage tokens, training and zero-shot corpora (350)")
+    pad_to_multiple_of: PositiveInt = Field(
+        description="training batches padded to their longest sequence rounded up to a multiple of this (as "
+                    "finetune.pad_to_multiple_of; 1: the longest exactly, as sentence-transformers)")
     lr: LearningRate = Field(description="peak learning rate (sentence-transformers' default 2e-5)")
     epochs: PositiveInt = Field(description="epochs over the training queries (train_msmarco_v3.py: 10)")
     warmup_ratio: Fraction = Field(description="share of the steps with a rising learning rate (the script: "

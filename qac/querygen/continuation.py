@@ -24,7 +24,7 @@ nothing).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -40,21 +40,19 @@ TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=2, n_inner=128, n_positions=512)
 class ContinuationSettings:
     """What determines the continuations (everything but speed knobs)."""
 
-    model: str = "gpt2"
-    max_source_len: int = 128
-    max_new_tokens: int = 128
-    top_k: int = 50
-    top_p: float = 0.95
-    temperature: float = 1.0
-    seed: int = field(kw_only=True)
+    model: str
+    max_source_len: int
+    max_new_tokens: int
+    top_k: int
+    top_p: float
+    temperature: float
+    seed: int
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "ContinuationSettings":
         section = params["continuation"]
-        return cls(model=str(section["model"]), max_source_len=int(section["max_source_len"]),
-                   max_new_tokens=int(section["max_new_tokens"]), top_k=int(section["top_k"]),
-                   top_p=float(section["top_p"]), temperature=float(section["temperature"]),
-                   seed=int(params["seed"]))
+        return cls(**{field.name: section[field.name] for field in fields(cls) if field.name != "seed"},
+                   seed=params["seed"])
 
 
 def tiny_causal_lm(tokenizer_spec: str, seed: int = 0):

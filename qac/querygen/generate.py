@@ -56,7 +56,7 @@ batched and the canonical decisions apply the same one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -72,36 +72,24 @@ _PRUNE_FRACTION = 0.125
 class SamplingSettings:
     """What determines the generated queries (everything but speed knobs)."""
 
-    prefix: str = ""
-    queries_per_passage: int = 20
-    top_p: float = 0.95
-    top_k: int = 25
-    max_new_tokens: int = 64
-    max_source_len: int = 144
-    drop_duplicates: bool = True
-    drop_empty: bool = True
-    repeat_penalty: float = 0.0   # subtracted from the logits of tokens already emitted (see the module docstring)
-    temperature: float = 1.0      # logits are divided by it before top-k/top-p (1: the paper's sampling)
-    min_new_tokens: int = 0       # tokens before end of sequence may be sampled (0: the paper's sampling)
-    seed: int = field(kw_only=True)
+    prefix: str
+    queries_per_passage: int
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    max_source_len: int
+    drop_duplicates: bool
+    drop_empty: bool
+    repeat_penalty: float  # subtracted from the logits of tokens already emitted (see the module docstring)
+    temperature: float  # logits are divided by it before top-k/top-p (1: the paper's sampling)
+    min_new_tokens: int  # tokens before end of sequence may be sampled (0: the paper's sampling)
+    seed: int
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "SamplingSettings":
         section = params["querygen"]
-        return cls(
-            prefix=section["prefix"],
-            queries_per_passage=int(section["queries_per_passage"]),
-            top_p=float(section["top_p"]),
-            top_k=int(section["top_k"]),
-            max_new_tokens=int(section["max_new_tokens"]),
-            max_source_len=int(section["max_source_len"]),
-            drop_duplicates=bool(section["drop_duplicates"]),
-            drop_empty=bool(section["drop_empty"]),
-            repeat_penalty=float(section["repeat_penalty"]),
-            temperature=float(section["temperature"]),
-            min_new_tokens=int(section["min_new_tokens"]),
-            seed=int(params["seed"]),
-        )
+        return cls(**{field.name: section[field.name] for field in fields(cls) if field.name != "seed"},
+                   seed=params["seed"])
 
 
 @dataclass

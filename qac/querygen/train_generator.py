@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,37 +35,29 @@ from qac.querygen.generator_pairs import Pair
 
 @dataclass(frozen=True)
 class TrainSettings:
-    prefix: str = ""
+    prefix: str
     # (pair kind, input prefix): a pair of a listed kind reads its own prefix instead of ``prefix``, as
     # doc2query's all-with_prefix model tells its tasks apart ("text2query: ", "abstract2title: ", ...)
-    kind_prefixes: tuple[tuple[str, str], ...] = ()
-    max_source_len: int = 144
-    max_target_len: int = 32
-    epochs: int = 1
-    batch_size: int = 16
-    lr: float = 5e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    log_every: int = 10
-    eval_every: int = 0           # steps between validation losses (0: no validation, no early stopping)
-    patience: int = 0             # evaluations without improvement before stopping (0: never stop early)
-    max_steps: int | None = None  # cap on optimizer steps (the schedule decays to zero at the cap)
-    seed: int = field(kw_only=True)
+    kind_prefixes: tuple[tuple[str, str], ...]
+    max_source_len: int
+    max_target_len: int
+    epochs: int
+    batch_size: int
+    lr: float
+    warmup_ratio: float
+    weight_decay: float
+    log_every: int
+    eval_every: int  # steps between validation losses (0: no validation, no early stopping)
+    patience: int  # evaluations without improvement before stopping (0: never stop early)
+    max_steps: int | None  # cap on optimizer steps (the schedule decays to zero at the cap)
+    seed: int
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "TrainSettings":
         section = params["query_generator"]
-        return cls(prefix=section["prefix"],
-                   kind_prefixes=tuple(sorted((str(k), str(v)) for k, v in section["kind_prefixes"].items())),
-                   max_source_len=int(section["max_source_len"]),
-                   max_target_len=int(section["max_target_len"]), epochs=int(section["epochs"]),
-                   batch_size=int(section["batch_size"]), lr=float(section["lr"]),
-                   warmup_ratio=float(section["warmup_ratio"]),
-                   weight_decay=float(section["weight_decay"]),
-                   log_every=int(section["log_every"]), eval_every=int(section["eval_every"]),
-                   patience=int(section["patience"]),
-                   max_steps=int(section["max_steps"]) if section["max_steps"] else None,
-                   seed=int(params["seed"]))
+        values = {field.name: section[field.name] for field in fields(cls) if field.name != "seed"}
+        return cls(**{**values, "kind_prefixes": tuple(sorted(section["kind_prefixes"].items())),
+                      "max_steps": section["max_steps"] or None}, seed=params["seed"])
 
     def source_prefix(self, kind: str) -> str:
         """The input prefix of a pair of ``kind``."""

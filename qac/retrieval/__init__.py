@@ -1,6 +1,6 @@
 """Retrieval: BM25 (bm25s), dense encoding, FAISS search and hard-negative mining.
 
-- :mod:`qac.retrieval.bm25`: ``BM25Index(doc_ids, texts, BM25Settings()).search(queries, k)``;
+- :mod:`qac.retrieval.bm25`: ``BM25Index(doc_ids, texts, BM25Settings.from_params(params.bm25)).search(queries, k)``;
 - :mod:`qac.retrieval.encode`: ``encode_texts`` (length-sorted, [CLS]/mean pooling, autocast on GPU),
   ``encode_distributed`` (shares across torchrun ranks, gathered on rank 0);
 - :mod:`qac.retrieval.search`: exact FAISS inner-product ``search`` / ``dense_search``;

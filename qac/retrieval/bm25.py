@@ -42,16 +42,16 @@ _POSSESSIVE = re.compile(r"(?u)(?<=\w)['’][sS](?!\w)")
 
 @dataclass(frozen=True)
 class BM25Settings:
-    k1: float = 0.9          # Pyserini's MS MARCO / BEIR defaults
-    b: float = 0.4
-    stopwords: str | None = "en"        # bm25s's list by name (en), lucene (Lucene's English set), None: none
-    stemmer: str | None = "english"     # a PyStemmer algorithm (english: Snowball, porter), None: none
-    tokenizer: Bm25Tokenizer = "bm25s"  # bm25s or lucene (module docstring)
+    k1: float  # Pyserini's MS MARCO / BEIR defaults
+    b: float
+    stopwords: str | None  # bm25s's list by name (en), lucene (Lucene's English set), None: none
+    stemmer: str | None  # a PyStemmer algorithm (english: Snowball, porter), None: none
+    tokenizer: Bm25Tokenizer  # bm25s or lucene (module docstring)
 
     @classmethod
     def from_params(cls, section: Mapping[str, Any]) -> "BM25Settings":
         """The analyzer and scoring keys of the params ``bm25`` section (the others say what is indexed)."""
-        return cls(**{f.name: section[f.name] for f in fields(cls) if f.name in section})
+        return cls(**{f.name: section[f.name] for f in fields(cls)})
 
     @property
     def stopword_list(self) -> str | list[str] | None:
@@ -63,7 +63,7 @@ class BM25Settings:
 class BM25Index:
     """A bm25s index over a corpus, queried by text."""
 
-    def __init__(self, doc_ids: Sequence[str], texts: Sequence[str], settings: BM25Settings = BM25Settings()):
+    def __init__(self, doc_ids: Sequence[str], texts: Sequence[str], settings: BM25Settings):
         import bm25s
 
         if len(doc_ids) != len(texts):
@@ -112,7 +112,7 @@ class BM25Index:
         return run
 
 
-def bm25_search(doc_ids: Sequence[str], texts: Sequence[str], queries: dict[str, str], k: int = 1000,
-                settings: BM25Settings = BM25Settings()) -> dict[str, dict[str, float]]:
+def bm25_search(doc_ids: Sequence[str], texts: Sequence[str], queries: dict[str, str], k: int,
+                settings: BM25Settings) -> dict[str, dict[str, float]]:
     """Index ``texts`` and return the top ``k`` run for ``queries``."""
     return BM25Index(doc_ids, texts, settings).search(queries, k)

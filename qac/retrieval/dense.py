@@ -18,13 +18,13 @@ from qac.retrieval.search import dense_search
 
 @dataclass(frozen=True)
 class DenseSettings:
-    query_max_length: int = 32
-    passage_max_length: int = 144
-    batch_size: int = 128
-    pooling: str = "cls"
-    dtype: str = "auto"
-    depth: int = 1000
-    normalize: bool = False
+    query_max_length: int
+    passage_max_length: int
+    batch_size: int
+    pooling: str
+    dtype: str
+    depth: int
+    normalize: bool
 
 
 def start_encoder(params: Mapping) -> str | None:
@@ -53,7 +53,7 @@ def baseline_settings(params: Mapping, spec: str | None) -> dict:
 
 
 def dense_retrieve(model, tokenizer, doc_ids: Sequence[str], doc_texts: Sequence[str],
-                   queries: Mapping[str, str], settings: DenseSettings = DenseSettings(), ctx=None,
+                   queries: Mapping[str, str], settings: DenseSettings, ctx=None,
                    passage_embeddings: np.ndarray | None = None) -> dict[str, dict[str, float]] | None:
     """Top ``settings.depth`` documents per query by inner product of [CLS] (or mean) embeddings.
 

@@ -86,7 +86,7 @@ def train_zero_shot_retrievers(params: Mapping[str, Any]) -> list[str]:
         raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to train on")
     section = params["beir_retriever"]
     try:
-        settings = recipe_settings(section, params["seed"])
+        settings = recipe_settings(params)
     except ValueError as error:
         raise SystemExit(str(error)) from None
     negatives, facts = training_negatives(params, dataset, root)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,34 +31,32 @@ from qac.train.optim import build_optimizer
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    query_max_len: int = 32
-    passage_max_len: int = 144
-    corpus_max_len: int | None = None   # corpus encoding and retriever 1's passages; None: passage_max_len
-    pad_to_multiple_of: int = 8     # training batches padded to their longest rounded up to a multiple of this
-    train_n_passages: int = 16      # per query: 1 positive + (n - 1) hard negatives
-    batch_size: int = 64            # queries per optimizer step, over all processes
-    lr: float = 2e-5
-    epochs: int = 3
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0      # Tevatron trains with the HF Trainer, which clips at 1.0
-    temperature: float = 1.0
-    pooling: str = "cls"
-    similarity: str = "dot"         # dot | cosine (unit-length representations; the zero-shot recipe's MNRL)
-    dtype: str = "auto"             # autocast dtype on GPU; CPU always runs fp32
-    seed: int = field(kw_only=True)
-    log_every: int = 1
-    incomplete_batch: str = "error"  # queries that do not fill a last whole batch: error | drop (counted)
-    loader_workers: int = 0         # DataLoader processes padding steps ahead (0: in the loop; params: 2)
-    prefetch_batches: int = 4       # steps each loader process prepares ahead
+    query_max_len: int
+    passage_max_len: int
+    corpus_max_len: int | None  # corpus encoding and retriever 1's passages; None: passage_max_len
+    pad_to_multiple_of: int  # training batches padded to their longest rounded up to a multiple of this
+    train_n_passages: int  # per query: 1 positive + (n - 1) hard negatives
+    batch_size: int  # queries per optimizer step, over all processes
+    lr: float
+    epochs: int
+    warmup_ratio: float
+    weight_decay: float
+    max_grad_norm: float  # Tevatron trains with the HF Trainer, which clips at 1.0
+    temperature: float
+    pooling: str
+    similarity: str  # dot | cosine (unit-length representations; the zero-shot recipe's MNRL)
+    dtype: str  # autocast dtype on GPU; CPU always runs fp32
+    seed: int
+    log_every: int
+    incomplete_batch: str  # queries that do not fill a last whole batch: error | drop (counted)
+    loader_workers: int  # DataLoader processes padding steps ahead (0: in the loop; params: 2)
+    prefetch_batches: int  # steps each loader process prepares ahead
 
     @classmethod
     def from_params(cls, section: Mapping[str, Any], seed: int) -> "FinetuneSettings":
-        """Settings from the ``finetune`` params section (the stage's other keys, mining depths and the
-        query cap, are read by the stage; the schema has checked every key, qac.params)."""
-        known = {field.name for field in fields(cls)}
-        values = {key: value for key, value in section.items() if key in known}
-        return cls(**{**values, "seed": seed})
+        """Settings from the checked ``finetune`` params section (the stage's other keys, mining depths and
+        the query cap, are read by the stage)."""
+        return cls(**{field.name: section[field.name] for field in fields(cls) if field.name != "seed"}, seed=seed)
 
     @property
     def corpus_length(self) -> int:

@@ -30,7 +30,7 @@ import shutil
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -49,68 +49,69 @@ class PretrainSettings:
     """One variant's settings: ``pretrain.common`` overridden by ``pretrain.variants.<name>``."""
 
     method: str
-    init: str = "minilm"
-    context_type: str = "passage"
-    query_count: int = 1
-    max_len: int = 144
-    query_max_len: int = 32
-    steps: int = 100
-    batch_size: int = 32              # pairs per optimizer step, over all processes
-    grad_accumulation: int = 1
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    mlm_probability: float = 0.15
-    temperature: float = 1.0
-    grad_cache_chunk: int = 0         # 0: no gradient caching (coCondenser only)
-    n_head_layers: int = 2
-    skip_from: int = 6
-    cocondenser_loss_weights: str = "paper"   # paper: MLM + head MLM + contrastive (Eq. 7); release: 2:2:1
-    cotmae_mask_ratio: float = 0.30
-    cotmae_decoder: str = "paper"
-    cotmae_decoder_layers: int = 1
-    cotmae_decoder_weight: float = 1.0
-    cotmae_attention_window: int = 3
-    cotmae_decoder_mask_ratio: float = 0.45
-    master_decoders: tuple[str, ...] = MASTER_TASKS   # any subset of mkp, cmp, npr, dor, gor
-    master_mask_ratio: float = 0.30
-    master_decoder_mask_ratio: float = 0.50
-    master_decoder_layers: int = 2
-    master_weights: dict[str, float] = field(default_factory=lambda: {task: 1.0 for task in MASTER_TASKS})
-    master_dor_queries: int = 10      # generated queries joined into the DOR decoder's text
-    master_npr_mask: str = "uniform"  # uniform | keyword: NPR's words masked with MKP's TF-IDF weights (MASTER's)
-    mixed_query_prob: float = 0.5
-    passage_context: str = "random_sampled"
-    single_span_documents: str = "drop"   # drop | self: a single-span document's passage paired with itself (release)
-    spans: str = "bounded"            # split.spans: overflow crops a passage over max_len at random (release)
-    pad_to: int | None = None         # None: dynamic padding to the longest sequence of a batch side
-    pad_to_multiple_of: int = 8       # dynamic lengths and masked-position counts rounded up to a multiple of this
-    dropout: float | None = None      # None: the init checkpoint's dropout; 0 for exactly repeatable runs
-    checkpoint_every: int = 50
-    log_every: int = 10
-    dtype: str = "auto"               # auto, bf16, fp16, fp32; fp64 trains in float64 (repeatability checks)
-    compile: bool = False             # torch.compile the model (same loss to float tolerance)
-    loader_workers: int = 2           # DataLoader worker processes collating batches (0: in the loop)
-    prefetch_batches: int = 4         # steps collated ahead per worker
-    seed: int = field(kw_only=True)
+    init: str
+    context_type: str
+    query_count: int
+    max_len: int
+    query_max_len: int
+    steps: int
+    batch_size: int  # pairs per optimizer step, over all processes
+    grad_accumulation: int
+    lr: float
+    weight_decay: float
+    warmup_ratio: float
+    mlm_probability: float
+    temperature: float
+    grad_cache_chunk: int  # 0: no gradient caching (coCondenser only)
+    n_head_layers: int
+    skip_from: int
+    cocondenser_loss_weights: str  # paper: MLM + head MLM + contrastive (Eq. 7); release: 2:2:1
+    cotmae_mask_ratio: float
+    cotmae_decoder: str
+    cotmae_decoder_layers: int
+    cotmae_decoder_weight: float
+    cotmae_attention_window: int
+    cotmae_decoder_mask_ratio: float
+    master_decoders: tuple[str, ...]  # any subset of mkp, cmp, npr, dor, gor
+    master_mask_ratio: float
+    master_decoder_mask_ratio: float
+    master_decoder_layers: int
+    master_weights: dict[str, float]
+    master_dor_queries: int  # generated queries joined into the DOR decoder's text
+    master_npr_mask: str  # uniform | keyword: NPR's words masked with MKP's TF-IDF weights (MASTER's)
+    mixed_query_prob: float
+    passage_context: str
+    single_span_documents: str  # drop | self: a single-span document's passage paired with itself (release)
+    spans: str  # split.spans: overflow crops a passage over max_len at random (release)
+    pad_to: int | None  # None: dynamic padding to the longest sequence of a batch side
+    pad_to_multiple_of: int  # dynamic lengths and masked-position counts rounded up to a multiple of this
+    dropout: float | None  # None: the init checkpoint's dropout; 0 for exactly repeatable runs
+    checkpoint_every: int
+    log_every: int
+    dtype: str  # auto, bf16, fp16, fp32; fp64 trains in float64 (repeatability checks)
+    compile: bool  # torch.compile the model (same loss to float tolerance)
+    loader_workers: int  # DataLoader worker processes collating batches (0: in the loop)
+    prefetch_batches: int  # steps collated ahead per worker
+    seed: int
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], variant: str) -> "PretrainSettings":
         """Variant ``variant`` of a checked params file: ``pretrain.common`` with the variant's keys over it,
         its seed (a seed copy's own, else the global one) and how the split stage cut the passages
         (``split.spans``)."""
-        section = params["pretrain"]
-        if variant not in section["variants"]:
-            raise ValueError(f"params: no pretrain.variants.{variant} (known: {', '.join(section['variants'])})")
-        spec = dict(section["variants"][variant] or {})
-        spec.pop("seed_of", None)   # a seed copy trains as its variant does, with its own seed
-        seed = spec.pop("seed", None)
-        return cls.from_mapping({**section["common"], **spec, "seed": params["seed"] if seed is None else seed,
-                                 "spans": params["split"]["spans"]})
+        section = params.pretrain
+        if variant not in section.variants:
+            raise ValueError(f"params: no pretrain.variants.{variant} (known: {', '.join(section.variants)})")
+        spec = section.variants[variant]
+        # The keys the variant sets override common's; a seed copy trains as its variant does, with its own seed.
+        overrides = {key: value for key, value in spec.to_dict().items() if key not in ("seeds", "seed", "seed_of")}
+        return cls.from_mapping({**section.common.to_dict(), **overrides, "context_type": spec.context_type,
+                                 "query_count": spec.query_count,
+                                 "seed": params.seed if spec.seed is None else spec.seed, "spans": params.split.spans})
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "PretrainSettings":
-        """Settings from one mapping of keys (the schema has checked the values of a params file)."""
+        """Settings from one mapping holding every key (``pretrain.common``'s, the variant's, seed and spans)."""
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,26 +13,31 @@ The settings come from ``beir_retriever`` in params.yaml (qac.params.sections).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from qac.train.finetune import FinetuneSettings
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 
 #: The value of ``tables.zero_shot_retriever`` that trains and scores this retriever.
 RETRIEVER = "beir"
 
 
-def recipe_settings(section: Mapping[str, Any], seed: int) -> FinetuneSettings:
-    """:class:`FinetuneSettings` of the zero-shot recipe from the ``beir_retriever`` section."""
-    loss = section["loss"]
+def recipe_settings(params: Params) -> FinetuneSettings:
+    """:class:`FinetuneSettings` of the zero-shot recipe from the ``beir_retriever`` section; how many
+    loader processes prepare its batches (speed, not results) as fine-tuning's."""
+    section = params.beir_retriever
     return FinetuneSettings(
-        query_max_len=int(section["query_max_len"]), passage_max_len=int(section["passage_max_len"]),
-        train_n_passages=int(section["train_n_passages"]), batch_size=int(section["batch_size"]),
-        lr=float(section["lr"]), epochs=int(section["epochs"]), warmup_ratio=float(section["warmup_ratio"]),
-        weight_decay=float(section["weight_decay"]), max_grad_norm=section["max_grad_norm"],
-        temperature=1.0 / float(section["scale"]), pooling=section["pooling"],
-        similarity="cosine" if loss == "cosine_mnrl" else "dot", dtype=section["dtype"], seed=seed,
-        log_every=int(section["log_every"]), incomplete_batch=section["incomplete_batch"])
+        query_max_len=section.query_max_len, passage_max_len=section.passage_max_len, corpus_max_len=None,
+        pad_to_multiple_of=section.pad_to_multiple_of, train_n_passages=section.train_n_passages,
+        batch_size=section.batch_size, lr=section.lr, epochs=section.epochs, warmup_ratio=section.warmup_ratio,
+        weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm, temperature=1.0 / section.scale,
+        pooling=section.pooling, similarity="cosine" if section.loss == "cosine_mnrl" else "dot",
+        dtype=section.dtype, seed=params.seed, log_every=section.log_every,
+        incomplete_batch=section.incomplete_batch, loader_workers=params.finetune.loader_workers,
+        prefetch_batches=params.finetune.prefetch_batches)
 
 
 def trained_variants(params: Mapping[str, Any]) -> list[str]:
