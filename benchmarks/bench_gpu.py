@@ -42,6 +42,7 @@ a few steps), so the whole run fits about seven minutes on an H100.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -63,6 +64,7 @@ import torch  # noqa: E402
 
 from sample_text import MODEL_DIR, text_triples  # noqa: E402
 
+from qac.params import read_yaml  # noqa: E402
 from qac.params.vocabulary import PRETRAINING_METHODS as METHODS  # noqa: E402
 
 SECTIONS = ("pretrain", "grad_cache", "stage_loop", "encoding", "search", "generation", "compile")
@@ -185,11 +187,19 @@ def peak_of(device) -> tuple[str, float | None]:
 # models and batches
 
 
+def base_values() -> dict:
+    """``profiles/base.yaml`` read as it is (the method's settings): this machine may lack the schema's pydantic."""
+    return read_yaml((REPO / "profiles" / "base.yaml").read_text(encoding="utf-8"))
+
+
 def pretraining_settings(method: str, spec: str, **overrides) -> dict:
     from qac.train.pretrain import PretrainSettings
 
-    values = {"method": method, "seed": 42, "init": spec, "skip_from": 1 if spec.startswith("tiny:") else 6,
-              "n_head_layers": 2, "dropout": 0.0, "cotmae_decoder": "release", **overrides}
+    base = base_values()
+    values = {**base["pretrain"]["common"], "context_type": "passage", "query_count": 1,
+              "spans": base["split"]["spans"], "method": method, "seed": 42, "init": spec,
+              "skip_from": 1 if spec.startswith("tiny:") else 6, "n_head_layers": 2, "dropout": 0.0,
+              "cotmae_decoder": "release", **overrides}
     return PretrainSettings.from_mapping(values)
 
 
@@ -487,8 +497,11 @@ def generation_section(args, device, tokenizer, triples):
                           eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=0, **sizes)
         torch.manual_seed(0)
         model = T5ForConditionalGeneration(config).to(device).eval()
-        settings = SamplingSettings(seed=42, queries_per_passage=4 if dry else 20, max_new_tokens=8 if dry else 64,
-                                    max_source_len=512, drop_duplicates=False)
+        querygen = base_values()["querygen"]
+        settings = SamplingSettings(**{**{field.name: querygen[field.name] for field in dataclasses.fields(SamplingSettings)
+                                          if field.name != "seed"},
+                                       "queries_per_passage": 4 if dry else 20, "max_new_tokens": 8 if dry else 64,
+                                       "max_source_len": 512, "drop_duplicates": False}, seed=42)
         passages = [(f"p{i}", anchor) for i, (anchor, _, _) in enumerate(triples)]
         batch = args.generation_batch
         half = torch.bfloat16 if device.type == "cuda" else None         # a dry run's CPU stays in fp32

@@ -304,6 +304,7 @@ def cpu_ratios(args) -> list[str]:
     from qac.models.cocondenser import CoCondenser
     from qac.models.loading import load_model, load_tokenizer
     from qac.retrieval.encode import encode_texts
+    from qac.params import base_params
     from qac.train.pretrain import PretrainSettings, pretrain
 
     torch.set_num_threads(args.threads)
@@ -352,7 +353,9 @@ def cpu_ratios(args) -> list[str]:
         # both as the median over steps 2..N: the first step of each carries one-off costs (the loader's
         # worker processes starting, first-call allocations) that a long run does not see.
         steps, batch_size = (3 if args.small else 9), args.batch_size
+        base = base_params()
         settings = PretrainSettings.from_mapping(dict(
+            base.pretrain.common.to_dict(), spans=base.split.spans, query_count=1,
             method="cocondenser", seed=42, init=args.model, context_type="mixed", steps=steps, batch_size=batch_size,
             max_len=144, query_max_len=32, log_every=1, checkpoint_every=steps, dropout=0.0, dtype="fp32",
             loader_workers=2))

@@ -30,6 +30,7 @@ from qac.config import data_mirror  # noqa: E402
 from qac.data.beir import iter_corpus_jsonl  # noqa: E402
 from qac.data.punkt import prepare_punkt  # noqa: E402
 from qac.data.splitting import SplitSettings, iter_split_corpus  # noqa: E402
+from qac.params import base_settings  # noqa: E402
 
 CHUNK_SIZE = 64
 
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
 
     corpus = data_mirror() / "scifact" / "corpus.jsonl"
     documents = [(d.doc_id, d.full_text) for d in itertools.islice(iter_corpus_jsonl(corpus), args.documents)]
-    settings = SplitSettings(max_len=args.max_len, seed=42)
+    settings = base_settings(SplitSettings.from_params, max_len=args.max_len, seed=42)
     with tempfile.TemporaryDirectory() as tmp:
         punkt_dir = os.path.join(tmp, "punkt")
         punkt_model = prepare_punkt(args.punkt, punkt_dir, lambda: (text for _, text in documents), "bench")

@@ -130,7 +130,7 @@ def test_paper_jobs_follow_the_dvc_graph(paper_graph, tmp_path, monkeypatch, cap
 
 @pytest.mark.slow
 def test_the_shared_cache_and_root_are_set_before_any_submission(paper_graph, tmp_path):
-    params = load_params(profile_params_path("paper"))
+    params = load_params(profile_params_path("paper")).to_dict()
     params["cluster"].update(shared_root=str(tmp_path / "shared" / "qac"), dvc_cache=str(tmp_path / "cache"),
                              partition="gpu", setup=["source .venv/bin/activate"])
     (tmp_path / "shared" / "qac").mkdir(parents=True)

@@ -16,6 +16,7 @@ from qac.querygen.continuation import (ContinuationGenerator, ContinuationSettin
                                        distinct_n, load_causal_lm, tiny_causal_lm)
 from qac.querygen.generate import GenerationStats
 from stages import arrow_records, kill_after_chunks, passage_records, run_stage_main, run_torchrun
+from base_settings import continuation_settings
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_distinct_n_and_shares_by_hand():
 def test_saved_folder_loads_through_the_hub_code_and_generates_per_passage(gpt2_dir):
     model, tokenizer = load_causal_lm(str(gpt2_dir))
     assert type(model).__name__ == "GPT2LMHeadModel" and model.config.n_layer == 2
-    settings = ContinuationSettings(model=str(gpt2_dir), max_new_tokens=6, max_source_len=12, seed=42)
+    settings = continuation_settings(model=str(gpt2_dir), max_new_tokens=6, max_source_len=12, seed=42)
     generator = ContinuationGenerator(model, tokenizer, settings)
     passages = [(r["pid"], r["text"]) for r in passage_records(5)]
     together, stats = generator.generate(passages, batch_size=5)

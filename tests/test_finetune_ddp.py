@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from qac.models.biencoder import BiEncoder
+from base_settings import finetune_settings
 
 WORKER = textwrap.dedent(
     """
@@ -37,7 +38,7 @@ WORKER = textwrap.dedent(
     queries = [TrainingQuery(f"q{i}", f"query {i} about subject {i % 3}", (f"d{i}",),
                              tuple(f"d{(i + j) % 12}" for j in range(1, 5))) for i in range(8)]
     passage_text = {f"d{i}": f"document {i} with words {i * 7} and {i % 4}" for i in range(12)}
-    settings = FinetuneSettings(query_max_len=8, passage_max_len=12, train_n_passages=3, batch_size=4,
+    settings = finetune_settings(log_every=1, loader_workers=0, query_max_len=8, passage_max_len=12, train_n_passages=3, batch_size=4,
                                 epochs=2, lr=1e-3, warmup_ratio=0.25, seed=7, dtype="fp32")
     sampler = GroupSampler(queries, sorted(passage_text), n_negatives=2, seed=3)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

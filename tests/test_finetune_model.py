@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from qac.models.biencoder import BiEncoder, infonce_loss, pool
+from base_settings import finetune_settings
 
 
 def test_infonce_equals_hand_computed_cross_entropy():
@@ -82,7 +83,7 @@ def _toy_training(tiny_bert_dir, **overrides):
     queries = [TrainingQuery(f"q{i}", f"about {t}", (f"d{i}",), (f"n{i}",)) for i, t in enumerate(topics)]
     passage_text = {f"d{i}": f"{t} {t} facts" for i, t in enumerate(topics)}
     passage_text.update({f"n{i}": f"unrelated filler number {i}" for i in range(8)})
-    settings = FinetuneSettings(**{"query_max_len": 8, "passage_max_len": 8, "train_n_passages": 2, "batch_size": 8,
+    settings = finetune_settings(**{"log_every": 1, "loader_workers": 0, "query_max_len": 8, "passage_max_len": 8, "train_n_passages": 2, "batch_size": 8,
                                    "epochs": 10, "lr": 1e-3, "warmup_ratio": 0.2, "seed": 0, **overrides})
     logged = []
     model = BiEncoder.from_pretrained(tiny_bert_dir)
@@ -119,7 +120,7 @@ def _realistic_groups(tiny_bert_dir):
     passage_text = {f"d{i}": " ".join(words[j % len(words)] for j in range(i * 3 + 1)) for i in range(24)}
     queries = [TrainingQuery(f"q{i}", " ".join(words[: 1 + i % 9]) + f" number {i}?", (f"d{i}",), (f"d{23 - i}",))
                for i in range(12)]
-    settings = FinetuneSettings(query_max_len=6, passage_max_len=20, train_n_passages=3, batch_size=4, epochs=3,
+    settings = finetune_settings(log_every=1, loader_workers=0, query_max_len=6, passage_max_len=20, train_n_passages=3, batch_size=4, epochs=3,
                                 seed=3)
     return AutoTokenizer.from_pretrained(tiny_bert_dir), GroupSampler(queries, sorted(passage_text), 2, seed=3), \
         passage_text, settings

@@ -20,6 +20,7 @@ from qac.data.dataset import Dataset, Document
 from qac.data.prepared import write_prepared
 from qac.io import write_jsonl
 from stages import load_stage, run_torchrun
+from base_settings import finetune_settings
 
 REPO = Path(__file__).resolve().parent.parent
 TOPICS = ["apple orchard harvest", "river bridge engineering", "violin concerto tuning", "glacier ice melt",
@@ -276,12 +277,12 @@ def test_queries_that_do_not_fill_whole_batches_stop_the_stage_before_a_model_lo
 def test_whole_batches_leave_out_what_drop_allows_and_nothing_else():
     from qac.train.finetune import FinetuneSettings, IncompleteBatchError, check_whole_batches
 
-    assert check_whole_batches(21, FinetuneSettings(batch_size=7, seed=42)) == 0
-    assert check_whole_batches(19, FinetuneSettings(batch_size=7, incomplete_batch="drop", seed=42)) == 5
+    assert check_whole_batches(21, finetune_settings(batch_size=7, incomplete_batch="error", seed=42)) == 0
+    assert check_whole_batches(19, finetune_settings(batch_size=7, incomplete_batch="drop", seed=42)) == 5
     with pytest.raises(IncompleteBatchError, match="19 training queries do not fill whole batches of 7"):
-        check_whole_batches(19, FinetuneSettings(batch_size=7, seed=42))
+        check_whole_batches(19, finetune_settings(batch_size=7, incomplete_batch="error", seed=42))
     with pytest.raises(IncompleteBatchError, match="6 training queries are fewer than one batch of 7"):
-        check_whole_batches(6, FinetuneSettings(batch_size=7, incomplete_batch="drop", seed=42))
+        check_whole_batches(6, finetune_settings(batch_size=7, incomplete_batch="drop", seed=42))
 
 
 @pytest.mark.slow

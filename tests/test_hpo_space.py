@@ -75,7 +75,9 @@ def test_query_count_cannot_exceed_the_generated_queries():
 
 
 def test_values_go_into_the_variant_and_other_sections_without_touching_the_input():
-    params = render_profile("smoke")
+    from qac.params import validate_params
+
+    params = validate_params(render_profile("smoke"))
     variant = params["hpo"]["variant"]
     trial_params = apply_values(params, {"pretrain.lr": 3e-4, "finetune.lr": 5e-5}, variant)
     assert trial_params["pretrain"]["variants"][variant]["lr"] == 3e-4
@@ -103,7 +105,7 @@ def test_suggested_values_stay_in_bounds_and_respect_types():
 def test_a_trial_value_reaches_the_seed_copies_of_its_variant_so_the_trial_params_stay_valid():
     from qac.params import validate_params
 
-    params = render_profile("smoke")
+    params = validate_params(render_profile("smoke"))
     variant = params["hpo"]["variant"]
     copies = [name for name, v in params["pretrain"]["variants"].items() if v.get("seed_of") == variant]
     assert copies, "the smoke profile's tuned variant has a seed copy"

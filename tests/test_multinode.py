@@ -20,6 +20,7 @@ two nodes share one directory here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -38,12 +39,16 @@ from test_pretrain_distributed import ROUNDING, weight_tolerance
 from test_querygen_stage import STAGE, make_project, reference, subprocess_env, t5_dir  # noqa: F401 (fixtures)
 # Speed figures (padding efficiency included: each process pads its own share) depend on the layout.
 from qac.train.throughput import SPEED_KEYS
+from base_settings import finetune_settings, pretrain_values
 
 REPO = Path(__file__).resolve().parent.parent
 
-PRETRAIN = dict(method="cocondenser", seed=42, init="tiny:minilm", context_type="mixed", query_count=3, max_len=40,
-                query_max_len=12, steps=3, batch_size=8, skip_from=1, n_head_layers=1, lr=1e-3,
-                warmup_ratio=0.0, checkpoint_every=100, log_every=1, dropout=0.0, dtype="fp64")
+PRETRAIN = pretrain_values(method="cocondenser", seed=42, init="tiny:minilm", context_type="mixed", query_count=3,
+                           max_len=40, query_max_len=12, steps=3, batch_size=8, skip_from=1, n_head_layers=1, lr=1e-3,
+                           warmup_ratio=0.0, checkpoint_every=100, log_every=1, dropout=0.0, dtype="fp64")
+FINETUNE = dataclasses.asdict(finetune_settings(query_max_len=8, passage_max_len=12, train_n_passages=3, batch_size=4,
+                                                epochs=1, lr=1e-3, warmup_ratio=0.25, seed=7, dtype="fp32",
+                                                log_every=1, loader_workers=0))
 TEXTS = [f"passage {i} about topic {i % 3} with {'many ' * (i % 5)}words" for i in range(7)]
 
 # Pre-training, fine-tuning of its encoder, and encoding with it: outputs under ./out, written by rank 0.
@@ -73,8 +78,7 @@ WORKER = textwrap.dedent("""
     queries = [TrainingQuery(f"q{i}", f"query {i} about subject {i % 3}", (f"d{i}",),
                              tuple(f"d{(i + j) % 12}" for j in range(1, 5))) for i in range(8)]
     passage_text = {f"d{i}": f"document {i} with words {i * 7} and {i % 4}" for i in range(12)}
-    settings = FinetuneSettings(query_max_len=8, passage_max_len=12, train_n_passages=3, batch_size=4,
-                                epochs=1, lr=1e-3, warmup_ratio=0.25, seed=7, dtype="fp32")
+    settings = FinetuneSettings(**json.loads(sys.argv[4]))
     tokenizer = AutoTokenizer.from_pretrained(encoder)
     model = BiEncoder(load_model(encoder, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
     finetune_losses = train_biencoder(model, tokenizer, GroupSampler(queries, sorted(passage_text), n_negatives=2,
@@ -139,7 +143,7 @@ def test_two_nodes_pretrain_finetune_and_encode_like_one_node(tmp_path):
     single = tmp_path / "single"
     for directory in (*nodes, single):
         directory.mkdir()
-    arguments = [json.dumps(PRETRAIN), str(data), json.dumps(TEXTS)]
+    arguments = [json.dumps(PRETRAIN), str(data), json.dumps(TEXTS), json.dumps(FINETUNE)]
 
     result = subprocess.run([sys.executable, str(script), *arguments], cwd=single, env=_env(),
                             capture_output=True, text=True, timeout=300)

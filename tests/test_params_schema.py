@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def smoke() -> dict:
-    return load_params(REPO / "profiles" / "smoke" / "params.yaml")
+    """The smoke profile as plain data, for tests that write an edited copy."""
+    return load_params(REPO / "profiles" / "smoke" / "params.yaml").to_dict()
 
 
 def edited(tmp_path: Path, params: dict, edit) -> Path:

@@ -32,6 +32,7 @@ from qac.train.pretrain import PretrainSettings, pretrain
 from test_pretrain_corpus import write_corpus, write_master_inputs
 # Speed figures (padding efficiency included: each process pads its own share) depend on the layout.
 from qac.train.throughput import SPEED_KEYS
+from base_settings import pretrain_values
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,9 +45,9 @@ CONFIGS = {
 }
 # A layout that is not: dropout masks are drawn per process.
 DROPOUT = {"cocondenser-dropout": dict(method="cocondenser", dropout=0.1)}
-COMMON = dict(seed=42, init="tiny:minilm", context_type="mixed", query_count=3, max_len=40, query_max_len=12, steps=3,
-              batch_size=8, skip_from=1, n_head_layers=1, lr=1e-3, warmup_ratio=0.0, checkpoint_every=100,
-              log_every=1, dropout=0.0, dtype="fp64")
+COMMON = pretrain_values(seed=42, init="tiny:minilm", context_type="mixed", query_count=3, max_len=40, query_max_len=12,
+                         steps=3, batch_size=8, skip_from=1, n_head_layers=1, lr=1e-3, warmup_ratio=0.0,
+                         checkpoint_every=100, log_every=1, dropout=0.0, dtype="fp64")
 EPS = torch.finfo(torch.float64).eps
 ADAM_EPS = 1e-8     # torch.optim.AdamW's default, which qac.train.optim keeps
 ROUNDING = 1e4 * EPS  # relative rounding of a loss or gradient summed through the network, ~2e-12

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from test_pretrain_corpus import write_corpus, write_master_inputs
+from base_settings import pretrain_values
 
 REPO = Path(__file__).resolve().parent.parent
 
 # Dropout stays on: resuming must restore the generator state too.
-SETTINGS = dict(method="cocondenser", seed=42, init="tiny:minilm", context_type="query", query_count=3, max_len=40,
-                query_max_len=12, steps=16, batch_size=8, grad_accumulation=2, skip_from=1, n_head_layers=1,
-                lr=1e-3, checkpoint_every=4, log_every=4, dtype="fp32")
+SETTINGS = pretrain_values(method="cocondenser", seed=42, init="tiny:minilm", context_type="query", query_count=3,
+                           max_len=40, query_max_len=12, steps=16, batch_size=8, grad_accumulation=2, skip_from=1,
+                           n_head_layers=1, lr=1e-3, checkpoint_every=4, log_every=4, dtype="fp32")
 # MASTER under the same guarantees: all five decoders, NPR on the next span, no GradCache.
 MASTER = {**SETTINGS, "method": "master", "context_type": "passage", "passage_context": "next",
           "master_dor_queries": 2}

@@ -9,6 +9,7 @@ import torch
 
 from qac.querygen.generate import GenerationStats, QueryGenerator, SamplingSettings, clean_candidates
 from qac.querygen.sampling import choose_tokens, filtered_distribution, passage_uniforms, sample_tokens
+from base_settings import sampling_settings
 
 PASSAGES = [(f"doc{i}#0", "Protein folding in yeast cells depends on chaperones. " * (1 + i % 4) + f"Case {i}.")
             for i in range(9)]
@@ -38,9 +39,8 @@ def t5():
 
 
 def settings(**overrides) -> SamplingSettings:
-    values = dict(queries_per_passage=3, max_new_tokens=8, max_source_len=48, seed=7)
-    values.update(overrides)
-    return SamplingSettings(**values)
+    return sampling_settings(**{**dict(queries_per_passage=3, max_new_tokens=8, max_source_len=48, seed=7),
+                                **overrides})
 
 
 # -- the sampling decision -------------------------------------------------

@@ -13,10 +13,11 @@ import torch
 
 from qac.querygen.generate import QueryGenerator, SamplingSettings, adjust_logits
 from qac.querygen.sampling import passage_uniforms, sample_tokens
+from base_settings import sampling_settings
 
 PASSAGES = [(f"doc{i}#0", "Protein folding in yeast cells depends on chaperones. " * (1 + i % 3) + f"Case {i}.")
             for i in range(5)]
-SETTINGS = SamplingSettings(queries_per_passage=4, max_new_tokens=7, max_source_len=40, seed=11, top_k=0, top_p=1.0)
+SETTINGS = sampling_settings(queries_per_passage=4, max_new_tokens=7, max_source_len=40, seed=11, top_k=0, top_p=1.0)
 
 
 @pytest.fixture(scope="module")

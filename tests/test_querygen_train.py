@@ -16,6 +16,7 @@ import yaml
 from qac.data.punkt import prepare_punkt
 from qac.querygen.generator_pairs import Pair, build_pairs, cap_training_pairs, split_heldout
 from qac.querygen.quality import (JudgeAnchor, SelfRetrieval, candidate_shares, judge_anchors, judge_shares,
+from base_settings import generator_training_settings, sampling_settings
                                   random_sentence, rouge_l)
 
 DOCS = {
@@ -351,7 +352,7 @@ def test_prefix_lm_folder_loads_and_generates_the_same_queries_at_any_batch_size
     assert isinstance(loaded, PrefixLM)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
     passages = [(f"d{i}#0", text) for i, (_, text) in enumerate(DOCS.values())]
-    settings = SamplingSettings(queries_per_passage=3, max_new_tokens=6, max_source_len=24, seed=3)
+    settings = sampling_settings(queries_per_passage=3, max_new_tokens=6, max_source_len=24, seed=3)
     one, stats = QueryGenerator(loaded, loaded_tokenizer, settings).generate_candidates(passages, 1)
     four, _ = QueryGenerator(loaded, loaded_tokenizer, settings).generate_candidates(passages, 4)
     assert one == four and len(one) == len(DOCS) and all(len(c) == 3 for c in one)
@@ -367,7 +368,7 @@ def test_training_lowers_the_loss_and_keeps_the_best_validated_weights(architect
     torch.set_num_threads(1)
     model, tokenizer = build_generator(architecture, "tiny:minilm", seed=0)
     pairs = [Pair(text, title, "title", "x", d) for d, (title, text) in DOCS.items() if title]
-    settings = TrainSettings(seed=42, max_source_len=24, max_target_len=6, epochs=12, batch_size=5, lr=5e-3, warmup_ratio=0.0,
+    settings = generator_training_settings(seed=42, max_source_len=24, max_target_len=6, epochs=12, batch_size=5, lr=5e-3, warmup_ratio=0.0,
                              eval_every=3)
     before = validation_loss(model, tokenizer, pairs, settings, "cpu")
     figures = train_generator(model, tokenizer, pairs, settings, "cpu", validation=pairs)
@@ -387,7 +388,7 @@ def test_patience_stops_training_early():
     pairs = [Pair(text, title, "title", "x", d) for d, (title, text) in DOCS.items() if title]
     # validation targets unrelated to training: the validation loss rises as training fits the titles
     unrelated = [Pair(text, "zebra quantum harbour", "title", "x", d) for d, (_, text) in DOCS.items()]
-    settings = TrainSettings(seed=42, max_source_len=24, max_target_len=6, epochs=20, batch_size=5, lr=5e-3, warmup_ratio=0.0,
+    settings = generator_training_settings(seed=42, max_source_len=24, max_target_len=6, epochs=20, batch_size=5, lr=5e-3, warmup_ratio=0.0,
                              eval_every=1, patience=2)
     figures = train_generator(model, tokenizer, pairs, settings, "cpu", validation=unrelated)
     assert figures["train/steps"] == figures["validation/best_step"] + 2 < 20
@@ -446,7 +447,7 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     model, tokenizer = load_generator(str(folder))
     assert isinstance(model, PrefixLM)
     assert (model.config.decoder_start_token_id, model.config.eos_token_id, model.config.pad_token_id) == (101, 102, 0)
-    queries, _ = QueryGenerator(model, tokenizer, SamplingSettings(queries_per_passage=2, max_new_tokens=4, seed=42)
+    queries, _ = QueryGenerator(model, tokenizer, sampling_settings(queries_per_passage=2, max_new_tokens=4, seed=42)
                                 ).generate([("d1#0", DOCS["d1"][1])], 1)
     assert len(queries) == 1
 

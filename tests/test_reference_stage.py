@@ -96,14 +96,14 @@ def test_the_released_retriever_is_evaluated_as_published(referenced):
 
 
 def test_table1_shows_the_reference_row_beside_its_published_figure(referenced):
-    from qac.params import load_params
+    from qac.params import load_params, with_values
     from qac.reporting.check import record
     from qac.reporting.lineage import load_study
     from qac.reporting.tables import build_tables
 
     root, _ = referenced
-    params = load_params(root / "params.yaml")
-    params["prepare"]["max_documents"] = None        # the tiny study's corpus is whole
+    # The tiny study's corpus is whole.
+    params = with_values(load_params(root / "params.yaml"), {"prepare.max_documents": None})
     table1 = build_tables(load_study(params, root / "data" / "smoke"), params)[0]
     row = f"published checkpoint {HUB_NAME}"
     cell = table1.cell(row, table1.columns[0])

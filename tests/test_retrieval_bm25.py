@@ -6,9 +6,13 @@ import pytest
 
 from qac.retrieval import document_text
 from qac.retrieval.bm25 import BM25Index, BM25Settings
+from base_settings import bm25_settings
 
 DOC_IDS = ["cats", "dogs", "both", "other"]
 TEXTS = ["the cat sat on the mat", "dogs are running in the park", "a cat chased a dog", "stock market news"]
+
+# bm25s's analyzer and Pyserini's k1/b, as profiles/base.yaml sets them.
+BASE = bm25_settings()
 
 
 def test_document_text_joins_title_and_text():
@@ -18,19 +22,19 @@ def test_document_text_joins_title_and_text():
 
 
 def test_documents_sharing_no_term_are_not_returned():
-    run = BM25Index(DOC_IDS, TEXTS).search({"q": "market"}, k=10)
+    run = BM25Index(DOC_IDS, TEXTS, BASE).search({"q": "market"}, k=10)
     assert list(run["q"]) == ["other"]
 
 
 def test_stemming_matches_inflected_forms():
-    index = BM25Index(DOC_IDS, TEXTS)
+    index = BM25Index(DOC_IDS, TEXTS, BASE)
     assert set(index.search({"q": "cats"}, k=10)["q"]) == {"cats", "both"}
-    unstemmed = BM25Index(DOC_IDS, TEXTS, BM25Settings(stemmer=None))
+    unstemmed = BM25Index(DOC_IDS, TEXTS, bm25_settings(stemmer=None))
     assert unstemmed.search({"q": "cats"}, k=10)["q"] == {}
 
 
 def test_stopword_only_query_retrieves_nothing_and_k_is_capped():
-    index = BM25Index(DOC_IDS, TEXTS)
+    index = BM25Index(DOC_IDS, TEXTS, BASE)
     run = index.search({"stop": "the and a", "q": "cat dog"}, k=100)
     assert run["stop"] == {}
     assert list(run["q"])[0] == "both"          # the only document with both terms
@@ -38,23 +42,23 @@ def test_stopword_only_query_retrieves_nothing_and_k_is_capped():
 
 
 def test_shorter_document_scores_higher_for_the_same_match():
-    run = BM25Index(["short", "long"], ["cat", "cat " + "filler words here " * 10]).search({"q": "cat"})
+    run = BM25Index(["short", "long"], ["cat", "cat " + "filler words here " * 10], BASE).search({"q": "cat"})
     assert run["q"]["short"] > run["q"]["long"]
 
 
 def test_mismatched_inputs_are_rejected():
     with pytest.raises(ValueError, match="document ids"):
-        BM25Index(["a"], ["x", "y"])
+        BM25Index(["a"], ["x", "y"], BASE)
 
 
 def test_the_lucene_analyzer_drops_possessives_and_lucenes_stopwords_and_stems_with_porter():
     text = "John's dogs aren't such U.S.A. fans of 1,000 e-mail x into generously"
-    lucene = BM25Index(["d"], ["word"], BM25Settings(tokenizer="lucene", stopwords="lucene", stemmer="porter"))
+    lucene = BM25Index(["d"], ["word"], bm25_settings(tokenizer="lucene", stopwords="lucene", stemmer="porter"))
     # Possessive dropped, apostrophes and periods inside a word and commas inside a number kept, single
     # characters kept, "such" and "into" are Lucene stop words, Porter (not Snowball: "generously" -> "gener").
     assert lucene.analyze(text) == ["john", "dog", "aren't", "u.s.a", "fan", "1,000", "e", "mail", "x", "gener"]
     # bm25s's own: words of two or more characters, its English stopwords, Snowball.
-    assert BM25Index(["d"], ["word"]).analyze(text) == ["john", "dog", "aren", "fan", "000", "mail", "generous"]
+    assert BM25Index(["d"], ["word"], BASE).analyze(text) == ["john", "dog", "aren", "fan", "000", "mail", "generous"]
 
 
 def test_an_unknown_tokenizer_is_rejected_by_the_schema():
@@ -80,7 +84,7 @@ def test_scifact_ndcg_matches_published_bm25(shared_data):
     from qac.evaluation.metrics import evaluate
 
     dataset = read_beir(shared_data / "scifact", ["test"])
-    index = BM25Index(list(dataset.corpus), [document.full_text for document in dataset.corpus.values()])
+    index = BM25Index(list(dataset.corpus), [document.full_text for document in dataset.corpus.values()], BASE)
     run = index.search(dataset.split_queries("test"), k=100)
     ndcg = evaluate(dataset.qrels["test"], run, ["nDCG@10"]).aggregate["nDCG@10"]
     assert 0.65 < ndcg < 0.70

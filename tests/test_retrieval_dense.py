@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,11 @@ from qac.retrieval.encode import encode_texts
 
 DOCS = {"d1": "cats sit on mats", "d2": "dogs run in parks", "d3": "markets fell today", "d4": "a cat and a dog"}
 QUERIES = {"q1": "where do cats sit", "q2": "stock markets"}
+
+
+# [CLS] vectors, inner products, on the CPU in fp32.
+SETTINGS = DenseSettings(query_max_length=32, passage_max_length=32, batch_size=128, pooling="cls", dtype="fp32",
+                         depth=1000, normalize=False)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +28,7 @@ def tiny():
 
 def test_run_equals_brute_force_over_cls_embeddings(tiny):
     model, tokenizer = tiny
-    settings = DenseSettings(query_max_length=16, passage_max_length=16, batch_size=2, depth=3)
+    settings = dataclasses.replace(SETTINGS, query_max_length=16, passage_max_length=16, batch_size=2, depth=3)
     run = dense_retrieve(model, tokenizer, list(DOCS), list(DOCS.values()), QUERIES, settings)
     passages = encode_texts(model, tokenizer, list(DOCS.values()), max_length=16)
     queries = encode_texts(model, tokenizer, list(QUERIES.values()), max_length=16)
@@ -37,5 +44,5 @@ def test_precomputed_passage_embeddings_are_used(tiny):
     query = encode_texts(model, tokenizer, ["anything"], max_length=32)[0]
     passages = np.stack([-query, -query, query, -query])     # only d3 scores positively
     run = dense_retrieve(model, tokenizer, list(DOCS), list(DOCS.values()), {"q": "anything"},
-                         DenseSettings(depth=1), passage_embeddings=passages)
+                         dataclasses.replace(SETTINGS, depth=1), passage_embeddings=passages)
     assert list(run["q"]) == ["d3"]

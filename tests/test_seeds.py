@@ -39,7 +39,7 @@ def test_the_smoke_profile_runs_its_headline_comparison_with_two_seeds():
     from qac.params.loading import load_params
 
     params = load_params(REPO / "profiles" / "smoke" / "params.yaml")
-    assert render_profile("smoke", REPO / "profiles")["pretrain"] == params["pretrain"]
+    assert render_profile("smoke", REPO / "profiles")["pretrain"] == params.pretrain.to_dict()
     copies = {name: spec["seed_of"] for name, spec in params["pretrain"]["variants"].items() if spec.get("seed_of")}
     assert copies == {"cocondenser-passage-seed43": "cocondenser-passage",
                       "cocondenser-query-q4-seed43": "cocondenser-query-q4"}

@@ -18,6 +18,7 @@ from qac.data.punkt import PRETRAINED, TRAINED, load_sentence_splitter, prepare_
 from qac.data.splitting import (SplitSettings, TokenCounter, cut_to_fit, document_rng, draw_targets,
                                 group_units, overlap_range, split_corpus_file, split_documents)
 from qac.data.arrowstore import PASSAGES_SCHEMA, iter_records
+from base_settings import split_settings
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +34,8 @@ def counter(tokenizer):
 
 
 def settings(**overrides) -> SplitSettings:
-    values = dict(max_len=9, short_span_prob=0.0, random_sampled_window=100, overlap_sentences=2, seed=42)
-    values.update(overrides)
-    return SplitSettings(**values)
+    return split_settings(**{**dict(max_len=9, short_span_prob=0.0, random_sampled_window=100, overlap_sentences=2,
+                                    seed=42), **overrides})
 
 
 # --- grouping ---------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 
 from qac.data.context_pairs import PairCollator, PairSampler, Pair, crop_rng, crop_span, load_pair_corpus
 from qac.data.splitting import SplitSettings, TokenCounter, group_units, split_documents
+from base_settings import split_settings
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,8 @@ def test_overflow_spans_of_a_hand_worked_document(tokenizer):
     text = " ".join([sentence] * 7)
     assert counter.lengths([sentence]) == [4]
     common = dict(max_len=9, short_span_prob=0.0, random_sampled_window=100, overlap_sentences=2, seed=42)
-    bounded = split_documents([("d", text)], _Sentences, counter, SplitSettings(**common))[0]
-    overflow = split_documents([("d", text)], _Sentences, counter, SplitSettings(spans="overflow", **common))[0]
+    bounded = split_documents([("d", text)], _Sentences, counter, split_settings(**common))[0]
+    overflow = split_documents([("d", text)], _Sentences, counter, split_settings(**common, spans="overflow"))[0]
     # bounded: 4 + 4 = 8 <= 9, one more would be 12 > 9. overflow: 8 < 9, so the third sentence joins (12).
     assert [p["n_tokens"] for p in bounded.passages] == [8, 8, 8, 4]
     assert [p["n_tokens"] for p in overflow.passages] == [12, 12, 4]
@@ -62,8 +63,8 @@ def test_overflow_never_cuts_a_long_sentence(tokenizer):
     counter = TokenCounter(tokenizer)
     text = "short one. " + " ".join(["word"] * 30) + ". last one."
     common = dict(max_len=10, short_span_prob=0.0, random_sampled_window=100, overlap_sentences=2, seed=1)
-    overflow = split_documents([("d", text)], _Sentences, counter, SplitSettings(spans="overflow", **common))[0]
-    bounded = split_documents([("d", text)], _Sentences, counter, SplitSettings(**common))[0]
+    overflow = split_documents([("d", text)], _Sentences, counter, split_settings(**common, spans="overflow"))[0]
+    bounded = split_documents([("d", text)], _Sentences, counter, split_settings(**common))[0]
     assert overflow.long_sentences == bounded.long_sentences == 1
     assert max(p["n_tokens"] for p in bounded.passages) <= 10
     assert len(overflow.passages) == 2 and overflow.passages[0]["n_tokens"] > 30   # "short one." + the long one

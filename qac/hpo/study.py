@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -68,7 +68,7 @@ class HpoSettings:
     finetune_epochs: int | None
     pretrain_steps: int | None
     keep_models: bool
-    dimensions: list[Dimension] = field(default_factory=list)
+    dimensions: list[Dimension]
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "HpoSettings":

@@ -35,7 +35,7 @@ from qac.params.yaml_io import read_yaml, yaml_dumper, yaml_loader
 # Names that need pydantic are imported when first used: reading a profile's YAML or locating
 # its file must work where pydantic is not installed (the GPU benchmark's bare machine).
 _LAZY = {"ParamsError": "errors", "Problem": "errors", "known_keys_at": "errors", "load_params": "loading",
-         "base_params": "loading", "Params": "sections", "validate_params": "validation",
+         "base_params": "loading", "base_settings": "loading", "Params": "sections", "validate_params": "validation",
          "with_values": "changes"}
 
 
@@ -47,6 +47,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'qac.params' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_PROFILE", "PROFILE_NAMES", "Params", "ParamsError", "Problem", "base_params", "known_keys_at",
+__all__ = ["DEFAULT_PROFILE", "PROFILE_NAMES", "Params", "ParamsError", "Problem", "base_params", "base_settings",
+           "known_keys_at",
            "load_params", "params_path", "profile_params_path", "profiles_root", "read_yaml", "validate_params",
            "with_values", "yaml_dumper", "yaml_loader"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 import yaml
 
 from qac.params.errors import ParamsError, Problem
@@ -11,6 +13,8 @@ from qac.params.locations import PROFILE_NAMES, params_path
 from qac.params.sections import Params
 from qac.params.validation import validate_params
 from qac.params.yaml_io import read_yaml
+
+T = TypeVar("T")
 
 
 def load_params(path: str | os.PathLike | None = None) -> Params:
@@ -55,3 +59,10 @@ def base_params() -> Params:
     path = profiles_root() / "base.yaml"
     text = path.read_text(encoding="utf-8")
     return validate_params(read_yaml(text), path, text, complete=False)
+
+
+def base_settings(build: Callable[[Params], T], **changes: Any) -> T:
+    """A settings dataclass as ``profiles/base.yaml`` sets it, with ``changes``: for tests, benchmarks and
+    notebooks that need a few keys other than the method's (``build`` reads the checked parameters, e.g.
+    ``SamplingSettings.from_params``)."""
+    return dataclasses.replace(build(base_params()), **changes)

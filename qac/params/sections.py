@@ -20,8 +20,8 @@ from qac.params.fields import (ChunkSize, ContrastiveTemperature, DropoutProbabi
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
                                    PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
-                                   Retriever, SingleSpanDocuments, SpaceKind, SpanRule, TitleJoin, ZeroShotLoss,
-                                   ZeroShotNegatives)
+                                   Retriever, Similarity, SingleSpanDocuments, SpaceKind, SpanRule, TitleJoin,
+                                   ZeroShotLoss, ZeroShotNegatives)
 
 
 class MlflowSection(Section):
@@ -331,6 +331,8 @@ class FinetuneSection(Section):
     weight_decay: WeightDecay
     temperature: ContrastiveTemperature
     pooling: Pooling = Field(description="how a text's embedding is read: cls | mean")
+    similarity: Similarity = Field(description="dot: inner products of the representations (the paper's); "
+                                               "cosine: of unit-length ones")
     bm25_depth: PositiveInt = Field(description="BM25 negatives are drawn from this depth")
     mine_depth: PositiveInt = Field(description="retriever 1 mining depth (paper: 200)")
     mine_skip_top: NonNegativeInt = Field(description="mined negatives start below this rank (0: from the top)")

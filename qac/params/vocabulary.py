@@ -32,6 +32,9 @@ MASTER_TASKS: tuple[str, ...] = get_args(MasterTask)
 Pooling = Literal["cls", "mean"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)
 
+Similarity = Literal["dot", "cosine"]
+SIMILARITIES: tuple[str, ...] = get_args(Similarity)
+
 DType = Literal["auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64"]
 DTYPES: tuple[str, ...] = get_args(DType)
 
