@@ -114,7 +114,7 @@ def _run_job(params: dict, out: Path) -> tuple[list[dict], subprocess.CompletedP
 
     out.mkdir(parents=True, exist_ok=True)
     write_params(params, out / "params.yaml")
-    done = subprocess.run([sys.executable, "-m", "qac.hpo.trial_job", "--params", str(out / "params.yaml"),
+    done = subprocess.run([sys.executable, "-m", "qac.cli.hpo_trial_command", "--params", str(out / "params.yaml"),
                            "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=170,
                           env=_job_env())
     events = [parse_event(line) for line in done.stdout.splitlines()]
@@ -126,8 +126,10 @@ def test_a_trial_job_reports_dev_metrics_while_fine_tuning(trial_inputs, tmp_pat
     from qac.hpo.space import apply_values
 
     # as a trial writes its value: into the variant and its seed copies
-    params = apply_values(trial_inputs, {"pretrain.lr": 1e-3}, trial_inputs["hpo"]["variant"])
-    params["hpo"]["finetune_epochs"] = 2
+    from qac.params import validate_params, with_values
+
+    inputs = validate_params(trial_inputs)
+    params = with_values(apply_values(inputs, {"pretrain.lr": 1e-3}, inputs.hpo.variant), {"hpo.finetune_epochs": 2})
     events, done = _run_job(params, tmp_path / "trial")
     assert done.returncode == 0, done.stderr[-3000:]
     # 40 queries - 8 dev = 32 training queries, batch 8: 4 steps per epoch, 2 epochs; evaluated every 2 steps.

@@ -129,10 +129,10 @@ def test_a_torchrun_trial_needs_as_many_gpus_in_its_slot_as_processes():
 def test_job_commands_for_each_launcher(tmp_path):
     params, out = tmp_path / "p.yaml", tmp_path / "t"
     assert job_command(smoke_settings(), params, out) == [
-        sys.executable, "-m", "qac.hpo.trial_job", "--params", str(params), "--out", str(out)]
+        sys.executable, "-m", "qac.cli.hpo_trial_command", "--params", str(params), "--out", str(out)]
     assert job_command(smoke_settings(launcher="torchrun", nproc_per_node=2), params, out) == [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        "-m", "qac.hpo.trial_job", "--params", str(params), "--out", str(out)]
+        "-m", "qac.cli.hpo_trial_command", "--params", str(params), "--out", str(out)]
     assert job_command(smoke_settings(job="jobs/score.py"), params, out)[1:3] == ["jobs/score.py", "--params"]
 
 

@@ -16,8 +16,8 @@ import yaml
 from qac.data.punkt import prepare_punkt
 from qac.querygen.generator_pairs import Pair, build_pairs, cap_training_pairs, split_heldout
 from qac.querygen.quality import (JudgeAnchor, SelfRetrieval, candidate_shares, judge_anchors, judge_shares,
-from base_settings import generator_training_settings, sampling_settings
                                   random_sentence, rouge_l)
+from base_settings import generator_training_settings, sampling_settings
 
 DOCS = {
     "d1": ("Yeast chaperones", "Chaperones help proteins fold in yeast cells. Heat shock raises their levels."),
