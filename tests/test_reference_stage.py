@@ -116,7 +116,7 @@ def test_table1_shows_the_reference_row_beside_its_published_figure(referenced):
     expected = [c for c in record([table1], "smoke", from_paper=True)["cells"] if c["row"] == row]
     assert [(c["value"], c["rounding"]) for c in expected] == [(50.0, 0.05)]
     # A profile that cuts the corpus (fewer distractors: retrieval is easier) only cites the figure.
-    params["prepare"]["max_documents"] = 120
+    params = with_values(params, {"prepare.max_documents": 120})
     cell = build_tables(load_study(params, root / "data" / "smoke"), params)[0].cell(row, table1.columns[0])
     assert (cell.paper, cell.cited) == (None, 50.0)
 
