@@ -58,12 +58,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from qac.benchmarking import machine_summary, markdown_table, write_section
     from qac.config import render_profile
+    from qac.params import validate_params
     from qac.data.beir import read_beir
     from qac.models.loading import load_model, load_tokenizer
     from qac.retrieval.dense import baseline_settings, start_encoder
 
     torch.set_num_threads(os.cpu_count() or 1)
-    params = render_profile("default")
+    params = validate_params(render_profile("default"))
     spec = start_encoder(params)
     trained = baseline_settings(params, spec)
     published = next(f for f in trained["published"] if (f["dataset"], f["split"], f["measure"])
@@ -72,11 +73,11 @@ def main(argv: list[str] | None = None) -> None:
 
     dataset = read_beir(Path(args.mirror or data_mirror()) / "scifact", ["test"], name="scifact")
     model, tokenizer = load_model(spec), load_tokenizer(spec)
-    finetune = params["finetune"]
+    finetune = params.finetune
     ways = [("as its model was trained (encoders.minilm)", trained["pooling"], trained["normalize"],
              trained["query_max_len"], trained["passage_max_len"]),
-            ("as the fine-tuned rows are encoded", finetune["pooling"], False, finetune["query_max_len"],
-             finetune["passage_max_len"])]
+            ("as the fine-tuned rows are encoded", finetune.pooling, False, finetune.query_max_len,
+             finetune.passage_max_len)]
     rows = []
     load_before = os.getloadavg()[0]
     for label, pooling, normalize, query_len, passage_len in ways:

@@ -26,12 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
     params = load_params()
-    settings = params["annotation"]
-    if settings.get("judge", "encoder_cosine") != "encoder_cosine":
-        raise ValueError(f"params.yaml: annotation.judge: only 'encoder_cosine' exists, got {settings['judge']!r}")
+    settings = params.annotation
     data = profile_dir(params)
-    dataset_dir = data / "datasets" / params["train_dataset"]
-    split = settings.get("calibration_split") or "train"
+    dataset_dir = data / "datasets" / params.train_dataset
+    split = settings.calibration_split
     dataset_meta = dataset_dir / "dataset.json"
     rel_threshold = 1
     if dataset_meta.exists():
@@ -39,10 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     with atomic_path(data / "annotation", directory=True) as out:
         summary = annotation.run_study(
             data / "passages.arrow", data / "queries.arrow", dataset_dir, out,
-            documents=int(settings["documents"]), seed=int(params["seed"]), judge_model=settings["judge_model"],
-            calibration_split=split, calibration_pairs_max=int(settings.get("calibration_pairs", 500)),
-            rel_threshold=rel_threshold, human_sheets=settings.get("human_sheets") or [],
-            judge_max_length=int(settings.get("judge_max_len", 256)))
+            documents=settings.documents, seed=params.seed, judge_model=settings.judge_model,
+            calibration_split=split, calibration_pairs_max=settings.calibration_pairs, rel_threshold=rel_threshold,
+            human_sheets=settings.human_sheets, judge_max_length=settings.judge_max_len)
         with tracked_stage(params, "annotation", annotation.RUN_NAME, kind="annotation", stage_params=settings,
                            inputs={"passages": data / "passages.arrow", "queries": data / "queries.arrow",
                                    "calibration_dataset": dataset_dir},

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from qac.tracking.lifecycle import tracked_stage
 
     params = load_params()
-    section = params["continuation"]
+    section = params.continuation
     settings = ContinuationSettings.from_params(params)     # bad values fail here, before any slow work
     data = profile_dir(params)
     passages_path, output = data / "passages.arrow", data / "continuations.arrow"
@@ -41,14 +41,14 @@ def main(argv=None) -> int:
         raise FileNotFoundError(f"{passages_path} not found: run the split_passages stage first")
 
     ctx = init_distributed()
-    dtype = autocast_dtype(str(section.get("dtype", "auto")), ctx.device)
+    dtype = autocast_dtype(section.dtype, ctx.device)
     # Decoding runs in batches: keep their composition fixed so that a resumed run decodes alike.
-    compute = {"dtype": str(dtype or "float32"), "batch_size": int(section["batch_size"])}
+    compute = {"dtype": str(dtype or "float32"), "batch_size": section.batch_size}
 
     def open_run():
         return tracked_stage(params, "generate_continuations", "generate_continuations", kind="continuation",
-                             stage_params={**asdict(settings), "batch_size": section["batch_size"],
-                                           "chunk_size": section["chunk_size"], **compute},
+                             stage_params={**asdict(settings), "batch_size": section.batch_size,
+                                           "chunk_size": section.chunk_size, **compute},
                              inputs={"passages": passages_path}, tags={"qac.world_size": ctx.world_size},
                              root=data)
 

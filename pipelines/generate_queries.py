@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     from qac.tracking.lifecycle import Upstream, tracked_stage
 
     params = load_params()
-    section = params["querygen"]
+    section = params.querygen
     data = profile_dir(params)
     passages_path, generator_dir, output = data / "passages.arrow", data / "generator", data / "queries.arrow"
     for needed in (passages_path, generator_dir):
@@ -41,25 +41,25 @@ def main(argv=None) -> int:
 
     ctx = init_distributed()
     settings = SamplingSettings.from_params(params)
-    dtype = autocast_dtype(str(section.get("dtype", "auto")), ctx.device)
-    invariant = resolve_batch_invariant(section.get("batch_invariant", "auto"), dtype)
+    dtype = autocast_dtype(section.dtype, ctx.device)
+    invariant = resolve_batch_invariant(section.batch_invariant, dtype)
     compute = {"dtype": str(dtype or "float32"), "batch_invariant": invariant}
-    sync_every = int(section.get("sync_every", 1))
+    sync_every = section.sync_every
     if not invariant:  # then the batch composition can change rare tokens: keep it fixed for resumption
-        compute["batch_size"] = int(section["batch_size"])
+        compute["batch_size"] = section.batch_size
         if sync_every != 1:   # so can the steps at which finished rows leave the batch
             compute["sync_every"] = sync_every
 
     def open_run():
         generator = Upstream(data, generator_dir, "query_generator")
         sampling = {"model": (generator.record() or {}).get("model", str(generator_dir)), **asdict(settings),
-                    "batch_size": section["batch_size"], "chunk_size": section["chunk_size"], **compute}
+                    "batch_size": section.batch_size, "chunk_size": section.chunk_size, **compute}
         return tracked_stage(params, "generate_queries", "generate_queries", kind="querygen", stage_params=sampling,
                              inputs={"passages": passages_path, "generator": generator_dir},
                              tags={"qac.world_size": ctx.world_size}, parent=generator, output=output, root=data)
 
     def make_generator():
-        return generator_from_settings(str(generator_dir), settings, ctx.device, str(section.get("dtype", "auto")),
+        return generator_from_settings(str(generator_dir), settings, ctx.device, section.dtype,
                                        invariant, sync_every)
 
     merged = run_sharded_generation(ctx, shard=args.shard, merge=args.merge, merge_only=args.merge_only,

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = StageClock()
 
     params = load_params()
-    declared = params.get("datasets") or {}
+    declared = params.datasets
     if args.dataset not in declared:
         raise SystemExit(f"dataset {args.dataset!r} is not declared in params.yaml (declared: {', '.join(declared)})")
     spec = DatasetSpec.from_params(args.dataset, declared[args.dataset])
@@ -49,11 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         except DatasetUnavailableError as error:
             raise SystemExit(str(error)) from None
         tracking.set_tags({"qac.data_source": source.location})
-        parts = read_dataset_parts(spec, source, mirror=mirror,
-                                   min_text_chars=int(settings.get("min_text_chars", 1)))
+        parts = read_dataset_parts(spec, source, mirror=mirror, min_text_chars=settings.min_text_chars)
         for _, dataset in parts:   # a dataset of sub-collections (CQADupStack's forums) prepares each alike
-            prepare_dataset(dataset, max_documents=settings.get("max_documents"),
-                            keep_judged_documents=bool(settings.get("keep_judged_documents", True)))
+            prepare_dataset(dataset, max_documents=settings.max_documents,
+                            keep_judged_documents=settings.keep_judged_documents)
         record = write_prepared_parts(parts, out, spec.name, triples)
         counts = record["counts"]
         metrics = {"documents": counts["documents"], "queries": counts["queries"]}

@@ -26,30 +26,28 @@ def main(argv: list[str] | None = None) -> int:
     clock = StageClock()
     params = load_params()
     settings = SplitSettings.from_params(params)
-    split = params["split"]
+    split = params.split
     data = profile_dir(params)
-    corpus = data / "datasets" / params["pretrain_corpus"] / "corpus.jsonl"
+    corpus = data / "datasets" / params.pretrain_corpus / "corpus.jsonl"
     if not corpus.is_file():
-        raise FileNotFoundError(f"{corpus}: run the prepare stage for {params['pretrain_corpus']!r} first")
+        raise FileNotFoundError(f"{corpus}: run the prepare stage for {params.pretrain_corpus!r} first")
     passages = data / "passages.arrow"
-    if split["punkt"] == "pretrained" and not pretrained_english_available():
+    if split.punkt == "pretrained" and not pretrained_english_available():
         try:   # NLTK's own downloader, before any work; a clear paragraph when there is no network
             download_pretrained_english()
         except PunktUnavailableError as error:
             raise SystemExit(str(error)) from None
 
     with tracked_stage(params, "split_passages", "split_passages", kind="split",
-                       stage_params={"split": split, "seed": params["seed"],
-                                     "pretrain_corpus": params["pretrain_corpus"]},
-                       inputs={"corpus": corpus}, tags={"qac.tokenizer": split["tokenizer"]}) as tracking:
-        tracking.log_file_inputs({f"{params['pretrain_corpus']}/corpus": corpus}, "splitting",
+                       stage_params={"split": split, "seed": params.seed, "pretrain_corpus": params.pretrain_corpus},
+                       inputs={"corpus": corpus}, tags={"qac.tokenizer": split.tokenizer}) as tracking:
+        tracking.log_file_inputs({f"{params.pretrain_corpus}/corpus": corpus}, "splitting",
                                  columns=("_id", "title", "text"))
         started = time.perf_counter()
         stats, punkt_model = split_corpus_file(
-            corpus, passages, data / "punkt", tokenizer_spec=split["tokenizer"], settings=settings,
-            punkt=split["punkt"], punkt_train_documents=split.get("punkt_train_documents"),
-            workers=int(split.get("workers", 1)), chunk_size=int(split.get("chunk_size", 64)),
-            max_documents=split.get("max_documents"))
+            corpus, passages, data / "punkt", tokenizer_spec=split.tokenizer, settings=settings,
+            punkt=split.punkt, punkt_train_documents=split.punkt_train_documents, workers=split.workers,
+            chunk_size=split.chunk_size, max_documents=split.max_documents)
         seconds = time.perf_counter() - started
         tracking.set_tags({"qac.punkt": punkt_model})
         metrics = {**stats.as_metrics(), "seconds": seconds,

@@ -19,7 +19,7 @@ from qac.reporting.profile_report import log_to_study_run, write_report
 def main(argv: list[str] | None = None) -> int:
     stage_arguments(__doc__.splitlines()[0], argv)
     params = load_params()
-    report = write_report(params, params.get("tables", {}).get("out_dir", "reports"))
+    report = write_report(params, params.tables.out_dir)
     print(f"tables: wrote {report.directory}/tables.md ({len(report.tables)} tables, "
           f"{sum(reason is None for reason in report.figures.values())} figures)")
     print(log_to_study_run(load_study(params), report.directory))

@@ -21,10 +21,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
 
-RESOURCE_KEYS = {"nodes": int, "gpus_per_node": int, "cpus_per_task": int, "mem": str, "time": str,
-                 "distributed": bool}
+if TYPE_CHECKING:
+    from qac.params.sections import ClusterSection, Params
+
+RESOURCE_KEYS = ("nodes", "gpus_per_node", "cpus_per_task", "mem", "time", "distributed")
 RENDEZVOUS_PORT = 29500
 
 
@@ -61,57 +63,39 @@ class StageJob:
         return self.name.replace("@", "-") + ".sbatch"
 
 
-def _check_entry(entry: Any, where: str) -> dict[str, Any]:
-    if not isinstance(entry, Mapping):
-        raise ClusterSettingsError(f"{where}: expected a mapping of {', '.join(RESOURCE_KEYS)}, got {entry!r}")
-    for key, value in entry.items():
-        if key not in RESOURCE_KEYS:
-            raise ClusterSettingsError(f"{where}.{key}: unknown resource (known: {', '.join(RESOURCE_KEYS)})")
-        kind = RESOURCE_KEYS[key]
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ClusterSettingsError(f"{where}.{key}: expected a non-negative integer, got {value!r}")
-        if kind is bool and not isinstance(value, bool):
-            raise ClusterSettingsError(f"{where}.{key}: expected true or false, got {value!r}")
-        if kind is str and (not isinstance(value, (str, int)) or isinstance(value, bool) or not str(value)):
-            raise ClusterSettingsError(f"{where}.{key}: expected a Slurm value such as 64G or 12:00:00, got {value!r}")
-    return dict(entry)
+def stage_resources(cluster: ClusterSection, stage: str, where: str = "params.yaml") -> Resources:
+    """``cluster.default`` overridden by the stage's base name, then by its full name.
 
-
-def stage_resources(cluster: Mapping[str, Any], stage: str, where: str = "params.yaml") -> Resources:
-    """``cluster.default`` overridden by the stage's base name, then by its full name."""
-    merged = _check_entry(cluster.get("default") or {}, f"{where}: cluster.default")
-    stages = cluster.get("stages") or {}
+    An override holds the resources its entry sets (the schema checked their types and ranges); the
+    others come from the entry before it."""
+    merged = dict(cluster.default)
     base = stage.split("@", 1)[0]
     for key in dict.fromkeys((base, stage)):
-        if key in stages:
-            merged.update(_check_entry(stages[key], f"{where}: cluster.stages.{key}"))
-    missing = [key for key in RESOURCE_KEYS if key not in merged]
+        if key in cluster.stages:
+            merged.update(cluster.stages[key])
+    missing = [key for key in RESOURCE_KEYS if merged.get(key) is None]
     if missing:
         raise ClusterSettingsError(f"{where}: cluster.default: {', '.join(missing)} not set")
-    resources = Resources(**{key: RESOURCE_KEYS[key](merged[key]) for key in RESOURCE_KEYS})
-    if resources.nodes < 1 or resources.cpus_per_task < 1:
-        raise ClusterSettingsError(f"{where}: cluster.stages.{base}: nodes and cpus_per_task must be at least 1")
+    resources = Resources(**{**{key: merged[key] for key in RESOURCE_KEYS}, "mem": str(merged["mem"])})
     if resources.nodes > 1 and not resources.distributed:
         raise ClusterSettingsError(f"{where}: cluster.stages.{base}: {resources.nodes} nodes need distributed: true "
                                    "(a stage runs on several nodes only under torchrun)")
     return resources
 
 
-def check_stage_names(cluster: Mapping[str, Any], stages: list[str], where: str = "params.yaml") -> None:
+def check_stage_names(cluster: ClusterSection, stages: list[str], where: str = "params.yaml") -> None:
     """Every key of ``cluster.stages`` names a stage of the pipeline (by base or full name)."""
     known = set(stages) | {stage.split("@", 1)[0] for stage in stages}
-    for key in cluster.get("stages") or {}:
+    for key in cluster.stages:
         if key not in known:
             raise ClusterSettingsError(f"{where}: cluster.stages.{key}: no such stage in the pipeline "
                                        f"(stages: {', '.join(sorted({s.split('@', 1)[0] for s in stages}))})")
 
 
-def plan_jobs(params: Mapping[str, Any], graph: list[tuple[str, str, tuple[str, ...]]],
+def plan_jobs(params: Params, graph: list[tuple[str, str, tuple[str, ...]]],
               where: str = "params.yaml") -> list[StageJob]:
     """One job per stage of ``graph`` (``(stage, command, upstream stages)`` in run order)."""
-    cluster = params.get("cluster")
-    if not isinstance(cluster, Mapping):
-        raise ClusterSettingsError(f"{where}: no 'cluster' section")
+    cluster = params.cluster
     check_stage_names(cluster, [stage for stage, _, _ in graph], where)
     jobs = []
     for stage, command, upstream in graph:
@@ -151,7 +135,7 @@ def launch_lines(job: StageJob) -> list[str]:
     ]
 
 
-def job_script(job: StageJob, profile: str, pipeline: str, cluster: Mapping[str, Any], root: str,
+def job_script(job: StageJob, profile: str, pipeline: str, cluster: ClusterSection, root: str,
                log_dir: str) -> str:
     """The ``sbatch`` script of one stage."""
     resources = job.resources
@@ -159,10 +143,8 @@ def job_script(job: StageJob, profile: str, pipeline: str, cluster: Mapping[str,
                   f"--cpus-per-task={resources.cpus_per_task}", f"--mem={resources.mem}", f"--time={resources.time}"]
     if resources.gpus_per_node:
         directives.append(f"--gpus-per-node={resources.gpus_per_node}")
-    for key in ("partition", "account", "qos"):
-        if cluster.get(key):
-            directives.append(f"--{key}={cluster[key]}")
-    if cluster.get("requeue", True):
+    directives += _placement(cluster)
+    if cluster.requeue:
         directives.append("--requeue")
     directives += ["--open-mode=append", f"--output={log_dir}/%x.%j.out"]
     target = f"{pipeline}:{job.name}"
@@ -173,7 +155,7 @@ def job_script(job: StageJob, profile: str, pipeline: str, cluster: Mapping[str,
         *(f"#SBATCH {directive}" for directive in directives),
         "set -euo pipefail",
         f"cd {shlex.quote(root)}",
-        *[str(line) for line in cluster.get("setup") or []],
+        *cluster.setup,
     ]
     if not resources.gpus_per_node:
         lines.append("export CUDA_VISIBLE_DEVICES=''   # a CPU stage: no GPU, even on a GPU node")
@@ -192,7 +174,7 @@ def job_script(job: StageJob, profile: str, pipeline: str, cluster: Mapping[str,
     return "\n".join(lines)
 
 
-def submit_script(jobs: list[StageJob], profile: str, root: str, cluster: Mapping[str, Any],
+def submit_script(jobs: list[StageJob], profile: str, root: str, cluster: ClusterSection,
                   script_dir: str) -> str:
     """``submit.sh``: sets the shared DVC cache, then submits every job in run order, chained by afterok."""
     index = {job.name: number for number, job in enumerate(jobs)}
@@ -203,8 +185,8 @@ def submit_script(jobs: list[StageJob], profile: str, root: str, cluster: Mappin
         "set -euo pipefail",
         f"cd {shlex.quote(root)}",
     ]
-    if cluster.get("dvc_cache"):
-        lines.append(f"dvc cache dir --local {shlex.quote(str(cluster['dvc_cache']))}   # shared by every node")
+    if cluster.dvc_cache:
+        lines.append(f"dvc cache dir --local {shlex.quote(cluster.dvc_cache)}   # shared by every node")
         lines.append("dvc config --local cache.shared group")
         lines.append("dvc config --local cache.type symlink,hardlink,copy")
     lines.append("declare -a job")
@@ -220,19 +202,19 @@ def submit_script(jobs: list[StageJob], profile: str, root: str, cluster: Mappin
     return "\n".join(lines)
 
 
-def sweep_script(profile: str, cluster: Mapping[str, Any], root: str, log_dir: str) -> str:
+def sweep_script(profile: str, cluster: ClusterSection, root: str, log_dir: str) -> str:
     """``sweep.sbatch``: runs the experiments queued with ``dvc exp run --queue`` on one node, one per GPU."""
-    sweep = dict(cluster.get("sweep") or {})
-    resources = _check_entry(sweep, "cluster.sweep")
-    gpus = int(resources.get("gpus_per_node", 1))
+    sweep = cluster.sweep
+    unset = [key for key in ("gpus_per_node", "cpus_per_task", "mem", "time") if getattr(sweep, key) is None]
+    if unset:
+        raise ClusterSettingsError(f"params.yaml: cluster.sweep: {', '.join(unset)} not set")
+    gpus = sweep.gpus_per_node
     directives = [f"--job-name=qac-{profile}-sweep", "--nodes=1", "--ntasks-per-node=1",
-                  f"--cpus-per-task={resources.get('cpus_per_task', 8)}", f"--mem={resources.get('mem', '64G')}",
-                  f"--time={resources.get('time', '24:00:00')}", f"--output={log_dir}/%x.%j.out"]
+                  f"--cpus-per-task={sweep.cpus_per_task}", f"--mem={sweep.mem}", f"--time={sweep.time}",
+                  f"--output={log_dir}/%x.%j.out"]
     if gpus:
         directives.append(f"--gpus-per-node={gpus}")
-    for key in ("partition", "account", "qos"):
-        if cluster.get(key):
-            directives.append(f"--{key}={cluster[key]}")
+    directives += _placement(cluster)
     return "\n".join([
         "#!/bin/bash",
         f"# Queued experiments of profile {profile} (`dvc exp run --queue -S ...`), {max(gpus, 1)} at a time.",
@@ -240,13 +222,18 @@ def sweep_script(profile: str, cluster: Mapping[str, Any], root: str, log_dir: s
         *(f"#SBATCH {directive}" for directive in directives),
         "set -euo pipefail",
         f"cd {shlex.quote(root)}",
-        *[str(line) for line in cluster.get("setup") or []],
+        *cluster.setup,
         f"dvc exp run --run-all --jobs {max(gpus, 1)}",
         "",
     ])
 
 
-def write_slurm_scripts(profile: str, params: Mapping[str, Any], graph, out_dir: str | Path,
+def _placement(cluster: ClusterSection) -> list[str]:
+    """The ``sbatch`` options that say where a job runs and on whose account (those the params set)."""
+    return [f"--{key}={getattr(cluster, key)}" for key in ("partition", "account", "qos") if getattr(cluster, key)]
+
+
+def write_slurm_scripts(profile: str, params: Params, graph, out_dir: str | Path,
                         root: str | Path, where: str = "params.yaml") -> list[Path]:
     """Render every job script, ``submit.sh`` and ``sweep.sbatch`` into ``out_dir``; the paths written.
 
@@ -255,8 +242,8 @@ def write_slurm_scripts(profile: str, params: Mapping[str, Any], graph, out_dir:
     from qac.io import atomic_path
 
     jobs = plan_jobs(params, graph, where)
-    cluster = params["cluster"]
-    root = str(cluster.get("shared_root") or root)
+    cluster = params.cluster
+    root = str(cluster.shared_root or root)
     out_dir = Path(out_dir)
     script_dir = str(out_dir if out_dir.is_absolute() else Path(root) / out_dir)
     log_dir = f"{script_dir}/logs"

@@ -39,9 +39,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from qac.config import REPO_ROOT
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 FIGURES = REPO_ROOT / "reports" / "bench_gpu.json"
 MSMARCO_PASSAGES = 8_841_823
@@ -116,31 +119,36 @@ def load_rates(path: str | Path | None = None) -> Rates:
 
 
 def pair_rate(rates: Rates, variant: Mapping[str, Any]) -> tuple[float, str]:
-    """Pairs/s of a pre-training variant and how it was derived."""
-    method, context = variant["method"], variant.get("context_type", "passage")
+    """Pairs/s of a pre-training variant (its settings: :func:`variant_settings`) and how it was derived."""
+    method, context = variant["method"], variant["context_type"]
     if context == "mixed":
-        share = float(variant.get("mixed_query_prob", 0.5))
+        share = variant["mixed_query_prob"]
         query, passage = rates.pretrain[(method, "query")], rates.pretrain[(method, "passage")]
         rate = 1 / (share / query + (1 - share) / passage)
         how = f"{method}, {share:.0%} query / {1 - share:.0%} passage pairs"
     else:
         rate, how = rates.pretrain[(method, context)], f"{method}, {context} pairs"
-    if method == "master" and len(variant.get("master_decoders") or [0] * 5) < 5:
+    if method == "master" and len(variant["master_decoders"]) < 5:
         how += " (the 5-decoder rate: an upper bound)"
-    if variant.get("grad_cache_chunk") and method == "cocondenser" and rates.grad_cache_ratio:
+    if variant["grad_cache_chunk"] and method == "cocondenser" and rates.grad_cache_ratio:
         rate /= rates.grad_cache_ratio
         how += f", GradCache chunk {variant['grad_cache_chunk']} (x{rates.grad_cache_ratio:.2f})"
     return rate, how
 
 
-def stage_costs(params: Mapping[str, Any], rates: Rates) -> list[dict[str, Any]]:
+def variant_settings(params: Params, name: str) -> dict[str, Any]:
+    """``pretrain.common`` with the keys variant ``name`` sets over it, with its method and context type."""
+    spec = params.pretrain.variants[name]
+    return {**params.pretrain.common, **spec, "method": spec.method, "context_type": spec.context_type}
+
+
+def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
     """One row per stage and variant: what it processes, at what rate, in GPU-hours (None: no rate)."""
     rows = []
-    common = params["pretrain"].get("common") or {}
-    variants = {name: {**common, **(v or {})} for name, v in params["pretrain"]["variants"].items()}
+    variants = {name: variant_settings(params, name) for name in params.pretrain.variants}
     trained = {name: v for name, v in variants.items() if v["method"] != "none"}
     for name, variant in trained.items():
-        pairs = int(variant["steps"]) * int(variant["batch_size"])
+        pairs = variant["steps"] * variant["batch_size"]
         try:
             rate, how = pair_rate(rates, variant)
         except KeyError as missing:
@@ -149,11 +157,11 @@ def stage_costs(params: Mapping[str, Any], rates: Rates) -> list[dict[str, Any]]
             continue
         rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": f"{rate:,.0f} pairs/s",
                      "basis": how, "hours": pairs / rate / 3600})
-    finetune = params.get("finetune") or {}
-    if rates.encode and finetune:
-        per_query = int(finetune["train_n_passages"]) + QUERY_TOKENS / ENCODED_TOKENS   # passage-equivalents
-        r1_queries = MSMARCO_TRIPLES_QUERIES if finetune.get("r1_queries") == "triples" else MSMARCO_TRAIN_QUERIES
-        epochs = int(finetune["epochs"])
+    finetune = params.finetune
+    if rates.encode:
+        per_query = finetune.train_n_passages + QUERY_TOKENS / ENCODED_TOKENS   # passage-equivalents
+        r1_queries = MSMARCO_TRIPLES_QUERIES if finetune.r1_queries == "triples" else MSMARCO_TRAIN_QUERIES
+        epochs = finetune.epochs
         passes = epochs * (r1_queries + MSMARCO_TRAIN_QUERIES) * per_query * 3   # r1 and r2, forward + backward
         for name in variants:
             rows.append({"stage": "finetune (r1 and r2)", "variant": name,
@@ -164,30 +172,29 @@ def stage_costs(params: Mapping[str, Any], rates: Rates) -> list[dict[str, Any]]
         rows.append({"stage": "encode MS MARCO (r1: mining and evaluation, r2: evaluation)", "variant": "all",
                      "work": f"{encodings} x {MSMARCO_PASSAGES:,} passages", "rate": f"{rates.encode:,.0f} passages/s",
                      "basis": "encoding rate", "hours": encodings * MSMARCO_PASSAGES / rates.encode / 3600})
-        evaluate = params.get("evaluate") or {}
-        zero_shot = evaluate.get("zero_shot_variants")
+        evaluate = params.evaluate
+        zero_shot = evaluate.zero_shot_variants
         zero_shot = len(variants) if zero_shot is None else len(zero_shot)
-        retrievers = evaluate.get("zero_shot_retrievers")
+        retrievers = evaluate.zero_shot_retrievers
         retrievers = 2 if retrievers is None else max(1, len(retrievers))
-        beir = params.get("beir_retriever") if (params.get("tables") or {}).get("zero_shot_retriever") == "beir" \
-            else None
+        beir = params.beir_retriever if params.tables.zero_shot_retriever == "beir" else None
         if zero_shot and beir:
-            length = int(beir["passage_max_len"]) / ENCODED_TOKENS
-            per_query = int(beir["train_n_passages"]) * length + QUERY_TOKENS / ENCODED_TOKENS
-            passes = int(beir["epochs"]) * MSMARCO_TRAIN_QUERIES * per_query * 3
+            length = beir.passage_max_len / ENCODED_TOKENS
+            per_query = beir.train_n_passages * length + QUERY_TOKENS / ENCODED_TOKENS
+            passes = beir.epochs * MSMARCO_TRAIN_QUERIES * per_query * 3
             rows.append({"stage": "beir_retriever (Table 2's retriever)", "variant": f"{zero_shot} variants",
-                         "work": f"{zero_shot} x {beir['epochs']} epochs x {MSMARCO_TRAIN_QUERIES:,} queries",
+                         "work": f"{zero_shot} x {beir.epochs} epochs x {MSMARCO_TRAIN_QUERIES:,} queries",
                          "rate": f"{rates.encode:,.0f} passages/s",
-                         "basis": f"3 x the encoding rate's forward, passages at {beir['passage_max_len']} tokens "
+                         "basis": f"3 x the encoding rate's forward, passages at {beir.passage_max_len} tokens "
                                   f"(x{length:.2f})",
                          "hours": zero_shot * passes / rates.encode / 3600})
         if zero_shot:
             count = zero_shot * (1 if beir else retrievers)
-            length = int(beir["passage_max_len"]) / ENCODED_TOKENS if beir else 1.0
+            length = beir.passage_max_len / ENCODED_TOKENS if beir else 1.0
             rows.append({"stage": "encode BEIR (zero-shot)", "variant": f"{zero_shot} variants",
                          "work": f"{count} x {BEIR_UNION_DOCUMENTS:,} documents",
                          "rate": f"{rates.encode:,.0f} passages/s",
-                         "basis": f"encoding rate, {beir['passage_max_len']} tokens (x{length:.2f})" if beir
+                         "basis": f"encoding rate, {beir.passage_max_len} tokens (x{length:.2f})" if beir
                          else "encoding rate",
                          "hours": count * length * BEIR_UNION_DOCUMENTS / rates.encode / 3600})
     rows.append({"stage": "generate queries", "variant": "per million split passages",
@@ -197,7 +204,7 @@ def stage_costs(params: Mapping[str, Any], rates: Rates) -> list[dict[str, Any]]
     return rows
 
 
-def cost_text(params: Mapping[str, Any], rates: Rates) -> str:
+def cost_text(params: Params, rates: Rates) -> str:
     from qac.benchmarking import markdown_table
 
     rows = stage_costs(params, rates)
@@ -206,7 +213,7 @@ def cost_text(params: Mapping[str, Any], rates: Rates) -> str:
         head = f"GPU-hours on one {rates.device}, measured {rates.date} ({rates.source})."
     else:
         head = f"GPU-hours on one {rates.device}: NOT measured, {rates.source}."
-    head = f"profile {params['profile']}: {head}"
+    head = f"profile {params.profile}: {head}"
     table = markdown_table([{**row, "hours": f"{row['hours']:,.1f}" if row["hours"] is not None else "n/a"}
                             for row in rows], ["stage", "variant", "work", "rate", "basis", "hours"])
     return f"{head}\n\n{table}\n\nTotal (query generation apart): {known:,.0f} GPU-hours."
@@ -214,6 +221,7 @@ def cost_text(params: Mapping[str, Any], rates: Rates) -> str:
 
 def print_cost(name: str, figures: str | Path | None = None) -> int:
     from qac.config import render_profile
+    from qac.params import validate_params
 
-    print(cost_text(render_profile(name), load_rates(figures)))
+    print(cost_text(validate_params(render_profile(name)), load_rates(figures)))
     return 0

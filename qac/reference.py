@@ -18,7 +18,10 @@ and ``.per_query.json`` for each retriever (``slug``: the spec with ``/`` as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from qac.params.sections import EvaluateSection, Params
 
 REFERENCE_DIR = "reference"
 INDEX_FILE = "references.json"
@@ -29,25 +32,25 @@ def reference_slug(spec: str) -> str:
     return spec.replace("/", "--")
 
 
-def reference_specs(params: Mapping[str, Any]) -> list[str]:
-    return list(params.get("reference_retrievers") or [])
+def reference_specs(params: Params) -> list[str]:
+    return list(params.reference_retrievers)
 
 
-def reference_settings(params: Mapping[str, Any], spec: str) -> dict[str, Any]:
+def reference_settings(params: Params, spec: str) -> dict[str, Any]:
     """How ``spec`` was trained to encode (``encoders.<spec>``), and its published figures.
 
     A reference retriever without an ``encoders`` entry would be scored with
     settings it was not trained with, so that is refused with the key to add.
     """
-    entry = (params.get("encoders") or {}).get(spec)
+    entry = params.encoders.get(spec)
     if entry is None:
         raise ValueError(f"params: reference_retrievers names {spec!r}, but encoders.{spec} is missing: give its "
                          "pooling, normalize, query_max_len, passage_max_len and published figures")
-    return {key: entry.get(key, []) if key == "published" else entry[key]
+    return {key: getattr(entry, key)
             for key in ("pooling", "normalize", "query_max_len", "passage_max_len", "published")}
 
 
-def published_figure(params: Mapping[str, Any], spec: str, dataset: str | None, split: str | None,
+def published_figure(params: Params, spec: str, dataset: str | None, split: str | None,
                      measure: str | None) -> dict[str, Any] | None:
     """The published figure of ``spec`` for one measure (``value`` a fraction, ``source``), or None."""
     for figure in reference_settings(params, spec)["published"]:
@@ -56,7 +59,7 @@ def published_figure(params: Mapping[str, Any], spec: str, dataset: str | None, 
     return None
 
 
-def evaluate_reference(model, tokenizer, dataset, *, settings: Mapping[str, Any], encoding: Mapping[str, Any],
+def evaluate_reference(model, tokenizer, dataset, *, settings: EvaluateSection, encoding: Mapping[str, Any],
                        separator: str, device, out_dir: Path) -> dict:
     """Encode ``dataset``'s corpus with a released retriever, search every evaluation split, score it.
 
@@ -70,24 +73,24 @@ def evaluate_reference(model, tokenizer, dataset, *, settings: Mapping[str, Any]
     from qac.retrieval.dense import search_splits
     from qac.retrieval.encode import encode_texts
 
-    options = dict(batch_size=settings.get("batch_size", 128), device=device, normalize=encoding["normalize"],
-                   loader_workers=settings.get("loader_workers", 0))
+    options = dict(batch_size=settings.batch_size, device=device, normalize=encoding["normalize"],
+                   loader_workers=settings.loader_workers)
     doc_ids = list(dataset.corpus)
     texts = [document_text(dataset.corpus[d].title, dataset.corpus[d].text, separator) for d in doc_ids]
     vectors = encode_texts(model.encoder, tokenizer, texts, max_length=encoding["passage_max_len"],
                            pooling=model.pooling, desc=f"encode {dataset.name} corpus", **options)
     runs = search_splits(model, tokenizer, dataset, doc_ids, vectors, query_max_len=encoding["query_max_len"],
-                         depth=settings["depth"], **options)
+                         depth=settings.depth, **options)
     results = {}
     for split, run in runs.items():
         write_run(out_dir / f"{split}.trec", run, tag="reference")
-        result = evaluate_split(dataset, split, run, settings["metrics"])
+        result = evaluate_split(dataset, split, run, settings.metrics)
         write_json(out_dir / f"{split}.per_query.json", result.per_query)
         results[split] = result
     return results
 
 
-def evaluate_references(params: Mapping[str, Any]) -> list[str]:
+def evaluate_references(params: Params) -> list[str]:
     """Stage ``reference``: every ``reference_retrievers`` model evaluated as published on the in-domain set.
 
     Writes ``data/<profile>/reference/`` as one unit (``references.json`` naming the retrievers, even
@@ -111,9 +114,9 @@ def evaluate_references(params: Mapping[str, Any]) -> list[str]:
         encodings = {spec: reference_settings(params, spec) for spec in specs}
     except ValueError as error:
         raise SystemExit(str(error)) from None
-    dataset_name = params["train_dataset"]
+    dataset_name = params.train_dataset
     dataset_dir = root / "datasets" / dataset_name
-    settings = params["evaluate"]
+    settings = params.evaluate
     device = init_distributed().device
     out_dir = root / REFERENCE_DIR
     facts = []
@@ -122,7 +125,7 @@ def evaluate_references(params: Mapping[str, Any]) -> list[str]:
         for spec in specs:
             encoding = encodings[spec]
             with tracked_stage(params, "reference", run_name("reference", spec), kind="baseline",
-                               stage_params={"model": spec, "depth": settings["depth"], "retriever": "reference",
+                               stage_params={"model": spec, "depth": settings.depth, "retriever": "reference",
                                              **{k: v for k, v in encoding.items() if k != "published"}},
                                inputs={"dataset": dataset_dir}, tags={"qac.retriever": "reference",
                                                                       "qac.reference": spec},
@@ -130,7 +133,7 @@ def evaluate_references(params: Mapping[str, Any]) -> list[str]:
                 tokenizer = load_tokenizer(spec)
                 model = BiEncoder.from_pretrained(spec, pooling=encoding["pooling"],
                                                   normalize=encoding["normalize"]).to(device)
-                separator = title_separator(params["finetune"].get("title_join", "space"), tokenizer)
+                separator = title_separator(params.finetune.title_join, tokenizer)
                 target = Path(staging) / reference_slug(spec) / dataset_name
                 results = {}
                 for subset, dataset in parts:
@@ -141,7 +144,7 @@ def evaluate_references(params: Mapping[str, Any]) -> list[str]:
                     tracking.log_dataset_inputs(folder, "evaluation", splits=list(results))
                 for split, result in results.items():
                     tracking.log_evaluation(result, dataset_name, split)
-            measure = settings["metrics"][0]
+            measure = settings.metrics[0]
             facts += [f"{spec} {dataset_name}/{split} {measure} {result.aggregate[measure]:.3f}"
                       for split, result in results.items()]
         write_json(Path(staging) / INDEX_FILE, {"reference_retrievers": specs})

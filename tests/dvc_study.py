@@ -9,13 +9,18 @@ from the values below.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import Any
+
+from qac.params import Params, validate_params
 
 PROFILE = "smoke"
 SEED = 3
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-PARAMS = {
+# What the study's params file says (the tests that run a command write it as YAML); PARAMS is it checked.
+RAW_PARAMS = {
     "profile": PROFILE,
     "seed": SEED,
     "data_dir": "data",
@@ -49,6 +54,15 @@ PARAMS = {
     },
     "check": {"expected": "expected/smoke.yaml"},
 }
+
+
+def study_params(**sections: Any) -> Params:
+    """The study's parameters with ``sections`` (top-level keys) replacing its own, merged onto
+    ``profiles/base.yaml`` and checked, as a partial params file is read."""
+    return validate_params({**copy.deepcopy(RAW_PARAMS), **sections}, complete=False)
+
+
+PARAMS = study_params()
 RR = "SciFact test RR@10 [paper: MS MARCO dev MRR@10]"
 HIT50 = "SciFact test R@50 (hit rate) [paper: MS MARCO dev R@50 (hit rate)]"
 DL20 = "TREC DL20 nDCG@10 [paper: TREC DL20 nDCG@10]"

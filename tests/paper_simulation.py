@@ -26,6 +26,8 @@ from typing import Mapping
 
 import numpy as np
 
+from qac.params import Params
+
 QUERY_COUNTS = {"dev": 6980, "dl19": 43, "dl20": 54,
                 "trec-covid": 50, "nfcorpus": 323, "nq": 3452, "hotpotqa": 7405, "fiqa": 648, "arguana": 1406,
                 "webis-touche2020": 49, "cqadupstack": 13145, "quora": 10000, "dbpedia-entity": 400,
@@ -74,15 +76,15 @@ def simulated_values(measure: str, mean: float, n: int, seed: int) -> np.ndarray
     raise ValueError(f"no simulated shape for {measure}")
 
 
-def _measure_of(params: Mapping, cell) -> str:
+def _measure_of(params: Params, cell) -> str:
     if cell.table == "table2_beir":
         return "nDCG@10"
     column = {"r1_mrr@10": "mrr@10", "r2_mrr@10": "mrr@10", "r1_r@50": "r@50"}.get(cell.column, cell.column)
-    spec = next(spec for spec in params["tables"]["in_domain_columns"] if spec.get("paper") == column)
-    return spec["measure"]
+    spec = next(spec for spec in params.tables.in_domain_columns if spec.paper == column)
+    return spec.measure
 
 
-def write_paper_outputs(params: Mapping, root: Path, shift: Mapping[str, float] | None = None) -> dict:
+def write_paper_outputs(params: Params, root: Path, shift: Mapping[str, float] | None = None) -> dict:
     """Write the per-query files of every produced, published cell of the paper profile under ``root``.
 
     ``shift`` adds points (percent) or nDCG (fraction) to a measure's mean in
@@ -109,7 +111,7 @@ def write_paper_outputs(params: Mapping, root: Path, shift: Mapping[str, float] 
         n = QUERY_COUNTS[split if split != "test" else dataset]
         values = simulated_values(measure, target, n, seed)
         files.setdefault(output, {})[measure] = {f"q{i}": float(v) for i, v in enumerate(values)}
-    prefix = f"{params.get('data_dir', 'data')}/{params['profile']}/"
+    prefix = f"{params.data_dir}/{params.profile}/"
     for output, measures in files.items():
         path = root / output.removeprefix(prefix)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -313,7 +313,10 @@ def test_annotation_stage_logs_table5_run(study_inputs, beir_dataset, tiny_bert_
     out = data / "annotation"
     assert sorted(p.name for p in out.iterdir()) == ["key.csv", "labels.csv", "sheet.csv", "summary.json"]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    table = table5_annotation(TableContext.from_params(load_study(params), params))
+    from qac.params import load_params
+
+    checked = load_params(work / "params.yaml")
+    table = table5_annotation(TableContext.from_params(load_study(checked), checked))
     run_id = json.loads((data / ".runs" / "annotation" / "mlflow_run.json").read_text(encoding="utf-8"))["run_id"]
     pq = table.cell("passage-query", "high correlation %")
     assert pq.run_id == run_id

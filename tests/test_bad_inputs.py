@@ -20,6 +20,7 @@ from qac.data.errors import DataFormatError
 from qac.data.msmarco import read_msmarco_documents, read_passage_collection
 from qac.data.prepared import prepare_dataset
 from qac.data.sources import DatasetSpec, Source, read_dataset
+from qac.params.sections import DatasetEntry
 from qac.data.trec import read_topics, read_trec_qrels
 from qac.evaluation.trec_io import read_qrels, read_run, write_run
 
@@ -74,7 +75,7 @@ def test_a_split_left_with_no_query_is_an_error_naming_its_qrels(tmp_path):
     write(folder / "queries.jsonl", json.dumps({"_id": "q1", "text": "a query"}) + "\n")
     write(folder / "qrels" / "test.tsv", HEADER + "q1\td1\t1\n")
     write(folder / "qrels" / "dev.tsv", HEADER + "q9\td1\t1\n")        # a query the queries file lacks
-    spec = DatasetSpec.from_params("tiny", {"format": "beir", "splits": ["test", "dev"]})
+    spec = DatasetSpec.from_params("tiny", DatasetEntry(format="beir", splits=["test", "dev"]))
     dataset = read_dataset(spec, Source("mirror", folder, "mirror:tiny"))
     with pytest.raises(DataFormatError) as caught:
         prepare_dataset(dataset)

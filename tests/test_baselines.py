@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from qac.config import render_profile
+from qac.params import validate_params
 from qac.retrieval.dense import baseline_settings, start_encoder
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_the_default_profiles_start_encoder_is_evaluated_as_its_model_card_runs_it():
-    params = render_profile("default", REPO / "profiles")
+    params = validate_params(render_profile("default", REPO / "profiles"))
     assert start_encoder(params) == "minilm"
     settings = baseline_settings(params, "minilm")
     assert (settings["pooling"], settings["normalize"], settings["query_max_len"], settings["passage_max_len"]) == \
@@ -22,11 +23,11 @@ def test_the_default_profiles_start_encoder_is_evaluated_as_its_model_card_runs_
     assert [(f["dataset"], f["split"], f["measure"], f["value"]) for f in settings["published"]] == \
         [("scifact", "test", "nDCG@10", 0.6451)]
     # The fine-tuned rows keep the profile's fine-tuning pooling: the methods pre-train the [CLS] bottleneck.
-    assert params["finetune"]["pooling"] == "cls"
+    assert params.finetune.pooling == "cls"
 
 
 def test_a_model_the_params_do_not_describe_is_evaluated_as_fine_tuned():
-    params = render_profile("paper", REPO / "profiles")
+    params = validate_params(render_profile("paper", REPO / "profiles"))
     assert start_encoder(params) == "bert-base-uncased"
     settings = baseline_settings(params, "bert-base-uncased")
     assert (settings["pooling"], settings["normalize"], settings["published"]) == ("cls", False, [])
@@ -47,19 +48,18 @@ def test_normalised_encodings_have_unit_length_and_keep_their_direction(tiny_ber
 
 
 def test_table1_shows_the_published_figure_beside_the_untuned_row(tmp_path):
-    from dvc_study import PARAMS, write_study
+    from dvc_study import RAW_PARAMS, study_params, write_study
 
     from qac.reporting.lineage import load_study
     from qac.reporting.render import cell_text, to_csv
     from qac.reporting.tables import build_tables
 
-    params = {**PARAMS, "evaluate": {"untuned_baseline": True},
-              "finetune": {"pooling": "cls", "query_max_len": 16, "passage_max_len": 64},
-              "pretrain": {**PARAMS["pretrain"], "common": {**PARAMS["pretrain"]["common"], "init": "minilm"}},
-              "encoders": {"minilm": {"pooling": "mean", "normalize": True, "query_max_len": 256,
-                                      "passage_max_len": 256, "published": [
-                                          {"dataset": "scifact", "split": "test", "measure": "RR@10",
-                                           "value": 0.8, "source": "a model card"}]}}}
+    params = study_params(
+        evaluate={"untuned_baseline": True}, finetune={"pooling": "cls", "query_max_len": 16, "passage_max_len": 64},
+        pretrain={**RAW_PARAMS["pretrain"], "common": {**RAW_PARAMS["pretrain"]["common"], "init": "minilm"}},
+        encoders={"minilm": {"pooling": "mean", "normalize": True, "query_max_len": 256, "passage_max_len": 256,
+                             "published": [{"dataset": "scifact", "split": "test", "measure": "RR@10",
+                                            "value": 0.8, "source": "a model card"}]}})
     root = write_study(tmp_path)
     table = build_tables(load_study(params, root), params)[0]
     row = "start encoder, not fine-tuned"

@@ -14,6 +14,7 @@ import yaml
 
 from qac.data.errors import DatasetUnavailableError
 from qac.data.hard_negatives import HardNegativesError, locate_hard_negatives, read_hard_negatives
+from qac.params import validate_params, with_values
 from qac.train.zero_shot import recipe_settings, trained_variants
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +74,9 @@ def test_a_malformed_line_names_file_line_and_field(tmp_path, line, message):
 
 
 def test_the_file_is_looked_for_in_the_mirror_then_the_cache(tmp_path):
-    source = {"mirror": "hn/msmarco-hard-negatives.jsonl.gz", "url": None, "md5": None}
+    from qac.params.sections import HardNegativesSource
+
+    source = HardNegativesSource(mirror="hn/msmarco-hard-negatives.jsonl.gz", url=None, md5=None)
     with pytest.raises(DatasetUnavailableError, match="no url is declared"):
         locate_hard_negatives(source, mirror=tmp_path / "mirror", downloads=tmp_path / "downloads")
     cached = write_file(tmp_path / "downloads" / "msmarco-hard-negatives" / "msmarco-hard-negatives.jsonl.gz", UNSCORED)
@@ -87,8 +90,8 @@ def test_cosine_mnrl_is_infonce_over_unit_vectors_at_temperature_one_over_scale(
     from qac.models.loading import load_tokenizer
     from qac.models.biencoder import BiEncoder
 
-    params = render_profile("paper")
-    settings = recipe_settings(params["beir_retriever"], seed=0)
+    params = validate_params(render_profile("paper"))
+    settings = recipe_settings(params)
     assert (settings.pooling, settings.similarity, settings.temperature) == ("mean", "cosine", 1 / 20)
     assert (settings.batch_size, settings.passage_max_len, settings.train_n_passages) == (75, 350, 2)
     model = BiEncoder.from_pretrained(tiny_bert_dir, pooling="mean", temperature=settings.temperature,
@@ -105,20 +108,20 @@ def test_cosine_mnrl_is_infonce_over_unit_vectors_at_temperature_one_over_scale(
     expected = torch.nn.functional.cross_entropy(cosines, torch.tensor([0, 2])).item()
     # The loss takes its cross-entropy in float32 (infonce_loss): logits up to 20 carry ~20 * 2**-24 each.
     assert math.isclose(loss, expected, abs_tol=20 * 2 ** -24 * 8)
-    dot = recipe_settings({**params["beir_retriever"], "loss": "dot_infonce", "scale": 1.0, "pooling": "cls"}, 0)
+    dot = recipe_settings(with_values(params, {"beir_retriever.loss": "dot_infonce", "beir_retriever.scale": 1.0,
+                                               "beir_retriever.pooling": "cls"}))
     assert (dot.similarity, dot.temperature, dot.pooling) == ("dot", 1.0, "cls")
 
 
 def test_only_the_beir_value_trains_and_only_table_2s_variants(tmp_path):
     from qac.config import render_profile
 
-    paper = render_profile("paper")
-    assert paper["tables"]["zero_shot_retriever"] == "beir"
-    assert trained_variants(paper) == [v for v in paper["pretrain"]["variants"]
-                                       if v in paper["evaluate"]["zero_shot_variants"]]
+    paper = validate_params(render_profile("paper"))
+    assert paper.tables.zero_shot_retriever == "beir"
+    assert trained_variants(paper) == [v for v in paper.pretrain.variants if v in paper.evaluate.zero_shot_variants]
     for name in ("smoke", "default"):
-        params = render_profile(name)
-        assert params["tables"]["zero_shot_retriever"] == "r1" and trained_variants(params) == []
+        params = validate_params(render_profile(name))
+        assert params.tables.zero_shot_retriever == "r1" and trained_variants(params) == []
 
 
 def beir_project(tmp_path, monkeypatch, tiny_bert_dir, retriever: str) -> tuple[dict, str]:
@@ -162,7 +165,8 @@ def beir_project(tmp_path, monkeypatch, tiny_bert_dir, retriever: str) -> tuple[
 @pytest.mark.parametrize("retriever", ["beir", "r1"])
 def test_the_stage_trains_and_scores_the_zero_shot_retriever_only_for_beir(retriever, tmp_path, monkeypatch,
                                                                           tiny_bert_dir, mlflow_store):
-    from qac.reporting.lineage import Study, read_json
+    from qac.params import load_params
+    from qac.reporting.lineage import load_study, read_json
     from qac.tracking import read_run_record
     from test_release_data import load_stage
 
@@ -181,7 +185,7 @@ def test_the_stage_trains_and_scores_the_zero_shot_retriever_only_for_beir(retri
     assert metrics[variant]["train"]["queries"] == 2      # q12 is not a training query
     assert metrics[variant]["train"]["steps"] == 2        # 2 queries, batch 2, 2 epochs
     assert 0.0 <= metrics[variant]["tiny"]["test"]["nDCG@10"] <= 1.0
-    study = Study(tmp_path / "data" / "test", params["pretrain"]["variants"], "test")
+    study = load_study(load_params(tmp_path / "params.yaml"), tmp_path / "data" / "test")
     source = study.finetuned(variant, "beir")
     record = read_run_record(Path("data/test"), Path("data/test/beir") / variant / "encoder")
     assert source is not None and record is not None and source.run_id == record["run_id"]

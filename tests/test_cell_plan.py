@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import re
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from qac.config import render_profile
+from qac.params import validate_params, with_values
 from qac.reporting.cell_plan import CITED, DERIVED, MISSING, PRODUCED, plan_cells, plan_unpublished_cells
 from qac.reporting.paper import load_paper_results
 
@@ -19,7 +19,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def paper_params():
-    return render_profile("paper", REPO / "profiles")
+    return validate_params(render_profile("paper", REPO / "profiles"))
+
+
+def without_variant(params, name: str, **tables):
+    """``params`` without pretrain variant ``name`` (and with ``tables`` keys set): a profile lacking a run."""
+    variants = {key: spec.to_dict() for key, spec in params.pretrain.variants.items() if key != name}
+    return with_values(params, {"pretrain.variants": variants, **{f"tables.{k}": v for k, v in tables.items()}})
 
 
 def _paper_configuration(table: str, row: str, column: str) -> tuple[str, str, int | None]:
@@ -86,8 +92,7 @@ def test_cited_and_derived_cells_are_exactly_the_papers_borrowed_rows_and_the_av
     # The paper profile runs the paper's BM25 (Anserini's k1 0.82 / b 0.68, title-less, Lucene's analyzer as
     # close as bm25s allows): produced and compared. Another BM25 is only cited.
     assert {c.status for c in cells if c.row == "BM25"} == {PRODUCED}
-    params = copy.deepcopy(paper_params)
-    params["bm25"].update({"k1": 0.9, "b": 0.4})
+    params = with_values(paper_params, {"bm25.k1": 0.9, "bm25.b": 0.4})
     bm25 = [c for c in plan_cells(params) if c.row == "BM25"]
     assert len(bm25) == 5 and all(c.status == CITED and "k1 0.9 (paper 0.82), b 0.4 (paper 0.68)" in c.reason
                                   for c in bm25)
@@ -95,8 +100,7 @@ def test_cited_and_derived_cells_are_exactly_the_papers_borrowed_rows_and_the_av
     assert [c.paper for c in table5] == [35.5, 56.5]
     assert all(c.status == CITED and "human majority labels" in c.reason for c in table5)
     # With human labels, Table 5 is the paper's configuration, and produced.
-    params = copy.deepcopy(paper_params)
-    params["annotation"]["human_sheets"] = ["annotation/group1.csv"]
+    params = with_values(paper_params, {"annotation.human_sheets": ["annotation/group1.csv"]})
     assert {c.status for c in plan_cells(params) if c.table == "table5_pair_correlation"} == {PRODUCED}
 
 
@@ -133,14 +137,12 @@ def test_every_compared_cell_is_a_run_of_the_papers_configuration(paper_params):
     assert len(bm25) == 5 and all(c.outputs[0].startswith("data/paper/bm25/runs/msmarco-passage/") for c in bm25)
     assert {key: paper_params["bm25"][key] for key in ("k1", "b", "in_domain_title")} == {
         "k1": 0.82, "b": 0.68, "in_domain_title": False}
-    params = copy.deepcopy(paper_params)
-    params["bm25"]["in_domain_title"] = True
+    params = with_values(paper_params, {"bm25.in_domain_title": True})
     assert not [c for c in plan_cells(params) if c.row == "BM25" and c.compared]
 
 
 def test_a_missing_variant_is_reported_never_replaced_by_another_c(paper_params):
-    params = copy.deepcopy(paper_params)
-    del params["pretrain"]["variants"]["cotmae-query-q10"]
+    params = without_variant(paper_params, "cotmae-query-q10")
     cells = [c for c in plan_cells(params) if c.table == "table3_query_count" and c.row == "CoT-MAE q=10"]
     assert [c.status for c in cells] == [MISSING, MISSING]
     assert all(c.variant is None and "C = 10" in c.reason for c in cells)
@@ -174,10 +176,8 @@ def test_table3_cells_the_paper_prints_but_paper_results_lacks_are_planned_from_
     r2 = next(c for c in cells if (c.row, c.column) == ("CoT-MAE q=10", "r2_mrr@10"))
     assert r2.variant == "cotmae-query-q10" and r2.outputs[1] == "data/paper/finetune/cotmae-query-q10/r2"
     # A missing variant or column is reported, never replaced by another C's run or another column.
-    params = copy.deepcopy(paper_params)
-    del params["pretrain"]["variants"]["cotmae-query-q10"]
-    params["tables"]["in_domain_columns"] = [c for c in params["tables"]["in_domain_columns"]
-                                             if c["paper"] != "ndcg@10_dl20"]
+    params = without_variant(paper_params, "cotmae-query-q10", in_domain_columns=[
+        c.to_dict() for c in paper_params.tables.in_domain_columns if c.paper != "ndcg@10_dl20"])
     missing = [c for c in plan_unpublished_cells(params) if c.status == MISSING]
     assert {(c.row, c.column) for c in missing} == (
         {("CoT-MAE q=10", column) for column in ("r2_mrr@10", "r2_r@50", "ndcg@10_dl19", "ndcg@10_dl20")}

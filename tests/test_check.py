@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_study import HIT50, PARAMS, PROFILE, RR, write_study
+from dvc_study import HIT50, PROFILE, RAW_PARAMS, RR, write_study
+
+from qac.params import validate_params
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +22,7 @@ def project(tmp_path, monkeypatch):
     """A working directory with data/smoke/ (tests/dvc_study.py) and a params file naming expected/smoke.yaml."""
     write_study(tmp_path)
     params_path = tmp_path / "params.yaml"
-    params_path.write_text(yaml.safe_dump(PARAMS), encoding="utf-8")
+    params_path.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -153,8 +155,8 @@ def test_paper_profile_expects_the_papers_values():
     from qac.reporting.lineage import load_study
     from qac.reporting.tables import build_tables
 
-    params = render_profile("paper", REPO_ROOT / "profiles")
-    path = REPO_ROOT / params["check"]["expected"]
+    params = validate_params(render_profile("paper", REPO_ROOT / "profiles"))
+    path = REPO_ROOT / params.check.expected
     profile, cells = load_expected(path)
     assert profile == "paper"
     tables = build_tables(load_study(params, REPO_ROOT / "no-such-outputs", declared_variants=True), params)
@@ -212,7 +214,7 @@ def paper_params(tmp_path_factory):
     params["tables"]["permutations"] = 100
     path = tmp_path_factory.mktemp("paper") / "params.yaml"
     path.write_text(yaml.safe_dump(params), encoding="utf-8")
-    return params, path
+    return validate_params(params), path
 
 
 PAPER_EXPECTED = REPO_ROOT / "profiles" / "expected" / "paper.yaml"

@@ -18,10 +18,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from qac.cluster import ClusterSettingsError, plan_jobs, stage_resources, write_slurm_scripts
-from qac.params import load_params, profile_params_path
+from qac.params import ParamsError, load_params, profile_params_path, validate_params, with_values
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -104,7 +103,7 @@ def test_paper_jobs_follow_the_dvc_graph(paper_graph, tmp_path, monkeypatch, cap
     for stage, command, _ in paper_graph:
         script = (out_dir / (stage.replace("@", "-") + ".sbatch")).read_text()
         options = directives(script)
-        resources = stage_resources(params["cluster"], stage)
+        resources = stage_resources(params.cluster, stage)
         assert "requeue" in options and options["nodes"] == str(resources.nodes)
         bash = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
         assert bash.returncode == 0, (stage, bash.stderr)
@@ -121,18 +120,18 @@ def test_paper_jobs_follow_the_dvc_graph(paper_graph, tmp_path, monkeypatch, cap
         assert script.index("dvc --wait-for-lock status --quiet") < script.index("dvc --wait-for-lock commit --force")
 
     # The paper's GPU layout: multi-node generation, 8-GPU pre-training, CPU-only preparation and tables.
-    assert stage_resources(params["cluster"], "generate_queries").nodes == 2
-    assert stage_resources(params["cluster"], "pretrain@cotmae-mixed").distributed
-    assert not stage_resources(params["cluster"], "pretrain@none").gpus_per_node
-    assert not stage_resources(params["cluster"], "tables").gpus_per_node
+    assert stage_resources(params.cluster, "generate_queries").nodes == 2
+    assert stage_resources(params.cluster, "pretrain@cotmae-mixed").distributed
+    assert not stage_resources(params.cluster, "pretrain@none").gpus_per_node
+    assert not stage_resources(params.cluster, "tables").gpus_per_node
     assert "dvc exp run --run-all --jobs 8" in (out_dir / "sweep.sbatch").read_text()
 
 
 @pytest.mark.slow
 def test_the_shared_cache_and_root_are_set_before_any_submission(paper_graph, tmp_path):
-    params = load_params(profile_params_path("paper")).to_dict()
-    params["cluster"].update(shared_root=str(tmp_path / "shared" / "qac"), dvc_cache=str(tmp_path / "cache"),
-                             partition="gpu", setup=["source .venv/bin/activate"])
+    params = with_values(load_params(profile_params_path("paper")), {
+        "cluster.shared_root": str(tmp_path / "shared" / "qac"), "cluster.dvc_cache": str(tmp_path / "cache"),
+        "cluster.partition": "gpu", "cluster.setup": ["source .venv/bin/activate"]})
     (tmp_path / "shared" / "qac").mkdir(parents=True)
     write_slurm_scripts("paper", params, paper_graph, tmp_path / "slurm", root=REPO)
     calls = run_submit(tmp_path / "slurm", tmp_path)
@@ -149,33 +148,45 @@ GRAPH = [("prepare@a", "python pipelines/prepare.py --dataset a", ()),
 DEFAULT = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 2, "mem": "4G", "time": "1:00:00", "distributed": False}
 
 
+def cluster_params(stages: dict) -> dict:
+    """A partial params file naming only its cluster resources."""
+    return {"profile": "smoke", "cluster": {"default": DEFAULT, "stages": stages}}
+
+
 @pytest.mark.parametrize("stages, message", [
     ({"trian": {"nodes": 2}}, "cluster.stages.trian: no such stage in the pipeline"),
-    ({"train": {"gpus": 2}}, "cluster.stages.train.gpus: unknown resource"),
     ({"train": {"nodes": 2}}, "cluster.stages.train: 2 nodes need distributed: true"),
-    ({"train": {"gpus_per_node": -1}}, "cluster.stages.train.gpus_per_node: expected a non-negative integer"),
     ({"report": {"distributed": True}}, "stage report: distributed: true needs a `python SCRIPT ...` command"),
 ])
 def test_bad_cluster_settings_name_the_key_and_write_nothing(stages, message, tmp_path):
-    params = {"cluster": {"default": DEFAULT, "stages": stages}}
+    params = validate_params(cluster_params(stages), complete=False)
     with pytest.raises(ClusterSettingsError, match=re.escape(message)):
         write_slurm_scripts("smoke", params, GRAPH, tmp_path / "slurm", root=tmp_path)
     assert not (tmp_path / "slurm").exists()
 
 
+@pytest.mark.parametrize("stages, key", [
+    ({"train": {"gpus": 2}}, "cluster.stages.train.gpus"),
+    ({"train": {"gpus_per_node": -1}}, "cluster.stages.train.gpus_per_node"),
+])
+def test_a_resource_the_schema_refuses_stops_the_params_before_any_script(stages, key):
+    with pytest.raises(ParamsError, match=re.escape(key)):
+        validate_params(cluster_params(stages), complete=False)
+
+
 def test_overrides_go_from_default_to_base_name_to_full_name():
-    params = {"cluster": {"default": DEFAULT, "stages": {
+    params = validate_params(cluster_params({
         "prepare": {"cpus_per_task": 8}, "prepare@a": {"mem": "32G"},
-        "train": {"nodes": 2, "gpus_per_node": 4, "distributed": True}}}}
+        "train": {"nodes": 2, "gpus_per_node": 4, "distributed": True}}), complete=False)
     prepare, train, report = plan_jobs(params, GRAPH)
     assert (prepare.resources.cpus_per_task, prepare.resources.mem, prepare.resources.time) == (8, "32G", "1:00:00")
     assert train.resources.processes_per_node == 4 and train.resources.nodes == 2
-    assert report.resources == stage_resources(params["cluster"], "report")
+    assert report.resources == stage_resources(params.cluster, "report")
     assert report.upstream == ("train",)
 
 
 def test_every_profile_declares_usable_cluster_settings():
     for name in ("smoke", "default", "paper"):
-        params = yaml.safe_load(profile_params_path(name).read_text())
+        params = load_params(profile_params_path(name))
         for stage in ("prepare@x", "generate_queries", "pretrain@none", "tables"):
-            stage_resources(params["cluster"], stage)
+            stage_resources(params.cluster, stage)

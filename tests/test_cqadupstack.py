@@ -15,6 +15,7 @@ import yaml
 from qac.data.errors import DataFormatError
 from qac.data.prepared import load_prepared, load_prepared_parts
 from qac.data.sources import DatasetSpec
+from qac.params.sections import DatasetEntry
 from qac.io import file_md5
 
 from stages import load_stage
@@ -60,13 +61,21 @@ def site(tmp_path):
 
 def test_subsets_must_name_folders_of_a_beir_dataset():
     entry = {"format": "beir", "splits": ["test"], "subsets": ["android", "gis"]}
-    assert DatasetSpec.from_params("cqadupstack", entry).corpus_files()[:2] == [("android/corpus.jsonl",),
-                                                                                ("android/queries.jsonl",)]
+    spec = DatasetSpec.from_params("cqadupstack", DatasetEntry.model_validate(entry))
+    assert spec.corpus_files()[:2] == [("android/corpus.jsonl",), ("android/queries.jsonl",)]
     for bad in ("android", ["android", "android"], ["../etc"]):
-        with pytest.raises(ValueError, match="subsets"):
-            DatasetSpec.from_params("cqadupstack", {**entry, "subsets": bad})
-    with pytest.raises(ValueError, match="subsets"):
-        DatasetSpec.from_params("cqadupstack", {**entry, "format": "msmarco-passage"})
+        assert "datasets.cqadupstack.subsets" in checked_entry_problems({**entry, "subsets": bad}), bad
+    assert "datasets.cqadupstack.subsets" in checked_entry_problems({**entry, "format": "msmarco-passage"})
+
+
+def checked_entry_problems(entry: dict) -> str:
+    """What checking the smoke profile with ``entry`` as ``datasets.cqadupstack`` says (the rules across keys
+    included)."""
+    from qac.params import ParamsError, load_params, profile_params_path, with_values
+
+    with pytest.raises(ParamsError) as caught:
+        with_values(load_params(profile_params_path("smoke")), {"datasets.cqadupstack": entry})
+    return str(caught.value)
 
 
 def test_two_forums_are_prepared_apart_and_averaged_into_one_figure(site, tmp_path, monkeypatch, mlflow_store):

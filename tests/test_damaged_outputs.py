@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_study import PARAMS, write_study
+from dvc_study import RAW_PARAMS, write_study
 from qac.cli import main as qac_main
 
 
@@ -34,7 +34,7 @@ def test_qac_tables_names_a_damaged_output_and_its_stage(tmp_path, capsys, relat
     data = write_study(tmp_path / "data" / "smoke")
     damage(data / relative, how)
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(PARAMS), encoding="utf-8")
+    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
     code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
                      "--no-mlflow", "--quiet"])
     err = capsys.readouterr().err

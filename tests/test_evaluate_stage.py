@@ -140,9 +140,11 @@ def test_retriever_one_in_domain_is_scored_from_the_runs_searched_with_the_minin
     from qac.models.loading import load_tokenizer
     from qac.retrieval import title_separator
     from qac.models.biencoder import BiEncoder
+    from qac.params import load_params
     from qac.train.finetune import FinetuneSettings
 
-    root, params = evaluated
+    root, _ = evaluated
+    params = load_params(root / "params.yaml")
     data = root / "data" / "smoke"
     assert sorted(ENCODED) == sorted({(r, d) for r in RETRIEVERS for d in DATASETS} - {("r1", "tinyset")})
     shared = read_run(data / "finetune" / "none" / "r1_runs" / "test.trec")
@@ -151,17 +153,17 @@ def test_retriever_one_in_domain_is_scored_from_the_runs_searched_with_the_minin
     from qac.stages.retrievers import evaluate_retriever_on
     from qac.models.encoding import Encoding
 
-    settings = FinetuneSettings.from_params(params["finetune"], params["seed"])
+    settings = FinetuneSettings.from_params(params.finetune, params.seed)
     folder = data / "finetune" / "none" / "r1"
     tokenizer = load_tokenizer(str(folder))
     dataset = load_prepared(data / "datasets" / "tinyset")
     results = evaluate_retriever_on(
         BiEncoder.from_pretrained(folder, pooling=settings.pooling), tokenizer, dataset,
-        settings={**params["evaluate"], "batch_size": params["finetune"]["encode_batch_size"]},
+        settings=params.evaluate.model_copy(update={"batch_size": params.finetune.encode_batch_size}),
         encoding=Encoding(pooling=settings.pooling, normalize=False, query_max_len=settings.query_max_len,
                           passage_max_len=settings.corpus_length), device="cpu",
         out_dir=root / "fresh" / "r1" / "tinyset",
-        separator=title_separator(params["finetune"].get("title_join", "space"), tokenizer))
+        separator=title_separator(params.finetune.title_join, tokenizer))
     assert read_run(root / "fresh" / "r1" / "tinyset" / "test.trec") == shared
     logged = json.loads((data / "metrics" / "eval" / "none.json").read_text())["r1"]["tinyset"]["test"]
     assert logged == results["test"].aggregate

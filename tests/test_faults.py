@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_study import PARAMS, PROFILE, write_study
+from dvc_study import RAW_PARAMS, PROFILE, write_study
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,7 @@ run_main(main)
 
 def tables_command(tmp_path: Path, data: Path, out: Path) -> str:
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(PARAMS), encoding="utf-8")
+    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
     return ("from qac.cli import main; import sys; sys.exit(main(['tables', '--params', "
             f"{str(params)!r}, '--out', {str(out)!r}, '--data', {str(data)!r}, '--no-mlflow', '--quiet']))")
 

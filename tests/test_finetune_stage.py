@@ -78,12 +78,14 @@ def make_study(root: Path, tiny_bert_dir: Path, variants=("none",)) -> dict:
         {"qid": qid, "positives": sorted(judged), "negatives": [d for d in ids if d not in judged][:5]}
         for qid, judged in in_domain.qrels["train"].items()))
 
+    from qac.params import load_params
     from qac.tracking import stage_run, write_run_record
 
+    checked = load_params(root / "params.yaml")
     for name in variants:
         folder = data / "pretrain" / name
         shutil.copytree(tiny_bert_dir, folder / "encoder")
-        with stage_run(params, f"pretrain@{name}", f"pretrain/none/{name}", kind="pretrain",
+        with stage_run(checked, f"pretrain@{name}", f"pretrain/none/{name}", kind="pretrain",
                        tags={"qac.variant": name, "qac.method": "none"}) as run:
             pass
         write_run_record(data, folder, run.info.run_id, variant=name, method="none")

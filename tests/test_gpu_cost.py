@@ -10,6 +10,11 @@ import pytest
 
 from qac.config import render_profile
 from qac.gpu_cost import Rates, load_rates, pair_rate, stage_costs
+from qac.params import validate_params, with_values
+
+
+def paper_params():
+    return validate_params(render_profile("paper"))
 
 
 def figures(**overrides) -> dict:
@@ -30,12 +35,11 @@ def figures(**overrides) -> dict:
 
 
 def test_each_variant_costs_its_own_pair_length_with_grad_cache_and_master():
-    params = render_profile("paper")
+    params = paper_params()
     rates = Rates.from_figures(figures(), "reports/bench_gpu.json")
     costs = {(row["stage"], row["variant"]): row for row in stage_costs(params, rates)}
     pretrain = {variant: row["hours"] for (stage, variant), row in costs.items() if stage == "pretrain"}
-    variants = params["pretrain"]["variants"]
-    assert set(pretrain) == {name for name, v in variants.items() if v["method"] != "none"}
+    assert set(pretrain) == {name for name, v in params.pretrain.variants.items() if v.method != "none"}
     steps, batch = 120_000, 2048
     # coCondenser variants cache gradients at the paper's chunk: the measured overhead applies
     assert pretrain["cocondenser-query-q5"] == pytest.approx(steps * batch / (3000 / 1.2) / 3600)
@@ -55,9 +59,7 @@ def test_each_variant_costs_its_own_pair_length_with_grad_cache_and_master():
 def test_fine_tuning_and_table_2_cost_what_the_paper_profile_runs():
     """Retriever 1 on the triples' ~400k queries, retriever 2 on all ~503k; Table 2's four beir_retriever
     trainings (10 epochs, passages at 350 tokens) and their BEIR encodings at 350 tokens."""
-    import copy
-
-    params = render_profile("paper")
+    params = paper_params()
     rates = Rates.from_figures(figures(), "reports/bench_gpu.json")
     costs = {(row["stage"], row["variant"]): row for row in stage_costs(params, rates)}
     per_query = 16 + 32 / 144                      # 15 negatives, a positive and a 32-token query
@@ -69,9 +71,7 @@ def test_fine_tuning_and_table_2_cost_what_the_paper_profile_runs():
     assert costs[("encode BEIR (zero-shot)", "4 variants")]["hours"] == pytest.approx(
         4 * length * 25_000_000 / 12000 / 3600)
 
-    judged = copy.deepcopy(params)
-    judged["finetune"]["r1_queries"] = "judged"
-    judged["tables"]["zero_shot_retriever"] = "r1"
+    judged = with_values(params, {"finetune.r1_queries": "judged", "tables.zero_shot_retriever": "r1"})
     costs = {(row["stage"], row["variant"]): row for row in stage_costs(judged, rates)}
     assert costs[("finetune (r1 and r2)", "cotmae-passage")]["hours"] == pytest.approx(
         3 * 2 * 502_939 * per_query * 3 / 12000 / 3600)
@@ -106,7 +106,7 @@ def test_a_rate_the_figures_lack_is_said_not_guessed():
     data["sections"]["pretrain"]["rows"] = [r for r in data["sections"]["pretrain"]["rows"] if r["method"] != "master"]
     data["sections"]["pretrain"]["rows"].append({"method": "master", "recipe": "ours", "context": "query",
                                                  "error": "OutOfMemoryError: CUDA out of memory"})
-    costs = {row["variant"]: row for row in stage_costs(render_profile("paper"), Rates.from_figures(data, "f.json"))
+    costs = {row["variant"]: row for row in stage_costs(paper_params(), Rates.from_figures(data, "f.json"))
              if row["stage"] == "pretrain"}
     assert costs["cotmae-passage"]["hours"] > 0
     assert costs["master-passage"]["hours"] is None and "no rate for ('master', 'passage')" in costs[

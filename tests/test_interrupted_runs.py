@@ -19,15 +19,19 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from qac.params import validate_params
 from qac.tracking import stage_run
 
 REPO = Path(__file__).resolve().parent.parent
-PARAMS = {"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}}
+PARAMS = validate_params({"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}},
+                         complete=False)
 OPEN_AND_HANG = """
 import sys, time
+from qac.params import validate_params
 from qac.tracking import stage_run
-with stage_run({"profile": "smoke", "mlflow": {"experiment": "qac-test"}}, "finetune@none", "r1 · none",
-               kind="finetune") as run:
+params = validate_params({"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}},
+                         complete=False)
+with stage_run(params, "finetune@none", "r1 · none", kind="finetune") as run:
     print(run.info.run_id, flush=True)
     time.sleep(600)
 """

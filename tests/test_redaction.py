@@ -7,6 +7,7 @@ import json
 import pytest
 
 from qac.config import render_profile
+from qac.params import validate_params
 from qac.redaction import redact_url, redact_values
 
 SECRET = "s3cr3t"
@@ -50,7 +51,7 @@ def test_params_logged_to_mlflow_hold_no_credentials(mlflow_store):
 
     from qac.tracking import stage_run
 
-    params = render_profile("smoke")
+    params = validate_params(render_profile("smoke"))
     with stage_run(params, "hpo", "hpo/x", kind="hpo",
                    stage_params={"storage": f"postgresql://u:{SECRET}@db/optuna"}) as run:
         pass

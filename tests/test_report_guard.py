@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dvc_study import PARAMS, PROFILE, write_study
+from dvc_study import PARAMS, PROFILE, RAW_PARAMS, write_study
 from qac.cli import main as qac_main
 from qac.reporting.guard import MissingOutputs, stages_writing
 from qac.reporting.profile_report import write_report
@@ -31,7 +31,7 @@ def test_a_profile_that_never_ran_leaves_the_committed_report_untouched(committe
     params = tmp_path / "params.yaml"
     import yaml
 
-    params.write_text(yaml.safe_dump(PARAMS), encoding="utf-8")
+    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
     code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"),
                      "--data", str(tmp_path / "nowhere"), "--no-mlflow"])
     err = capsys.readouterr().err

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dvc_study import PARAMS, PROFILE, write_study
+from dvc_study import PARAMS, PROFILE, RAW_PARAMS, study_params, write_study
 from qac.reporting.profile_report import write_report
 
 
@@ -132,7 +132,7 @@ def test_the_header_reads_the_corpus_cut_from_the_prepared_dataset(tmp_path):
     (folder / "dataset.json").write_text(json.dumps({
         "counts": {"documents": 667}, "skipped": {"documents_outside_subset": 4516},
         "subset": {"max_documents": 120, "keep_judged_documents": True}}), encoding="utf-8")
-    params = {**PARAMS, "prepare": {"max_documents": 120, "keep_judged_documents": True}}
+    params = study_params(prepare={"max_documents": 120, "keep_judged_documents": True})
     report = write_report(params, tmp_path / "out", data)
     header = dict(report.header)["Data"]
     assert "667 of 5183 documents: the first 120 and every judged one" in header
@@ -141,7 +141,7 @@ def test_the_header_reads_the_corpus_cut_from_the_prepared_dataset(tmp_path):
 
 def test_counts_agree_with_their_nouns(tmp_path):
     data = write_study(tmp_path / "data")
-    params = {**PARAMS, "zero_shot": ["nfcorpus"]}
+    params = study_params(zero_shot=["nfcorpus"])
     text = (write_report(params, tmp_path / "out", data).directory / "tables.md").read_text(encoding="utf-8")
     assert "over the 1 dataset above" in text and "1 datasets" not in text
 
@@ -155,7 +155,7 @@ def test_table1_shows_the_zero_shot_retriever_only_where_the_profile_trains_it(t
     beir_rows = [row for row in table1.rows if RETRIEVER_LABELS["beir"] in row]
     assert beir_rows == []
     assert sum(RETRIEVER_LABELS["beir"] in note for note in table1.notes) == 1
-    params = {**PARAMS, "tables": {**PARAMS["tables"], "zero_shot_retriever": "beir"}}
+    params = study_params(tables={**RAW_PARAMS["tables"], "zero_shot_retriever": "beir"})
     table1 = {t.key: t for t in build_tables(load_study(params, data), params)}["table1"]
     assert any(RETRIEVER_LABELS["beir"] in row for row in table1.rows)
 

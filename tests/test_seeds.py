@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dvc_study import PARAMS, PROFILE, RR, mean, per_query, run_id, write_study
+from dvc_study import PROFILE, RAW_PARAMS, RR, mean, per_query, run_id, study_params, write_study
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ def test_the_smoke_profile_runs_its_headline_comparison_with_two_seeds():
 
     params = load_params(REPO / "profiles" / "smoke" / "params.yaml")
     assert render_profile("smoke", REPO / "profiles")["pretrain"] == params.pretrain.to_dict()
-    copies = {name: spec["seed_of"] for name, spec in params["pretrain"]["variants"].items() if spec.get("seed_of")}
+    copies = {name: spec.seed_of for name, spec in params.pretrain.variants.items() if spec.seed_of}
     assert copies == {"cocondenser-passage-seed43": "cocondenser-passage",
                       "cocondenser-query-q4-seed43": "cocondenser-query-q4"}
     assert [variant_seed(params, name) for name in ("cocondenser-passage", "cocondenser-passage-seed43")] == [42, 43]
@@ -71,10 +71,10 @@ def test_a_seed_copy_must_repeat_its_variant(tmp_path):
 def seeded_study(tmp_path):
     """tests/dvc_study.py's study, with coCondenser's passage and C = 5 query variants run again with seed 9."""
     write_study(tmp_path)
-    params = copy.deepcopy(PARAMS)
-    variants = params["pretrain"]["variants"]
+    variants = dict(RAW_PARAMS["pretrain"]["variants"])
     for name in ("cocondenser-passage", "cocondenser-query-q5"):
         variants[f"{name}-seed9"] = {**variants[name], "seed": 9, "seed_of": name}
+    params = study_params(pretrain={**RAW_PARAMS["pretrain"], "variants": variants})
     data = tmp_path / "data" / PROFILE
     # Seed 9's retriever 1 RR@10 per query (the first seed's: passage 0.2 0.3 0.4 0.3, query 0.3 0.4 0.5 0.4).
     seed9 = {"cocondenser-passage": [0.4, 0.3, 0.2, 0.3], "cocondenser-query-q5": [0.5, 0.6, 0.7, 0.6]}
@@ -153,9 +153,10 @@ def test_the_reproduction_check_widens_to_the_seed_spread(seeded_study):
 
 def test_the_cell_plan_counts_the_seeds():
     from qac.config import render_profile
+    from qac.params import validate_params
     from qac.reporting.cell_plan import plan_cells
 
-    params = render_profile("smoke", REPO / "profiles")
+    params = validate_params(render_profile("smoke", REPO / "profiles"))
     cell = next(c for c in plan_cells(params) if c.table == "table1_main" and c.row.startswith("coCondenser 120k "
                                                                                                "retriever1"))
     assert cell.variant == "cocondenser-passage" and cell.seeds == [42, 43]

@@ -7,10 +7,12 @@ import mlflow
 import pytest
 
 from qac.io import path_md5
+from qac.params import validate_params
 from qac.tracking import read_run_record, study_run_id
 from qac.tracking.lifecycle import Upstream, reopened_stage, tracked_stage
 
-PARAMS = {"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}}
+PARAMS = validate_params({"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}},
+                         complete=False)
 PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dvc_study import (BM25, DL20, HIT50, PARAMS, PROFILE, RR, SEED, ZERO_SHOT, mean, run_id,
-                       write_study)
+from dvc_study import (BM25, DL20, HIT50, PARAMS, PROFILE, RAW_PARAMS, RR, SEED, ZERO_SHOT, mean, run_id,
+                       study_params, write_study)
 from stages import load_stage
 
 # z_0.975 + z_0.80 for a two-sided test at p < 0.05 with 80% power
@@ -192,29 +192,24 @@ def _table3(params, data):
 
 
 def test_table3_dl_columns_appear_exactly_where_the_profile_has_them(data):
-    import copy
-
     from qac.config import render_profile
 
     repo = Path(__file__).resolve().parent.parent
     for name in ("smoke", "default"):      # these profiles have no TREC DL column: Table 3 shows none
         columns = render_profile(name, repo / "profiles")["tables"]["in_domain_columns"]
-        params = copy.deepcopy(PARAMS)
-        params["tables"]["in_domain_columns"] = columns
-        table = _table3(params, data)
+        table = _table3(study_params(tables={**RAW_PARAMS["tables"], "in_domain_columns": columns}), data)
         assert not any("DL" in column for column in table.columns), name
         assert sum(column.startswith("retriever 2 ") for column in table.columns) == 2
     paper_columns = render_profile("paper", repo / "profiles")["tables"]["in_domain_columns"]
     assert {c["paper"] for c in paper_columns} >= {"ndcg@10_dl19", "ndcg@10_dl20"}
     # The paper profile's kind of columns, read from this study's SciFact files: DL19 stands on RR@10 here (the
     # study has no TREC DL split), and its cells must hold retriever 2's value, never retriever 1's.
-    params = copy.deepcopy(PARAMS)
-    params["tables"]["in_domain_columns"] = PARAMS["tables"]["in_domain_columns"][:2] + [
+    columns = RAW_PARAMS["tables"]["in_domain_columns"][:2] + [
         {"label": "TREC DL19 nDCG@10", "short": "DL19", "dataset": "scifact", "split": "test", "measure": "RR@10",
          "paper": "ndcg@10_dl19"},
         {"label": "TREC DL20 nDCG@10", "short": "DL20", "dataset": "scifact", "split": "dl20", "measure": "nDCG@10",
          "paper": "ndcg@10_dl20"}]
-    table = _table3(params, data)
+    table = _table3(study_params(tables={**RAW_PARAMS["tables"], "in_domain_columns": columns}), data)
     dl19, dl20 = "retriever 2 TREC DL19 nDCG@10 [paper: TREC DL19 nDCG@10]", "retriever 2 " + DL20
     assert table.columns[:6] == [RR, HIT50, R2_RR, R2_HIT50, dl19, dl20]
     assert table.cell("coCondenser C=5", dl19).value == pytest.approx(50.0)     # retriever 2's, not retriever 1's 40
@@ -262,7 +257,7 @@ def test_p_values_are_the_evaluation_packages_randomization_test(tables):
     with_query = {f"q{i + 1}": v for i, v in enumerate(ZERO_SHOT["cotmae-query-q5"]["cranfield"])}
     without = {f"q{i + 1}": v for i, v in enumerate(ZERO_SHOT["cotmae-passage"]["cranfield"])}
     cell = tables["table2"].cell("cranfield", "CoT-MAE Δ")
-    assert cell.p_value == randomization_test(with_query, without, trials=PARAMS["tables"]["permutations"], seed=SEED)
+    assert cell.p_value == randomization_test(with_query, without, trials=PARAMS.tables.permutations, seed=SEED)
 
 
 def test_queries_of_one_system_only_are_left_out_of_the_test():
@@ -376,7 +371,7 @@ def test_building_needs_no_mlflow_store(data, tmp_path, monkeypatch, capsys):
     store = tmp_path / "no-store" / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
     params_path = tmp_path / "params.yaml"
-    params_path.write_text(yaml.safe_dump(PARAMS), encoding="utf-8")
+    params_path.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
     assert main(["tables", "--params", str(params_path), "--data", str(data), "--out", str(tmp_path / "out"),
                  "--quiet"]) == 0
     out = capsys.readouterr().out
@@ -393,7 +388,7 @@ def test_tables_stage_writes_the_report(data, tmp_path, monkeypatch, mlflow_stor
 
     shutil.copytree(data, tmp_path / "data" / PROFILE)
     params_path = tmp_path / "params.yaml"
-    params_path.write_text(yaml.safe_dump({**PARAMS, "tables": {**PARAMS["tables"], "out_dir": "out"}}),
+    params_path.write_text(yaml.safe_dump({**RAW_PARAMS, "tables": {**RAW_PARAMS["tables"], "out_dir": "out"}}),
                            encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QAC_PARAMS", str(params_path))
@@ -428,7 +423,7 @@ def test_bad_column_spec_is_named():
     from qac.reporting.tables import columns_from_params
 
     with pytest.raises(ValueError, match=r"in_domain_columns\[0\]"):
-        columns_from_params({"profile": "smoke", "tables": {"in_domain_columns": [{"label": "x"}]}})
+        columns_from_params(study_params(tables={"in_domain_columns": [{"label": "x"}]}))
 
 
 def test_malformed_per_query_file_is_named(data, tmp_path):
@@ -550,11 +545,11 @@ def test_a_published_figure_beside_a_cut_corpus_says_it_is_not_like_for_like(dat
     from qac.reporting.lineage import load_study
     from qac.reporting.tables import build_tables
 
-    datasets = {**PARAMS["datasets"], "scifact": {**PARAMS["datasets"]["scifact"], **dataset_entry}}
+    datasets = {**RAW_PARAMS["datasets"], "scifact": {**RAW_PARAMS["datasets"]["scifact"], **dataset_entry}}
     encoders = {"tiny:minilm": {"pooling": "mean", "normalize": True, "query_max_len": 16, "passage_max_len": 64,
                                 "published": [{"dataset": "scifact", "split": "test", "measure": "RR@10",
                                                "value": 0.5, "source": "a model card"}]}}
-    params = {**PARAMS, "prepare": prepare, "datasets": datasets, "encoders": encoders}
+    params = study_params(prepare=prepare, datasets=datasets, encoders=encoders)
     table = next(t for t in build_tables(load_study(params, data), params) if t.key == "table1")
     cell = table.cell("start encoder, not fine-tuned", RR)
     assert cell.published == pytest.approx(50.0) and cell.value == pytest.approx(5.0)

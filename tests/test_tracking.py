@@ -12,10 +12,12 @@ import mlflow
 import pytest
 
 from qac.io import path_md5
+from qac.params import validate_params
 from qac.tracking import (log_metrics, measure_from_key, metric_key, read_run_record, stage_run,
                           study_run_id, write_run_record)
 
-PARAMS = {"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}}
+PARAMS = validate_params({"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}},
+                         complete=False)
 
 
 def test_metric_key_mangles_what_mlflow_rejects():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from qac.params import validate_params
 from qac.tracking import store
 from qac.tracking.store import store_problem
 
@@ -148,7 +149,8 @@ def test_the_report_is_built_and_not_logged_when_the_store_is_damaged(tmp_path, 
     assert "is damaged" in capsys.readouterr().err
 
 
-PARAMS = {"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}}
+PARAMS = validate_params({"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}},
+                         complete=False)
 
 
 @pytest.mark.parametrize("store_kind", ["closed port", "random bytes", "truncated", "header overwritten"])

@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
         return [*build_tables(study, params), checked_table(study)]
 
     params = load_params(args.params)
-    path = Path(args.expected or (params.get("check") or {}).get("expected") or "")
-    if not args.expected and not (params.get("check") or {}).get("expected"):
+    path = Path(args.expected or params.check.expected or "")
+    if not args.expected and not params.check.expected:
         print("qac check: params has no check.expected (the expected-values file of the profile)", file=sys.stderr)
         return 2
     if args.record:

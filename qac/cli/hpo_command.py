@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             status = 1
 
     report_dir = Path(args.report_dir) if args.report_dir else \
-        Path(params["hpo"].get("report_dir") or "reports/hpo") / settings.study_name
+        Path(params.hpo.report_dir) / settings.study_name
     summary = write_study_report(study, settings.metric, report_dir)
     log_report_to_mlflow(run_id, summary, report_dir)
     states = ", ".join(f"{count} {state}" for state, count in summary["states"].items() if count)

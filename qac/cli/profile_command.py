@@ -157,9 +157,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.cells:
         from qac.config import render_profile
+        from qac.params import validate_params
         from qac.reporting.cell_plan import print_cell_plan
 
-        return print_cell_plan(render_profile(args.name))
+        return print_cell_plan(validate_params(render_profile(args.name)))
     if args.slurm:
         return _slurm(args.name, args.slurm)
     if args.cost:

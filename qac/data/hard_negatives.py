@@ -31,9 +31,12 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from qac.data.errors import DatasetUnavailableError
+
+if TYPE_CHECKING:
+    from qac.params.sections import HardNegativesSource
 
 
 class HardNegativesError(ValueError):
@@ -164,7 +167,7 @@ class UnverifiedHardNegativesWarning(UserWarning):
     """The hard-negatives file was downloaded without a pinned checksum."""
 
 
-def locate_hard_negatives(source: Mapping[str, Any], *, mirror: str | os.PathLike | None = None,
+def locate_hard_negatives(source: HardNegativesSource, *, mirror: str | os.PathLike | None = None,
                           downloads: str | os.PathLike = "data/downloads", download: bool = True) -> Path:
     """The hard-negatives file of ``beir_retriever.hard_negatives`` (``{mirror, url, md5}``).
 
@@ -177,8 +180,7 @@ def locate_hard_negatives(source: Mapping[str, Any], *, mirror: str | os.PathLik
     from qac.data.sources import download_file
 
     mirror_root = Path(mirror) if mirror is not None else data_mirror()
-    relative = source.get("mirror")
-    url = source.get("url")
+    relative, url = source.mirror, source.url
     name = Path(relative).name if relative else Path(str(url or "msmarco-hard-negatives.jsonl.gz")).name
     cache = Path(downloads) / "msmarco-hard-negatives"
     candidates = ([mirror_root / relative] if relative and mirror_root is not None else []) + [cache / name]
@@ -189,5 +191,5 @@ def locate_hard_negatives(source: Mapping[str, Any], *, mirror: str | os.PathLik
         raise DatasetUnavailableError(
             f"beir_retriever.hard_negatives: {name} found in none of {', '.join(str(c.parent) for c in candidates)}"
             + ("" if url else ", and no url is declared to download it from"))
-    return download_file(url, source.get("md5"), cache, name, "beir_retriever.hard_negatives", "md5",
+    return download_file(url, source.md5, cache, name, "beir_retriever.hard_negatives", "md5",
                          UnverifiedHardNegativesWarning)

@@ -50,7 +50,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import tarfile
 import urllib.error
@@ -58,9 +57,9 @@ import urllib.request
 import warnings
 import zipfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
 
 from qac.data.beir import read_beir
 from qac.data.dataset import Corpus, Dataset, Qrels, Queries
@@ -68,7 +67,9 @@ from qac.data.errors import DataFormatError, DatasetUnavailableError
 from qac.data.msmarco import stream_tsv_corpus
 from qac.data.trec import read_topics, read_trec_qrels
 from qac.io import atomic_path
-from qac.params.vocabulary import DATASET_FORMATS
+
+if TYPE_CHECKING:
+    from qac.params.sections import DatasetEntry, Params, PrepareSection
 
 MSMARCO_DOCUMENT_FILES = ("msmarco-docs.tsv", "msmarco-docs.tsv.gz")
 URL_TIMEOUT_S = 30
@@ -80,99 +81,60 @@ class UnverifiedDownloadWarning(UserWarning):
     """A dataset is downloaded from a URL that has no pinned checksum."""
 
 
-def subset_settings(params: Mapping[str, Any], name: str) -> dict[str, Any]:
+def subset_settings(params: Params, name: str) -> PrepareSection:
     """The ``prepare`` settings that apply to dataset ``name``: the profile-wide section with the dataset's
-    own ``max_documents`` and ``keep_judged_documents`` over it."""
-    declared = (params.get("datasets") or {}).get(name) or {}
-    return {**(params.get("prepare") or {}),
-            **{key: declared[key] for key in ("max_documents", "keep_judged_documents") if key in declared}}
+    own ``max_documents`` and ``keep_judged_documents`` over it where its entry sets them (``max_documents:
+    null`` there keeps every document of a profile that cuts the others). A name the profile does not declare
+    gets the profile-wide settings."""
+    declared = params.datasets.get(name)
+    overrides = {key: declared[key] for key in ("max_documents", "keep_judged_documents")
+                 if declared is not None and key in declared}
+    return params.prepare.model_copy(update=overrides)
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """One ``datasets.<name>`` entry of ``params.yaml``, checked."""
+    """One ``datasets.<name>`` entry of ``params.yaml``, as the readers and downloaders use it."""
 
     name: str
     format: str
-    mirror: str | None = None
-    url: str | None = None
-    splits: tuple[str, ...] = ()
-    rel_threshold: dict[str, int] = field(default_factory=dict)
-    ignore_identical_ids: bool = False
-    collection: str = "collection.tsv"
-    topics: dict[str, str] = field(default_factory=dict)
-    qrels: dict[str, str] = field(default_factory=dict)
-    hub: str | None = None
-    hub_qrels: str | None = None
-    md5: str | None = None
-    sha256: str | None = None
-    convert: str | None = None        # a converter of qac.data.glasgow for a download in its native format
-    triples: str | None = None        # msmarco-passage: training triples (qid, pos, neg): retriever-1 negatives
-    triples_url: str | None = None    # where the triples file is downloaded from when neither folder has it
-    triples_md5: str | None = None
-    titles: str | None = None         # msmarco-passage: pid<TAB>title file beside the collection (RocketQA's)
-    subsets: tuple[str, ...] = ()     # beir: sub-collections in <subset>/ folders, evaluated apart and averaged
-    # Per-dataset overrides of prepare.max_documents / prepare.keep_judged_documents.
-    max_documents: int | None = None
-    keep_judged_documents: bool | None = None
+    mirror: str | None
+    url: str | None
+    splits: tuple[str, ...]
+    rel_threshold: dict[str, int]     # per split
+    ignore_identical_ids: bool
+    collection: str
+    topics: dict[str, str]
+    qrels: dict[str, str]
+    hub: str | None
+    hub_qrels: str | None
+    md5: str | None
+    sha256: str | None
+    convert: str | None        # a converter of qac.data.glasgow for a download in its native format
+    triples: str | None        # msmarco-passage: training triples (qid, pos, neg): retriever-1 negatives
+    triples_url: str | None    # where the triples file is downloaded from when neither folder has it
+    triples_md5: str | None
+    titles: str | None         # msmarco-passage: pid<TAB>title file beside the collection (RocketQA's)
+    subsets: tuple[str, ...]   # beir: sub-collections in <subset>/ folders, evaluated apart and averaged
 
     @classmethod
-    def from_params(cls, name: str, entry: Mapping[str, Any]) -> "DatasetSpec":
-        where = f"params datasets.{name}"
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"{where}: expected a mapping, found {type(entry).__name__}")
-        known = set(cls.__dataclass_fields__) - {"name"}
-        unknown = sorted(set(entry) - known)
-        if unknown:
-            raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
-        fmt = entry.get("format")
-        if fmt not in DATASET_FORMATS:
-            raise ValueError(f"{where}.format: {fmt!r} is not one of {', '.join(DATASET_FORMATS)}")
-        splits = tuple(str(split) for split in entry.get("splits") or ())
-        threshold = entry.get("rel_threshold", 1)
-        if isinstance(threshold, Mapping):
-            thresholds = {split: int(threshold.get(split, 1)) for split in splits}
+    def from_params(cls, name: str, entry: DatasetEntry) -> "DatasetSpec":
+        """The spec of a checked entry (the schema and its rules checked every key and how they combine)."""
+        threshold = entry.rel_threshold
+        if isinstance(threshold, dict):
+            # A split the per-split thresholds leave out counts as the key's own default would have it.
+            unnamed = type(entry).model_fields["rel_threshold"].default
+            thresholds = {split: threshold.get(split, unnamed) for split in entry.splits}
         else:
-            thresholds = {split: int(threshold) for split in splits}
-        if entry.get("convert") is not None:
-            from qac.data.glasgow import CONVERTERS
-
-            if entry["convert"] not in CONVERTERS or fmt != "beir":
-                raise ValueError(f"{where}.convert: {entry['convert']!r} needs format beir and one of "
-                                 f"{', '.join(CONVERTERS)}")
-        subsets = entry.get("subsets") or ()
-        if subsets and (fmt != "beir" or isinstance(subsets, (str, Mapping))
-                        or not all(isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*", name)
-                                   for name in subsets) or len(set(subsets)) != len(subsets)):
-            raise ValueError(f"{where}.subsets: expected a list of distinct folder names of a beir dataset "
-                             f"(such as CQADupStack's android, english, ...), got {subsets!r}")
-        if entry.get("titles") is not None and fmt not in ("msmarco-passage", "trec"):
-            raise ValueError(f"{where}.titles: a titles file joins a passage collection (format msmarco-passage "
-                             f"or trec), not format {fmt}")
-        if (entry.get("triples") is not None or entry.get("triples_url")) and fmt not in ("msmarco-passage", "trec"):
-            raise ValueError(f"{where}.triples: training triples belong to a passage collection (format "
-                             f"msmarco-passage or trec), not format {fmt}")
-        if entry.get("triples_url") and not entry.get("triples"):
-            raise ValueError(f"{where}.triples_url: name the file too (triples: qidpidtriples.train.full.2.tsv.gz)")
-        if entry.get("triples_md5") is not None and not re.fullmatch(r"[0-9a-fA-F]{32}", str(entry["triples_md5"])):
-            raise ValueError(f"{where}.triples_md5: expected 32 hexadecimal digits, got {entry['triples_md5']!r}")
-        if fmt == "hf" and not entry.get("hub"):
-            raise ValueError(f"{where}: format hf needs 'hub' (a Hugging Face dataset name such as BeIR/scifact)")
-        for algorithm, digits in CHECKSUMS.items():
-            value = entry.get(algorithm)
-            if value is not None and not re.fullmatch(rf"[0-9a-fA-F]{{{digits}}}", str(value)):
-                raise ValueError(f"{where}.{algorithm}: expected {digits} hexadecimal digits, got {value!r}")
+            thresholds = {split: threshold for split in entry.splits}
         return cls(
-            name=name, format=fmt, mirror=entry.get("mirror"), url=entry.get("url"), splits=splits,
-            rel_threshold=thresholds, ignore_identical_ids=bool(entry.get("ignore_identical_ids", False)),
-            collection=entry.get("collection") or "collection.tsv",
-            topics=dict(entry.get("topics") or {}), qrels=dict(entry.get("qrels") or {}),
-            hub=entry.get("hub"), hub_qrels=entry.get("hub_qrels"), convert=entry.get("convert"),
-            subsets=tuple(subsets), titles=entry.get("titles"), triples=entry.get("triples"),
-            triples_url=entry.get("triples_url"),
-            triples_md5=str(entry["triples_md5"]).lower() if entry.get("triples_md5") else None,
-            md5=str(entry["md5"]).lower() if entry.get("md5") else None,
-            sha256=str(entry["sha256"]).lower() if entry.get("sha256") else None,
+            name=name, format=entry.format, mirror=entry.mirror, url=entry.url, splits=tuple(entry.splits),
+            rel_threshold=thresholds, ignore_identical_ids=entry.ignore_identical_ids,
+            collection=entry.collection or "collection.tsv", topics=dict(entry.topics), qrels=dict(entry.qrels),
+            hub=entry.hub, hub_qrels=entry.hub_qrels, convert=entry.convert, subsets=tuple(entry.subsets),
+            titles=entry.titles, triples=entry.triples, triples_url=entry.triples_url,
+            triples_md5=entry.triples_md5.lower() if entry.triples_md5 else None,
+            md5=entry.md5.lower() if entry.md5 else None, sha256=entry.sha256.lower() if entry.sha256 else None,
         )
 
     @property
@@ -216,9 +178,9 @@ class Source:
     location: str
 
 
-def download_dir(params: Mapping[str, Any]) -> Path:
+def download_dir(params: Params) -> Path:
     """The download cache, shared by all profiles: ``<data_dir>/downloads``."""
-    return Path(params.get("data_dir", "data")) / "downloads"
+    return Path(params.data_dir) / "downloads"
 
 
 def _missing(directory: Path, alternatives: list[tuple[str, ...]]) -> list[str]:

@@ -8,7 +8,9 @@ from qac.params.vocabulary import METHODS
 
 
 def build_pretraining_model(settings: Mapping[str, Any], seed: int, full_vocab_logits: bool = False):
-    """coCondenser, CoT-MAE or MASTER initialised from ``settings["init"]`` (a model spec)."""
+    """coCondenser, CoT-MAE or MASTER initialised from ``settings["init"]`` (a model spec).
+
+    ``settings`` holds every key of :class:`qac.train.pretrain.PretrainSettings` (its ``to_dict()``)."""
     from qac.models.cocondenser import CoCondenser
     from qac.models.cotmae import CoTMAE
     from qac.models.master import Master
@@ -16,13 +18,13 @@ def build_pretraining_model(settings: Mapping[str, Any], seed: int, full_vocab_l
     method = settings["method"]
     if method == "cocondenser":
         return CoCondenser.from_spec(
-            settings["init"], seed=seed, dropout=settings.get("dropout"), n_head_layers=int(settings["n_head_layers"]),
+            settings["init"], seed=seed, dropout=settings["dropout"], n_head_layers=int(settings["n_head_layers"]),
             skip_from=int(settings["skip_from"]), temperature=float(settings["temperature"]),
             mlm_probability=float(settings["mlm_probability"]), full_vocab_logits=full_vocab_logits,
-            loss_weights=settings.get("cocondenser_loss_weights", "paper"))
+            loss_weights=settings["cocondenser_loss_weights"])
     if method == "cotmae":
         return CoTMAE.from_spec(
-            settings["init"], seed=seed, dropout=settings.get("dropout"), decoder=settings["cotmae_decoder"],
+            settings["init"], seed=seed, dropout=settings["dropout"], decoder=settings["cotmae_decoder"],
             decoder_layers=int(settings["cotmae_decoder_layers"]),
             decoder_weight=float(settings["cotmae_decoder_weight"]),
             attention_window=int(settings["cotmae_attention_window"]),
@@ -31,7 +33,7 @@ def build_pretraining_model(settings: Mapping[str, Any], seed: int, full_vocab_l
             full_vocab_logits=full_vocab_logits)
     if method == "master":
         return Master.from_spec(
-            settings["init"], seed=seed, dropout=settings.get("dropout"), decoders=tuple(settings["master_decoders"]),
+            settings["init"], seed=seed, dropout=settings["dropout"], decoders=tuple(settings["master_decoders"]),
             decoder_layers=int(settings["master_decoder_layers"]), weights=dict(settings["master_weights"]),
             mask_ratio=float(settings["master_mask_ratio"]),
             decoder_mask_ratio=float(settings["master_decoder_mask_ratio"]), full_vocab_logits=full_vocab_logits)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
 
 from qac.config import profile_dir
 from qac.params import params_path
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 
 def quality_index(datasets_dir, corpora, heldout, max_documents, seed):
@@ -69,7 +72,7 @@ def generate(model, tokenizer, settings, dtype, texts, candidates, batch_size):
     return generated
 
 
-def judge_figures(params, data, heldout, model, tokenizer, sampling, dtype, candidates, batch_size, seed):
+def judge_figures(params: Params, data, heldout, model, tokenizer, sampling, dtype, candidates, batch_size, seed):
     """Table 5's automatic judge on held-out documents cut into passages as the split stage cuts the corpus:
     high-correlation shares, their paired test and mean scores of query and passage pairs (every one of
     ``candidates`` queries per anchor passage, the first as Table 5's)."""
@@ -81,30 +84,28 @@ def judge_figures(params, data, heldout, model, tokenizer, sampling, dtype, cand
     from qac.evaluation.annotation import EncoderCosineJudge, calibration_pairs
     from qac.retrieval import document_text
 
-    section, annotation = params["query_generator"], params["annotation"]
-    datasets_dir, train_dataset = data / "datasets", params["train_dataset"]
+    section, annotation = params.query_generator, params.annotation
+    datasets_dir, train_dataset = data / "datasets", params.train_dataset
     documents = corpus_documents(datasets_dir, [train_dataset])
     keys = sorted({f"{p.dataset}/{p.doc_id}" for p in heldout if p.dataset == train_dataset})
     splits = split_documents([(key, document_text(*documents[key])) for key in keys], load_sentence_splitter(data / "punkt"),
-                             TokenCounter(load_tokenizer(params["split"]["tokenizer"])), SplitSettings.from_params(params))
-    anchors = judge_anchors({split.doc_id: split.passages for split in splits}, int(section.get("judge_anchors", 40)),
-                            seed)
+                             TokenCounter(load_tokenizer(params.split.tokenizer)), SplitSettings.from_params(params))
+    anchors = judge_anchors({split.doc_id: split.passages for split in splits}, section.judge_anchors, seed)
     if not anchors:
         return {}
     # every candidate, in order, as the study draws its queries from them: the first is Table 5's query
     queries = generate(model, tokenizer, sampling, dtype, [a.anchor for a in anchors], candidates, batch_size)
-    judge = EncoderCosineJudge(annotation["judge_model"], max_length=int(annotation.get("judge_max_len", 256)))
-    split = annotation.get("calibration_split", "train")
+    judge = EncoderCosineJudge(annotation.judge_model, max_length=annotation.judge_max_len)
+    split = annotation.calibration_split
     positives, negatives = calibration_pairs(
-        datasets_dir / train_dataset, split, int(section.get("judge_calibration_pairs") or annotation["calibration_pairs"]),
+        datasets_dir / train_dataset, split, section.judge_calibration_pairs or annotation.calibration_pairs,
         seed, load_prepared(datasets_dir / train_dataset).rel_threshold(split))
     calibration = judge.calibrate(positives, negatives)
-    permutations = int(params.get("tables", {}).get("permutations", 10000))
-    return {**judge_shares(judge, calibration.threshold, anchors, queries, permutations, seed),
+    return {**judge_shares(judge, calibration.threshold, anchors, queries, params.tables.permutations, seed),
             "judge/calibration_accuracy": calibration.accuracy}
 
 
-def make_query_generator(params: Mapping[str, Any]) -> list[str]:
+def make_query_generator(params: Params) -> list[str]:
     """Train (or save the pretrained) query generator and measure its queries; the summary line's facts."""
     from qac.distributed import autocast_dtype, init_distributed
     from qac.io import atomic_path
@@ -117,19 +118,16 @@ def make_query_generator(params: Mapping[str, Any]) -> list[str]:
                                               save_generator, train_generator)
     from qac.tracking.lifecycle import tracked_stage
 
-    section = params["query_generator"]
-    mode, spec, seed = section["mode"], section["model"], int(params["seed"])
-    architecture = section.get("architecture", "bert2bert")
-    if mode not in ("train", "pretrained"):
-        raise ValueError(f"query_generator.mode must be train or pretrained, got {mode!r}")
+    section = params.query_generator
+    mode, spec, seed, architecture = section.mode, section.model, params.seed, section.architecture
     data = profile_dir(params)
     datasets_dir = data / "datasets"
-    train_dataset = params["train_dataset"]
-    corpora = [c for c in (params.get("pretrain_corpus"), train_dataset) if c]
+    train_dataset = params.train_dataset
+    corpora = [c for c in (params.pretrain_corpus, train_dataset) if c]
     ctx = init_distributed()
     settings = TrainSettings.from_params(params)
-    dtype = autocast_dtype(str(section.get("dtype", "auto")), ctx.device)
-    generation_dtype = autocast_dtype(str(params["querygen"].get("dtype", "auto")), ctx.device)
+    dtype = autocast_dtype(section.dtype, ctx.device)
+    generation_dtype = autocast_dtype(params.querygen.dtype, ctx.device)
     # Held-out candidates are sampled as generate_queries samples them (its prefix, top-k/top-p, repeat
     # penalty, lengths and precision).
     sampling = SamplingSettings.from_params(params)
@@ -138,20 +136,19 @@ def make_query_generator(params: Mapping[str, Any]) -> list[str]:
         raise ValueError(f"{params_path()}: querygen.prefix {sampling.prefix!r} differs from the prefix the "
                          f"generator learns queries with ({settings.source_prefix('query')!r}, "
                          "query_generator.kind_prefixes.query or query_generator.prefix)")
-    candidates = int(section.get("quality_candidates") or sampling.queries_per_passage)
-    if section.get("judge_anchors") and not (data / "punkt").is_dir():
+    candidates = section.quality_candidates or sampling.queries_per_passage
+    if section.judge_anchors and not (data / "punkt").is_dir():
         raise FileNotFoundError(f"{data / 'punkt'}: the sentence splitter of the split_passages stage, which cuts "
                                 "the held-out documents of the Table 5 judge; run that stage first")
 
-    pairs = build_pairs(datasets_dir, train_dataset, corpora, bool(section.get("use_titles", True)))
-    if section.get("evidence_windows"):
+    pairs = build_pairs(datasets_dir, train_dataset, corpora, section.use_titles)
+    if section.evidence_windows:
         from qac.models.loading import load_tokenizer
 
         pairs = evidence_sources(pairs, datasets_dir, train_dataset, load_tokenizer(spec), settings)
-    train_pairs, heldout = split_heldout(pairs, section["heldout_fraction"], section["max_heldout"], seed)
-    validation_count = int(section.get("validation_pairs") or 0)
-    train_pairs, validation = split_heldout(train_pairs, 1.0, validation_count, seed + 1)
-    train_pairs = cap_training_pairs(train_pairs, section.get("max_train_pairs"), seed)
+    train_pairs, heldout = split_heldout(pairs, section.heldout_fraction, section.max_heldout, seed)
+    train_pairs, validation = split_heldout(train_pairs, 1.0, section.validation_pairs, seed + 1)
+    train_pairs = cap_training_pairs(train_pairs, section.max_train_pairs, seed)
     counts = {"pairs/train": len(train_pairs), "pairs/validation": len(validation), "pairs/heldout": len(heldout),
               "pairs/query": sum(p.kind == "query" for p in pairs), "pairs/title": sum(p.kind == "title" for p in pairs)}
 
@@ -163,10 +160,8 @@ def make_query_generator(params: Mapping[str, Any]) -> list[str]:
         started = time.perf_counter()
         figures = {}
         if mode == "train":
-            dropout = section.get("dropout")
-            model, tokenizer = build_generator(architecture, spec, seed=seed,
-                                               copy_bias=bool(section.get("copy_bias", True)),
-                                               dropout=None if dropout is None else float(dropout))
+            model, tokenizer = build_generator(architecture, spec, seed=seed, copy_bias=section.copy_bias,
+                                               dropout=section.dropout)
             figures = train_generator(model, tokenizer, train_pairs, settings, ctx.device, dtype, log=tracking.log_metrics,
                                       validation=validation)
         else:
@@ -182,9 +177,9 @@ def make_query_generator(params: Mapping[str, Any]) -> list[str]:
             greedy = SamplingSettings(**{**sampling.__dict__, "top_k": 1})
             most_likely = [texts[0] if texts else "" for texts in
                            generate(model, tokenizer, greedy, generation_dtype, sources, 1, settings.batch_size)]
-            index = quality_index(datasets_dir, corpora, heldout, section.get("quality_max_documents"), seed)
+            index = quality_index(datasets_dir, corpora, heldout, section.quality_max_documents, seed)
             metrics.update(evaluate_queries(heldout, generated, index, seed, greedy=most_likely))
-            if section.get("judge_anchors"):
+            if section.judge_anchors:
                 metrics.update(judge_figures(params, data, heldout, model, tokenizer, sampling,
                                              generation_dtype, candidates, settings.batch_size, seed))
         metrics["quality_seconds"] = time.perf_counter() - started
@@ -198,9 +193,9 @@ def make_query_generator(params: Mapping[str, Any]) -> list[str]:
         write_stage_metrics(data / "metrics", "query_generator", {**metrics, **described})
         # A tracked report: the same inputs give the same file, so no wall-clock figures in it.
         results = {key: value for key, value in metrics.items() if not is_timing(key)}
-        with atomic_path(f"reports/query_generator/{params['profile']}.md") as tmp:
+        with atomic_path(f"reports/query_generator/{params.profile}.md") as tmp:
             tmp.write_text(quality_table({**results, **described},
-                                         f"Query generator quality ({params['profile']} profile, held-out pairs)"))
+                                         f"Query generator quality ({params.profile} profile, held-out pairs)"))
     quality = [f"{key} {metrics[key]:.3f}" for key in ("rougeL", "self_retrieval/generated/top10") if key in metrics]
     return [f"{mode} {spec}", f"{counts['pairs/train']} training pairs", *quality]
 

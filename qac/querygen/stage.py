@@ -21,18 +21,21 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping
 
 from qac.querygen.generate import GenerationStats
 from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, passages_tokenizer,
                                  pending_passages, work_dir_for)
+
+if TYPE_CHECKING:
+    from qac.params.sections import ContinuationSection, QuerygenSection
 
 RUN_FILE = "mlflow_run.json"   # in the work folder: the run whose chunks it holds
 
 
 def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: bool, stage: str,
                            passages_path: str | os.PathLike, output: str | os.PathLike, source: str, settings: Any,
-                           section: Mapping[str, Any], compute: Mapping[str, Any],
+                           section: QuerygenSection | ContinuationSection, compute: Mapping[str, Any],
                            open_run: Callable[[], ContextManager[Any]],
                            make_generator: Callable[[], Any],
                            summarize: Callable[[GenerationStats], dict[str, float]]) -> tuple[dict, Any] | None:
@@ -52,8 +55,7 @@ def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: b
     from qac.distributed import barrier, cleanup, sum_over_ranks
     from qac.reporting.dvc_metrics import write_stage_metrics
     output = Path(output)
-    manifest = build_manifest(passages_path, source, settings, int(section["chunk_size"]), compute,
-                              section.get("max_passages"))
+    manifest = build_manifest(passages_path, source, settings, section.chunk_size, compute, section.max_passages)
     store = ChunkStore(work_dir_for(output), manifest)
     if ctx.is_main:
         store.prepare()
@@ -80,7 +82,7 @@ def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: b
             bar = progress(total=pending_passages(store, spec), unit="passage", main_only=False,
                            desc=f"{output.stem} shard {spec.index}/{spec.count}", position=ctx.local_rank)
             with torch.inference_mode():
-                stats = generate_chunks(store, generator, passages_path, spec, int(section["batch_size"]),
+                stats = generate_chunks(store, generator, passages_path, spec, section.batch_size,
                                         bar.update)
             bar.close()
             generated_here = stats.passages

@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
 
 from qac.reporting import paper
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 PRODUCED, DERIVED, CITED, MISSING = "produced", "derived", "cited", "missing"
 
@@ -81,28 +84,25 @@ class PlannedCell:
 class _Profile:
     """The parts of a profile's parameters the plan needs."""
 
-    def __init__(self, params: Mapping[str, Any]):
+    def __init__(self, params: Params):
         self.params = params
-        self.name = params["profile"]
-        self.root = f"{params.get('data_dir', 'data')}/{self.name}"
-        self.variants = (params.get("pretrain") or {}).get("variants") or {}
-        self.columns = {spec.get("paper"): spec for spec in (params.get("tables") or {}).get("in_domain_columns") or []
-                        if spec.get("paper")}
-        evaluate = params.get("evaluate") or {}
-        self.zero_shot = list(params.get("zero_shot") or [])
-        self.zero_shot_variants = evaluate.get("zero_shot_variants")
-        self.zero_shot_retrievers = evaluate.get("zero_shot_retrievers")
-        self.zero_shot_retriever = (params.get("tables") or {}).get("zero_shot_retriever", "r1")
+        self.name = params.profile
+        self.root = f"{params.data_dir}/{self.name}"
+        self.variants = params.pretrain.variants
+        self.columns = {spec.paper: spec for spec in params.tables.in_domain_columns if spec.paper}
+        self.zero_shot = list(params.zero_shot)
+        self.zero_shot_variants = params.evaluate.zero_shot_variants
+        self.zero_shot_retrievers = params.evaluate.zero_shot_retrievers
+        self.zero_shot_retriever = params.tables.zero_shot_retriever
 
     def find(self, method: str, context_type: str, query_count: int | None) -> str | None:
         """The variant of exactly this configuration (any C for passage context), or None."""
         for name, spec in self.variants.items():
-            spec = spec or {}
-            if spec.get("seed_of"):    # a seed copy is read with its variant
+            if spec.seed_of:    # a seed copy is read with its variant
                 continue
-            if spec.get("method") != method or spec.get("context_type") != context_type:
+            if spec.method != method or spec.context_type != context_type:
                 continue
-            if context_type == "passage" or spec.get("query_count") == query_count:
+            if context_type == "passage" or spec.query_count == query_count:
                 return name
         return None
 
@@ -134,20 +134,20 @@ class _Profile:
 
     def seed_runs(self, variant: str) -> list[tuple[str, int]]:
         """``(variant name, seed)`` of each run behind ``variant``: itself, then its seed copies."""
-        names = [variant] + [name for name, spec in self.variants.items() if (spec or {}).get("seed_of") == variant]
-        return [(name, int((self.variants[name] or {}).get("seed") or self.params.get("seed", 42))) for name in names]
+        names = [variant] + [name for name, spec in self.variants.items() if spec.seed_of == variant]
+        return [(name, self.variants[name].seed or self.params.seed) for name in names]
 
     def in_domain(self, column: str) -> tuple[str | None, str | None, str | None]:
         """``(dataset, split, reason)`` of the profile's column standing for the paper's ``column``."""
         spec = self.columns.get(column)
         if spec is None:
             return None, None, f"the profile has no column for the paper's {column} (tables.in_domain_columns)"
-        if spec.get("missing"):
-            return None, None, spec["missing"]
-        return spec.get("dataset") or self.params.get("train_dataset"), spec.get("split") or "test", None
+        if spec.missing:
+            return None, None, spec.missing
+        return spec.dataset or self.params.train_dataset, spec.split or "test", None
 
 
-def plan_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
+def plan_cells(params: Params) -> list[PlannedCell]:
     """Every numeric cell of ``paper_results.yaml`` with the run of this profile that produces it."""
     profile = _Profile(params)
     published = paper.load_paper_results()
@@ -162,7 +162,7 @@ def plan_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
     return cells
 
 
-def plan_unpublished_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
+def plan_unpublished_cells(params: Params) -> list[PlannedCell]:
     """The cells of the paper's Table 3 whose figures ``paper_results.yaml`` lacks, with the run of this profile.
 
     Retriever 2's MRR@10 and R@50 and retriever 1's TREC DL 2019/2020
@@ -180,7 +180,7 @@ def plan_unpublished_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
     return cells
 
 
-def plan_reference_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
+def plan_reference_cells(params: Params) -> list[PlannedCell]:
     """Table 1's reference rows: each released retriever (``reference_retrievers``) and each of its published
     figures the profile has a column for, produced by stage ``reference``; compared on a whole corpus, cited
     where the profile cuts it."""
@@ -189,12 +189,12 @@ def plan_reference_cells(params: Mapping[str, Any]) -> list[PlannedCell]:
 
     profile = _Profile(params)
     cells = []
-    for spec in params.get("reference_retrievers") or []:
+    for spec in params.reference_retrievers:
         for key, column in profile.columns.items():
-            if column.get("missing"):
+            if column.missing:
                 continue
             dataset, split, _ = profile.in_domain(key)
-            figure = published_figure(params, spec, dataset, split, column.get("measure"))
+            figure = published_figure(params, spec, dataset, split, column.measure)
             if figure is None:
                 continue
             cell = PlannedCell("reference", spec, key, float(figure["value"]) * 100, PRODUCED, retriever="reference",
@@ -273,16 +273,16 @@ def _plan(profile: _Profile, cell: PlannedCell) -> PlannedCell:
         return profile.variant_cell(cell, method, context_type, paper.PAPER_QUERY_COUNT, retriever, dataset, split,
                                     reason)
     if cell.table == "table5_pair_correlation":
-        annotation = profile.params.get("annotation") or {}
+        annotation = profile.params.annotation
         cell.stages = ["annotation"]
         cell.outputs = [f"{profile.root}/annotation/summary.json"]
         cell.context_type = _TABLE5_ROWS.get(cell.row)
-        if annotation.get("human_sheets"):
-            cell.status, cell.recipe = PRODUCED, "human labels: " + ", ".join(annotation["human_sheets"])
+        if annotation.human_sheets:
+            cell.status, cell.recipe = PRODUCED, "human labels: " + ", ".join(annotation.human_sheets)
         else:
             cell.status = CITED
             cell.reason = (f"{paper.CITED_WHY['table5']}; this profile labels with the automatic judge "
-                           f"({annotation.get('judge', 'n/a')}) until people label the sheet: shown beside, "
+                           f"({annotation.judge}) until people label the sheet: shown beside, "
                            "not compared")
         return cell
     cell.reason = f"table {cell.table} is not one of the paper's Tables 1-5"
@@ -307,7 +307,7 @@ def _counts(cells: list[PlannedCell]) -> dict[str, int]:
     return {status: sum(cell.status == status for cell in cells) for status in (PRODUCED, DERIVED, CITED, MISSING)}
 
 
-def print_cell_plan(params: Mapping[str, Any]) -> int:
+def print_cell_plan(params: Params) -> int:
     """Print the plan; exit status 1 when a cell is missing (one with a paper value or one without)."""
     cells, unpublished = plan_cells(params), plan_unpublished_cells(params)
     counts, unpublished_counts = _counts(cells), _counts(unpublished)

@@ -26,13 +26,16 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from qac.data.errors import DataFormatError
 from qac.evaluation.split_evaluation import SUBSETS_FILE, subset_mean
 from qac.params.vocabulary import FINETUNED_RETRIEVERS
 from qac.tracking import RECORDS_DIR, RUN_RECORD, record_path
 from qac.train.step_log import LOSSES_FILE
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params, PretrainVariant
 
 PER_QUERY_SUFFIX = ".per_query.json"
 _METHOD_ORDER = {"none": 0, "cocondenser": 1, "cotmae": 2}
@@ -86,16 +89,10 @@ class Variant:
         return f"{method} passage context"
 
     @classmethod
-    def from_params(cls, name: str, spec: Mapping[str, Any] | None) -> "Variant":
-        spec = spec or {}
-        method = spec.get("method")
-        if method is None:
-            raise ValueError(f"params: pretrain.variants.{name}: field 'method' missing")
-        if method == "none":
+    def from_params(cls, name: str, spec: PretrainVariant) -> "Variant":
+        if spec.method == "none":
             return cls(name, "none", None, None)
-        count = spec.get("query_count")
-        return cls(name, method, spec.get("context_type", "passage"), None if count is None else int(count),
-                   spec.get("seed_of"))
+        return cls(name, spec.method, spec.context_type, spec.query_count, spec.seed_of)
 
     @property
     def order(self) -> tuple:
@@ -242,13 +239,12 @@ class Annotation(_Recorded):
 class Study:
     """The DVC outputs of one profile, indexed by what the tables ask for."""
 
-    def __init__(self, root: str | os.PathLike, variants: Mapping[str, Any], profile: str,
-                 declared_variants: bool = False, seed: int = 42):
+    def __init__(self, root: str | os.PathLike, variants: Mapping[str, PretrainVariant], profile: str,
+                 declared_variants: bool, seed: int):
         self.root = Path(root)
         self.profile = profile
-        self._variants = {name: Variant.from_params(name, spec) for name, spec in (variants or {}).items()}
-        self._seeds = {name: int(spec["seed"]) for name, spec in (variants or {}).items()
-                       if (spec or {}).get("seed") is not None}
+        self._variants = {name: Variant.from_params(name, spec) for name, spec in variants.items()}
+        self._seeds = {name: spec.seed for name, spec in variants.items() if spec.seed is not None}
         self.seed = seed
         self._sources: dict[str, Source | None] = {}
         self.declared_variants = declared_variants   # rows for every declared variant, evaluated or not
@@ -394,10 +390,10 @@ def read_losses(path: str | os.PathLike) -> list[dict[str, float]]:
     return rows
 
 
-def load_study(params: Mapping[str, Any], root: str | os.PathLike | None = None,
+def load_study(params: Params, root: str | os.PathLike | None = None,
                declared_variants: bool = False) -> Study:
     """The DVC outputs of the profile in ``params`` (``data/<profile>/`` unless ``root`` is given)."""
     from qac.config import profile_dir
 
-    return Study(root or profile_dir(dict(params)), (params.get("pretrain") or {}).get("variants") or {},
-                 params["profile"], declared_variants, int(params.get("seed", 42)))
+    return Study(root or profile_dir(dict(params)), params.pretrain.variants, params.profile, declared_variants,
+                 params.seed)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 
@@ -116,12 +119,11 @@ def table1_cited_value(method: str, context_type: str | None, retriever: str, co
     return _lookup("table1_main", table1_cited_row(method, context_type, retriever), column)
 
 
-def bm25_like_for_like(params: Mapping[str, Any]) -> str | None:
+def bm25_like_for_like(params: Params) -> str | None:
     """None when the profile's BM25 (params ``bm25``) is the paper's configuration, else why its row is cited."""
-    ours = params.get("bm25") or {}
     different = []
     for key, theirs in PAPER_BM25.items():
-        value = ours.get(key)
+        value = getattr(params.bm25, key)
         same = (value is not None and abs(float(value) - theirs) <= 1e-9 if isinstance(theirs, float)
                 else value == theirs)
         if not same:

@@ -18,10 +18,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
 
 from qac.reporting.lineage import Study, load_study
 from qac.reporting.tables import Table, build_tables
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 __all__ = ["Report", "load_study", "write_report", "log_to_study_run"]
 RUNS_FILE = "report_runs.csv"
@@ -35,7 +38,7 @@ class Report:
     directory: Path
 
 
-def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = None,
+def write_report(params: Params, out_dir: str | os.PathLike | None = None,
                  data_root: str | os.PathLike | None = None) -> Report:
     """Build Tables 1-5, figures and plot data from the DVC outputs and write them to ``<out_dir>/<profile>/``."""
     from qac.io import atomic_path
@@ -45,13 +48,12 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
     from qac.reporting.precision import rounded_tables
     from qac.reporting.headline import HEADLINE_DIR, write_headline
 
-    settings = params.get("tables", {})
-    target = Path(out_dir or settings.get("out_dir", "reports")) / params["profile"]
+    target = Path(out_dir or params.tables.out_dir) / params.profile
     study = load_study(params, data_root)
     # Every number at its printed precision: equal values at that precision write equal files.
     tables = rounded_tables(build_tables(study, params))
     header = render.header_block(params, study, tables)
-    check_replaceable(target, study.root, params["profile"],
+    check_replaceable(target, study.root, params.profile,
                       {(table.key, row, column): cell.value
                        for table in tables for (row, column), cell in table.cells.items()})
     with atomic_path(target, directory=True) as tmp:
@@ -71,7 +73,7 @@ def write_report(params: Mapping[str, Any], out_dir: str | os.PathLike | None = 
             (Path(tmp) / "generator.csv").write_text(generator_report.to_csv(generator), encoding="utf-8")
         plot_data.write_plot_data(study, tables, Path(tmp) / "plots")
     # The headline cells beside the report, the file dvc.yaml declares as the profile's metrics.
-    write_headline(tables, target.parent / HEADLINE_DIR / f"{params['profile']}.json")
+    write_headline(tables, target.parent / HEADLINE_DIR / f"{params.profile}.json")
     # Which MLflow runs the cells came from: bookkeeping, beside the DVC outputs, not in the report.
     from qac.tracking import RECORDS_DIR
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable
 
 from qac.evaluation.significance import ALPHA, POWER
 from qac.reporting.lineage import Study
 from qac.reporting.precision import decimals
 from qac.reporting.tables import Cell, Table, plural, seed_spread
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
               "compared_source", "metric", "paper_row", "published", "cited", "seeds", "recipe", "note"]
@@ -29,23 +32,18 @@ RUN_FIELDS = ["table", "row", "column", "run_id", "git_commit", "compared_run_id
 
 # ---------------------------------------------------------------- header block
 
-def _models(params: Mapping[str, Any]) -> str:
-    pretrain = params.get("pretrain", {})
-    inits = {pretrain.get("common", {}).get("init")}
-    inits |= {v.get("init") for v in (pretrain.get("variants") or {}).values() if v and v.get("init")}
-    generator = params.get("query_generator", {})
-    parts = [f"pre-training starts from {', '.join(sorted(filter(None, inits))) or 'n/a'}",
-             f"{pretrain.get('common', {}).get('steps', 'n/a')} steps at batch {pretrain.get('common', {}).get('batch_size', 'n/a')} "
-             "(per-variant overrides in params)",
-             f"CoT-MAE decoder: {pretrain.get('common', {}).get('cotmae_decoder', 'n/a')}",
-             f"query generator: {generator.get('model', 'n/a')} ({generator.get('mode', 'n/a')})",
-             f"{params.get('querygen', {}).get('queries_per_passage', 'n/a')} queries per passage"]
-    if params.get("finetune", {}).get("init_none"):
-        parts.append(f"no-pre-training rows start from {params['finetune']['init_none']}")
+def _models(params: Params) -> str:
+    common, generator = params.pretrain.common, params.query_generator
+    inits = {common.init} | {variant.init for variant in params.pretrain.variants.values() if variant.init}
+    parts = [f"pre-training starts from {', '.join(sorted(inits))}",
+             f"{common.steps} steps at batch {common.batch_size} (per-variant overrides in params)",
+             f"CoT-MAE decoder: {common.cotmae_decoder}",
+             f"query generator: {generator.model} ({generator.mode})",
+             f"{params.querygen.queries_per_passage} queries per passage"]
     return "; ".join(parts)
 
 
-def _recipe(params: Mapping[str, Any]) -> str:
+def _recipe(params: Params) -> str:
     from qac.deviations import recipe_summary
 
     return (f"{recipe_summary(params)}; per-variant overrides name their own in the CSV's recipe column; "
@@ -73,21 +71,21 @@ def _documents(study: Study, name: str) -> str | None:
     return f"{kept} of {plural(kept + left_out, 'document')}: {how}"
 
 
-def _data(params: Mapping[str, Any], study: Study) -> str:
-    def describe(name: str) -> str:
-        spec = (params.get("datasets") or {}).get(name) or {}
-        facts = [spec.get("format", "?"), f"splits {', '.join(spec.get('splits') or []) or '-'}"]
-        documents = _documents(study, name)
-        return f"{name} ({'; '.join(facts + ([documents] if documents else []))})"
+def _data(params: Params, study: Study) -> str:
+    def describe(name: str | None) -> str:
+        spec = params.datasets.get(name) if name else None
+        facts = [spec.format, f"splits {', '.join(spec.splits) or '-'}"] if spec else ["?", "splits -"]
+        documents = _documents(study, name) if name else None
+        return f"{name or '?'} ({'; '.join(facts + ([documents] if documents else []))})"
 
-    corpus, train = params.get("pretrain_corpus"), params.get("train_dataset")
-    parts = [f"pre-training corpus {describe(corpus or '?')}",
-             f"in-domain {f'{train} (as above)' if train == corpus and train else describe(train or '?')}",
-             "zero-shot " + (", ".join(describe(name) for name in params.get("zero_shot") or []) or "none")]
+    corpus, train = params.pretrain_corpus, params.train_dataset
+    parts = [f"pre-training corpus {describe(corpus)}",
+             f"in-domain {f'{train} (as above)' if train == corpus and train else describe(train)}",
+             "zero-shot " + (", ".join(describe(name) for name in params.zero_shot) or "none")]
     return "; ".join(parts)
 
 
-def header_block(params: Mapping[str, Any], study: Study, tables: Iterable[Table]) -> list[tuple[str, str]]:
+def header_block(params: Params, study: Study, tables: Iterable[Table]) -> list[tuple[str, str]]:
     """``(field, text)`` lines that say what the tables were computed on.
 
     Only what the inputs determine: the same DVC outputs give the same header

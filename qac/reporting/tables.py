@@ -14,14 +14,17 @@ Units follow the paper: percentages in Tables 1, 3, 4 and 5, fractions
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from qac.evaluation.significance import compare_paired
 from qac.params.vocabulary import CONTEXT_TYPES, PRETRAINING_METHODS
 from qac.reporting import paper
 from qac.reporting.lineage import Source, Study, Variant
 from qac.tracking import metric_key
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 PERCENT = "percent"
 FRACTION = "fraction"
@@ -127,23 +130,20 @@ class Table:
         return self.cells.get((row, column), Cell(note="not applicable"))
 
 
-def columns_from_params(params: Mapping[str, Any]) -> list[MetricColumn]:
+def columns_from_params(params: Params) -> list[MetricColumn]:
     """The profile's in-domain columns (``tables.in_domain_columns``); ``dataset: null`` is the train dataset."""
-    specs = params.get("tables", {}).get("in_domain_columns") or []
+    specs = params.tables.in_domain_columns
     if not specs:
         raise ValueError("params.yaml: tables.in_domain_columns is empty; Tables 1, 3 and 4 need at least one column")
     columns = []
     for index, spec in enumerate(specs):
-        unknown = set(spec) - {"label", "dataset", "split", "measure", "paper", "missing", "short"}
-        if unknown or "label" not in spec:
-            raise ValueError(f"params.yaml: tables.in_domain_columns[{index}]: needs 'label'; unknown keys {sorted(unknown)}")
-        if not spec.get("missing") and not spec.get("measure"):
+        if not spec.missing and not spec.measure:
             raise ValueError(f"params.yaml: tables.in_domain_columns[{index}]: give 'measure' or 'missing'")
-        spec = dict(spec)
-        if not spec.get("missing"):
-            spec["dataset"] = spec.get("dataset") or params.get("train_dataset")
-            spec["split"] = spec.get("split") or "test"
-        columns.append(MetricColumn(**spec))
+        column = MetricColumn(label=spec.label, dataset=spec.dataset, split=spec.split, measure=spec.measure,
+                              paper=spec.paper, missing=spec.missing, short=spec.short)
+        if not spec.missing:
+            column = replace(column, dataset=spec.dataset or params.train_dataset, split=spec.split or "test")
+        columns.append(column)
     return columns
 
 
@@ -156,22 +156,20 @@ class TableContext:
     study: Study
     columns: list[MetricColumn]
     profile: str
-    main_query_count: int | None = None
-    zero_shot_datasets: list[str] = field(default_factory=list)
-    zero_shot_retriever: str = "r1"
-    permutations: int = 10000
-    seed: int = field(kw_only=True)
-    params: Mapping[str, Any] = field(default_factory=dict)
+    main_query_count: int | None
+    zero_shot_datasets: list[str]
+    zero_shot_retriever: str
+    permutations: int
+    seed: int
+    params: Params
 
     @classmethod
-    def from_params(cls, study: Study, params: Mapping[str, Any]) -> "TableContext":
-        tables = params.get("tables", {})
-        return cls(study=study, columns=columns_from_params(params), profile=params["profile"],
-                   main_query_count=tables.get("main_query_count"),
-                   zero_shot_datasets=list(params.get("zero_shot") or []),
-                   zero_shot_retriever=tables.get("zero_shot_retriever", "r1"),
-                   permutations=int(tables.get("permutations", 10000)), seed=int(params["seed"]),
-                   params=params)
+    def from_params(cls, study: Study, params: Params) -> "TableContext":
+        tables = params.tables
+        return cls(study=study, columns=columns_from_params(params), profile=params.profile,
+                   main_query_count=tables.main_query_count, zero_shot_datasets=list(params.zero_shot),
+                   zero_shot_retriever=tables.zero_shot_retriever, permutations=tables.permutations,
+                   seed=params.seed, params=params)
 
     def column(self, paper_key: str) -> MetricColumn | None:
         return next((column for column in self.columns if column.paper == paper_key), None)
@@ -206,11 +204,9 @@ class TableContext:
 
     def recipe(self, variant: Variant | None) -> str | None:
         """The recipe (qac/deviations.yaml) the variant's runs used: the profile's switches, its own overrides."""
-        if not self.params:
-            return None
         from qac.deviations import recipe_summary
 
-        overrides = ((self.params.get("pretrain") or {}).get("variants") or {}).get(variant.name) if variant else None
+        overrides = self.params.pretrain.variants.get(variant.name) if variant else None
         return recipe_summary(self.params, overrides or None)
 
 
@@ -323,8 +319,8 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
     """The start encoder, evaluated the way its model was trained, with its published figures beside ours."""
     from qac.retrieval.dense import baseline_settings, start_encoder
 
-    spec = start_encoder(ctx.params) if ctx.params else None
-    described = spec is not None and spec in (ctx.params.get("encoders") or {})
+    spec = start_encoder(ctx.params)
+    described = spec is not None and spec in ctx.params.encoders
     encoding = baseline_settings(ctx.params, spec) if described else None
     row = "start encoder, not fine-tuned"
     cut_datasets = {}
@@ -385,7 +381,7 @@ def _reference_row(ctx: TableContext, table: Table, spec: str) -> None:
                        "reference); its published figures are compared where the corpus is whole, else cited.")
 
 
-def corpus_cut(params: Mapping, dataset: str | None) -> tuple[int, bool] | None:
+def corpus_cut(params: Params, dataset: str | None) -> tuple[int, bool] | None:
     """``(max_documents, keep_judged_documents)`` the prepare stage applied to ``dataset``, or None if uncut.
 
     A dataset's own entry overrides the profile-wide ``prepare`` settings
@@ -394,9 +390,9 @@ def corpus_cut(params: Mapping, dataset: str | None) -> tuple[int, bool] | None:
     from qac.data.sources import subset_settings
 
     settings = subset_settings(params, dataset)
-    if settings.get("max_documents") is None:
+    if settings.max_documents is None:
         return None
-    return int(settings["max_documents"]), bool(settings.get("keep_judged_documents", False))
+    return settings.max_documents, settings.keep_judged_documents
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
@@ -439,7 +435,7 @@ def table1_in_domain(ctx: TableContext) -> Table:
     untuned = ctx.study.baseline("untuned")
     if untuned is not None:
         _untuned_row(ctx, table, untuned)
-    for spec in (ctx.params.get("reference_retrievers") or []):
+    for spec in ctx.params.reference_retrievers:
         _reference_row(ctx, table, spec)
     # The zero-shot retriever (Table 2's footnote recipe) has in-domain rows only where the profile trains it.
     retrievers = [r for r in RETRIEVER_LABELS if r != "beir" or ctx.zero_shot_retriever == "beir"]
@@ -816,7 +812,7 @@ def table5_annotation(ctx: TableContext) -> Table:
     return table
 
 
-def build_tables(study: Study, params: Mapping[str, Any]) -> list[Table]:
+def build_tables(study: Study, params: Params) -> list[Table]:
     """Tables 1-5 for the profile in ``params`` from the outputs in ``study``."""
     ctx = TableContext.from_params(study, params)
     return [table1_in_domain(ctx), table2_zero_shot(ctx), table3_query_count(ctx),

@@ -8,12 +8,15 @@ and only rank 0 searches; other ranks get ``None``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
 from qac.retrieval.encode import encode_distributed, encode_texts
 from qac.retrieval.search import dense_search
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 
 @dataclass(frozen=True)
@@ -27,28 +30,26 @@ class DenseSettings:
     normalize: bool
 
 
-def start_encoder(params: Mapping) -> str | None:
+def start_encoder(params: Params) -> str | None:
     """The model spec the no-pre-training variant ``none`` starts from (its ``init``, else the common one)."""
-    pretrain = params.get("pretrain") or {}
-    none = (pretrain.get("variants") or {}).get("none")
+    none = params.pretrain.variants.get("none")
     if none is None:
         return None
-    return none.get("init") or (pretrain.get("common") or {}).get("init")
+    return none.init or params.pretrain.common.init
 
 
-def baseline_settings(params: Mapping, spec: str | None) -> dict:
+def baseline_settings(params: Params, spec: str | None) -> dict:
     """How to encode with the untuned model ``spec``: as it was trained (``encoders.<spec>``), else as fine-tuned.
 
     Returns ``pooling``, ``normalize``, ``query_max_len``, ``passage_max_len`` and the
     ``published`` figures (empty for a model the params do not describe).
     """
-    finetune = params.get("finetune") or {}
-    entry = (params.get("encoders") or {}).get(spec) if spec else None
+    finetune = params.finetune
+    entry = params.encoders.get(spec) if spec else None
     if entry is None:
-        return {"pooling": finetune["pooling"], "normalize": False,
-                "query_max_len": finetune["query_max_len"],
-                "passage_max_len": finetune.get("corpus_max_len") or finetune["passage_max_len"], "published": []}
-    return {key: entry.get(key, []) if key == "published" else entry[key]
+        return {"pooling": finetune.pooling, "normalize": False, "query_max_len": finetune.query_max_len,
+                "passage_max_len": finetune.corpus_max_len or finetune.passage_max_len, "published": []}
+    return {key: getattr(entry, key)
             for key in ("pooling", "normalize", "query_max_len", "passage_max_len", "published")}
 
 

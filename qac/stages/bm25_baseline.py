@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
 
 from qac.config import profile_dir
 from qac.data.prepared import load_prepared_parts
@@ -35,8 +35,10 @@ from qac.retrieval.mining import negatives_records
 from qac.tracking.lifecycle import tracked_stage
 from qac.tracking.naming import baseline_description, run_name
 
+if TYPE_CHECKING:
+    from qac.params.sections import Params
+
 log = logging.getLogger("bm25")
-R1_NEGATIVES = ("bm25", "official")   # finetune.r1_negatives: our BM25 run, or the official training triples
 
 
 def official_negatives(folder: Path, dataset, per_query: int, seed: int):
@@ -66,25 +68,17 @@ def official_negatives(folder: Path, dataset, per_query: int, seed: int):
         yield {"qid": qid, "positives": positives, "negatives": negatives[:per_query]}
 
 
-def bm25_baseline(params: Mapping[str, Any]) -> list[str]:
+def bm25_baseline(params: Params) -> list[str]:
     """Index every evaluated dataset, write retriever 1's negatives and the BM25 runs and metrics; the
     summary line's facts."""
     root = profile_dir(params)
-    train_name = params["train_dataset"]
-    names = list(dict.fromkeys([train_name, *params.get("zero_shot", [])]))
-    depth = int(params["evaluate"]["depth"])
-    measures = list(params["evaluate"]["metrics"])
-    section = params["finetune"]
-    negatives_depth = int(section["bm25_depth"])
-    r1_negatives = section.get("r1_negatives", "bm25")
-    if r1_negatives not in R1_NEGATIVES:
-        raise SystemExit(f"params finetune.r1_negatives: {r1_negatives!r} is not one of {', '.join(R1_NEGATIVES)}")
-    r1_queries = section.get("r1_queries", "judged")
-    try:
-        settings = BM25Settings.from_params(params.get("bm25", {}))
-    except ValueError as error:
-        raise SystemExit(f"params bm25: {error}") from None
-    in_domain_title = params.get("bm25", {}).get("in_domain_title", True)
+    train_name = params.train_dataset
+    names = list(dict.fromkeys([train_name, *params.zero_shot]))
+    depth, measures = params.evaluate.depth, list(params.evaluate.metrics)
+    section = params.finetune
+    negatives_depth, r1_negatives, r1_queries = section.bm25_depth, section.r1_negatives, section.r1_queries
+    settings = BM25Settings.from_params(params.bm25)
+    in_domain_title = params.bm25.in_domain_title
     stage_params = {"train_dataset": train_name, "zero_shot": names[1:], "depth": depth, "measures": measures,
                     "bm25_depth": negatives_depth, "r1_negatives": r1_negatives, "r1_queries": r1_queries,
                     "bm25": {**vars(settings), "in_domain_title": in_domain_title}, **baseline_description("bm25")}
@@ -109,8 +103,7 @@ def bm25_baseline(params: Mapping[str, Any]) -> list[str]:
                             raise ValueError(f"train_dataset {name!r} has no '{TRAIN_SPLIT}' split "
                                              f"(splits: {dataset.splits}) or is several sub-collections")
                         if r1_negatives == "official":
-                            records = official_negatives(folder, dataset, int(section["official_negatives"]),
-                                                         int(params["seed"]))
+                            records = official_negatives(folder, dataset, section.official_negatives, params.seed)
                         else:
                             run = index.search(dataset.split_queries(TRAIN_SPLIT), k=negatives_depth)
                             # finetune.r1_queries triples: as the official triples, only queries whose

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qac.params.sections import EvaluateSection, Params
 
 
-def retrievers_of(params: dict, variant: str, root: Path) -> list[tuple[str, Path, str | None]]:
+def retrievers_of(params: Params, variant: str, root: Path) -> list[tuple[str, Path, str | None]]:
     """``(name, encoder folder, fine-tuning run id or None)`` for every retriever to evaluate.
 
     The run id is None for the untuned encoder, and for a fine-tuned one whose run this tracking
@@ -44,29 +47,28 @@ def retrievers_of(params: dict, variant: str, root: Path) -> list[tuple[str, Pat
         if not folder.is_dir():
             raise SystemExit(f"{folder}: missing (run the finetune@{variant} stage)")
         found.append((name, folder, Upstream(root, folder, f"finetune@{variant} {name}").run_id()))
-    if variant == "none" and params["evaluate"].get("untuned_baseline", False):
+    if variant == "none" and params.evaluate.untuned_baseline:
         found.append(("untuned", root / "pretrain" / variant / "encoder", None))
     return found
 
 
-def evaluation_datasets(params: dict) -> list[str]:
+def evaluation_datasets(params: Params) -> list[str]:
     """The in-domain dataset first, then the zero-shot ones, each once."""
-    names = [params["train_dataset"], *params.get("zero_shot", [])]
+    names = [params.train_dataset, *params.zero_shot]
     return list(dict.fromkeys(names))
 
 
-def evaluates_zero_shot(params: dict, variant: str, retriever: str) -> bool:
+def evaluates_zero_shot(params: Params, variant: str, retriever: str) -> bool:
     """Whether ``retriever`` of ``variant`` is evaluated on the zero-shot datasets.
 
     ``evaluate.zero_shot_variants`` (null: all) and ``evaluate.zero_shot_retrievers``
     (null: all) let a scaled-down profile spend its time on the cells Table 2 shows.
     """
-    settings = params["evaluate"]
-    variants, retrievers = settings.get("zero_shot_variants"), settings.get("zero_shot_retrievers")
+    variants, retrievers = params.evaluate.zero_shot_variants, params.evaluate.zero_shot_retrievers
     return (variants is None or variant in variants) and (retrievers is None or retriever in retrievers)
 
 
-def evaluate_retriever_on(model, tokenizer, dataset, *, settings: Mapping[str, Any], encoding, device,
+def evaluate_retriever_on(model, tokenizer, dataset, *, settings: EvaluateSection, encoding, device,
                           out_dir: Path, separator: str = " ") -> dict:
     """Encode ``dataset``'s corpus once, search every evaluation split; write runs and per-query values.
 
@@ -79,8 +81,8 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: Mapping[str, A
     from qac.retrieval.encode import encode_texts
 
     query_max_len, passage_max_len = encoding.query_max_len, encoding.passage_max_len
-    options = dict(batch_size=settings.get("batch_size", 128), device=device, normalize=encoding.normalize,
-                   loader_workers=settings.get("loader_workers", 0))
+    options = dict(batch_size=settings.batch_size, device=device, normalize=encoding.normalize,
+                   loader_workers=settings.loader_workers)
     doc_ids = list(dataset.corpus)
     doc_vectors = encode_texts(model.encoder, tokenizer,
                                [document_text(dataset.corpus[d].title, dataset.corpus[d].text, separator)
@@ -88,11 +90,11 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: Mapping[str, A
                                max_length=passage_max_len, pooling=encoding.pooling,
                                desc=f"encode {dataset.name} corpus", **options)
     runs = search_splits(model, tokenizer, dataset, doc_ids, doc_vectors, query_max_len=query_max_len,
-                         depth=settings["depth"], **options)
+                         depth=settings.depth, **options)
     return score_runs(dataset, runs, settings, out_dir)
 
 
-def score_runs(dataset, runs: dict, settings: dict, out_dir: Path) -> dict:
+def score_runs(dataset, runs: dict, settings: EvaluateSection, out_dir: Path) -> dict:
     """Write each split's run and per-query values into ``out_dir``; ``{split: EvalResult}``."""
     from qac.evaluation.split_evaluation import evaluate_split
     from qac.evaluation.trec_io import write_run
@@ -101,7 +103,7 @@ def score_runs(dataset, runs: dict, settings: dict, out_dir: Path) -> dict:
     results = {}
     for split, run in runs.items():
         write_run(out_dir / f"{split}.trec", run, tag=out_dir.parent.name)
-        result = evaluate_split(dataset, split, run, settings["metrics"])
+        result = evaluate_split(dataset, split, run, settings.metrics)
         write_json(out_dir / f"{split}.per_query.json", result.per_query)
         results[split] = result
     return results
@@ -138,16 +140,16 @@ def combine_parts(by_subset: dict, out_dir: Path) -> dict:
     return combined
 
 
-def headline(params: dict, results: dict[str, dict[str, dict]]) -> list[str]:
+def headline(params: Params, results: dict[str, dict[str, dict]]) -> list[str]:
     """The summary line's facts: each retriever's first measure on the in-domain set's first split."""
-    measure = params["evaluate"]["metrics"][0]
+    measure, train_dataset = params.evaluate.metrics[0], params.train_dataset
     facts = []
     for name, by_dataset in results.items():
-        by_split = by_dataset.get(params["train_dataset"]) or {}
+        by_split = by_dataset.get(train_dataset) or {}
         if by_split:
             split, result = next(iter(by_split.items()))
-            facts.append(f"{name} {params['train_dataset']}/{split} {measure} {result.aggregate[measure]:.3f}")
-    zero_shot = sum(len(by_dataset) - (params["train_dataset"] in by_dataset) for by_dataset in results.values())
+            facts.append(f"{name} {train_dataset}/{split} {measure} {result.aggregate[measure]:.3f}")
+    zero_shot = sum(len(by_dataset) - (train_dataset in by_dataset) for by_dataset in results.values())
     if zero_shot:
         facts.append(f"{zero_shot} zero-shot evaluations")
     return facts
@@ -155,7 +157,7 @@ def headline(params: dict, results: dict[str, dict[str, dict]]) -> list[str]:
 
 
 
-def encoding_of(params: Mapping[str, Any], name: str, folder: Path, fine_tuned: Path):
+def encoding_of(params: Params, name: str, folder: Path, fine_tuned: Path):
     """How retriever ``name`` (its folder ``folder``) is encoded: as its folder says; the untuned start
     encoder as its model was trained (``encoders.<spec>``: pooling, normalisation, lengths), else as
     retriever 1 (``fine_tuned``) was fine-tuned."""
@@ -167,12 +169,11 @@ def encoding_of(params: Mapping[str, Any], name: str, folder: Path, fine_tuned: 
         raise SystemExit(f"{fine_tuned if name == 'untuned' else folder}: a retriever folder without its "
                          "encoding (modules.json, retriever.json): rerun its fine-tuning stage")
     spec = start_encoder(params)
-    trained = (params.get("encoders") or {}).get(spec) if name == "untuned" and spec else None
+    trained = params.encoders.get(spec) if name == "untuned" and spec else None
     if trained is None:
         return declared
-    return Encoding(pooling=trained["pooling"], normalize=trained["normalize"],
-                    query_max_len=trained["query_max_len"], passage_max_len=trained["passage_max_len"],
-                    title_separator=declared.title_separator)
+    return Encoding(pooling=trained.pooling, normalize=trained.normalize, query_max_len=trained.query_max_len,
+                    passage_max_len=trained.passage_max_len, title_separator=declared.title_separator)
 
 
 @dataclass
@@ -182,12 +183,12 @@ class EvaluationOutcome:
     results: dict[str, dict[str, dict]] = field(default_factory=dict)
     reused: list[str] = field(default_factory=list)
 
-    def facts(self, params: Mapping[str, Any]) -> list[str]:
+    def facts(self, params: Params) -> list[str]:
         return [*headline(params, self.results),
                 f"{', '.join(self.reused)} from the fine-tuning stage's runs" if self.reused else ""]
 
 
-def evaluate_variant(params: Mapping[str, Any], variant: str) -> EvaluationOutcome:
+def evaluate_variant(params: Params, variant: str) -> EvaluationOutcome:
     """Evaluate ``variant``'s retrievers on every evaluation set; write its runs, per-query values and
     ``metrics/eval/<variant>.json``, and log the metrics into the retrievers' runs (the module's doc)."""
     import time
@@ -202,7 +203,7 @@ def evaluate_variant(params: Mapping[str, Any], variant: str) -> EvaluationOutco
     from qac.tracking.naming import variant_description, variant_run_name
 
     root = profile_dir(params)
-    settings = params["evaluate"]
+    settings = params.evaluate
     retrievers = retrievers_of(params, variant, root)
     fine_tuned = root / "finetune" / variant / "r1"
     encodings = {name: encoding_of(params, name, folder, fine_tuned) for name, folder, _ in retrievers}
@@ -216,18 +217,18 @@ def evaluate_variant(params: Mapping[str, Any], variant: str) -> EvaluationOutco
         for dataset_name in evaluation_datasets(params):
             parts = load_prepared_parts(root / "datasets" / dataset_name)
             for name, folder, _ in retrievers:
-                if dataset_name != params["train_dataset"] and not evaluates_zero_shot(params, variant, name):
+                if dataset_name != params.train_dataset and not evaluates_zero_shot(params, variant, name):
                     continue
                 started = time.perf_counter()
                 encoding = encodings[name]
                 # In-domain documents are encoded as fine-tuning saw them (the folder's title separator);
                 # zero-shot ones as BEIR encodes them, title and text joined by a space.
-                separator = encoding.title_separator if dataset_name == params["train_dataset"] else " "
+                separator = encoding.title_separator if dataset_name == params.train_dataset else " "
                 shared = None
-                if name == "r1" and dataset_name == params["train_dataset"] and len(parts) == 1:
+                if name == "r1" and dataset_name == params.train_dataset and len(parts) == 1:
                     shared = finetuning_runs(root, variant, parts[0][1], dict(
                         query_max_len=encoding.query_max_len, passage_max_len=encoding.passage_max_len,
-                        pooling=encoding.pooling, separator=separator), settings["depth"])
+                        pooling=encoding.pooling, separator=separator), settings.depth)
                 if shared is not None:      # the corpus as retriever 1 encoded it for mining, not encoded again
                     by_subset = {None: score_runs(parts[0][1], shared, settings, Path(staging) / name / dataset_name)}
                     outcome.reused.append(f"{name} {dataset_name}")
@@ -257,7 +258,7 @@ def evaluate_variant(params: Mapping[str, Any], variant: str) -> EvaluationOutco
             else:
                 opened = reopened_stage(params, run_id)
             with opened as tracking:
-                tracking.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings["depth"]})
+                tracking.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings.depth})
                 tracking.log_metrics({"eval/seconds": seconds[name]})
                 for dataset_name, by_split in outcome.results[name].items():
                     for folder in prepared_folders(root / "datasets" / dataset_name):

@@ -22,24 +22,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 
-def training_negatives(params: Mapping[str, Any], dataset, root: Path) -> tuple[dict, dict]:
+def training_negatives(params: Params, dataset, root: Path) -> tuple[dict, dict]:
     """``(qid -> negatives, facts)`` from the recipe's source, before any model loads."""
     from qac.data.hard_negatives import HardNegativesError, locate_hard_negatives, read_hard_negatives
     from qac.train.groups import read_negatives
 
-    section = params["beir_retriever"]
-    if section["negatives"] == "bm25":
+    section = params.beir_retriever
+    if section.negatives == "bm25":
         path = root / "bm25" / "negatives.jsonl"
         if not path.is_file():
             raise SystemExit(f"{path}: missing, but beir_retriever.negatives is 'bm25' (run the bm25 stage)")
         return read_negatives(path), {"source": str(path)}
-    path = locate_hard_negatives(section["hard_negatives"])
+    path = locate_hard_negatives(section.hard_negatives)
     try:
-        selected = read_hard_negatives(path, per_system=int(section["negatives_per_system"]),
-                                       ce_score_margin=section["ce_score_margin"], systems=section["systems"],
+        selected = read_hard_negatives(path, per_system=section.negatives_per_system,
+                                       ce_score_margin=section.ce_score_margin, systems=section.systems,
                                        keep=dataset.qrels["train"])
     except HardNegativesError as error:
         raise SystemExit(str(error)) from None
@@ -50,7 +53,7 @@ def training_negatives(params: Mapping[str, Any], dataset, root: Path) -> tuple[
 
 
 
-def train_zero_shot_retrievers(params: Mapping[str, Any]) -> list[str]:
+def train_zero_shot_retrievers(params: Params) -> list[str]:
     """Train and evaluate the zero-shot retriever of every variant Table 2 reports; the summary line's facts."""
     from qac.config import profile_dir
     from qac.data.prepared import load_prepared, load_prepared_parts
@@ -71,7 +74,7 @@ def train_zero_shot_retrievers(params: Mapping[str, Any]) -> list[str]:
         with atomic_path(out_dir, directory=True) as staging:
             (Path(staging) / "variants.json").write_text("[]\n", encoding="utf-8")
         write_json(metrics_path, {})
-        return [f"nothing to train (tables.zero_shot_retriever: {params['tables']['zero_shot_retriever']})"]
+        return [f"nothing to train (tables.zero_shot_retriever: {params.tables.zero_shot_retriever})"]
 
     # Every input checked before any model loads.
     starts = {}
@@ -80,11 +83,10 @@ def train_zero_shot_retrievers(params: Mapping[str, Any]) -> list[str]:
         if not start.is_dir():
             raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
         starts[variant] = start
-    dataset_dir = root / "datasets" / params["train_dataset"]
+    dataset_dir = root / "datasets" / params.train_dataset
     dataset = load_prepared(dataset_dir)
     if "train" not in dataset.qrels:
         raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to train on")
-    section = params["beir_retriever"]
     try:
         settings = recipe_settings(params)
     except ValueError as error:
@@ -114,10 +116,10 @@ def train_zero_shot_retrievers(params: Mapping[str, Any]) -> list[str]:
                 encoding = (read_encoding(folder / "encoder") if dist.is_main
                             else model.encoding(settings.query_max_len, settings.corpus_length))
                 results = {}
-                for dataset_name in params.get("zero_shot", []):
+                for dataset_name in params.zero_shot:
                     parts = load_prepared_parts(root / "datasets" / dataset_name)
                     by_subset = {subset: evaluate_retriever_on(
-                        model, tokenizer, part, settings=params["evaluate"], encoding=encoding, device=dist.device,
+                        model, tokenizer, part, settings=params.evaluate, encoding=encoding, device=dist.device,
                         out_dir=folder / "eval" / dataset_name / (subset or ""), separator=" ")
                         for subset, part in parts}
                     results[dataset_name] = combine_parts(by_subset, folder / "eval" / dataset_name)

@@ -26,9 +26,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from qac.tracking.store import tracking_uri  # the store's address, beside the probe of it
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 RUN_RECORD = "mlflow_run.json"
 RECORDS_DIR = ".runs"   # under data/<profile>/: beside the DVC outputs, inside none
@@ -67,11 +70,11 @@ def git_state(cwd: str | os.PathLike | None = None) -> tuple[str, bool]:
         return "unknown", True
 
 
-def _setup(params: Mapping[str, Any]):
+def _setup(params: Params):
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
-    name = params.get("mlflow", {}).get("experiment") or f"qac-{params['profile']}"
+    name = params.mlflow.experiment or f"qac-{params.profile}"
     experiment = mlflow.get_experiment_by_name(name)
     if experiment is None:
         artifact_root = None
@@ -92,13 +95,13 @@ def _setup(params: Mapping[str, Any]):
     return mlflow, experiment
 
 
-def study_run_id(params: Mapping[str, Any]) -> str:
+def study_run_id(params: Params) -> str:
     """The study (parent) run of this profile at this git commit, created on first use."""
     mlflow, experiment = _setup(params)
     commit, _ = git_state()
     query = (
         "tags.`qac.role` = 'study' and "
-        f"tags.`qac.profile` = '{params['profile']}' and tags.`qac.git_commit` = '{commit}'"
+        f"tags.`qac.profile` = '{params.profile}' and tags.`qac.git_commit` = '{commit}'"
     )
     found = mlflow.search_runs([experiment.experiment_id], filter_string=query,
                                order_by=["start_time ASC"], max_results=1, output_format="list")
@@ -110,8 +113,8 @@ def study_run_id(params: Mapping[str, Any]) -> str:
     client = mlflow.MlflowClient()
     run = client.create_run(
         experiment.experiment_id,
-        run_name=run_name("study", params["profile"], commit[:7]),
-        tags={"qac.role": "study", "qac.profile": params["profile"], "qac.git_commit": commit},
+        run_name=run_name("study", params.profile, commit[:7]),
+        tags={"qac.role": "study", "qac.profile": params.profile, "qac.git_commit": commit},
     )
     describe_study_run(client, run.info.run_id, params, commit, git_state()[1])
     client.set_terminated(run.info.run_id)
@@ -194,7 +197,7 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def stage_run(
-    params: Mapping[str, Any],
+    params: Params,
     stage: str,
     run_name: str,
     *,
@@ -227,7 +230,7 @@ def stage_run(
     all_tags = {
         "qac.kind": kind,
         "qac.stage": stage,
-        "qac.profile": params["profile"],
+        "qac.profile": params.profile,
         "qac.git_commit": commit,
         "qac.git_dirty": str(dirty).lower(),
         "mlflow.source.git.commit": commit,
@@ -239,11 +242,11 @@ def stage_run(
             all_tags[f"qac.input_md5.{name}"] = path_md5(path)
     all_tags.update({key: str(value) for key, value in (tags or {}).items()})
     parent = parent_run_id or study_run_id(params)
-    system_metrics = bool(params.get("mlflow", {}).get("system_metrics", False))
+    system_metrics = params.mlflow.system_metrics
     with mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags,
                           log_system_metrics=system_metrics) as run:
         link_killed_predecessors(mlflow.MlflowClient(), experiment.experiment_id, run.info.run_id,
-                                 stage, params["profile"])
+                                 stage, params.profile)
         if stage_params:
             flat = {k: v for k, v in flatten("", stage_params).items()}
             from qac.redaction import redact_url

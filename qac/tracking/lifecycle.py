@@ -32,7 +32,10 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 
 @dataclass
@@ -209,10 +212,10 @@ class StageTracking:
             write_run_record(self.root, output, self.run_id, **{**self._record, **extra})
 
 
-def _profile_root(params: Mapping[str, Any], root: str | os.PathLike | None) -> Path:
+def _profile_root(params: Params, root: str | os.PathLike | None) -> Path:
     if root is not None:
         return Path(root)
-    return Path(params.get("data_dir", "data")) / params["profile"]
+    return Path(params.data_dir) / params.profile
 
 
 @contextlib.contextmanager
@@ -251,7 +254,7 @@ def _store_run(opened) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def tracked_stage(
-    params: Mapping[str, Any],
+    params: Params,
     stage: str,
     run_name: str,
     *,
@@ -293,7 +296,7 @@ def tracked_stage(
 
 
 @contextlib.contextmanager
-def reopened_stage(params: Mapping[str, Any], run_id: str, *, main: bool = True,
+def reopened_stage(params: Params, run_id: str, *, main: bool = True,
                    root: str | os.PathLike | None = None) -> Iterator[StageTracking]:
     """Reopen the finished run ``run_id`` to log more into it; its status and end time are kept
     (:func:`qac.tracking.record.reopened_run`)."""

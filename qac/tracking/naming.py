@@ -17,7 +17,10 @@ never read a generated query.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 SEPARATOR = " · "
 
@@ -27,7 +30,7 @@ def run_name(*parts: Any) -> str:
     return SEPARATOR.join(str(part) for part in parts if part not in (None, ""))
 
 
-def variant_description(params: Mapping[str, Any], variant: str) -> dict[str, Any]:
+def variant_description(params: Params, variant: str) -> dict[str, Any]:
     """The variant's identity as flat parameters: what a pivot table needs to tell variants apart.
 
     ``context_type`` is ``none`` for method ``none`` (nothing is pre-trained);
@@ -48,7 +51,7 @@ def variant_description(params: Mapping[str, Any], variant: str) -> dict[str, An
     if settings.method == "master":
         description["master_decoders"] = ",".join(settings.master_decoders)
     description["seed"] = settings.seed
-    seed_of = (((params.get("pretrain") or {}).get("variants") or {}).get(variant) or {}).get("seed_of")
+    seed_of = params.pretrain.variants[variant].seed_of
     if seed_of:   # a seed copy: the variant it repeats with another seed
         description["seed_of"] = seed_of
     description["init"] = settings.init

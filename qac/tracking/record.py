@@ -25,7 +25,10 @@ import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+if TYPE_CHECKING:
+    from qac.params.sections import Params
 
 CONFIG_ARTIFACT = "config/params.yaml"
 CODE_ARTIFACT = "code/qac_modules.json"
@@ -37,7 +40,7 @@ _COLUMNS = {
 }
 
 
-def log_stage_config(params: Mapping[str, Any]) -> None:
+def log_stage_config(params: Params) -> None:
     """Log the resolved parameters to the active run as ``config/params.yaml``."""
     import mlflow
 
@@ -82,14 +85,13 @@ def mark_training_experiment(client, experiment) -> None:
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
 
 
-def describe_study_run(client, run_id: str, params: Mapping[str, Any], commit: str, dirty: bool) -> None:
+def describe_study_run(client, run_id: str, params: Params, commit: str, dirty: bool) -> None:
     """Give a new study run the parameters a reader filters on: profile and git commit."""
     from mlflow.entities import Param
 
-    values = {"profile": params["profile"], "git_commit": commit, "git_dirty": str(dirty).lower(),
-              "train_dataset": params.get("train_dataset"), "pretrain_corpus": params.get("pretrain_corpus"),
-              "zero_shot": ",".join(params.get("zero_shot") or []),
-              "variants": ",".join((params.get("pretrain") or {}).get("variants") or {})}
+    values = {"profile": params.profile, "git_commit": commit, "git_dirty": str(dirty).lower(),
+              "train_dataset": params.train_dataset, "pretrain_corpus": params.pretrain_corpus,
+              "zero_shot": ",".join(params.zero_shot), "variants": ",".join(params.pretrain.variants)}
     client.log_batch(run_id, params=[Param(key, str(value)) for key, value in values.items()])
 
 
@@ -167,9 +169,9 @@ def reopened_run(run_id: str) -> Iterator[Any]:
         client.set_terminated(run_id, status=before.info.status, end_time=before.info.end_time)
 
 
-def models_requested(params: Mapping[str, Any], flag: bool = False) -> bool:
+def models_requested(params: Params, flag: bool = False) -> bool:
     """Whether trained encoders go to MLflow: the stage's ``--log-models`` or ``mlflow.log_models``."""
-    return bool(flag or (params.get("mlflow") or {}).get("log_models", False))
+    return flag or params.mlflow.log_models
 
 
 def log_encoder(folder: str | os.PathLike, artifact_path: str) -> None:

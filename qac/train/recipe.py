@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from qac.params.sections import BeirRetrieverSection, FinetuneSection, Params
 
 
 def retriever_texts(dataset, title_join: str, tokenizer) -> tuple[dict[str, str], str]:
@@ -39,13 +42,13 @@ def retriever_texts(dataset, title_join: str, tokenizer) -> tuple[dict[str, str]
     return {doc_id: document_text(doc.title, doc.text, separator) for doc_id, doc in dataset.corpus.items()}, separator
 
 
-def judged_queries(dataset, negatives: dict, section: Mapping[str, Any], seed: int):
+def judged_queries(dataset, negatives: dict, section: FinetuneSection | BeirRetrieverSection, seed: int):
     """The judged training queries of ``dataset`` (a seeded subset with ``max_train_queries``), their pools
     from ``negatives``."""
     from qac.train.groups import training_queries
 
     return training_queries(dataset.queries, dataset.qrels["train"], negatives,
-                            rel_threshold=dataset.rel_threshold("train"), max_queries=section.get("max_train_queries"),
+                            rel_threshold=dataset.rel_threshold("train"), max_queries=section.max_train_queries,
                             seed=seed, corpus_ids=dataset.corpus)
 
 
@@ -60,7 +63,7 @@ def broadcast_path(path: Path | None, dist) -> Path:
     return Path(holder[0])
 
 
-def train_retriever(name: str, negatives: dict, *, variant: str, params: Mapping[str, Any], settings, dataset,
+def train_retriever(name: str, negatives: dict, *, variant: str, params: Params, settings, dataset,
                     passage_text: Mapping[str, str], start: Path, parent, staging: Path, out_dir: Path, root: Path,
                     dist, inputs: Mapping[str, Path], title_separator: str = " ", log_models: bool = False,
                     section_key: str = "finetune", stage: str | None = None, query_set: str = "judged"):
@@ -90,7 +93,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Mapping
     left_out = check_whole_batches(len(queries), settings, where=f"{stage} {name}")
     description = {**variant_description(params, variant), "retriever": name}
     with tracked_stage(params, stage, variant_run_name(description, name), kind="finetune",
-                       stage_params={**section, "seed": seed, "train_dataset": params["train_dataset"],
+                       stage_params={**section, "seed": seed, "train_dataset": params.train_dataset,
                                      **description},
                        inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant, "qac.seed": seed},
                        parent=parent,
@@ -137,7 +140,7 @@ class FinetuneOutcome:
                 if self.left_out else ""]
 
 
-def fine_tune_variant(params: Mapping[str, Any], variant: str, *, log_models: bool = False) -> FinetuneOutcome:
+def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False) -> FinetuneOutcome:
     """Run the two-stage recipe on ``variant``'s pre-trained encoder; writes ``data/<profile>/finetune/<variant>/``
     (``r1/``, ``r2/``, ``mined_negatives.jsonl``, ``r1_runs/``) as one unit. Runs alone or under ``torchrun``.
 
@@ -163,13 +166,13 @@ def fine_tune_variant(params: Mapping[str, Any], variant: str, *, log_models: bo
     if not start.is_dir():
         raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
     bm25_negatives_path = root / "bm25" / "negatives.jsonl"
-    dataset_dir = root / "datasets" / params["train_dataset"]
+    dataset_dir = root / "datasets" / params.train_dataset
     dataset = load_prepared(dataset_dir)
     if "train" not in dataset.qrels:
         raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to fine-tune on")
-    section = params["finetune"]
+    section = params.finetune
     settings = FinetuneSettings.from_params(section, variant_seed(params, variant))
-    passage_text, separator = retriever_texts(dataset, section.get("title_join", "space"), load_tokenizer(str(start)))
+    passage_text, separator = retriever_texts(dataset, section.title_join, load_tokenizer(str(start)))
     inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
 
     dist = init_distributed()
@@ -186,23 +189,23 @@ def fine_tune_variant(params: Mapping[str, Any], variant: str, *, log_models: bo
             staging = broadcast_path(staging, dist)
             bm25_negatives = read_negatives(bm25_negatives_path)
             r1, tokenizer, queries, outcome.r1_losses, outcome.left_out = train_retriever(
-                "r1", bm25_negatives, staging=staging, inputs=inputs, query_set=section.get("r1_queries", "judged"),
+                "r1", bm25_negatives, staging=staging, inputs=inputs, query_set=section.r1_queries,
                 **common)
             outcome.training_queries = len(queries)
             # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
             mining_queries = judged_queries(dataset, bm25_negatives, section, variant_seed(params, variant))
             mined_path = staging / "mined_negatives.jsonl"
-            encode_options = dict(batch_size=section.get("encode_batch_size", 128),
-                                  loader_workers=section.get("loader_workers", 0), dist=dist)
+            encode_options = dict(batch_size=section.encode_batch_size, loader_workers=section.loader_workers,
+                                  dist=dist)
             # The corpus is encoded once: the mining and retriever 1's in-domain evaluation runs share it.
             corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length,
                                    **encode_options)
             records = mine_with_retriever(
-                r1, tokenizer, mining_queries, passage_text, depth=section["mine_depth"],
-                skip_top=section.get("mine_skip_top", 0), query_max_len=settings.query_max_len,
+                r1, tokenizer, mining_queries, passage_text, depth=section.mine_depth,
+                skip_top=section.mine_skip_top, query_max_len=settings.query_max_len,
                 passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
             encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
-                                    pooling=r1.pooling, separator=separator, depth=params["evaluate"]["depth"])
+                                    pooling=r1.pooling, separator=separator, depth=params.evaluate.depth)
             runs = search_splits(r1, tokenizer, dataset, *corpus, query_max_len=settings.query_max_len,
                                  depth=encoding["depth"], device=dist.device, **encode_options)
             del corpus
@@ -212,7 +215,7 @@ def fine_tune_variant(params: Mapping[str, Any], variant: str, *, log_models: bo
             barrier()
             negatives = read_negatives(mined_path)
             outcome.mined_per_query = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
-            negatives = retriever2_negatives(negatives, bm25_negatives, section.get("r2_use_bm25_negatives", False))
+            negatives = retriever2_negatives(negatives, bm25_negatives, section.r2_use_bm25_negatives)
             del r1
             _, _, _, outcome.r2_losses, _ = train_retriever(
                 "r2", negatives, staging=staging, inputs={**inputs, "mined_negatives": mined_path}, **common)

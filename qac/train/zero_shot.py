@@ -13,7 +13,7 @@ The settings come from ``beir_retriever`` in params.yaml (qac.params.sections).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING
 
 from qac.train.finetune import FinetuneSettings
 
@@ -40,11 +40,11 @@ def recipe_settings(params: Params) -> FinetuneSettings:
         prefetch_batches=params.finetune.prefetch_batches)
 
 
-def trained_variants(params: Mapping[str, Any]) -> list[str]:
+def trained_variants(params: Params) -> list[str]:
     """The variants whose zero-shot retriever is trained: none unless ``tables.zero_shot_retriever`` is
     ``beir``; then those of ``evaluate.zero_shot_variants`` (null: every variant), the ones Table 2 reports."""
-    if (params.get("tables") or {}).get("zero_shot_retriever") != RETRIEVER:
+    if params.tables.zero_shot_retriever != RETRIEVER:
         return []
-    declared = list((params.get("pretrain") or {}).get("variants") or {})
-    chosen = (params.get("evaluate") or {}).get("zero_shot_variants")
+    declared = list(params.pretrain.variants)
+    chosen = params.evaluate.zero_shot_variants
     return declared if chosen is None else [name for name in declared if name in chosen]
