@@ -41,7 +41,6 @@ import torch
 
 from qac.benchmarking import machine_summary, markdown_table, write_section
 from qac.config import data_mirror
-from qac.params import base_settings
 from qac.querygen.generate import QueryGenerator, SamplingSettings
 
 
@@ -113,10 +112,18 @@ def time_hf_generate(model, tokenizer, passages, settings: SamplingSettings, bat
             "mean tokens/query": sum(lengths) / len(lengths)}
 
 
+def sampling_settings(**changes) -> SamplingSettings:
+    """profiles/base.yaml's sampling with ``changes`` (the schema, hence pydantic, only where it runs: not
+    on the bare GPU machine that imports this module for its model sizes)."""
+    from qac.params import base_settings
+
+    return base_settings(SamplingSettings.from_params, **changes)
+
+
 def cpu_part(args) -> str:
     torch.set_num_threads(2)
     model, tokenizer, name = default_generator()
-    settings = base_settings(SamplingSettings.from_params, seed=42, queries_per_passage=5, max_new_tokens=args.max_new_tokens, max_source_len=144)
+    settings = sampling_settings(seed=42, queries_per_passage=5, max_new_tokens=args.max_new_tokens, max_source_len=144)
     passages = load_passages(args.passages)
     rows = []
     for label, invariant, batch_size, subset in [
@@ -151,7 +158,7 @@ def gpu_part(args) -> str:
     config = T5Config(pad_token_id=0, eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=0, **T5_BASE)
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(config).to(device).eval()
-    settings = base_settings(SamplingSettings.from_params, seed=42, queries_per_passage=args.gpu_candidates, max_new_tokens=args.max_new_tokens,
+    settings = sampling_settings(seed=42, queries_per_passage=args.gpu_candidates, max_new_tokens=args.max_new_tokens,
                                 max_source_len=144)
     passages = load_passages(args.gpu_passages)
     rows = []
@@ -188,7 +195,7 @@ def tiny_part(args) -> str:
                       decoder_start_token_id=0)
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(config).to(device).eval()
-    settings = base_settings(SamplingSettings.from_params, seed=42, queries_per_passage=args.tiny_candidates, max_new_tokens=args.max_new_tokens,
+    settings = sampling_settings(seed=42, queries_per_passage=args.tiny_candidates, max_new_tokens=args.max_new_tokens,
                                 max_source_len=144)
     passages = load_passages(args.tiny_passages)
     runs = [("fp32", None)] + ([("bf16", torch.bfloat16)] if device.type == "cuda" else [])

@@ -8,6 +8,7 @@ single process that sees the whole batch. Dropout is off so both are exact.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -32,14 +33,12 @@ WORKER = textwrap.dedent(
     from qac.train.finetune import FinetuneSettings, collate, train_biencoder
     from qac.train.groups import GroupSampler, TrainingQuery
 
-    model_dir, out = sys.argv[1], sys.argv[2]
+    model_dir, out, settings = sys.argv[1], sys.argv[2], FinetuneSettings(**json.loads(sys.argv[3]))
     torch.set_num_threads(1)
     context = init_distributed()
     queries = [TrainingQuery(f"q{i}", f"query {i} about subject {i % 3}", (f"d{i}",),
                              tuple(f"d{(i + j) % 12}" for j in range(1, 5))) for i in range(8)]
     passage_text = {f"d{i}": f"document {i} with words {i * 7} and {i % 4}" for i in range(12)}
-    settings = finetune_settings(log_every=1, loader_workers=0, query_max_len=8, passage_max_len=12, train_n_passages=3, batch_size=4,
-                                epochs=2, lr=1e-3, warmup_ratio=0.25, seed=7, dtype="fp32")
     sampler = GroupSampler(queries, sorted(passage_text), n_negatives=2, seed=3)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
@@ -66,6 +65,11 @@ WORKER = textwrap.dedent(
 )
 
 
+SETTINGS = json.dumps(dataclasses.asdict(finetune_settings(
+    log_every=1, loader_workers=0, query_max_len=8, passage_max_len=12, train_n_passages=3, batch_size=4, epochs=2,
+    lr=1e-3, warmup_ratio=0.25, seed=7, dtype="fp32")))
+
+
 def _run(command: list[str], cwd: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
@@ -76,9 +80,9 @@ def _run(command: list[str], cwd: Path) -> None:
 def test_two_process_training_matches_single_process(tiny_bert_dir, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    _run([sys.executable, str(script), str(tiny_bert_dir), str(tmp_path / "single.json")], tmp_path)
+    _run([sys.executable, str(script), str(tiny_bert_dir), str(tmp_path / "single.json"), SETTINGS], tmp_path)
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-          str(script), str(tiny_bert_dir), str(tmp_path / "ddp.json")], tmp_path)
+          str(script), str(tiny_bert_dir), str(tmp_path / "ddp.json"), SETTINGS], tmp_path)
 
     single = json.loads((tmp_path / "single.json").read_text())
     ddp = json.loads((tmp_path / "ddp.json").read_text())

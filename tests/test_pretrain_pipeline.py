@@ -93,10 +93,11 @@ def test_method_none_exports_the_init_encoder(smoke_params, mlflow_store, tmp_pa
 def test_unknown_variant_and_unknown_key_are_rejected(smoke_params):
     from qac.train.pretrain import PretrainSettings
 
-    with pytest.raises(ValueError, match="no pretrain.variants.nope"):
-        PretrainSettings.from_params(smoke_params, "nope")
-    # an unknown key is the schema's to refuse, before any settings are built
     from qac.params import ParamsError, validate_params
+
+    with pytest.raises(ValueError, match="no pretrain.variants.nope"):
+        PretrainSettings.from_params(validate_params(smoke_params), "nope")
+    # an unknown key is the schema's to refuse, before any settings are built
 
     smoke_params["pretrain"]["variants"]["typo"] = {"method": "cocondenser", "lerning_rate": 1}
     with pytest.raises(ParamsError, match="parameter pretrain.variants.typo.lerning_rate: unknown key"):
