@@ -11,7 +11,7 @@ a run record (``mlflow_run.json``), a report, an MLflow param, or the console.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 REDACTED = "***"
@@ -48,7 +48,7 @@ def redact_values(value: Any) -> Any:
     """A copy of nested params (mappings, lists) with :func:`redact_url` applied to every string."""
     if isinstance(value, str):
         return redact_url(value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):       # plain data or checked parameters (qac.params: sections read as mappings)
         return {key: redact_values(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(redact_values(item) for item in value)

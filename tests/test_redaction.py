@@ -88,3 +88,15 @@ def test_hpo_workers_get_the_storage_credentials_from_the_environment_not_the_pa
     other = render_profile("smoke")
     other["hpo"]["storage"] = "postgresql://***@elsewhere/optuna"   # another database: not this password
     assert HpoSettings.from_params(other).storage == "postgresql://***@elsewhere/optuna"
+
+
+def test_checked_parameters_are_redacted_as_plain_data():
+    from pathlib import Path
+
+    from qac.params import load_params, with_values
+
+    smoke = load_params(Path(__file__).resolve().parent.parent / "profiles" / "smoke" / "params.yaml")
+    params = with_values(smoke, {"hpo.storage": "postgresql://user:s3cret@db:5432/optuna"})
+    redacted = redact_values(params)
+    assert redacted["hpo"]["storage"] == "postgresql://***@db:5432/optuna"
+    assert "s3cret" not in repr(redacted) and redacted["finetune"] == smoke.finetune.to_dict()
