@@ -430,7 +430,7 @@ class TableColumn(Section):
     label: str = Field(description="the column's head")
     short: str | None = Field(default=None, description="the compact LaTeX head")
     dataset: str | None = Field(default=None, description="a key of datasets (null: train_dataset)")
-    split: str | None = Field(default=None, description="the dataset's split")
+    split: str = Field(default="test", description="the dataset's split")
     measure: str | None = Field(default=None, description="a measure of evaluate.metrics")
     paper: str | None = Field(default=None, description="the paper's Table 1 column shown beside ours")
     missing: str | None = Field(default=None, description="a column the profile cannot produce: the reason")

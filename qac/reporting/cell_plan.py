@@ -144,7 +144,7 @@ class _Profile:
             return None, None, f"the profile has no column for the paper's {column} (tables.in_domain_columns)"
         if spec.missing:
             return None, None, spec.missing
-        return spec.dataset or self.params.train_dataset, spec.split or "test", None
+        return spec.dataset or self.params.train_dataset, spec.split, None
 
 
 def plan_cells(params: Params) -> list[PlannedCell]:

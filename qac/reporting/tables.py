@@ -139,10 +139,10 @@ def columns_from_params(params: Params) -> list[MetricColumn]:
     for index, spec in enumerate(specs):
         if not spec.missing and not spec.measure:
             raise ValueError(f"params.yaml: tables.in_domain_columns[{index}]: give 'measure' or 'missing'")
-        column = MetricColumn(label=spec.label, dataset=spec.dataset, split=spec.split, measure=spec.measure,
+        column = MetricColumn(label=spec.label, dataset=spec.dataset, split=spec.get("split"), measure=spec.measure,
                               paper=spec.paper, missing=spec.missing, short=spec.short)
         if not spec.missing:
-            column = replace(column, dataset=spec.dataset or params.train_dataset, split=spec.split or "test")
+            column = replace(column, dataset=spec.dataset or params.train_dataset, split=spec.split)
         columns.append(column)
     return columns
 
