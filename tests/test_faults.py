@@ -30,6 +30,10 @@ def run_python(code: str, cwd: Path, **options) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **options)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def leftovers(folder: Path) -> list[str]:
     return sorted(str(path) for path in folder.rglob("*") if path.name.endswith(".tmp") or path.name.endswith(".old"))
 
@@ -60,7 +64,9 @@ def main():
 
 run_main(main)
 """
-    process = run_python(code, tmp_path)
+    # Started as from a terminal: a shell's background job (a CI runner's) inherits SIGINT ignored, and
+    # Python then leaves it ignored; the child gets the default disposition back before it starts.
+    process = run_python(code, tmp_path, preexec_fn=_default_sigint)
     deadline = time.monotonic() + 30
     while not (tmp_path / "started").exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
