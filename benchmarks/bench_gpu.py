@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import platform
@@ -187,6 +188,7 @@ def peak_of(device) -> tuple[str, float | None]:
 # models and batches
 
 
+@functools.cache
 def base_values() -> dict:
     """``profiles/base.yaml`` read as it is (the method's settings): this machine may lack the schema's pydantic."""
     return read_yaml((REPO / "profiles" / "base.yaml").read_text(encoding="utf-8"))

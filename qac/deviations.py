@@ -114,15 +114,6 @@ def lookup(params: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def assign(params: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``a.b.c`` in ``params`` (which must already hold ``a.b``)."""
-    *parents, last = dotted.split(".")
-    node = params
-    for part in parents:
-        node = node[part]
-    node[last] = value
-
-
 def missing_keys(params: Mapping[str, Any]) -> list[str]:
     """Keys the ledger names (switches and related keys) that ``params`` lacks."""
     missing = []

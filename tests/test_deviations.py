@@ -21,6 +21,7 @@ import pytest
 from qac import deviations
 from qac.config import render_profile
 from qac.params import PROFILE_NAMES, validate_params
+from qac.params.changes import assign
 from stages import load_stage
 
 REPO = Path(__file__).resolve().parent.parent
@@ -275,7 +276,7 @@ def test_each_switch_value_runs_on_the_smoke_profile(entry_id, recipe, profiles,
     entry = next(e for e in deviations.load_ledger() if e.id == entry_id)
     assert entry.stage in RUNNERS, f"{entry.id}: no runner for stage {entry.stage!r} in tests/test_deviations.py"
     raw = copy.deepcopy(profiles["smoke"])
-    deviations.assign(raw, entry.switch, entry.values[recipe])
+    assign(raw, entry.switch, entry.values[recipe])
     # Each key checked; not the rules across keys, which weigh a switch against the smoke profile's data
     # (retriever 1's official triples), where each runner brings data of its own.
     params = validate_params(raw, complete=False)

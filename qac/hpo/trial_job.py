@@ -267,10 +267,8 @@ def run_trial(params: Params, out_dir: Path) -> dict[str, Any]:
     section = params.finetune
     # Trained as the fine-tuning stage trains retriever 1 (qac.train.recipe): its passage length, its model;
     # on_step every step, so that eval_every is honoured.
-    finetune_settings = dataclasses.replace(FinetuneSettings.from_params(section, params.seed).for_retriever("r1"),
-                                            log_every=1)
-    if settings.finetune_epochs is not None:
-        finetune_settings = dataclasses.replace(finetune_settings, epochs=settings.finetune_epochs)
+    r1 = FinetuneSettings.from_params(section, params.seed).for_retriever("r1")
+    finetune_settings = dataclasses.replace(r1, log_every=1, epochs=settings.finetune_epochs or r1.epochs)
     all_negatives = read_negatives(root / "bm25" / "negatives.jsonl")
     negatives = {qid: docs for qid, docs in all_negatives.items() if qid in train_qrels}
     queries = training_queries(dataset.queries, train_qrels, negatives, rel_threshold=rel_threshold,

@@ -21,12 +21,16 @@ def with_values(params: Params, values: Mapping[str, Any]) -> Params:
     parent's key); the result is checked as a whole, the rules across keys included."""
     data = params.to_dict()
     for dotted, value in values.items():
-        *parents, last = dotted.split(".")
-        node: Any = data
-        for depth, part in enumerate(parents):
-            if not isinstance(node, dict) or part not in node or not isinstance(node[part], dict):
-                raise ParamsError(None, [Problem(".".join(parents[:depth + 1]),
-                                                 f"no such section to set {dotted} in")])
-            node = node[part]
-        node[last] = value
+        assign(data, dotted, value)
     return validate_params(data, complete=True)
+
+
+def assign(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in plain parameters ``data`` (which must already hold the section ``a.b``)."""
+    *parents, last = dotted.split(".")
+    node: Any = data
+    for depth, part in enumerate(parents):
+        if not isinstance(node, dict) or part not in node or not isinstance(node[part], dict):
+            raise ParamsError(None, [Problem(".".join(parents[:depth + 1]), f"no such section to set {dotted} in")])
+        node = node[part]
+    node[last] = value

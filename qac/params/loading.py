@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+
 import yaml
 
 from qac.params.errors import ParamsError, Problem
@@ -54,10 +56,15 @@ def base_params() -> Params:
     settings from it and change the keys that matter (``dataclasses.replace``). The rules across keys
     are left out: the base names no datasets or variants of its own."""
     from qac.params.locations import profiles_root
-    from qac.params.validation import validate_params
 
     path = profiles_root() / "base.yaml"
-    text = path.read_text(encoding="utf-8")
+    # Read and checked once per version of the file (tests and benchmarks build many settings from it).
+    return _checked_base(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _checked_base(path: str, mtime_ns: int) -> Params:
+    text = Path(path).read_text(encoding="utf-8")
     return validate_params(read_yaml(text), path, text, complete=False)
 
 
