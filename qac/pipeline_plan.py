@@ -32,7 +32,16 @@ def stage_plan(name: str, repo_root: str | Path = ".") -> list[tuple[str, str]]:
 
 
 def stage_graph(name: str, repo_root: str | Path = ".") -> list[tuple[str, str, tuple[str, ...]]]:
-    """``(stage name, command, the stages it depends on)`` of every stage of profile ``name``, in run order.
+    """``(stage name, command, the stages it depends on)`` of every stage of profile ``name``, in run order
+    (:func:`pipeline_graph` of ``profiles/<name>/dvc.yaml``)."""
+    pipeline = profile_params_path(name).parent / "dvc.yaml"
+    if not pipeline.exists():
+        raise FileNotFoundError(f"{pipeline}: not rendered; run `qac profile render {name}`")
+    return pipeline_graph(pipeline, repo_root)
+
+
+def pipeline_graph(pipeline: str | Path, repo_root: str | Path = ".") -> list[tuple[str, str, tuple[str, ...]]]:
+    """``(stage name, command, the stages it depends on)`` of every stage of the DVC file ``pipeline``, in run order.
 
     The dependencies are the edges of DVC's own stage graph: stage A depends on
     stage B when one of A's ``deps`` is (inside) one of B's ``outs``. Data that
@@ -41,9 +50,6 @@ def stage_graph(name: str, repo_root: str | Path = ".") -> list[tuple[str, str, 
     from dvc.repo import Repo
     from dvc.repo.reproduce import plan_repro
 
-    pipeline = profile_params_path(name).parent / "dvc.yaml"
-    if not pipeline.exists():
-        raise FileNotFoundError(f"{pipeline}: not rendered; run `qac profile render {name}`")
     with Repo(str(repo_root)) as repo:
         graph = repo.index.graph
         stages = repo.stage.collect(str(pipeline))

@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "hpo": "qac.cli.hpo_command",
     "deviations": "qac.cli.deviations_command",
     "runs": "qac.cli.runs_command",
+    "repro": "qac.cli.repro_command",
     "metrics": "qac.cli.metrics_command",
 }
 

@@ -1,0 +1,79 @@
+"""Run a profile's pipeline through DVC with independent stages side by side (``qac repro --jobs 2 smoke``).
+
+The same stages, outputs, cache and dvc.lock as ``dvc repro profiles/<name>/dvc.yaml``
+(each stage is DVC's ``repro --single-item``; see qac/parallel_repro.py), with up to
+``--jobs`` stages running at once, each given its share of the cores. Only the
+stages DVC reports changed and those downstream of them start; an unchanged
+stage is skipped by DVC. The first failure stops new starts; the stages running
+finish, and the command ends with the failed stage's output (exit status 1).
+``--jobs 1`` runs them one at a time, in DVC's order.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("profile", nargs="?", default=None,
+                        help="profile name (default: $QAC_PROFILE, else the default profile)")
+    parser.add_argument("-j", "--jobs", type=int, default=2, help="stages at once (default 2)")
+    parser.add_argument("-f", "--force", action="store_true", help="run every stage, changed or not")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import sys
+    from pathlib import Path
+
+    from qac.errors import UserError
+    from qac.names import checked_plain_name
+    from qac.params.locations import DEFAULT_PROFILE, profile_params_path
+
+    name = checked_plain_name(args.profile or os.environ.get("QAC_PROFILE") or DEFAULT_PROFILE, "the profile name")
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be at least 1, not {args.jobs}")
+    params_file = profile_params_path(name)
+    pipeline = params_file.parent / "dvc.yaml"
+    if not pipeline.is_file():
+        raise UserError(f"{pipeline}: no such pipeline (profile {name!r}; `qac profile list` names the "
+                         f"profiles, `qac profile render {name}` writes a new one's files)")
+    from qac.params import load_params
+    from qac.parallel_repro import reproduce, shown_output
+
+    params = load_params(params_file)          # bad parameters stop here, before any stage starts
+
+    def started(stage: str) -> None:
+        print(f"Running stage '{stage}'", flush=True)
+
+    def finished(done) -> None:
+        text = shown_output(done.output)
+        status = "done" if done.returncode == 0 else f"FAILED (exit status {done.returncode})"
+        print(f"Stage '{done.name}' {status} in {done.seconds:.1f} s" + (f"\n{text}" if text else ""), flush=True)
+
+    outcome, stages = reproduce(pipeline, Path.cwd(), args.jobs, args.force, on_start=started, on_finish=finished,
+                                 before_first_start=lambda: _open_study_run(params))
+    if not outcome.finished:
+        print(f"repro {name}: every stage up to date ({stages} stages)")
+        return 0
+    ran = len(outcome.finished)
+    if outcome.failed:
+        failed = ", ".join(stage.name for stage in outcome.failed)
+        left = f"; not started: {', '.join(outcome.not_started)}" if outcome.not_started else ""
+        print(f"repro {name}: {failed} failed (output above); {ran - len(outcome.failed)} stage(s) finished"
+              f"{left}. Fix it and run the same command again: finished stages are cached and not rerun.",
+              file=sys.stderr)
+        return 1
+    print(f"repro {name}: {ran} stage(s) checked or run, {stages - ran} up to date, in "
+          f"{outcome.seconds:.0f} s with {args.jobs} at once")
+    return 0
+
+
+def _open_study_run(params) -> None:
+    """The profile's study run, created now so that stages starting together find one (when the store works)."""
+    from qac.tracking.store import tracking_uri, usable_store
+
+    if usable_store("the pipeline", tracking_uri()):
+        from qac.tracking import study_run_id
+
+        study_run_id(params)

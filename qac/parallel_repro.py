@@ -1,0 +1,207 @@
+"""`dvc repro` of a profile with independent stages side by side: ``qac repro --jobs 2 smoke``.
+
+DVC runs a pipeline's stages one after the other. A smoke stage computes for a
+second or two and spends the rest starting Python, torch, transformers and
+MLflow on one core, so on a machine with more cores than that the stages that
+do not depend on each other (the variants' pre-training, fine-tuning and
+evaluation chains) can run at the same time.
+
+Every stage still runs through DVC, one ``dvc --wait-for-lock repro
+--single-item <pipeline>:<stage>`` each: DVC checks the stage, runs its
+command, caches its outputs and writes its entry in the profile's
+``dvc.lock``, exactly as a whole `dvc repro` would. DVC lets go of its
+repository lock while a stage's command runs and takes it again to record the
+stage (``--wait-for-lock`` makes the other runs wait for it instead of
+failing), and its per-stage read/write locks keep a stage from reading an
+output another stage is writing. Nothing here decides what a stage does; it
+only decides when it starts:
+
+- the graph is DVC's own (:func:`qac.pipeline_plan.pipeline_graph`); a stage
+  starts when every stage it depends on has finished;
+- the stages that can need to run are the ones DVC reports changed and every
+  stage downstream of one (what `dvc repro` would look at); the rest are not
+  started at all, and a started stage that turns out unchanged is skipped by
+  DVC itself in about a second;
+- each stage's command gets ``cores / jobs`` threads (``OMP_NUM_THREADS``,
+  unless set), so that stages running together do not fight over the cores;
+- the first stage that fails stops new starts; the stages already running
+  finish, and the run ends with the failed stage's output and the stages left
+  over. Outputs are what DVC left: a failed stage leaves none, the finished
+  ones are cached and locked, and the next run starts from there.
+
+The profile's study run is created before any stage starts, so that stages
+starting together nest under one study run instead of each creating its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+# DVC prints this while another stage holds its repository lock for the second it takes to record a stage.
+_LOCK_WAIT = "Waiting to acquire lock"
+
+
+@dataclass(frozen=True)
+class StageJob:
+    name: str                       # finetune@none
+    upstream: tuple[str, ...]       # the stages whose outputs it reads
+
+
+@dataclass
+class Finished:
+    name: str
+    returncode: int
+    seconds: float
+    output: str
+
+
+@dataclass
+class ReproOutcome:
+    finished: list[Finished] = field(default_factory=list)
+    not_started: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[Finished]:
+        return [stage for stage in self.finished if stage.returncode != 0]
+
+
+def stages_to_consider(graph: Sequence[tuple[str, str, tuple[str, ...]]], changed: Iterable[str],
+                       force: bool = False) -> list[StageJob]:
+    """The stages of ``graph`` (``(name, command, upstream)`` in run order) that may need to run: the changed
+    ones and everything downstream of one (every stage when ``force``), with their upstream among them."""
+    chosen = set(changed) if not force else {name for name, _, _ in graph}
+    for name, _, upstream in graph:        # run order: an upstream stage is decided before its dependents
+        if any(stage in chosen for stage in upstream):
+            chosen.add(name)
+    return [StageJob(name, tuple(stage for stage in upstream if stage in chosen))
+            for name, _, upstream in graph if name in chosen]
+
+
+def run_stages(jobs: Sequence[StageJob], start: Callable[[str, Path], subprocess.Popen], parallel: int,
+               on_start: Callable[[str], None] = lambda name: None,
+               on_finish: Callable[[Finished], None] = lambda done: None,
+               poll_seconds: float = 0.05) -> ReproOutcome:
+    """Run ``jobs`` (in run order) with at most ``parallel`` at once, each as ``start(name, log_path)``.
+
+    A job starts when its upstream jobs have all finished with exit status 0; after the first failure no
+    job starts. Each job's output goes to its own log file (read back into :class:`Finished`) so that
+    stages running together do not interleave their lines. Ctrl-C ends the jobs that run and re-raises.
+    """
+    if parallel < 1:
+        raise ValueError(f"jobs must be at least 1, not {parallel}")
+    outcome = ReproOutcome()
+    began = time.monotonic()
+    waiting = list(jobs)
+    done: set[str] = set()
+    running: dict[str, tuple[subprocess.Popen, Path, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="qac-repro-") as logs:
+        try:
+            while waiting or running:
+                stopped = bool(outcome.failed)
+                ready = [job for job in waiting if all(stage in done for stage in job.upstream)]
+                while ready and len(running) < parallel and not stopped:
+                    job = ready.pop(0)
+                    waiting.remove(job)
+                    log = Path(logs) / f"{len(outcome.finished) + len(running)}.log"
+                    on_start(job.name)
+                    running[job.name] = (start(job.name, log), log, time.monotonic())
+                if not running:
+                    break                          # a failure stopped the rest, or nothing left can start
+                time.sleep(poll_seconds)
+                for name, (process, log, started) in list(running.items()):
+                    if process.poll() is None:
+                        continue
+                    del running[name]
+                    output = log.read_text(encoding="utf-8", errors="replace")
+                    finished = Finished(name, process.returncode, time.monotonic() - started, output)
+                    outcome.finished.append(finished)
+                    if process.returncode == 0:
+                        done.add(name)
+                    on_finish(finished)
+        except BaseException:
+            for process, _, _ in running.values():
+                if process.poll() is None:
+                    process.terminate()
+            for process, _, _ in running.values():
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            raise
+    outcome.not_started = [job.name for job in waiting]
+    outcome.seconds = time.monotonic() - began
+    return outcome
+
+
+def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", parallel: int = 2,
+              force: bool = False, on_start: Callable[[str], None] = lambda name: None,
+              on_finish: Callable[[Finished], None] = lambda done: None,
+              before_first_start: Callable[[], None] = lambda: None) -> tuple[ReproOutcome, int]:
+    """Bring the DVC file ``pipeline`` up to date with up to ``parallel`` stages at once; the outcome and the
+    number of stages in the pipeline. Nothing starts (``before_first_start`` is not called) when DVC reports
+    every stage unchanged."""
+    from qac.pipeline_plan import pipeline_graph
+
+    root = Path(repo_root)
+    graph = pipeline_graph(pipeline, root)
+    changed = set() if force else changed_stages(str(pipeline), root)
+    jobs = stages_to_consider(graph, changed, force=force)
+    if not jobs:
+        return ReproOutcome(), len(graph)
+    before_first_start()
+    start = dvc_stage_starter(str(pipeline), root, stage_environment(parallel), force)
+    return run_stages(jobs, start, parallel, on_start=on_start, on_finish=on_finish), len(graph)
+
+
+def threads_per_stage(parallel: int) -> int:
+    """The cores this process may use, shared among ``parallel`` stages (at least one each)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                      # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // parallel)
+
+
+def stage_environment(parallel: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    if parallel > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(threads_per_stage(parallel))
+    return env
+
+
+def dvc_stage_starter(pipeline: str, repo_root: Path, env: dict[str, str], force: bool
+                      ) -> Callable[[str, Path], subprocess.Popen]:
+    """``start(stage, log)``: ``dvc --wait-for-lock repro --single-item [--force] <pipeline>:<stage>``."""
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    if not Path(dvc).exists():
+        dvc = "dvc"
+
+    def start(stage: str, log: Path) -> subprocess.Popen:
+        command = [dvc, "--wait-for-lock", "repro", "--single-item", *(["--force"] if force else []),
+                   f"{pipeline}:{stage}"]
+        with open(log, "w", encoding="utf-8") as handle:
+            return subprocess.Popen(command, cwd=repo_root, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+    return start
+
+
+def changed_stages(pipeline: str, repo_root: Path) -> set[str]:
+    """The stages of ``pipeline`` that DVC reports changed (what `dvc status` lists), read under its lock."""
+    from dvc.repo import Repo, lock_repo
+
+    with Repo(str(repo_root)) as repo, lock_repo(repo):
+        return {stage.name for stage in repo.stage.collect(pipeline) if stage.cmd and stage.changed()}
+
+
+def shown_output(output: str) -> str:
+    """A stage's DVC output as printed: without the lock-waiting notices, trailing blank lines dropped."""
+    lines = [line for line in output.splitlines() if _LOCK_WAIT not in line]
+    return "\n".join(lines).rstrip()

@@ -1,0 +1,215 @@
+"""`qac repro --jobs N`: DVC's stages, in DVC's order, with independent ones side by side.
+
+The scheduling is tested on real processes; the whole path on a real DVC
+project of five stages (a -> b, a -> c, b + c -> d, and e alone), whose
+commands note when they start and end in a file outside DVC's view.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qac.parallel_repro import (StageJob, reproduce, run_stages, shown_output, stage_environment,
+                                stages_to_consider)
+
+BIN = Path(sys.executable).parent
+GRAPH = [("a", "", ()), ("e", "", ()), ("b", "", ("a",)), ("c", "", ("a",)), ("d", "", ("b", "c"))]
+
+
+def test_the_changed_stages_and_everything_downstream_are_considered():
+    assert stages_to_consider(GRAPH, {"b"}) == [StageJob("b", ()), StageJob("d", ("b",))]
+    assert [job.name for job in stages_to_consider(GRAPH, {"a"})] == ["a", "b", "c", "d"]
+    assert stages_to_consider(GRAPH, {"a"})[-1] == StageJob("d", ("b", "c"))
+    assert stages_to_consider(GRAPH, set()) == []
+    assert [job.name for job in stages_to_consider(GRAPH, set(), force=True)] == ["a", "e", "b", "c", "d"]
+
+
+def _timed_starter(folder: Path, seconds: float = 0.6, failing: frozenset = frozenset()):
+    """``start(name, log)``: a process that notes its start and end in ``folder/<name>`` and sleeps."""
+    script = ("import sys, time; from pathlib import Path; name, folder, pause, code = sys.argv[1:]; "
+              "Path(folder, name + '.start').write_text(repr(time.time())); time.sleep(float(pause)); "
+              "print(name, 'said this'); Path(folder, name + '.end').write_text(repr(time.time())); "
+              "sys.exit(int(code))")
+
+    def start(name: str, log: Path) -> subprocess.Popen:
+        with open(log, "w") as handle:
+            return subprocess.Popen([sys.executable, "-c", script, name, str(folder), str(seconds),
+                                     "3" if name in failing else "0"], stdout=handle, stderr=subprocess.STDOUT)
+    return start
+
+
+def _interval(folder: Path, name: str) -> tuple[float, float]:
+    return float((folder / f"{name}.start").read_text()), float((folder / f"{name}.end").read_text())
+
+
+def _overlap(first: tuple[float, float], second: tuple[float, float]) -> bool:
+    return first[0] < second[1] and second[0] < first[1]
+
+
+def test_independent_stages_overlap_and_each_starts_after_its_upstream(tmp_path):
+    jobs = stages_to_consider(GRAPH, set(), force=True)
+    outcome = run_stages(jobs, _timed_starter(tmp_path), parallel=2)
+    assert not outcome.failed and not outcome.not_started
+    assert sorted(done.name for done in outcome.finished) == ["a", "b", "c", "d", "e"]
+    times = {name: _interval(tmp_path, name) for name in "abcde"}
+    for job in jobs:
+        for upstream in job.upstream:
+            assert times[upstream][1] <= times[job.name][0], (job, times)
+    assert _overlap(times["a"], times["e"]) and _overlap(times["b"], times["c"])
+    assert all(done.output.strip() == f"{done.name} said this" for done in outcome.finished)
+    # never more than two at once: no stage overlaps two others that overlap each other
+    names = list(times)
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            for z in names[names.index(y) + 1:]:
+                assert not (_overlap(times[x], times[y]) and _overlap(times[x], times[z])
+                            and _overlap(times[y], times[z])), times
+
+
+def test_one_job_at_a_time_runs_in_the_given_order(tmp_path):
+    jobs = stages_to_consider(GRAPH, set(), force=True)
+    outcome = run_stages(jobs, _timed_starter(tmp_path, 0.1), parallel=1)
+    assert [done.name for done in outcome.finished] == ["a", "e", "b", "c", "d"]
+    times = [_interval(tmp_path, name) for name in "aebcd"]
+    assert all(earlier[1] <= later[0] for earlier, later in zip(times, times[1:]))
+
+
+def test_a_failure_stops_new_starts_and_lets_the_running_stage_finish(tmp_path):
+    jobs = stages_to_consider(GRAPH, set(), force=True)
+    outcome = run_stages(jobs, _timed_starter(tmp_path, 0.4, failing=frozenset({"c"})), parallel=2)
+    assert [done.name for done in outcome.failed] == ["c"] and outcome.failed[0].returncode == 3
+    assert "d" in outcome.not_started and not (tmp_path / "d.start").exists()
+    assert all(done.returncode == 0 for done in outcome.finished if done.name != "c")
+    assert {"a", "b", "c"} <= {done.name for done in outcome.finished}
+
+
+def test_a_stage_gets_its_share_of_the_cores_unless_the_threads_are_set():
+    assert "OMP_NUM_THREADS" not in stage_environment(1, {})
+    shared = int(stage_environment(2, {})["OMP_NUM_THREADS"])
+    assert 1 <= shared <= max(1, (os.cpu_count() or 1) // 2)
+    assert stage_environment(2, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+
+
+def test_the_lock_waiting_notice_is_not_shown():
+    output = "Running stage 'x':\nWaiting to acquire lock. If DVC froze, see ...\n> cmd\nx: done\n\n"
+    assert shown_output(output) == "Running stage 'x':\n> cmd\nx: done"
+
+
+# ---- a real DVC project ------------------------------------------------------------------------------------
+
+STAGE_SCRIPT = """\
+import sys, time
+from pathlib import Path
+
+name, pause = sys.argv[1], float(sys.argv[2])
+with open("timeline.txt", "a") as timeline:
+    timeline.write(f"{name} start {time.time()!r}\\n")
+if Path(f"fail-{name}").exists():
+    sys.exit(f"{name}: told to fail")
+text = "".join(Path(dep).read_text() for dep in sys.argv[3:]) + Path("inputs", name + ".txt").read_text()
+time.sleep(pause)
+Path("out").mkdir(exist_ok=True)
+Path("out", name + ".txt").write_text(text + name + "\\n")
+with open("timeline.txt", "a") as timeline:
+    timeline.write(f"{name} end {time.time()!r}\\n")
+print(f"{name}: done")
+"""
+
+
+def _dvc_project(root: Path, pause: float = 1.5) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "stage.py").write_text(STAGE_SCRIPT)
+    (root / "inputs").mkdir()
+    upstream = {"a": [], "e": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]}
+    stages = {}
+    for name, deps in upstream.items():
+        (root / "inputs" / f"{name}.txt").write_text(f"input of {name}\n")
+        dep_files = [f"out/{dep}.txt" for dep in deps]
+        stages[name] = {"cmd": " ".join([sys.executable, "stage.py", name, str(pause), *dep_files]),
+                        "deps": ["stage.py", f"inputs/{name}.txt", *dep_files],
+                        "outs": [f"out/{name}.txt"]}
+    (root / "dvc.yaml").write_text(json.dumps({"stages": stages}, indent=1))
+    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=root, check=True)
+    return root
+
+
+def _timeline(root: Path) -> dict[str, tuple[float, float]]:
+    marks: dict[str, dict[str, float]] = {}
+    for line in (root / "timeline.txt").read_text().splitlines():
+        name, what, when = line.split()
+        marks.setdefault(name, {})[what] = float(when)
+    return {name: (mark["start"], mark.get("end", mark["start"])) for name, mark in marks.items()}
+
+
+def _dvc_status(root: Path) -> dict:
+    done = subprocess.run([str(BIN / "dvc"), "status", "--json"], cwd=root, capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout or "{}")
+
+
+@pytest.mark.slow
+def test_dvc_runs_every_stage_once_two_at_a_time_and_then_has_nothing_to_do(tmp_path):
+    root = _dvc_project(tmp_path / "project")
+    outcome, stages = reproduce(root / "dvc.yaml", root, parallel=2)
+    assert stages == 5 and not outcome.failed, [done.output for done in outcome.finished]
+    assert sorted(done.name for done in outcome.finished) == ["a", "b", "c", "d", "e"]
+    times = _timeline(root)
+    assert _overlap(times["b"], times["c"]), times
+    assert times["b"][1] <= times["d"][0] and times["c"][1] <= times["d"][0] and times["a"][1] <= times["b"][0]
+    a = "input of a\na\n"
+    assert (root / "out" / "d.txt").read_text() == (a + "input of b\nb\n" + a + "input of c\nc\n"
+                                                    + "input of d\nd\n")
+    assert _dvc_status(root) == {}                     # DVC itself: every stage recorded and up to date
+    import yaml
+
+    assert set(yaml.safe_load((root / "dvc.lock").read_text())["stages"]) == {"a", "b", "c", "d", "e"}
+    (root / "timeline.txt").unlink()
+    again, _ = reproduce(root / "dvc.yaml", root, parallel=2)
+    assert again.finished == [] and not (root / "timeline.txt").exists()
+
+
+@pytest.mark.slow
+def test_a_changed_input_reruns_its_stage_and_what_depends_on_it(tmp_path):
+    root = _dvc_project(tmp_path / "project", pause=0.1)
+    reproduce(root / "dvc.yaml", root, parallel=2)
+    (root / "timeline.txt").unlink()
+    (root / "inputs" / "c.txt").write_text("another input of c\n")
+    outcome, _ = reproduce(root / "dvc.yaml", root, parallel=2)
+    assert sorted(done.name for done in outcome.finished) == ["c", "d"]
+    assert set(_timeline(root)) == {"c", "d"}
+    assert "another input of c" in (root / "out" / "d.txt").read_text()
+    assert _dvc_status(root) == {}
+
+
+@pytest.mark.slow
+def test_a_failed_stage_leaves_the_finished_ones_recorded_and_the_next_run_resumes(tmp_path):
+    root = _dvc_project(tmp_path / "project", pause=0.1)
+    (root / "fail-c").write_text("")
+    outcome, _ = reproduce(root / "dvc.yaml", root, parallel=2)
+    assert [done.name for done in outcome.failed] == ["c"] and "c: told to fail" in outcome.failed[0].output
+    assert outcome.not_started == ["d"] and not (root / "out" / "d.txt").exists()
+    assert set(_dvc_status(root)) == {"c", "d"}        # a, b and e are recorded; c and d still to run
+    (root / "fail-c").unlink()
+    (root / "timeline.txt").unlink()
+    resumed, _ = reproduce(root / "dvc.yaml", root, parallel=2)
+    assert sorted(done.name for done in resumed.finished) == ["c", "d"] and not resumed.failed
+    assert _dvc_status(root) == {}
+
+
+def test_the_command_names_a_profile_that_does_not_exist_in_one_line(tmp_path):
+    done = subprocess.run([str(BIN / "qac"), "repro", "no-such-profile"], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "no such pipeline" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    bad = subprocess.run([str(BIN / "qac"), "repro", "--jobs", "0", "smoke"],
+                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--jobs must be at least 1" in bad.stderr
+    path = subprocess.run([str(BIN / "qac"), "repro", "../etc"], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True)
+    assert path.returncode == 2 and "Traceback" not in path.stderr
