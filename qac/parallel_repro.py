@@ -22,8 +22,9 @@ only decides when it starts:
   stage downstream of one (what `dvc repro` would look at); the rest are not
   started at all, and a started stage that turns out unchanged is skipped by
   DVC itself in about a second;
-- each stage's command gets ``cores / jobs`` threads (``OMP_NUM_THREADS``,
-  unless set), so that stages running together do not fight over the cores;
+- each stage's command runs with the threads it has under `dvc repro` (so its
+  outputs are the same bytes), and OpenMP's idle threads sleep instead of
+  spinning on a core the other stage needs;
 - the first stage that fails stops new starts; the stages already running
   finish, and the run ends with the failed stage's output and the stages left
   over. Outputs are what DVC left: a failed stage leaves none, the finished
@@ -161,19 +162,17 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
     return run_stages(jobs, start, parallel, on_start=on_start, on_finish=on_finish), len(graph)
 
 
-def threads_per_stage(parallel: int) -> int:
-    """The cores this process may use, shared among ``parallel`` stages (at least one each)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:                      # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // parallel)
-
-
 def stage_environment(parallel: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the stages: this one, with OpenMP's idle threads sleeping when stages run side by side.
+
+    The thread count stays what it is under `dvc repro` (torch's default, or ``OMP_NUM_THREADS``): results
+    summed over another number of threads differ in their last bits, and the recorded smoke outputs and
+    reports are those of `dvc repro`. With two stages on the cores, a thread that waits for work would
+    otherwise spin on a core the other stage needs (``OMP_WAIT_POLICY=PASSIVE``, unless set).
+    """
     env = dict(os.environ if base is None else base)
-    if parallel > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(threads_per_stage(parallel))
+    if parallel > 1:
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 

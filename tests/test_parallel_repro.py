@@ -8,7 +8,6 @@ commands note when they start and end in a file outside DVC's view.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,11 +88,11 @@ def test_a_failure_stops_new_starts_and_lets_the_running_stage_finish(tmp_path):
     assert {"a", "b", "c"} <= {done.name for done in outcome.finished}
 
 
-def test_a_stage_gets_its_share_of_the_cores_unless_the_threads_are_set():
-    assert "OMP_NUM_THREADS" not in stage_environment(1, {})
-    shared = int(stage_environment(2, {})["OMP_NUM_THREADS"])
-    assert 1 <= shared <= max(1, (os.cpu_count() or 1) // 2)
-    assert stage_environment(2, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+def test_stages_side_by_side_keep_their_thread_count_and_let_idle_threads_sleep():
+    assert stage_environment(1, {"PATH": "/bin"}) == {"PATH": "/bin"}
+    assert stage_environment(2, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert stage_environment(2, {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3"}) == {
+        "OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3"}
 
 
 def test_the_lock_waiting_notice_is_not_shown():

@@ -2,10 +2,11 @@
 
 The same stages, outputs, cache and dvc.lock as ``dvc repro profiles/<name>/dvc.yaml``
 (each stage is DVC's ``repro --single-item``; see qac/parallel_repro.py), with up to
-``--jobs`` stages running at once, each given its share of the cores. Only the
+``--jobs`` stages running at once. Only the
 stages DVC reports changed and those downstream of them start; an unchanged
 stage is skipped by DVC. The first failure stops new starts; the stages running
 finish, and the command ends with the failed stage's output (exit status 1).
+Each stage keeps the threads it has under `dvc repro`, so the outputs are the same.
 ``--jobs 1`` runs them one at a time, in DVC's order.
 """
 
