@@ -208,7 +208,7 @@ def pretraining_settings(method: str, spec: str, **overrides) -> dict:
 def build_model(method: str, spec: str, device, full_vocab: bool = False):
     from qac.models.factory import build_pretraining_model
 
-    return build_pretraining_model(pretraining_settings(method, spec).to_dict(), seed=0,
+    return build_pretraining_model(pretraining_settings(method, spec), seed=0,
                                    full_vocab_logits=full_vocab).to(device)
 
 

@@ -7,36 +7,35 @@ from typing import Any, Mapping
 from qac.params.vocabulary import METHODS
 
 
-def build_pretraining_model(settings: Mapping[str, Any], seed: int, full_vocab_logits: bool = False):
-    """coCondenser, CoT-MAE or MASTER initialised from ``settings["init"]`` (a model spec).
-
-    ``settings`` holds every key of :class:`qac.train.pretrain.PretrainSettings` (its ``to_dict()``)."""
+def build_pretraining_model(settings, seed: int, full_vocab_logits: bool = False):
+    """coCondenser, CoT-MAE or MASTER initialised from ``settings.init`` (a model spec), with the options of a
+    run's :class:`qac.train.pretrain.PretrainSettings`."""
     from qac.models.cocondenser import CoCondenser
     from qac.models.cotmae import CoTMAE
     from qac.models.master import Master
 
-    method = settings["method"]
+    method = settings.method
     if method == "cocondenser":
         return CoCondenser.from_spec(
-            settings["init"], seed=seed, dropout=settings["dropout"], n_head_layers=int(settings["n_head_layers"]),
-            skip_from=int(settings["skip_from"]), temperature=float(settings["temperature"]),
-            mlm_probability=float(settings["mlm_probability"]), full_vocab_logits=full_vocab_logits,
-            loss_weights=settings["cocondenser_loss_weights"])
+            settings.init, seed=seed, dropout=settings.dropout, n_head_layers=int(settings.n_head_layers),
+            skip_from=int(settings.skip_from), temperature=float(settings.temperature),
+            mlm_probability=float(settings.mlm_probability), full_vocab_logits=full_vocab_logits,
+            loss_weights=settings.cocondenser_loss_weights)
     if method == "cotmae":
         return CoTMAE.from_spec(
-            settings["init"], seed=seed, dropout=settings["dropout"], decoder=settings["cotmae_decoder"],
-            decoder_layers=int(settings["cotmae_decoder_layers"]),
-            decoder_weight=float(settings["cotmae_decoder_weight"]),
-            attention_window=int(settings["cotmae_attention_window"]),
-            mask_ratio=float(settings["cotmae_mask_ratio"]),
-            decoder_mask_ratio=float(settings["cotmae_decoder_mask_ratio"]),
+            settings.init, seed=seed, dropout=settings.dropout, decoder=settings.cotmae_decoder,
+            decoder_layers=int(settings.cotmae_decoder_layers),
+            decoder_weight=float(settings.cotmae_decoder_weight),
+            attention_window=int(settings.cotmae_attention_window),
+            mask_ratio=float(settings.cotmae_mask_ratio),
+            decoder_mask_ratio=float(settings.cotmae_decoder_mask_ratio),
             full_vocab_logits=full_vocab_logits)
     if method == "master":
         return Master.from_spec(
-            settings["init"], seed=seed, dropout=settings["dropout"], decoders=tuple(settings["master_decoders"]),
-            decoder_layers=int(settings["master_decoder_layers"]), weights=dict(settings["master_weights"]),
-            mask_ratio=float(settings["master_mask_ratio"]),
-            decoder_mask_ratio=float(settings["master_decoder_mask_ratio"]), full_vocab_logits=full_vocab_logits)
+            settings.init, seed=seed, dropout=settings.dropout, decoders=tuple(settings.master_decoders),
+            decoder_layers=int(settings.master_decoder_layers), weights=dict(settings.master_weights),
+            mask_ratio=float(settings.master_mask_ratio),
+            decoder_mask_ratio=float(settings.master_decoder_mask_ratio), full_vocab_logits=full_vocab_logits)
     raise ValueError(f"method must be one of {METHODS} (none exports the init encoder), got {method!r}")
 
 

@@ -294,7 +294,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     torch.manual_seed(settings.seed + dist.rank)   # each process draws its own dropout masks
 
     tokenizer = load_tokenizer(settings.init)
-    model = build_pretraining_model(settings.to_dict(), seed=settings.seed,
+    model = build_pretraining_model(settings, seed=settings.seed,
                                     full_vocab_logits=full_vocab_logits).to(device)
     if settings.dtype in ("fp64", "float64"):
         # Float64 makes runs that compute the same mathematics agree to ~1e-12
