@@ -3,6 +3,7 @@
     python benchmarks/bench_stages.py --profile smoke [--force]
     python benchmarks/bench_stages.py --profile smoke --log repro.log   # a log written with --save-log
     python benchmarks/bench_stages.py --profile smoke --stage tables --force   # one stage, quickly
+    python benchmarks/bench_stages.py --profile smoke --jobs 2 --force        # as `make smoke`: `qac repro --jobs 2`
 
 Runs ``dvc repro profiles/<profile>/dvc.yaml`` (``--force``: every stage, even
 if up to date; for a run from an empty cache, delete ``data/<profile>`` and
@@ -43,6 +44,8 @@ from pathlib import Path
 from qac.benchmarking import machine_summary, markdown_table, write_section
 
 _STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
+# `qac repro --jobs N` prints a stage's whole output when it ends, after this line with its wall time.
+_RUNNER_LINE = re.compile(r"^Stage '([^']+)' (?:done|FAILED \(exit status -?\d+\)) in ([\d.]+) s$")
 # "import time:   self [us] | cumulative | name"; a top-level import has one space before its name.
 _IMPORT_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( +)(\S+)")
 _SUMMARY_SECONDS = re.compile(r", (?:(\d+) h (\d+) min|(\d+) min (\d+) s|([\d.]+) s)$")
@@ -57,6 +60,7 @@ class StageRun:
     imports: float = 0.0           # seconds of top-level imports in its processes
     clock: float | None = None     # seconds its summary line reports
     modules: dict[str, float] = field(default_factory=dict)   # top-level import -> seconds
+    measured: bool = False         # wall time as `qac repro` reported it (stages side by side)
 
     @property
     def group(self) -> str:
@@ -83,14 +87,28 @@ def summary_seconds(line: str, stage: str) -> float | None:
 
 
 def parse_timed_lines(lines: list[tuple[float, str]], end: float) -> list[StageRun]:
-    """Stage runs from ``(arrival seconds, line)`` of a `dvc repro` run with import timing on."""
+    """Stage runs from ``(arrival seconds, line)`` of a `dvc repro` run with import timing on.
+
+    Also reads `qac repro --jobs N`, whose stages run side by side and arrive each as one block after
+    the runner's ``Stage '<name>' done in <s> s`` line: that line gives the stage's wall time.
+    """
     runs: list[StageRun] = []
+    measured: float | None = None      # the wall time the runner reported for the block that follows
     for at, line in lines:
+        runner = _RUNNER_LINE.match(line)
+        if runner:
+            if runs and not runs[-1].measured:
+                runs[-1].ended = at
+            measured = float(runner.group(2))
+            continue
         match = _STAGE_LINE.match(line)
         if match:
-            if runs:
+            if runs and not runs[-1].measured:
                 runs[-1].ended = at
             runs.append(StageRun(match.group(1).rsplit(":", 1)[-1], at, last_line=at))
+            if measured is not None:
+                runs[-1].ended = runs[-1].last_line = at + measured
+                runs[-1].measured, measured = True, None
             continue
         if not runs:
             continue   # DVC's own start-up
@@ -101,20 +119,26 @@ def parse_timed_lines(lines: list[tuple[float, str]], end: float) -> list[StageR
                 seconds = int(imported.group(2)) / 1e6
                 run.imports += seconds
                 run.modules[imported.group(4)] = run.modules.get(imported.group(4), 0.0) + seconds
-            run.last_line = at
+            if not run.measured:
+                run.last_line = at
             continue
         seconds = summary_seconds(line, run.name)
         if seconds is not None:
             run.clock = seconds
-        if line.strip() and not line.startswith(("Updating lock file", "Generating lock file", "> ")):
+        if line.strip() and not run.measured and not line.startswith(("Updating lock file", "Generating lock file",
+                                                                      "> ")):
             run.last_line = at
-    if runs:
+    if runs and not runs[-1].measured:
         runs[-1].ended = end
     return runs
 
 
-def repro_command(profile: str, force: bool, stages: list[str]) -> list[str]:
-    """`dvc repro` of the profile, or of the named stages alone (``-s``)."""
+def repro_command(profile: str, force: bool, stages: list[str], jobs: int = 0) -> list[str]:
+    """`dvc repro` of the profile, or of the named stages alone (``-s``); with ``jobs``, `qac repro --jobs`."""
+    if jobs:
+        if stages:
+            raise SystemExit("--stage times one stage with `dvc repro`; leave out --jobs")
+        return ["qac", "repro", "--jobs", str(jobs), *(["--force"] if force else []), profile]
     pipeline = f"profiles/{profile}/dvc.yaml"
     targets = [f"{pipeline}:{stage}" for stage in stages] if stages else [pipeline]
     return ["dvc", "repro", *(["-s"] if stages else []), *(["--force"] if force else []), *targets]
@@ -131,7 +155,7 @@ def timed_repro(command: list[str], save_log: Path | None) -> tuple[list[StageRu
         if not line.startswith("import time:"):
             sys.stdout.write(line)
     if process.wait() != 0:
-        raise SystemExit(f"dvc repro failed with exit code {process.returncode}")
+        raise SystemExit(f"{' '.join(command[:2])} failed with exit code {process.returncode}")
     total = time.perf_counter() - start
     if save_log:
         save_log.write_text("".join(f"{at:.3f}\t{line}\n" for at, line in lines) + f"{total:.3f}\t\n",
@@ -208,8 +232,11 @@ def report(profile: str, runs: list[StageRun], total: float, command: str, load:
             "lock); after the stage is the part of it from the stage's last line on. `foreach` stages are summed over",
             "their variants.", "",
             markdown_table(rows), "",
-            f"Total `dvc repro` wall time: {total:.0f} s ({total / 60:.1f} minutes), load average {load[0]:.1f} at the "
+            f"Total wall time: {total:.0f} s ({total / 60:.1f} minutes), load average {load[0]:.1f} at the "
             f"start and {load[1]:.1f} at the end."]
+    if any(run.measured for run in runs):
+        body += ["", "The stages ran side by side (`qac repro --jobs`): each wall time is the one the runner "
+                     "reported, and they add up to more than the total."]
     if overall and total:
         body += ["", f"Of the {total:.0f} s, the {len(runs)} stage runs' imports take {overall['imports s']} s "
                      f"({overall['imports s'] / total:.0%}) and time outside the stage clocks "
@@ -230,8 +257,10 @@ def main() -> int:
     parser.add_argument("--save-log", type=Path, help="also write the timed output to this file")
     parser.add_argument("--log", type=Path, help="report from a log written by --save-log instead of running")
     parser.add_argument("--stage", action="append", default=[], help="time this stage alone (repeatable)")
+    parser.add_argument("--jobs", type=int, default=0,
+                        help="run `qac repro --jobs N` (stages side by side, as `make smoke`) instead of `dvc repro`")
     args = parser.parse_args()
-    command = repro_command(args.profile, args.force, args.stage)
+    command = repro_command(args.profile, args.force, args.stage, args.jobs)
     load_before = os.getloadavg()[0]
     if args.log:
         runs, total = read_log(args.log)

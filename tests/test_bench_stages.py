@@ -66,3 +66,30 @@ def test_rows_sum_the_variants_of_a_stage_and_total_every_run(bench):
                                            ("evaluate@none: 2.2 s", None)])
 def test_summary_seconds_read_as_the_console_writes_them(bench, line, seconds):
     assert bench.summary_seconds(line, "bm25") == seconds
+
+
+# `qac repro --jobs 2`: two stages ran together; each arrives as one block after the runner's line.
+SIDE_BY_SIDE = [
+    (0.2, "Starting stage 'pretrain@none'"),
+    (0.2, "Starting stage 'bm25'"),
+    (4.0, "Stage 'bm25' done in 3.8 s"),
+    (4.0, "Running stage 'profiles/smoke/dvc.yaml:bm25':"),
+    (4.0, "import time:       500 |    1000000 | torch"),
+    (4.0, "bm25: 225 queries, 1.1 s"),
+    (4.0, "Starting stage 'tables'"),
+    (6.5, "Stage 'pretrain@none' done in 6.3 s"),
+    (6.5, "Running stage 'profiles/smoke/dvc.yaml:pretrain@none':"),
+    (6.5, "pretrain@none: 6 steps, final loss 25.302, 2.5 s"),
+    (7.0, "Stage 'tables' FAILED (exit status 2) in 3.0 s"),
+    (7.0, "Running stage 'profiles/smoke/dvc.yaml:tables':"),
+]
+
+
+def test_stages_run_side_by_side_take_the_wall_time_the_runner_reported(bench):
+    runs = bench.parse_timed_lines(SIDE_BY_SIDE, end=8.0)
+    assert [run.name for run in runs] == ["bm25", "pretrain@none", "tables"]
+    bm25, pretrain, tables = runs
+    assert bm25.wall == pytest.approx(3.8) and bm25.imports == pytest.approx(1.0) and bm25.clock == 1.1
+    assert pretrain.wall == pytest.approx(6.3) and pretrain.clock == 2.5 and tables.wall == pytest.approx(3.0)
+    assert all(run.measured for run in runs)
+    assert bench.repro_command("smoke", True, [], jobs=2) == ["qac", "repro", "--jobs", "2", "--force", "smoke"]

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     params = load_params(params_file)          # bad parameters stop here, before any stage starts
 
     def started(stage: str) -> None:
-        print(f"Running stage '{stage}'", flush=True)
+        print(f"Starting stage '{stage}'", flush=True)
 
     def finished(done) -> None:
         text = shown_output(done.output)
