@@ -110,8 +110,8 @@ def parse_timed_lines(lines: list[tuple[float, str]], end: float) -> list[StageR
                 runs[-1].ended = runs[-1].last_line = at + measured
                 runs[-1].measured, measured = True, None
             continue
-        if not runs:
-            continue   # DVC's own start-up
+        if not runs or measured is not None:
+            continue   # DVC's own start-up (before each stage's block, when they run side by side)
         run = runs[-1]
         imported = _IMPORT_LINE.match(line)
         if imported:

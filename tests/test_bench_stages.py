@@ -73,6 +73,7 @@ SIDE_BY_SIDE = [
     (0.2, "Starting stage 'pretrain@none'"),
     (0.2, "Starting stage 'bm25'"),
     (4.0, "Stage 'bm25' done in 3.8 s"),
+    (4.0, "import time:       100 |     700000 | dvc"),                          # the DVC process's own
     (4.0, "Running stage 'profiles/smoke/dvc.yaml:bm25':"),
     (4.0, "import time:       500 |    1000000 | torch"),
     (4.0, "bm25: 225 queries, 1.1 s"),
