@@ -238,8 +238,10 @@ def report(profile: str, runs: list[StageRun], total: float, command: str, load:
         body += ["", "The stages ran side by side (`qac repro --jobs`): each wall time is the one the runner "
                      "reported, and they add up to more than the total."]
     if overall and total:
-        body += ["", f"Of the {total:.0f} s, the {len(runs)} stage runs' imports take {overall['imports s']} s "
-                     f"({overall['imports s'] / total:.0%}) and time outside the stage clocks "
+        # Side by side, the stage runs' seconds add up to more than the wall: shares are of their sum.
+        whole, what = ((overall["wall s"], "stage-seconds") if any(run.measured for run in runs) else (total, "s"))
+        body += ["", f"Of the {whole:.0f} {what}, the {len(runs)} stage runs' imports take {overall['imports s']} s "
+                     f"({overall['imports s'] / whole:.0%}) and time outside the stage clocks "
                      f"{overall['outside the clock s'] or 0} s."]
     if imports:
         body += ["", "Costliest top-level imports, summed over the stage runs: " + ", ".join(

@@ -25,7 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
     import sys
-    from pathlib import Path
 
     from qac.errors import UserError
     from qac.names import checked_plain_name
@@ -52,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
         status = "done" if done.returncode == 0 else f"FAILED (exit status {done.returncode})"
         print(f"Stage '{done.name}' {status} in {done.seconds:.1f} s" + (f"\n{text}" if text else ""), flush=True)
 
-    outcome, stages = reproduce(pipeline, Path.cwd(), args.jobs, args.force, on_start=started, on_finish=finished,
-                                 before_first_start=lambda: _open_study_run(params))
+    root = pipeline.resolve().parents[2]      # profiles/<name>/dvc.yaml lies two folders below the repository
+    outcome, stages = reproduce(pipeline, root, args.jobs, args.force, on_start=started, on_finish=finished,
+                                before_first_start=lambda: _open_study_run(params))
     if not outcome.finished:
         print(f"repro {name}: every stage up to date ({stages} stages)")
         return 0
