@@ -22,3 +22,10 @@ except ImportError as error:
                      "(`make smoke` and `make repro` use .venv by themselves)\n"
                      % (script, sys.executable, error, activate))
     sys.exit(1)
+
+# Under `qac repro`, a server that has imported torch, transformers and MLflow runs this stage in a forked copy
+# of itself, and this process exits with the copy's status (qac/launcher.py); else the stage runs here.
+if os.environ.get("QAC_LAUNCHER"):
+    from qac.launcher import hand_over
+
+    hand_over()

@@ -145,10 +145,13 @@ def run_stages(jobs: Sequence[StageJob], start: Callable[[str, Path], subprocess
 def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", parallel: int = 2,
               force: bool = False, on_start: Callable[[str], None] = lambda name: None,
               on_finish: Callable[[Finished], None] = lambda done: None,
-              before_first_start: Callable[[], None] = lambda: None) -> tuple[ReproOutcome, int]:
+              before_first_start: Callable[[], None] = lambda: None, preload: bool = True
+              ) -> tuple[ReproOutcome, int]:
     """Bring the DVC file ``pipeline`` up to date with up to ``parallel`` stages at once; the outcome and the
     number of stages in the pipeline. Nothing starts (``before_first_start`` is not called) when DVC reports
-    every stage unchanged."""
+    every stage unchanged. ``preload``: stages start as forked copies of a server that has imported torch,
+    transformers and MLflow once (qac/launcher.py) instead of importing them each (when ``HF_HUB_OFFLINE`` is
+    set, as the make targets set it)."""
     from qac.pipeline_plan import pipeline_graph
 
     root = Path(repo_root)
@@ -158,8 +161,17 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
     if not jobs:
         return ReproOutcome(), len(graph)
     before_first_start()
-    start = dvc_stage_starter(str(pipeline), root, stage_environment(parallel), force)
-    return run_stages(jobs, start, parallel, on_start=on_start, on_finish=on_finish), len(graph)
+    env = stage_environment(parallel)
+    # Some stages make the hub offline for themselves when the environment does not say (os.environ.setdefault),
+    # after the server would have imported huggingface_hub: only a value set beforehand is the same for both.
+    if not preload or "HF_HUB_OFFLINE" not in env:
+        return run_stages(jobs, dvc_stage_starter(str(pipeline), root, env, force), parallel, on_start=on_start,
+                          on_finish=on_finish), len(graph)
+    from qac.launcher import SOCKET_ENV, Server
+
+    with Server(env) as socket_path:
+        start = dvc_stage_starter(str(pipeline), root, {**env, SOCKET_ENV: socket_path}, force)
+        return run_stages(jobs, start, parallel, on_start=on_start, on_finish=on_finish), len(graph)
 
 
 def stage_environment(parallel: int, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -7,6 +7,10 @@ stages DVC reports changed and those downstream of them start; an unchanged
 stage is skipped by DVC. The first failure stops new starts; the stages running
 finish, and the command ends with the failed stage's output (exit status 1).
 Each stage keeps the threads it has under `dvc repro`, so the outputs are the same.
+With HF_HUB_OFFLINE set (as the make targets set it), each stage's process hands
+its work to a copy forked from a server that has imported torch, transformers
+and MLflow once (qac/launcher.py), which saves most of a small stage's start-up;
+``--no-preload`` starts every stage as a fresh Python.
 ``--jobs 1`` runs them one at a time, in DVC's order.
 """
 
@@ -20,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="profile name (default: $QAC_PROFILE, else the default profile)")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="stages at once (default 2)")
     parser.add_argument("-f", "--force", action="store_true", help="run every stage, changed or not")
+    parser.add_argument("--no-preload", dest="preload", action="store_false",
+                        help="start every stage as a fresh Python, without the server that has imported torch, "
+                             "transformers and MLflow once (qac/launcher.py)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     root = pipeline.resolve().parents[2]      # profiles/<name>/dvc.yaml lies two folders below the repository
     outcome, stages = reproduce(pipeline, root, args.jobs, args.force, on_start=started, on_finish=finished,
-                                before_first_start=lambda: _open_study_run(params))
+                                before_first_start=lambda: _open_study_run(params), preload=args.preload)
     if not outcome.finished:
         print(f"repro {name}: every stage up to date ({stages} stages)")
         return 0
