@@ -241,7 +241,7 @@ def _start_stage(connection: socket.socket, servers: list[socket.socket], enviro
 def _declined(request: dict, fds: list[int], environment: dict[str, str]) -> str | None:
     if len(fds) != _MAX_FDS:
         return "standard input, output and error not received"
-    if request.get("executable") != sys.executable:
+    if os.path.realpath(str(request.get("executable"))) != os.path.realpath(sys.executable):
         return f"another Python ({request.get('executable')})"
     if import_time_environment(request.get("env", {})) != environment:
         return "environment variables read at import differ"
