@@ -25,7 +25,7 @@ The copy must behave as the process it stands in for:
   copy (which sits in a process group of its own, so a Ctrl-C reaches it once),
   and when the stage's process dies (``kill -9``), the copy kills itself.
 
-The server imports nothing of qac's (a stage's own code is read fresh by
+The server imports nothing of qac's but this module (a stage's own code is read fresh by
 each copy) and quits when the process that started it is gone.
 """
 
@@ -249,10 +249,13 @@ def _declined(request: dict, fds: list[int], environment: dict[str, str]) -> str
 
 
 def _become_stage(request: dict, fds: list[int], connection: socket.socket, added: dict[str, str]) -> None:
-    """In the forked copy: take the stage's place, run its script as ``__main__`` and exit with its status."""
+    """In the forked copy: take the stage's place, run its script as ``__main__`` and exit with its status
+    (:func:`qac.exiting.end_process`)."""
     import runpy
     import threading
     import traceback
+
+    from qac.exiting import end_process
 
     code = 1
     try:
@@ -288,11 +291,9 @@ def _become_stage(request: dict, fds: list[int], connection: socket.socket, adde
             traceback.print_exc()
             code = 1
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            sys.exit(code)                            # the interpreter's own exit: atexit handlers run as usual
+        # Every exit handler runs (the server's libraries registered theirs before the fork, the script its own
+        # since), and the copy never returns into the server's loop.
+        end_process(code)
 
 
 def _exit_code(code) -> int:

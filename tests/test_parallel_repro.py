@@ -155,7 +155,7 @@ def _dvc_status(root: Path) -> dict:
 @pytest.mark.slow
 def test_dvc_runs_every_stage_once_two_at_a_time_and_then_has_nothing_to_do(tmp_path):
     root = _dvc_project(tmp_path / "project")
-    outcome, stages = reproduce(root / "dvc.yaml", root, parallel=2)
+    outcome, stages = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
     assert stages == 5 and not outcome.failed, [done.output for done in outcome.finished]
     assert sorted(done.name for done in outcome.finished) == ["a", "b", "c", "d", "e"]
     times = _timeline(root)
@@ -169,17 +169,17 @@ def test_dvc_runs_every_stage_once_two_at_a_time_and_then_has_nothing_to_do(tmp_
 
     assert set(yaml.safe_load((root / "dvc.lock").read_text())["stages"]) == {"a", "b", "c", "d", "e"}
     (root / "timeline.txt").unlink()
-    again, _ = reproduce(root / "dvc.yaml", root, parallel=2)
+    again, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
     assert again.finished == [] and not (root / "timeline.txt").exists()
 
 
 @pytest.mark.slow
 def test_a_changed_input_reruns_its_stage_and_what_depends_on_it(tmp_path):
     root = _dvc_project(tmp_path / "project", pause=0.1)
-    reproduce(root / "dvc.yaml", root, parallel=2)
+    reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
     (root / "timeline.txt").unlink()
     (root / "inputs" / "c.txt").write_text("another input of c\n")
-    outcome, _ = reproduce(root / "dvc.yaml", root, parallel=2)
+    outcome, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
     assert sorted(done.name for done in outcome.finished) == ["c", "d"]
     assert set(_timeline(root)) == {"c", "d"}
     assert "another input of c" in (root / "out" / "d.txt").read_text()
@@ -190,13 +190,13 @@ def test_a_changed_input_reruns_its_stage_and_what_depends_on_it(tmp_path):
 def test_a_failed_stage_leaves_the_finished_ones_recorded_and_the_next_run_resumes(tmp_path):
     root = _dvc_project(tmp_path / "project", pause=0.1)
     (root / "fail-c").write_text("")
-    outcome, _ = reproduce(root / "dvc.yaml", root, parallel=2)
+    outcome, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
     assert [done.name for done in outcome.failed] == ["c"] and "c: told to fail" in outcome.failed[0].output
     assert outcome.not_started == ["d"] and not (root / "out" / "d.txt").exists()
     assert set(_dvc_status(root)) == {"c", "d"}        # a, b and e are recorded; c and d still to run
     (root / "fail-c").unlink()
     (root / "timeline.txt").unlink()
-    resumed, _ = reproduce(root / "dvc.yaml", root, parallel=2)
+    resumed, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
     assert sorted(done.name for done in resumed.finished) == ["c", "d"] and not resumed.failed
     assert _dvc_status(root) == {}
 
