@@ -89,8 +89,11 @@ def run_in_server(path: str, argv: list[str]) -> int | None:
         return None
     request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "executable": sys.executable,
                "umask": _current_umask()}
+    message = json.dumps(request).encode() + b"\n"
     try:
-        socket.send_fds(client, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+        sent = socket.send_fds(client, [message], [0, 1, 2])
+        if sent < len(message):                       # a stream socket may take a long environment in parts
+            client.sendall(message[sent:])
         reply = _read_line(client)
     except OSError:
         client.close()

@@ -140,3 +140,13 @@ def test_the_server_quits_when_its_socket_is_gone(tmp_path):
         time.sleep(0.05)
     server.__exit__(None, None, None)
     assert server.process.returncode == 0 and not os.path.exists(path)
+
+
+def test_a_large_environment_is_handed_over_whole(server, tmp_path):
+    path, env = server
+    # more than a socket buffer holds at once, in variables under the kernel's limit for one
+    big = {f"QAC_TEST_BIG_{number}": str(number) * 100_000 for number in range(6)}
+    process = _start(tmp_path, {**env, SOCKET_ENV: path, "MARKER": "mine", **big}, "exit", "0")
+    out, err = process.communicate(timeout=60)
+    seen = json.loads(out.splitlines()[0])
+    assert process.returncode == 0 and seen["pid"] != process.pid and seen["marker"] == "mine", err
