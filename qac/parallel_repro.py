@@ -152,11 +152,18 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
     every stage unchanged. ``preload``: stages start as forked copies of a server that has imported torch,
     transformers and MLflow once (qac/launcher.py) instead of importing them each (when ``HF_HUB_OFFLINE`` is
     set, as the make targets set it)."""
+    from dvc.exceptions import DvcException
+
+    from qac.errors import UserError
     from qac.pipeline_plan import pipeline_graph
 
     root = Path(repo_root)
-    graph = pipeline_graph(pipeline, root)
-    changed = set() if force else changed_stages(str(pipeline), root)
+    try:
+        graph = pipeline_graph(pipeline, root)
+        changed = set() if force else changed_stages(str(pipeline), root)
+    except DvcException as error:         # before any stage starts: a pipeline DVC cannot read, or no DVC project
+        raise UserError(f"{pipeline}: DVC cannot plan this pipeline ({type(error).__name__}: "
+                        f"{' '.join(str(error).split())})") from error
     jobs = stages_to_consider(graph, changed, force=force)
     if not jobs:
         return ReproOutcome(), len(graph)

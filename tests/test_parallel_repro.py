@@ -212,3 +212,18 @@ def test_the_command_names_a_profile_that_does_not_exist_in_one_line(tmp_path):
     path = subprocess.run([str(BIN / "qac"), "repro", "../etc"], cwd=Path(__file__).resolve().parent.parent,
                           capture_output=True, text=True)
     assert path.returncode == 2 and "Traceback" not in path.stderr
+
+
+def test_a_pipeline_dvc_cannot_read_is_refused_before_any_stage_starts(tmp_path):
+    from qac.errors import UserError
+
+    root = _dvc_project(tmp_path / "project", pause=0.1)
+    (root / "dvc.yaml").write_text("stages:\n  a:\n    cmd: [unclosed\n")
+    with pytest.raises(UserError, match=r"dvc.yaml: DVC cannot plan this pipeline"):
+        reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
+    assert not (root / "timeline.txt").exists()
+    outside = tmp_path / "not-a-project"
+    outside.mkdir()
+    (outside / "dvc.yaml").write_text("stages: {}\n")
+    with pytest.raises(UserError, match="DVC cannot plan this pipeline"):
+        reproduce(outside / "dvc.yaml", outside, parallel=2, preload=False)
