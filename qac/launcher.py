@@ -111,12 +111,7 @@ def run_in_server(path: str, argv: list[str]) -> int | None:
 
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
-    while True:
-        try:
-            ended = _read_line(client)
-            break
-        except InterruptedError:
-            continue
+    ended = _read_line(client)                       # a forwarded signal interrupts and resumes the wait (PEP 475)
     client.close()
     if ended is None or "status" not in ended:
         sys.stderr.write(f"{argv[0]}: the stage's process (pid {child}) ended without a status from the launcher "

@@ -16,7 +16,7 @@ failing), and its per-stage read/write locks keep a stage from reading an
 output another stage is writing. Nothing here decides what a stage does; it
 only decides when it starts:
 
-- the graph is DVC's own (:func:`qac.pipeline_plan.pipeline_graph`); a stage
+- the graph is DVC's own (:func:`qac.pipeline_plan.graph_in`); a stage
   starts when every stage it depends on has finished;
 - the stages that can need to run are the ones DVC reports changed and every
   stage downstream of one (what `dvc repro` would look at); the rest are not
@@ -152,33 +152,46 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
     every stage unchanged. ``preload``: stages start as forked copies of a server that has imported torch,
     transformers and MLflow once (qac/launcher.py) instead of importing them each (when ``HF_HUB_OFFLINE`` is
     set, as the make targets set it)."""
-    from dvc.exceptions import DvcException
-
-    from qac.errors import UserError
-    from qac.pipeline_plan import pipeline_graph
+    import contextlib
 
     root = Path(repo_root)
-    try:
-        graph = pipeline_graph(pipeline, root)
-        changed = set() if force else changed_stages(str(pipeline), root)
-    except DvcException as error:         # before any stage starts: a pipeline DVC cannot read, or no DVC project
-        raise UserError(f"{pipeline}: DVC cannot plan this pipeline ({type(error).__name__}: "
-                        f"{' '.join(str(error).split())})") from error
+    graph, changed = planned(pipeline, root, force)
     jobs = stages_to_consider(graph, changed, force=force)
     if not jobs:
         return ReproOutcome(), len(graph)
     before_first_start()
     env = stage_environment(parallel)
-    # Some stages make the hub offline for themselves when the environment does not say (os.environ.setdefault),
-    # after the server would have imported huggingface_hub: only a value set beforehand is the same for both.
-    if not preload or "HF_HUB_OFFLINE" not in env:
-        return run_stages(jobs, dvc_stage_starter(str(pipeline), root, env, force), parallel, on_start=on_start,
-                          on_finish=on_finish), len(graph)
-    from qac.launcher import SOCKET_ENV, Server
+    with contextlib.ExitStack() as stack:
+        # Some stages make the hub offline for themselves when the environment does not say
+        # (os.environ.setdefault), after the server would have imported huggingface_hub: only a value set
+        # beforehand is the same for both.
+        if preload and "HF_HUB_OFFLINE" in env:
+            from qac.launcher import SOCKET_ENV, Server
 
-    with Server(env) as socket_path:
-        start = dvc_stage_starter(str(pipeline), root, {**env, SOCKET_ENV: socket_path}, force)
+            env = {**env, SOCKET_ENV: stack.enter_context(Server(env))}
+        start = dvc_stage_starter(str(pipeline), root, env, force)
         return run_stages(jobs, start, parallel, on_start=on_start, on_finish=on_finish), len(graph)
+
+
+def planned(pipeline: str | os.PathLike, repo_root: Path, force: bool
+            ) -> tuple[list[tuple[str, str, tuple[str, ...]]], set[str]]:
+    """DVC's graph of ``pipeline`` (:func:`qac.pipeline_plan.graph_in`) and the stages it reports changed (what
+    `dvc status` lists; none asked when ``force``), read once under its lock, before any stage starts."""
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo, lock_repo
+
+    from qac.errors import UserError
+    from qac.pipeline_plan import graph_in
+
+    try:
+        with Repo(str(repo_root)) as repo, lock_repo(repo):
+            graph = graph_in(repo, pipeline)
+            changed = set() if force else {stage.name for stage in repo.stage.collect(str(pipeline))
+                                           if stage.cmd and stage.changed()}
+            return graph, changed
+    except DvcException as error:         # a pipeline DVC cannot read, or no DVC project
+        raise UserError(f"{pipeline}: DVC cannot plan this pipeline ({type(error).__name__}: "
+                        f"{' '.join(str(error).split())})") from error
 
 
 def stage_environment(parallel: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -209,14 +222,6 @@ def dvc_stage_starter(pipeline: str, repo_root: Path, env: dict[str, str], force
             return subprocess.Popen(command, cwd=repo_root, env=env, stdout=handle, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)
     return start
-
-
-def changed_stages(pipeline: str, repo_root: Path) -> set[str]:
-    """The stages of ``pipeline`` that DVC reports changed (what `dvc status` lists), read under its lock."""
-    from dvc.repo import Repo, lock_repo
-
-    with Repo(str(repo_root)) as repo, lock_repo(repo):
-        return {stage.name for stage in repo.stage.collect(pipeline) if stage.cmd and stage.changed()}
 
 
 def shown_output(output: str) -> str:

@@ -41,23 +41,29 @@ def stage_graph(name: str, repo_root: str | Path = ".") -> list[tuple[str, str, 
 
 
 def pipeline_graph(pipeline: str | Path, repo_root: str | Path = ".") -> list[tuple[str, str, tuple[str, ...]]]:
-    """``(stage name, command, the stages it depends on)`` of every stage of the DVC file ``pipeline``, in run order.
+    """``(stage name, command, the stages it depends on)`` of every stage of the DVC file ``pipeline``, in run order
+    (:func:`graph_in`)."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo_root)) as repo:
+        return graph_in(repo, pipeline)
+
+
+def graph_in(repo, pipeline: str | Path) -> list[tuple[str, str, tuple[str, ...]]]:
+    """:func:`pipeline_graph` in an open DVC ``repo``.
 
     The dependencies are the edges of DVC's own stage graph: stage A depends on
     stage B when one of A's ``deps`` is (inside) one of B's ``outs``. Data that
     no stage writes (files tracked with ``dvc add``) has no job of its own.
     """
-    from dvc.repo import Repo
     from dvc.repo.reproduce import plan_repro
 
-    with Repo(str(repo_root)) as repo:
-        graph = repo.index.graph
-        stages = repo.stage.collect(str(pipeline))
-        plan = []
-        for stage in plan_repro(graph, stages):
-            upstream = sorted(dependency.name for dependency in graph.successors(stage) if dependency.cmd)
-            plan.append((stage.name, stage.cmd, tuple(upstream)))
-        return plan
+    graph = repo.index.graph
+    plan = []
+    for stage in plan_repro(graph, repo.stage.collect(str(pipeline))):
+        upstream = sorted(dependency.name for dependency in graph.successors(stage) if dependency.cmd)
+        plan.append((stage.name, stage.cmd, tuple(upstream)))
+    return plan
 
 
 def print_plan(name: str) -> int:
