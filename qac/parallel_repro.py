@@ -7,7 +7,8 @@ do not depend on each other (the variants' pre-training, fine-tuning and
 evaluation chains) can run at the same time.
 
 Every stage still runs through DVC, one ``dvc --wait-for-lock repro
---single-item <pipeline>:<stage>`` each: DVC checks the stage, runs its
+--single-item <pipeline>:<stage>`` each (DVC's own ``main`` in a forked copy
+of this process when stages start warm, else the ``dvc`` command): DVC checks the stage, runs its
 command, caches its outputs and writes its entry in the profile's
 ``dvc.lock``, exactly as a whole `dvc repro` would. DVC lets go of its
 repository lock while a stage's command runs and takes it again to record the
@@ -37,6 +38,7 @@ starting together nest under one study run instead of each creating its own.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,7 +153,8 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
     number of stages in the pipeline. Nothing starts (``before_first_start`` is not called) when DVC reports
     every stage unchanged. ``preload``: stages start as forked copies of a server that has imported torch,
     transformers and MLflow once (qac/launcher.py) instead of importing them each (when ``HF_HUB_OFFLINE`` is
-    set, as the make targets set it)."""
+    set, as the make targets set it), and DVC runs each stage in a forked copy of this process, which has
+    imported DVC once."""
     import contextlib
 
     root = Path(repo_root)
@@ -169,7 +172,8 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
             from qac.launcher import SOCKET_ENV, Server
 
             env = {**env, SOCKET_ENV: stack.enter_context(Server(env))}
-        start = dvc_stage_starter(str(pipeline), root, env, force)
+        starter = forked_dvc_starter if preload and hasattr(os, "fork") else dvc_stage_starter
+        start = starter(str(pipeline), root, env, force)
         return run_stages(jobs, start, parallel, on_start=on_start, on_finish=on_finish), len(graph)
 
 
@@ -208,20 +212,132 @@ def stage_environment(parallel: int, base: dict[str, str] | None = None) -> dict
     return env
 
 
+def dvc_arguments(pipeline: str, stage: str, force: bool) -> list[str]:
+    """DVC's command line for one stage: ``--wait-for-lock repro --single-item [--force] <pipeline>:<stage>``."""
+    return ["--wait-for-lock", "repro", "--single-item", *(["--force"] if force else []), f"{pipeline}:{stage}"]
+
+
 def dvc_stage_starter(pipeline: str, repo_root: Path, env: dict[str, str], force: bool
                       ) -> Callable[[str, Path], subprocess.Popen]:
-    """``start(stage, log)``: ``dvc --wait-for-lock repro --single-item [--force] <pipeline>:<stage>``."""
+    """``start(stage, log)``: the ``dvc`` command beside this Python, as its own process."""
     dvc = str(Path(sys.executable).with_name("dvc"))
     if not Path(dvc).exists():
         dvc = "dvc"
 
     def start(stage: str, log: Path) -> subprocess.Popen:
-        command = [dvc, "--wait-for-lock", "repro", "--single-item", *(["--force"] if force else []),
-                   f"{pipeline}:{stage}"]
         with open(log, "w", encoding="utf-8") as handle:
-            return subprocess.Popen(command, cwd=repo_root, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+            return subprocess.Popen([dvc, *dvc_arguments(pipeline, stage, force)], cwd=repo_root, env=env,
+                                    stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return start
+
+
+def forked_dvc_starter(pipeline: str, repo_root: Path, env: dict[str, str], force: bool
+                       ) -> Callable[[str, Path], "ForkedCommand"]:
+    """``start(stage, log)``: the same DVC command run by a forked copy of this process, which has imported DVC
+    once (about half a second of each stage's start-up: Python, then DVC's own imports).
+
+    The copy is what ``dvc`` would be: DVC's own ``main`` with the command line, working directory and
+    environment the command would have, its output and errors into ``log`` and no input; it exits with DVC's
+    status, without running this process's exit handlers (those belong to the runner: its tracking run, its
+    temporary folders).
+    """
+    from dvc.cli import main as dvc_main
+    import dvc.commands.repro  # noqa: F401  (what `repro` imports when it starts: once, here)
+    import dvc.repo.reproduce  # noqa: F401
+
+    def run(stage: str, log: Path) -> int:
+        os.chdir(repo_root)
+        os.environ.clear()
+        os.environ.update(env)
+        output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        nothing = os.open(os.devnull, os.O_RDONLY)
+        for source, target in ((nothing, 0), (output, 1), (output, 2)):
+            os.dup2(source, target)
+        _streams_on_descriptors()
+        return dvc_main(dvc_arguments(pipeline, stage, force))
+
+    def start(stage: str, log: Path) -> ForkedCommand:
+        return ForkedCommand.fork(lambda: run(stage, log))
+    return start
+
+
+def _streams_on_descriptors() -> None:
+    """Python's standard streams, DVC's log handlers and its consoles anew on descriptors 0, 1 and 2, as a new
+    ``dvc`` process would have them (the runner's may be other objects, or a terminal that colours)."""
+    import logging
+
+    import dvc.logger
+    from dvc.ui import ui
+
+    sys.stdin = open(0, encoding="utf-8", closefd=False)
+    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+    for name in ("dvc", "dvc_objects", "dvc_data"):
+        logging.getLogger(name).handlers.clear()
+    dvc.logger.setup()
+    for console in ("rich_console", "error_console"):
+        ui.__dict__.pop(console, None)
+
+
+class ForkedCommand:
+    """A forked copy of this process that runs one function and exits with its status: the part of
+    :class:`subprocess.Popen` that :func:`run_stages` uses (``poll``, ``wait``, ``terminate``, ``kill``)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def fork(cls, function: Callable[[], int]) -> "ForkedCommand":
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()                 # else the copy writes this process's buffered lines again
+        pid = os.fork()
+        if pid:
+            return cls(pid)
+        status = 1
+        try:
+            status = function()
+        except SystemExit as exit_:
+            status = exit_.code if isinstance(exit_.code, int) else 1
+        except BaseException:              # noqa: BLE001 - the copy must never go back into the runner's loop
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(status if isinstance(status, int) and 0 <= status < 256 else 1)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"process {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, number)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def shown_output(output: str) -> str:

@@ -8,14 +8,17 @@ commands note when they start and end in a file outside DVC's view.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from qac.parallel_repro import (StageJob, reproduce, run_stages, shown_output, stage_environment,
-                                stages_to_consider)
+from qac.parallel_repro import (ForkedCommand, StageJob, forked_dvc_starter, reproduce, run_stages,
+                                shown_output, stage_environment, stages_to_consider)
 
 BIN = Path(sys.executable).parent
 GRAPH = [("a", "", ()), ("e", "", ()), ("b", "", ("a",)), ("c", "", ("a",)), ("d", "", ("b", "c"))]
@@ -95,6 +98,20 @@ def test_stages_side_by_side_keep_their_thread_count_and_let_idle_threads_sleep(
         "OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3"}
 
 
+def test_a_forked_command_reports_status_signals_and_errors_as_a_process_would(capfd):
+    assert ForkedCommand.fork(lambda: 3).wait(timeout=30) == 3
+    assert ForkedCommand.fork(lambda: sys.exit(4)).wait(timeout=30) == 4
+    failing = ForkedCommand.fork(lambda: 1 / 0)
+    assert failing.wait(timeout=30) == 1 and "ZeroDivisionError" in capfd.readouterr().err
+    sleeping = ForkedCommand.fork(lambda: time.sleep(60) or 0)
+    assert sleeping.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeping.wait(timeout=0.2)
+    sleeping.terminate()
+    assert sleeping.wait(timeout=30) == -signal.SIGTERM
+    sleeping.kill()                                    # after the end: nothing to signal, no error
+
+
 def test_the_lock_waiting_notice_is_not_shown():
     output = "Running stage 'x':\nWaiting to acquire lock. If DVC froze, see ...\n> cmd\nx: done\n\n"
     assert shown_output(output) == "Running stage 'x':\n> cmd\nx: done"
@@ -152,10 +169,18 @@ def _dvc_status(root: Path) -> dict:
     return json.loads(done.stdout or "{}")
 
 
+@pytest.fixture(params=[False, True], ids=["dvc-command", "dvc-forked"])
+def warm_dvc(request, monkeypatch):
+    """Each stage through the ``dvc`` command, or through DVC's ``main`` in a forked copy of the runner (what
+    ``preload`` does besides the launcher, which starts only with HF_HUB_OFFLINE set: unset here)."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return request.param
+
+
 @pytest.mark.slow
-def test_dvc_runs_every_stage_once_two_at_a_time_and_then_has_nothing_to_do(tmp_path):
+def test_dvc_runs_every_stage_once_two_at_a_time_and_then_has_nothing_to_do(tmp_path, warm_dvc):
     root = _dvc_project(tmp_path / "project")
-    outcome, stages = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
+    outcome, stages = reproduce(root / "dvc.yaml", root, parallel=2, preload=warm_dvc)
     assert stages == 5 and not outcome.failed, [done.output for done in outcome.finished]
     assert sorted(done.name for done in outcome.finished) == ["a", "b", "c", "d", "e"]
     times = _timeline(root)
@@ -169,8 +194,27 @@ def test_dvc_runs_every_stage_once_two_at_a_time_and_then_has_nothing_to_do(tmp_
 
     assert set(yaml.safe_load((root / "dvc.lock").read_text())["stages"]) == {"a", "b", "c", "d", "e"}
     (root / "timeline.txt").unlink()
-    again, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
+    again, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=warm_dvc)
     assert again.finished == [] and not (root / "timeline.txt").exists()
+
+
+@pytest.mark.slow
+def test_a_forked_dvc_runs_the_stage_in_the_given_folder_and_environment_and_logs_as_the_command(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    script = "import os, pathlib; pathlib.Path('out.txt').write_text(os.environ['QAC_TEST_MARK']); print('wrote')"
+    (root / "dvc.yaml").write_text(json.dumps({"stages": {"only": {
+        "cmd": f"{sys.executable} -c \"{script}\"", "outs": ["out.txt"]}}}))
+    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=root, check=True)
+    log = tmp_path / "only.log"
+    start = forked_dvc_starter("dvc.yaml", root, {**os.environ, "QAC_TEST_MARK": "from the runner"}, force=False)
+    handle = start("only", log)
+    assert isinstance(handle, ForkedCommand) and handle.wait(timeout=120) == 0, log.read_text()
+    assert (root / "out.txt").read_text() == "from the runner"
+    assert "QAC_TEST_MARK" not in os.environ and Path.cwd() != root     # the runner itself is untouched
+    output = log.read_text()
+    assert "Running stage 'only'" in output and "wrote" in output and "\x1b[" not in output
+    assert _dvc_status(root) == {}
 
 
 @pytest.mark.slow
@@ -187,16 +231,16 @@ def test_a_changed_input_reruns_its_stage_and_what_depends_on_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failed_stage_leaves_the_finished_ones_recorded_and_the_next_run_resumes(tmp_path):
+def test_a_failed_stage_leaves_the_finished_ones_recorded_and_the_next_run_resumes(tmp_path, warm_dvc):
     root = _dvc_project(tmp_path / "project", pause=0.1)
     (root / "fail-c").write_text("")
-    outcome, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
+    outcome, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=warm_dvc)
     assert [done.name for done in outcome.failed] == ["c"] and "c: told to fail" in outcome.failed[0].output
     assert outcome.not_started == ["d"] and not (root / "out" / "d.txt").exists()
     assert set(_dvc_status(root)) == {"c", "d"}        # a, b and e are recorded; c and d still to run
     (root / "fail-c").unlink()
     (root / "timeline.txt").unlink()
-    resumed, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=False)
+    resumed, _ = reproduce(root / "dvc.yaml", root, parallel=2, preload=warm_dvc)
     assert sorted(done.name for done in resumed.finished) == ["c", "d"] and not resumed.failed
     assert _dvc_status(root) == {}
 
