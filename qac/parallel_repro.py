@@ -241,9 +241,12 @@ def forked_dvc_starter(pipeline: str, repo_root: Path, env: dict[str, str], forc
     status, without running this process's exit handlers (those belong to the runner: its tracking run, its
     temporary folders).
     """
+    import importlib
+
     from dvc.cli import main as dvc_main
-    import dvc.commands.repro  # noqa: F401  (what `repro` imports when it starts: once, here)
-    import dvc.repo.reproduce  # noqa: F401
+
+    for module in ("dvc.commands.repro", "dvc.repo.reproduce"):   # what `repro` imports as it starts: once, here
+        importlib.import_module(module)
 
     def run(stage: str, log: Path) -> int:
         os.chdir(repo_root)
