@@ -189,9 +189,9 @@ def planned(pipeline: str | os.PathLike, repo_root: Path, force: bool
 
     try:
         with Repo(str(repo_root)) as repo, lock_repo(repo):
-            graph = graph_in(repo, pipeline)
-            changed = set() if force else {stage.name for stage in repo.stage.collect(str(pipeline))
-                                           if stage.cmd and stage.changed()}
+            stages = repo.stage.collect(str(pipeline))
+            graph = graph_in(repo, pipeline, stages)
+            changed = set() if force else {stage.name for stage in stages if stage.cmd and stage.changed()}
             return graph, changed
     except DvcException as error:         # a pipeline DVC cannot read, or no DVC project
         raise UserError(f"{pipeline}: DVC cannot plan this pipeline ({type(error).__name__}: "

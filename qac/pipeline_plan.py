@@ -2,9 +2,9 @@
 
 ``dvc repro --dry`` stops at the first stage whose inputs are missing, so on a
 machine without the paper's data it never shows the paper's plan. The order
-here is DVC's own (:func:`dvc.repo.reproduce.plan_repro` over the stage graph
-that `dvc repro profiles/<name>/dvc.yaml` builds); nothing runs and no input is
-read.
+here is DVC's own (:func:`dvc.repo.reproduce.plan_repro` over DVC's graph of
+the stages of ``profiles/<name>/dvc.yaml``, as `dvc repro` of that file orders
+them); nothing runs and no input is read.
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ from qac.params import profile_params_path, profiles_root
 def stage_plan(name: str, repo_root: str | Path = ".") -> list[tuple[str, str]]:
     """``(stage name, command)`` of every stage of profile ``name``, dependencies first."""
     from dvc.repo import Repo
-    from dvc.repo.reproduce import plan_repro
 
     pipeline = profile_params_path(name).parent / "dvc.yaml"
     if not pipeline.exists():
         raise FileNotFoundError(f"{pipeline}: not rendered; run `qac profile render {name}`")
     with Repo(str(repo_root)) as repo:
-        stages = repo.stage.collect(str(pipeline))
-        return [(stage.name, stage.cmd) for stage in plan_repro(repo.index.graph, stages)]
+        return [(stage, command) for stage, command, _ in graph_in(repo, pipeline)]
 
 
 def stage_graph(name: str, repo_root: str | Path = ".") -> list[tuple[str, str, tuple[str, ...]]]:
@@ -49,18 +47,23 @@ def pipeline_graph(pipeline: str | Path, repo_root: str | Path = ".") -> list[tu
         return graph_in(repo, pipeline)
 
 
-def graph_in(repo, pipeline: str | Path) -> list[tuple[str, str, tuple[str, ...]]]:
-    """:func:`pipeline_graph` in an open DVC ``repo``.
+def graph_in(repo, pipeline: str | Path, stages: list | None = None) -> list[tuple[str, str, tuple[str, ...]]]:
+    """:func:`pipeline_graph` in an open DVC ``repo`` (``stages``: the pipeline's, when already collected).
 
-    The dependencies are the edges of DVC's own stage graph: stage A depends on
-    stage B when one of A's ``deps`` is (inside) one of B's ``outs``. Data that
-    no stage writes (files tracked with ``dvc add``) has no job of its own.
+    The dependencies are the edges of DVC's own stage graph (``build_graph``):
+    stage A depends on stage B when one of A's ``deps`` is (inside) one of B's
+    ``outs``. The graph holds the stages of ``pipeline`` only, so that planning
+    one profile does not read the other profiles' pipelines and locks (a
+    profile reads no other profile's outputs). Data that no stage writes (files
+    tracked with ``dvc add``) has no job of its own.
     """
+    from dvc.repo.graph import build_graph
     from dvc.repo.reproduce import plan_repro
 
-    graph = repo.index.graph
+    stages = repo.stage.collect(str(pipeline)) if stages is None else stages
+    graph = build_graph(stages)
     plan = []
-    for stage in plan_repro(graph, repo.stage.collect(str(pipeline))):
+    for stage in plan_repro(graph, stages):
         upstream = sorted(dependency.name for dependency in graph.successors(stage) if dependency.cmd)
         plan.append((stage.name, stage.cmd, tuple(upstream)))
     return plan
