@@ -145,6 +145,7 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> int:
 
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # a Ctrl-C is for the stages, which each get it once
+    signal.signal(signal.SIGTERM, _leave)             # from Server.__exit__: stop now, even mid-import
     before = dict(os.environ)
     for module in preload:
         importlib.import_module(module)
@@ -181,6 +182,10 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> int:
         if os.getpid() == server:                     # not in a forked stage leaving by its SystemExit
             _stop(path, listener, children)
     return 0
+
+
+def _leave(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 def _stop(path: str, listener: socket.socket, children: dict[int, socket.socket]) -> None:
@@ -349,7 +354,8 @@ class Server:
         import shutil
         import subprocess
 
-        shutil.rmtree(self.folder, ignore_errors=True)     # the server quits when its socket is gone
+        shutil.rmtree(self.folder, ignore_errors=True)     # the server quits when its socket is gone, or at once
+        self.process.terminate()                           # when told (it may still be importing)
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -363,7 +369,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m qac.launcher serve SOCKET\n")
         return 2
     preload = tuple(filter(None, os.environ.get("QAC_LAUNCHER_PRELOAD", ",".join(PRELOAD)).split(",")))
-    return serve(args[1], preload)
+    try:
+        status = serve(args[1], preload)
+    except SystemExit as leaving:                     # SIGTERM (_leave), in the server itself
+        status = leaving.code if isinstance(leaving.code, int) else 1
+    from qac.exiting import end_process               # only now: every copy has been forked
+
+    end_process(status)                               # without tearing down torch and transformers (~2 s)
 
 
 if __name__ == "__main__":

@@ -158,20 +158,21 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
     import contextlib
 
     root = Path(repo_root)
-    graph, changed = planned(pipeline, root, force)
-    jobs = stages_to_consider(graph, changed, force=force)
-    if not jobs:
-        return ReproOutcome(), len(graph)
-    before_first_start()
     env = stage_environment(parallel)
     with contextlib.ExitStack() as stack:
         # Some stages make the hub offline for themselves when the environment does not say
         # (os.environ.setdefault), after the server would have imported huggingface_hub: only a value set
-        # beforehand is the same for both.
+        # beforehand is the same for both. The server starts first, so that it has imported its libraries
+        # (on another core) by the time DVC's plan is read and the first stages start.
         if preload and "HF_HUB_OFFLINE" in env:
             from qac.launcher import SOCKET_ENV, Server
 
             env = {**env, SOCKET_ENV: stack.enter_context(Server(env))}
+        graph, changed = planned(pipeline, root, force)
+        jobs = stages_to_consider(graph, changed, force=force)
+        if not jobs:
+            return ReproOutcome(), len(graph)
+        before_first_start()
         starter = forked_dvc_starter if preload and hasattr(os, "fork") else dvc_stage_starter
         start = starter(str(pipeline), root, env, force)
         return run_stages(jobs, start, parallel, on_start=on_start, on_finish=on_finish), len(graph)

@@ -131,6 +131,8 @@ def test_a_stage_process_killed_with_sigkill_takes_its_copy_with_it(server, tmp_
 
 
 def test_the_server_quits_when_its_socket_is_gone(tmp_path):
+    import shutil
+
     env = {**os.environ, "PYTHONPATH": str(REPO), "QAC_LAUNCHER_PRELOAD": "json"}
     server = Server(env)
     path = server.__enter__()
@@ -138,7 +140,25 @@ def test_the_server_quits_when_its_socket_is_gone(tmp_path):
     while not os.path.exists(path):
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    shutil.rmtree(os.path.dirname(path))              # a run that ended without telling it (its folder cleaned)
+    assert server.process.wait(timeout=30) == 0
     server.__exit__(None, None, None)
+    assert server.process.returncode == 0 and not os.path.exists(path)
+
+
+def test_a_server_told_to_stop_while_importing_stops_at_once_and_cleanly(tmp_path):
+    """A run with nothing to do stops the server it started while that is still importing its libraries."""
+    (tmp_path / "slow_import.py").write_text(
+        "import pathlib, time\npathlib.Path(__file__).with_name('importing').touch()\ntime.sleep(120)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)]),
+           "QAC_LAUNCHER_PRELOAD": "slow_import"}
+    server = Server(env)
+    path = server.__enter__()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "importing").exists():
+        assert time.monotonic() < deadline, "the server never started importing"
+        time.sleep(0.05)
+    server.__exit__(None, None, None)                 # kills it (-9) only if it ignores SIGTERM for 10 s
     assert server.process.returncode == 0 and not os.path.exists(path)
 
 
