@@ -29,14 +29,15 @@ test: $(STAMP)
 # dvc.lock and reports/<name>/, and only when its results change. `qac runs
 # sweep` first ends the MLflow runs that killed stages left RUNNING, also when
 # DVC then restores every stage from its cache.
+# `qac repro --jobs N` is `dvc repro` with up to N independent stages at once (qac/parallel_repro.py),
+# each started warm: a smoke stage is mostly start-up on one core, so two side by side use a 2-core
+# machine; the default profile's stages compute on every core, and gain the warm start-up.
+JOBS ?= 2
+
 repro: $(STAMP)
 	$(BIN)/qac runs sweep
-	$(BIN)/dvc repro profiles/default/dvc.yaml
+	$(BIN)/qac repro --jobs $(JOBS) default
 	QAC_PROFILE=default $(BIN)/qac check --failures-only
-
-# `qac repro --jobs N` is `dvc repro` with up to N independent stages at once (qac/parallel_repro.py):
-# a smoke stage is mostly start-up on one core, so two side by side use a 2-core machine.
-JOBS ?= 2
 
 smoke: $(STAMP)
 	$(BIN)/qac runs sweep
