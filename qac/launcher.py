@@ -44,8 +44,6 @@ SOCKET_ENV = "QAC_LAUNCHER"
 PRELOAD = ("numpy", "pyarrow", "pandas", "torch", "transformers", "transformers.models.bert.modeling_bert",
            "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto", "mlflow",
            "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store")
-# Imported as well where installed (a GPU machine may lack them): the exact search of mining and evaluation.
-PRELOAD_IF_INSTALLED = ("faiss",)
 # Environment variables read when a library is imported: a stage whose values differ from the server's runs
 # in its own process.
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_",
@@ -140,7 +138,7 @@ def _read_line(connection: socket.socket) -> dict | None:
 
 # ---- the server ------------------------------------------------------------------------------------------------
 
-def serve(path: str, preload: tuple[str, ...] = PRELOAD + PRELOAD_IF_INSTALLED) -> int:
+def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> int:
     """Import ``preload``, then fork a stage for every request at the Unix socket ``path`` until the process
     that started the server is gone or the socket file is removed."""
     import importlib
@@ -150,11 +148,7 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD + PRELOAD_IF_INSTALLED) 
     signal.signal(signal.SIGTERM, _leave)             # from Server.__exit__: stop now, even mid-import
     before = dict(os.environ)
     for module in preload:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            if module not in PRELOAD_IF_INSTALLED:
-                raise
+        importlib.import_module(module)
     sys.stdout.flush()
     sys.stderr.flush()
     environment = import_time_environment(before)     # what the libraries saw when imported
@@ -374,8 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2 or args[0] != "serve":
         sys.stderr.write("usage: python -m qac.launcher serve SOCKET\n")
         return 2
-    preload = tuple(filter(None, os.environ.get("QAC_LAUNCHER_PRELOAD",
-                                                ",".join(PRELOAD + PRELOAD_IF_INSTALLED)).split(",")))
+    preload = tuple(filter(None, os.environ.get("QAC_LAUNCHER_PRELOAD", ",".join(PRELOAD)).split(",")))
     try:
         status = serve(args[1], preload)
     except SystemExit as leaving:                     # SIGTERM (_leave), in the server itself
