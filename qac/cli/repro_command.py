@@ -7,10 +7,11 @@ stages DVC reports changed and those downstream of them start; an unchanged
 stage is skipped by DVC. The first failure stops new starts; the stages running
 finish, and the command ends with the failed stage's output (exit status 1).
 Each stage keeps the threads it has under `dvc repro`, so the outputs are the same.
-With HF_HUB_OFFLINE set (as the make targets set it), each stage's process hands
-its work to a copy forked from a server that has imported torch, transformers
-and MLflow once (qac/launcher.py), which saves most of a small stage's start-up;
-``--no-preload`` starts every stage as a fresh Python.
+DVC itself runs each stage in a forked copy of this command, which imported DVC
+once; with HF_HUB_OFFLINE set (as the make targets set it), each stage's process
+hands its work to a copy forked from a server that has imported torch,
+transformers and MLflow once (qac/launcher.py), which saves most of a small
+stage's start-up. ``--no-preload`` starts every stage, and DVC, as a fresh Python.
 ``--jobs 1`` runs them one at a time, in DVC's order.
 """
 
@@ -25,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-j", "--jobs", type=int, default=2, help="stages at once (default 2)")
     parser.add_argument("-f", "--force", action="store_true", help="run every stage, changed or not")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
-                        help="start every stage as a fresh Python, without the server that has imported torch, "
-                             "transformers and MLflow once (qac/launcher.py)")
+                        help="start every stage, and DVC, as a fresh Python, without the server that has "
+                             "imported torch, transformers and MLflow once (qac/launcher.py)")
 
 
 def run(args: argparse.Namespace) -> int:
