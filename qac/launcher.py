@@ -286,7 +286,7 @@ def _become_stage(request: dict, fds: list[int], connection: socket.socket, adde
             runpy.run_path(argv[0], run_name="__main__")
             code = 0
         except SystemExit as exit_:
-            code = _exit_code(exit_.code)
+            code = exit_status(exit_.code)
         except KeyboardInterrupt:
             traceback.print_exc()
             code = 128 + signal.SIGINT
@@ -299,7 +299,8 @@ def _become_stage(request: dict, fds: list[int], connection: socket.socket, adde
         end_process(code)
 
 
-def _exit_code(code) -> int:
+def exit_status(code) -> int:
+    """The status a process exits with for ``SystemExit(code)``, as the interpreter decides it."""
     if code is None:
         return 0
     if isinstance(code, int):

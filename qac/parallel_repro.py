@@ -257,6 +257,8 @@ def forked_dvc_starter(pipeline: str, repo_root: Path, env: dict[str, str], forc
         nothing = os.open(os.devnull, os.O_RDONLY)
         for source, target in ((nothing, 0), (output, 1), (output, 2)):
             os.dup2(source, target)
+        os.close(output)
+        os.close(nothing)
         _streams_on_descriptors()
         return dvc_main(dvc_arguments(pipeline, stage, force))
 
@@ -293,6 +295,8 @@ class ForkedCommand:
 
     @classmethod
     def fork(cls, function: Callable[[], int]) -> "ForkedCommand":
+        from qac.launcher import exit_status
+
         for stream in (sys.stdout, sys.stderr):
             stream.flush()                 # else the copy writes this process's buffered lines again
         pid = os.fork()
@@ -302,7 +306,7 @@ class ForkedCommand:
         try:
             status = function()
         except SystemExit as exit_:
-            status = exit_.code if isinstance(exit_.code, int) else 1
+            status = exit_status(exit_.code)
         except BaseException:              # noqa: BLE001 - the copy must never go back into the runner's loop
             import traceback
 
