@@ -213,13 +213,14 @@ def build_model(method: str, spec: str, device, full_vocab: bool = False):
 
 
 def method_batches(tokenizer, triples, method: str, model, context: str, batch_size: int, count: int,
-                   pad_to=None) -> list[dict]:
-    """Collated batches of ``method``; lengths rounded up as the pipeline rounds them
-    (``pretrain.common.pad_to_multiple_of``) unless padded to a fixed ``pad_to``."""
+                   max_len: int, pad_to=None) -> list[dict]:
+    """Collated batches of ``method``, passages cut at ``max_len`` tokens; lengths rounded up as the pipeline
+    rounds them (``pretrain.common.pad_to_multiple_of``) unless padded to a fixed ``pad_to``."""
     from bench_pretrain import make_batches
 
     return make_batches(tokenizer, triples, context, batch_size, count, model.mask_ratios, pad_to,
-                        master=method == "master", pad_to_multiple_of=paper_setting("pad_to_multiple_of"))
+                        master=method == "master", pad_to_multiple_of=paper_setting("pad_to_multiple_of"),
+                        max_len=max_len)
 
 
 def optimizer_for(model, device):
@@ -283,7 +284,8 @@ def pretrain_section(args, device, tokenizer, triples, peak, progress):
                 try:
                     model.full_vocab_logits = release
                     batches = method_batches(tokenizer, triples, method, model, context, args.batch_size,
-                                             args.distinct_batches, pad_to=args.max_len if release else None)
+                                             args.distinct_batches, args.max_len,
+                                             pad_to=args.max_len if release else None)
                     step = FullBatchStep(model, device, dtype_release if release else dtype_ours)
                     row.update(step_figures(step, optimizer, batches, device, share, peak, args.batch_size))
                 except Exception as error:      # noqa: BLE001 - the other configurations still run
@@ -320,7 +322,7 @@ def grad_cache_section(args, device, tokenizer, triples, peak):
         batch_size = args.grad_cache_batch
         while True:
             batches = method_batches(tokenizer, triples, "cocondenser", model, "query", batch_size,
-                                     args.distinct_batches)
+                                     args.distinct_batches, args.max_len)
             try:
                 full = step_figures(FullBatchStep(model, device, dtype), optimizer, batches, device,
                                     budget_s / 2, peak, batch_size)
@@ -577,7 +579,7 @@ def compile_section(args, device, tokenizer, triples, peak):
         optimizer = optimizer_for(model, device)
         batches = [to_device(b, device) for b in method_batches(
             tokenizer, triples, "cocondenser", model, "query", args.batch_size, args.distinct_batches,
-            pad_to=args.max_len)]
+            args.max_len, pad_to=args.max_len)]
         eager = timed(step_runner(FullBatchStep(model, device, dtype), optimizer), batches, device, budget_s / 4)
         # a dry run checks that the step captures (no code generation: inductor's C++ build takes minutes)
         module = torch.compile(model, backend="eager") if args.dry_run else torch.compile(model)
@@ -694,7 +696,8 @@ def parse_args(argv):
     parser.add_argument("--text", choices=("auto", "scifact", "synthetic"), default="auto",
                         help="auto: SciFact when the data mirror holds it, generated text otherwise")
     parser.add_argument("--batch-size", type=int, default=None, help="pairs per step (default 128)")
-    parser.add_argument("--max-len", type=int, default=144)
+    parser.add_argument("--max-len", type=int, default=None, help="passage tokens (default 144, the paper's; "
+                                                                   "dry run 48)")
     parser.add_argument("--chunk", type=int, default=None, help="GradCache chunk (default: the paper profile's)")
     parser.add_argument("--workers", type=int, default=None, help="DataLoader workers of the stage loop")
     parser.add_argument("--report", type=Path, default=None, help="also write the section into this report")
@@ -707,11 +710,14 @@ def parse_args(argv):
     dry = args.dry_run
     args.model = args.model or f"{'tiny' if dry else 'scratch'}:{MODEL_DIR}"
     args.budget_s = args.budget_s if args.budget_s is not None else (1.0 if dry else 40.0)
-    args.batch_size = args.batch_size or (8 if dry else 128)
+    # A dry run is a check that every path runs, not a measurement: the smallest sizes that still exercise it
+    # (a gradient cache of two chunks, batches that differ, passages cut at their maximum length).
+    args.max_len = args.max_len or (48 if dry else 144)
+    args.batch_size = args.batch_size or (4 if dry else 128)
     args.workers = args.workers if args.workers is not None else (1 if dry else 4)
-    args.grad_cache_batch = 2 * args.batch_size if not dry else 8
+    args.grad_cache_batch = 2 * args.batch_size if not dry else 4
     args.chunk = args.chunk or (2 if dry else None)
-    args.distinct_batches = 3 if dry else 8
+    args.distinct_batches = 2 if dry else 8
     args.loop_window, args.loop_windows = (2, 3) if dry else (10, 4)
     args.encode_batch, args.encode_passages = (32, 64) if dry else (512, 200_000)
     args.search_passages, args.search_queries, args.search_dim = ((2_000, 16, 32) if dry else

@@ -30,7 +30,6 @@ padding to 144).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -70,9 +69,10 @@ def corpus_pairs(passages: Path, queries: Path, count: int) -> list[tuple[str, s
 
 
 def make_batches(tokenizer, triples, context: str, batch_size: int, steps: int, mask_ratios, pad_to,
-                 master: bool = False, pad_to_multiple_of: int = 1):
-    collator = (master_collator(tokenizer, triples, mask_ratios, pad_to, pad_to_multiple_of) if master
-                else PairCollator(tokenizer, 144, 32, *mask_ratios, seed=0, pad_to=pad_to,
+                 master: bool = False, pad_to_multiple_of: int = 1, max_len: int = 144):
+    """``steps`` collated batches of ``batch_size`` pairs; passages cut at ``max_len`` tokens, queries at 32."""
+    collator = (master_collator(tokenizer, triples, mask_ratios, pad_to, pad_to_multiple_of, max_len) if master
+                else PairCollator(tokenizer, max_len, 32, *mask_ratios, seed=0, pad_to=pad_to,
                                   pad_to_multiple_of=pad_to_multiple_of))
     batches = []
     for step in range(steps):
@@ -90,7 +90,7 @@ def make_batches(tokenizer, triples, context: str, batch_size: int, steps: int, 
     return batches
 
 
-def master_collator(tokenizer, triples, mask_ratios, pad_to, pad_to_multiple_of: int = 1):
+def master_collator(tokenizer, triples, mask_ratios, pad_to, pad_to_multiple_of: int = 1, max_len: int = 144):
     """MASTER's collator with inverse document frequencies counted over the triples' anchors."""
     from collections import Counter
 
@@ -102,7 +102,7 @@ def master_collator(tokenizer, triples, mask_ratios, pad_to, pad_to_multiple_of:
     for words in passage_words(tokenizer, anchors, MaskingVocab.from_tokenizer(tokenizer)):
         frequency.update(set(words))
     weights = WordWeights(passages=len(anchors), document_frequency=dict(frequency))
-    return MasterCollator(tokenizer, 144, 32, *mask_ratios, seed=0, word_weights=weights, pad_to=pad_to,
+    return MasterCollator(tokenizer, max_len, 32, *mask_ratios, seed=0, word_weights=weights, pad_to=pad_to,
                           pad_to_multiple_of=pad_to_multiple_of)
 
 
@@ -156,12 +156,16 @@ def run_interleaved(configs: list[dict], rounds: int, warmup: int) -> None:
                                                   for b in batches)
 
 
+def skip_from(spec: str, layer: int) -> int:
+    """coCondenser's skip layer for ``spec``: ``layer``, or the last but one of a 2-layer ``tiny:`` model."""
+    return 1 if spec.startswith("tiny:") else layer
+
+
 def cpu_table(args) -> str:
     from qac.models.cocondenser import CoCondenser
     from qac.models.cotmae import CoTMAE
     from qac.models.loading import load_tokenizer
     from qac.models.master import Master
-    from qac.params.vocabulary import MASTER_TASKS
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
@@ -171,7 +175,7 @@ def cpu_table(args) -> str:
     else:
         triples, source = scifact_pairs(32 if args.small else 256), "SciFact mirror (abstract spans + claims)"
     models = {
-        "cocondenser": CoCondenser.from_spec(args.model, seed=0, n_head_layers=2, skip_from=3),
+        "cocondenser": CoCondenser.from_spec(args.model, seed=0, n_head_layers=2, skip_from=skip_from(args.model, 3)),
         "cotmae (paper decoder)": CoTMAE.from_spec(args.model, seed=0, decoder="paper"),
         "cotmae (release decoder)": CoTMAE.from_spec(args.model, seed=0, decoder="release"),
         "master (5 decoders)": Master.from_spec(args.model, seed=0),
@@ -223,7 +227,9 @@ def cpu_table(args) -> str:
         ratios.append({"ratio": f"query / passage context pairs per second ({method})",
                        "speed-up (CPU time)": speed(method, base, "query") / speed(method, base, "passage")})
     columns = ["ratio", "speed-up (CPU time)", "padded tokens, static / dynamic"]
-    return (f"CPU: `{args.model}` (6 layers, 384 wide), {args.batch_size} pairs per step, "
+    config = models["cocondenser"].bert.config
+    return (f"CPU: `{args.model}` ({config.num_hidden_layers} layers, {config.hidden_size} wide), "
+            f"{args.batch_size} pairs per step, "
             f"{args.threads} threads, fp32; each configuration's median over {args.steps} steps, the "
             f"configurations interleaved round by round after one warm-up round (the 2 cores are shared, "
             f"so wall times drift with the other users' load: pairs per CPU-second and the ratios, "
@@ -358,7 +364,7 @@ def cpu_ratios(args) -> list[str]:
             base.pretrain.common.to_dict(), spans=base.split.spans, query_count=1,
             method="cocondenser", seed=42, init=args.model, context_type="mixed", steps=steps, batch_size=batch_size,
             max_len=144, query_max_len=32, log_every=1, checkpoint_every=steps, dropout=0.0, dtype="fp32",
-            loader_workers=2))
+            loader_workers=2, skip_from=skip_from(args.model, base.pretrain.common.skip_from)))
         logged = []
         pretrain(settings, passages=work / "passages.arrow", queries=work / "queries.arrow", work_dir=work / "w",
                  out_dir=work / "o", log=lambda step, metrics: logged.append(metrics))
@@ -398,7 +404,8 @@ def cpu_ratios(args) -> list[str]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--model", default=None, help="the encoder (default minilm; --small: tiny:minilm, "
+                                                       "a 2-layer random BERT with its vocabulary)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after 1 warm-up)")
     parser.add_argument("--threads", type=int, default=2)
@@ -414,6 +421,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.small:
         args.batch_size, args.steps = 2, 1
+    args.model = args.model or ("tiny:minilm" if args.small else "minilm")
 
     if not args.ratios_only:
         body = ["## Pre-training throughput (`benchmarks/bench_pretrain.py`)", "", f"Machine: {machine_summary()}", "",
