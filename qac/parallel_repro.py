@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from qac.threads import shared_cores_environment
+
 # DVC prints this while another stage holds its repository lock for the second it takes to record a stage.
 _LOCK_WAIT = "Waiting to acquire lock"
 
@@ -200,17 +202,10 @@ def planned(pipeline: str | os.PathLike, repo_root: Path, force: bool
 
 
 def stage_environment(parallel: int, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of the stages: this one, with OpenMP's idle threads sleeping when stages run side by side.
-
-    The thread count stays what it is under `dvc repro` (torch's default, or ``OMP_NUM_THREADS``): results
-    summed over another number of threads differ in their last bits, and the recorded smoke outputs and
-    reports are those of `dvc repro`. With two stages on the cores, a thread that waits for work would
-    otherwise spin on a core the other stage needs (``OMP_WAIT_POLICY=PASSIVE``, unless set).
-    """
-    env = dict(os.environ if base is None else base)
-    if parallel > 1:
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return env
+    """The environment of the stages: this one, with OpenMP's idle threads sleeping when stages run side by side
+    (qac.threads). The thread count stays what it is under `dvc repro` (torch's default, or ``OMP_NUM_THREADS``):
+    the recorded smoke outputs and reports are those of `dvc repro`."""
+    return shared_cores_environment(parallel, base)
 
 
 def dvc_arguments(pipeline: str, stage: str, force: bool) -> list[str]:

@@ -271,3 +271,12 @@ def test_a_pipeline_dvc_cannot_read_is_refused_before_any_stage_starts(tmp_path)
     (outside / "dvc.yaml").write_text("stages: {}\n")
     with pytest.raises(UserError, match="DVC cannot plan this pipeline"):
         reproduce(outside / "dvc.yaml", outside, parallel=2, preload=False)
+
+
+def test_processes_sharing_the_cores_let_idle_threads_sleep_and_keep_their_thread_count():
+    from qac.threads import shared_cores_environment
+
+    assert shared_cores_environment(1, {"OMP_NUM_THREADS": "2"}) == {"OMP_NUM_THREADS": "2"}
+    assert shared_cores_environment(3, {"OMP_NUM_THREADS": "2"}) == {"OMP_NUM_THREADS": "2",
+                                                                    "OMP_WAIT_POLICY": "PASSIVE"}
+    assert shared_cores_environment(2, {"OMP_WAIT_POLICY": "active"})["OMP_WAIT_POLICY"] == "active"

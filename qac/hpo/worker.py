@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Mapping
 from qac.hpo.study import (FAIL_REASON_ATTR, MLFLOW_RUN_ATTR, WORKER_ATTR, HpoSettings,
                            ensure_study_mlflow_run, fail_orphaned_trials, has_work, open_study, storage_location,
                            study_dir, this_process_owner, trials_on_other_hosts)
+from qac.threads import shared_cores_environment
 
 log = logging.getLogger("qac.hpo")
 KILL_GRACE_SECONDS = 5.0
@@ -318,7 +319,8 @@ def run_worker_pool(params_file: Path, params: Mapping[str, Any], settings: HpoS
         command = [sys.executable, "-m", "qac.cli.hpo_worker_command", "--params", str(params_file), "--index", str(index)]
         if slots[index] is not None:
             command += ["--gpus", slots[index]]
-        processes[index] = subprocess.Popen(command)
+        # The workers' trial jobs share the machine's cores (and its GPUs' host threads): idle threads sleep.
+        processes[index] = subprocess.Popen(command, env=shared_cores_environment(workers))
         log.info("worker %d started (pid %d%s)", index, processes[index].pid,
                  f", CUDA_VISIBLE_DEVICES={slots[index]}" if slots[index] is not None else "")
 
