@@ -125,3 +125,37 @@ def test_the_gradient_cached_step_counts_its_extra_encoder_pass(tokenizer):
     batch = pair_batch(tokenizer, model, 0)
     full, cached = step_flops(model, batch), step_flops(model, batch, grad_cache=4)
     assert 1.2 < cached / full < 1.3
+
+
+@pytest.mark.parametrize("peak", [None, 1e12])
+def test_a_run_counts_its_flops_once_where_a_peak_is_known_and_logs_mfu(tmp_path, monkeypatch, peak):
+    """Pre-training on the CPU, with the peak table answering ``peak`` for it: with one, the run counts its
+    first step once and logs MFU and HFU at every logging step; without one (a CPU's answer), nothing is
+    counted and neither is logged."""
+    import qac.train.flops
+    import qac.train.throughput
+    from base_settings import pretrain_values
+    from qac.train.pretrain import PretrainSettings, pretrain
+    from test_pretrain_corpus import write_corpus
+
+    counted = []
+    count = qac.train.flops.flops_per_side_token
+    monkeypatch.setattr(qac.train.flops, "flops_per_side_token",
+                        lambda *args: counted.append(1) or count(*args))
+    monkeypatch.setattr(qac.train.throughput, "peak_flops", lambda device: ("a device", peak))
+    data = tmp_path / "data"
+    write_corpus(data, documents=3, spans=2, queries=2)
+    settings = PretrainSettings.from_mapping(pretrain_values(
+        method="cocondenser", seed=1, init="tiny:minilm", context_type="query", query_count=1, max_len=32,
+        query_max_len=12, steps=3, batch_size=4, skip_from=1, n_head_layers=1, checkpoint_every=3, log_every=1,
+        dtype="fp32"))
+    logged = []
+    summary = pretrain(settings, passages=data / "passages.arrow", queries=data / "queries.arrow",
+                       work_dir=tmp_path / "work", out_dir=tmp_path / "out", log=lambda step, m: logged.append(m))
+    assert len(logged) == 3
+    if peak is None:
+        assert counted == [] and summary["flops_per_padded_token"] is None
+        assert not any({"mfu", "hfu"} & set(metrics) for metrics in logged)
+    else:
+        assert counted == [1] and set(summary["flops_per_padded_token"]) == {"anchor", "context"}
+        assert all(0 < metrics["mfu"] <= metrics["hfu"] for metrics in logged)

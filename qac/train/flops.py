@@ -1,5 +1,7 @@
 """FLOPs of one training step, counted once per run with PyTorch's FLOP counter on a copy that holds no data.
 
+A run counts them where its device's peak is known, for MFU and HFU (qac.train.throughput).
+
 ``6 x parameters x tokens`` is the usual estimate of a transformer step, and it
 is wrong for these models in both directions: the word embeddings (a fifth of
 BERT-base) cost nothing where they are looked up and the MLM heads project only

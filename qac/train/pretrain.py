@@ -29,14 +29,11 @@ import json
 import shutil
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
-
-from qac.params.vocabulary import MASTER_TASKS
 
 LogFn = Callable[[int, dict[str, float]], None]
 # Settings that change how fast a run goes, not what it computes: left out of the fingerprint,
@@ -435,4 +432,4 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
             "grad_cache": type(step_fn).__name__ == "GradCachedStep", "corpus": corpus.stats(),
             "model": model.describe(), "world_size": world, "final_metrics": last_metrics,
             "device": device_name, "peak_flops": peak, "loader_workers": settings.loader_workers,
-            "flops_per_padded_token": window.flops_per_token}
+            "flops_per_padded_token": window.flops_per_token or None}

@@ -14,7 +14,7 @@
 - ``hfu``: hardware FLOP utilisation: the same over the padded tokens, what the
   device computed.
   On a CPU, or a GPU whose exact name is not in the peak table, no peak is
-  assumed and neither is given.
+  assumed, neither is given, and the step's FLOPs are not counted.
 
 Wall-clock figures: they go to MLflow and to ``metrics/timing/``, never to a
 file DVC caches (the same inputs must give the same bytes).
@@ -95,10 +95,14 @@ class ThroughputWindow:
 
     def count_flops(self, model: torch.nn.Module, batch, run) -> None:
         """Count the FLOPs of the step ``run(model, batch)`` makes, per side and padded token, for this run
-        (qac.train.flops.flops_per_side_token); call it before :meth:`add_batch` of the first batch."""
+        (qac.train.flops.flops_per_side_token); call it before :meth:`add_batch` of the first batch.
+
+        Only where a peak is known: the count is what MFU and HFU divide by it, and without one (a CPU) it
+        would cost a small model's run more than its steps (the count replays the step op by op, once per
+        batch side) for figures nobody gets. Then ``flops_per_token`` is ``{}``: counted, nothing to count."""
         from qac.train.flops import flops_per_side_token
 
-        self.flops_per_token = flops_per_side_token(model, batch, run)
+        self.flops_per_token = flops_per_side_token(model, batch, run) if self.peak else {}
 
 
 SPEED_KEYS = frozenset({"samples_per_second", "tokens_per_second", "padding_efficiency", "data_wait_share", "mfu",
