@@ -195,12 +195,13 @@ def base_values() -> dict:
 
 
 def pretraining_settings(method: str, spec: str, **overrides) -> dict:
+    from bench_pretrain import skip_from
     from qac.train.pretrain import PretrainSettings
 
     base = base_values()
     values = {**base["pretrain"]["common"], "context_type": "passage", "query_count": 1,
               "spans": base["split"]["spans"], "method": method, "seed": 42, "init": spec,
-              "skip_from": 1 if spec.startswith("tiny:") else 6, "n_head_layers": 2, "dropout": 0.0,
+              "skip_from": skip_from(spec, 6), "n_head_layers": 2, "dropout": 0.0,
               "cotmae_decoder": "release", **overrides}
     return PretrainSettings.from_mapping(values)
 

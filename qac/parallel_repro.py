@@ -160,7 +160,9 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
     import contextlib
 
     root = Path(repo_root)
-    env = stage_environment(parallel)
+    # Each stage keeps the threads it has under `dvc repro` (the recorded smoke outputs are dvc repro's bytes);
+    # side by side, their idle threads sleep (qac.threads).
+    env = shared_cores_environment(parallel)
     with contextlib.ExitStack() as stack:
         # Some stages make the hub offline for themselves when the environment does not say
         # (os.environ.setdefault), after the server would have imported huggingface_hub: only a value set
@@ -199,13 +201,6 @@ def planned(pipeline: str | os.PathLike, repo_root: Path, force: bool
     except DvcException as error:         # a pipeline DVC cannot read, or no DVC project
         raise UserError(f"{pipeline}: DVC cannot plan this pipeline ({type(error).__name__}: "
                         f"{' '.join(str(error).split())})") from error
-
-
-def stage_environment(parallel: int, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of the stages: this one, with OpenMP's idle threads sleeping when stages run side by side
-    (qac.threads). The thread count stays what it is under `dvc repro` (torch's default, or ``OMP_NUM_THREADS``):
-    the recorded smoke outputs and reports are those of `dvc repro`."""
-    return shared_cores_environment(parallel, base)
 
 
 def dvc_arguments(pipeline: str, stage: str, force: bool) -> list[str]:

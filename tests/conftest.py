@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from qac.threads import shared_cores_environment
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The suite's workers (one per core), the stage processes and torchrun ranks they start, and their torch
-# threads share the cores: an OpenMP thread waiting for work must sleep, not spin on a core that another
-# process needs (measured on 2 cores: the in-process model tests took 133 s spinning, 75 s sleeping). Read
-# when torch loads its OpenMP runtime, so set here, before any test module imports torch.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The suite's workers and the stage processes and torchrun ranks they start share the cores (qac/threads.py);
+# set before any test module imports torch, which reads it, and inherited by every process a test starts.
+os.environ.update(shared_cores_environment(processes=2))
 
 
 # The study of test_pipeline.py takes most of the suite's time: its file is handed out first,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from qac.parallel_repro import (ForkedCommand, StageJob, forked_dvc_starter, reproduce, run_stages,
-                                shown_output, stage_environment, stages_to_consider)
+                                shown_output, stages_to_consider)
 
 BIN = Path(sys.executable).parent
 GRAPH = [("a", "", ()), ("e", "", ()), ("b", "", ("a",)), ("c", "", ("a",)), ("d", "", ("b", "c"))]
@@ -92,9 +92,11 @@ def test_a_failure_stops_new_starts_and_lets_the_running_stage_finish(tmp_path):
 
 
 def test_stages_side_by_side_keep_their_thread_count_and_let_idle_threads_sleep():
-    assert stage_environment(1, {"PATH": "/bin"}) == {"PATH": "/bin"}
-    assert stage_environment(2, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert stage_environment(2, {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3"}) == {
+    from qac.threads import shared_cores_environment
+
+    assert shared_cores_environment(1, {"PATH": "/bin"}) == {"PATH": "/bin"}
+    assert shared_cores_environment(2, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert shared_cores_environment(2, {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3"}) == {
         "OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3"}
 
 
@@ -271,12 +273,3 @@ def test_a_pipeline_dvc_cannot_read_is_refused_before_any_stage_starts(tmp_path)
     (outside / "dvc.yaml").write_text("stages: {}\n")
     with pytest.raises(UserError, match="DVC cannot plan this pipeline"):
         reproduce(outside / "dvc.yaml", outside, parallel=2, preload=False)
-
-
-def test_processes_sharing_the_cores_let_idle_threads_sleep_and_keep_their_thread_count():
-    from qac.threads import shared_cores_environment
-
-    assert shared_cores_environment(1, {"OMP_NUM_THREADS": "2"}) == {"OMP_NUM_THREADS": "2"}
-    assert shared_cores_environment(3, {"OMP_NUM_THREADS": "2"}) == {"OMP_NUM_THREADS": "2",
-                                                                    "OMP_WAIT_POLICY": "PASSIVE"}
-    assert shared_cores_environment(2, {"OMP_WAIT_POLICY": "active"})["OMP_WAIT_POLICY"] == "active"
