@@ -48,7 +48,14 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     profiles_dir = Path(profiles_dir or profiles_root())
     base = read_yaml((profiles_dir / "base.yaml").read_text(encoding="utf-8"))
     override = read_yaml((profiles_dir / f"{name}.yaml").read_text(encoding="utf-8")) or {}
-    params = expand_seeds(deep_merge(base, override))
+    from qac.params.errors import ParamsError
+    from qac.params.yaml_io import key_lines
+
+    try:
+        params = expand_seeds(deep_merge(base, override))
+    except ParamsError as error:        # named at the profile's own file, where a profile's seeds are written
+        source = profiles_dir / f"{name}.yaml"
+        raise ParamsError(source, error.problems, key_lines(source.read_text(encoding="utf-8"))) from None
     params["profile"] = name
     return params
 
@@ -73,25 +80,47 @@ def expand_seeds(params: dict[str, Any]) -> dict[str, Any]:
     variants = (params.get("pretrain") or {}).get("variants")
     if not variants:
         return params
-    profile_seeds = params.get("seeds")
+    from qac.params.errors import ParamsError, Problem
+
+    profile_seeds = _checked_seeds(params.get("seeds"), "seeds")
     expanded = {}
     for name, spec in variants.items():
         spec = dict(spec or {})
-        seeds = spec.pop("seeds", None)
+        seeds = _checked_seeds(spec.pop("seeds", None), f"pretrain.variants.{name}.seeds")
         if seeds is None and spec.get("method") != "none":
             seeds = profile_seeds
         if not seeds or "seed_of" in spec:
             expanded[name] = spec
             continue
-        seeds = [int(seed) for seed in seeds]
         first, *others = seeds
         if first != params.get("seed"):
             spec["seed"] = first
         expanded[name] = spec
         for seed in others:
-            expanded[seed_variant_name(name, seed)] = {**spec, "seed": seed, "seed_of": name}
+            copy_name = seed_variant_name(name, seed)
+            if copy_name in variants:       # a variant of that name is declared: never replace it silently
+                raise ParamsError(None, [Problem(f"pretrain.variants.{name}.seeds",
+                                                 f"the run with seed {seed} would be named {copy_name!r}, a variant "
+                                                 "declared already: rename that variant or drop the seed")])
+            expanded[copy_name] = {**spec, "seed": seed, "seed_of": name}
     params["pretrain"]["variants"] = expanded
     return params
+
+
+def _checked_seeds(seeds: Any, key: str) -> list[int] | None:
+    """A list of seeds as the schema allows it (integers, at least one, each once), else a ParamsError naming
+    ``key``: checked while rendering, before the list is spread into variants where the schema no longer
+    sees it."""
+    if seeds is None:
+        return None
+    from qac.params.errors import ParamsError, Problem
+    from qac.params.fields import SEEDS_RULE, seeds_distinct
+
+    if not isinstance(seeds, list) or not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in seeds):
+        raise ParamsError(None, [Problem(key, f"expected a list of integer seeds, found {seeds!r}")])
+    if not seeds_distinct(seeds):
+        raise ParamsError(None, [Problem(key, f"expected {SEEDS_RULE}, found {seeds!r}")])
+    return seeds
 
 
 def variant_seed(params: Mapping[str, Any], variant: str) -> int:

@@ -251,6 +251,25 @@ def test_a_file_that_is_not_yaml_or_not_there_is_named(tmp_path):
     assert "is a folder, not a params file" in str(refused(tmp_path))
 
 
+def test_a_key_written_twice_is_named_with_the_line_of_its_second_writing(tmp_path):
+    """PyYAML alone keeps the last of two equal keys: a second `lr:` further down would win silently."""
+    text = (REPO / "profiles" / "smoke" / "params.yaml").read_text()
+    lines = text.splitlines()
+    at = next(index for index, line in enumerate(lines) if line.startswith("seed:"))
+    twice = tmp_path / "params.yaml"
+    twice.write_text("\n".join([*lines[:at + 3], "seed: 7", *lines[at + 3:]]) + "\n")
+    message = str(refused(twice))
+    assert f"not valid YAML at line {at + 4}" in message and "'seed' is written twice" in message
+    # in a nested mapping, and in flow style, too
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("profile: smoke\nfinetune: {lr: 1.0e-05, epochs: 1, lr: 2.0e-05}\n")
+    assert "'lr' is written twice" in str(refused(nested))
+    # a YAML merge key brings keys in without repeating them
+    from qac.params import read_yaml
+
+    assert read_yaml("a: &x {k: 1}\nb:\n  <<: *x\n  k: 2\n") == {"a": {"k": 1}, "b": {"k": 2}}
+
+
 # --- the command line: one paragraph, exit status 2 -----------------------------------------
 
 def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:

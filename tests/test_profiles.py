@@ -126,14 +126,15 @@ def test_render_carries_a_new_description_of_the_profile(tmp_path):
 def test_render_never_silently_discards_a_hand_edit(tmp_path):
     profiles = _profiles_copy(tmp_path)
     params_file = profiles / "smoke" / "params.yaml"
-    params_file.write_text(params_file.read_text().replace("seed: 42", "seed: 43"))
+    # (43 is the seed copies' seed: the variants they copy would run it twice, which the schema refuses)
+    params_file.write_text(params_file.read_text().replace("seed: 42", "seed: 44"))
     assert params_hand_edited(params_file)
     overrides = yaml.safe_load((profiles / "smoke.yaml").read_text())
     overrides["split"]["workers"] = 2          # the profile changed too: a render is due
     (profiles / "smoke.yaml").write_text(yaml.safe_dump(overrides))
     with pytest.raises(HandEditedParams, match="edited by hand"):
         render_profile_files("smoke", profiles_dir=profiles)
-    assert load_params(params_file)["seed"] == 43
+    assert load_params(params_file)["seed"] == 44
     render_profile_files("smoke", force=True, profiles_dir=profiles)
     assert load_params(params_file)["seed"] == 42 and load_params(params_file)["split"]["workers"] == 2
 

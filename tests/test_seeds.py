@@ -67,6 +67,75 @@ def test_a_seed_copy_must_repeat_its_variant(tmp_path):
     assert "pretrain.variants.cotmae-passage.seeds" in text and "qac profile render" in text
 
 
+def test_a_seed_copy_may_not_repeat_a_seed_of_its_group(tmp_path):
+    """Two runs of one variant on one seed would count one run twice in the mean and spread across seeds."""
+    import yaml
+
+    from qac.params.errors import ParamsError
+    from qac.params.loading import load_params
+
+    params = yaml.safe_load((REPO / "profiles" / "smoke" / "params.yaml").read_text())
+    variants = params["pretrain"]["variants"]
+    variants["cocondenser-passage-seed43"]["seed"] = params["seed"]          # the origin's seed (the top-level one)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    with pytest.raises(ParamsError) as error:
+        load_params(path)
+    text = str(error.value)
+    assert "pretrain.variants.cocondenser-passage-seed43.seed" in text and "'cocondenser-passage'" in text
+    rows = path.read_text().splitlines()
+    start = rows.index("    cocondenser-passage-seed43:")
+    line = next(number for number, row in enumerate(rows[start:], start + 1) if row.strip().startswith("seed:"))
+    assert text.startswith(f"{path}:{line}: parameter pretrain.variants.cocondenser-passage-seed43.seed:")
+
+
+@pytest.mark.parametrize("written, found", [("[3, 3]", "[3, 3]"), ("[]", "[]"), ("[a]", "['a']"), ("5", "5")])
+@pytest.mark.parametrize("where", ["profile", "variant"])
+def test_rendering_refuses_seeds_that_are_not_distinct_integers(tmp_path, written, found, where):
+    import shutil
+
+    from qac.config import render_profile
+    from qac.params.errors import ParamsError
+
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    source = profiles / "smoke.yaml"
+    text = source.read_text()
+    if where == "profile":
+        text += f"seeds: {written}\n"
+        key = "seeds"
+    else:
+        old = "cocondenser-query-q4:   {method: cocondenser, context_type: query, query_count: 4, seeds: [42, 43]}"
+        assert old in text
+        text = text.replace(old, old.replace("[42, 43]", written))
+        key = "pretrain.variants.cocondenser-query-q4.seeds"
+    source.write_text(text)
+    line = next(number for number, row in enumerate(text.splitlines(), 1) if f"seeds: {written}" in row)
+    with pytest.raises(ParamsError) as error:
+        render_profile("smoke", profiles)
+    message = str(error.value)
+    assert message.startswith(f"{source}:{line}: parameter {key}: expected ") and f"found {found}" in message
+
+
+def test_rendering_never_replaces_a_declared_variant_with_a_seed_copy(tmp_path):
+    import shutil
+
+    from qac.config import render_profile
+    from qac.params.errors import ParamsError
+
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    source = profiles / "smoke.yaml"
+    old = "    cocondenser-query-q4:   {method: cocondenser, context_type: query, query_count: 4, seeds: [42, 43]}\n"
+    text = source.read_text()
+    assert old in text
+    source.write_text(text.replace(old, old + "    cocondenser-query-q4-seed43: {method: cotmae}\n"))
+    with pytest.raises(ParamsError) as error:
+        render_profile("smoke", profiles)
+    assert "pretrain.variants.cocondenser-query-q4.seeds" in str(error.value)
+    assert "'cocondenser-query-q4-seed43', a variant declared already" in str(error.value)
+
+
 @pytest.fixture()
 def seeded_study(tmp_path):
     """tests/dvc_study.py's study, with coCondenser's passage and C = 5 query variants run again with seed 9."""

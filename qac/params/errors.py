@@ -107,6 +107,9 @@ def _dotted(loc: tuple) -> str:
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(item, (int, float, str, bool)) for item in value) \
+            and len(repr(value)) <= 60:
+        return repr(value)              # a short list of plain values reads best as itself
     return repr(value) if not isinstance(value, (dict, list)) else f"a {'mapping' if isinstance(value, dict) else 'list'}"
 
 

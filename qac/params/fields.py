@@ -45,6 +45,22 @@ def _inside_path(value: str) -> str:
     return value
 
 
+SEEDS_RULE = "at least one seed and each seed once (null: run once with the top-level seed)"
+
+
+def seeds_distinct(value: list[int]) -> bool:
+    return bool(value) and len(set(value)) == len(value)
+
+
+def _distinct_seeds(value: list[int]) -> list[int]:
+    if not seeds_distinct(value):
+        raise ValueError(SEEDS_RULE)
+    return value
+
+
+# Seeds of repeated runs: each one a run of its own, so a seed written twice would count one run twice in
+# the mean and spread across seeds.
+SeedList = Annotated[list[int], AfterValidator(_distinct_seeds)]
 # A name that becomes one folder name (profile, dataset, variant, study); a path that stays inside its folder.
 PlainName = Annotated[str, AfterValidator(_plain_name)]
 InsidePath = Annotated[str, AfterValidator(_inside_path)]

@@ -131,6 +131,15 @@ def variant_names(params: Params) -> list[Problem]:
                                                                            "seed_of": None}:
             problems.append(Problem(f"{where}.seed_of", f"a seed copy of {variant.seed_of!r} must equal it but for "
                                                         "its seed"))
+    seeds_of: dict[str, dict[int, str]] = {}     # a variant and its seed copies: seed -> the variant that runs it
+    for name, variant in params.pretrain.variants.items():
+        group = seeds_of.setdefault(variant.seed_of or name, {})
+        seed = variant.seed if variant.seed is not None else params.seed
+        if seed in group:
+            problems.append(Problem(f"pretrain.variants.{name}.seed",
+                                    f"seed {seed} is already run by {group[seed]!r}: a seed copy repeats the run "
+                                    "and the spread across seeds would count it twice"))
+        group.setdefault(seed, name)
     if params.hpo.variant not in params.pretrain.variants:
         close = difflib.get_close_matches(params.hpo.variant, list(params.pretrain.variants), n=1, cutoff=0.6)
         problems.append(Problem("hpo.variant", f"{params.hpo.variant!r} is not a key of pretrain.variants"

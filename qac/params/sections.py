@@ -16,7 +16,8 @@ from pydantic import Field, create_model
 
 from qac.params.fields import (ChunkSize, ContrastiveTemperature, DropoutProbability, Fraction, InsidePath,
                                LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction, PeakLearningRate,
-                               PlainName, PositiveFloat, PositiveInt, Section, TopK, TopP, WarmupRatio, WeightDecay)
+                               PlainName, PositiveFloat, PositiveInt, Section, SeedList, TopK, TopP, WarmupRatio,
+                               WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
                                    PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
@@ -273,7 +274,7 @@ PretrainVariant = create_model(
     query_count=(PositiveInt,
                  Field(default=1, description="C: generated queries a passage's context is drawn from; at most "
                                               "querygen.queries_per_passage")),
-    seeds=(list[int] | None,
+    seeds=(SeedList | None,
            Field(default=None, description="run the variant once per seed: rendering keeps the first under the "
                                            "variant's name and adds <name>-seed<s> per further seed (seed, seed_of); "
                                            "null: the profile's seeds, else once with the top-level seed")),
@@ -594,7 +595,7 @@ class Params(Section):
 
     profile: PlainName = Field(description="the profile's name (set by rendering)")
     seed: int = Field(description="seed of every random choice")
-    seeds: list[int] | None = Field(
+    seeds: SeedList | None = Field(
         default=None, description="every pre-training variant runs once per seed (pretrain.variants.<name>.seeds "
                                   "wins); null: once, with seed")
     data_dir: str = Field(description="every stage output lives under data/<profile>/")

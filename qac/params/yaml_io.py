@@ -19,7 +19,18 @@ def yaml_loader():
     global _LOADER
     if _LOADER is None:
         class ParamsLoader(yaml.SafeLoader):
-            pass
+            def construct_mapping(self, node, deep=False):
+                # A key written twice is an error (YAML 1.2, and DVC's reader): PyYAML alone keeps the
+                # last value, so a second `lr:` further down would silently win over the first.
+                seen = set()
+                for key_node, _ in node.value:
+                    if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                        if key_node.value in seen:
+                            raise yaml.constructor.ConstructorError(
+                                "while constructing a mapping", node.start_mark,
+                                f"the key {key_node.value!r} is written twice in one mapping", key_node.start_mark)
+                        seen.add(key_node.value)
+                return super().construct_mapping(node, deep=deep)
 
         sexagesimal = re.compile(r"\|\[-\+\]\?\[(?:0-9|1-9)\]\[0-9_\]\*\(\?::\[0-5\]\?\[0-9\]\)\+(?:\\\.\[0-9_\]\*)?")
         resolvers = {}
