@@ -141,11 +141,42 @@ def test_bad_expected_file_names_the_cell_and_field(tmp_path):
     path.write_text(yaml.safe_dump({"profile": "smoke", "cells": [
         {"table": "table1", "row": "BM25", "column": "x", "value": 1.0, "unit": "percent"},
         {"table": "table1", "row": "BM25", "column": "y", "value": "high", "unit": "percent"}]}))
-    with pytest.raises(ValueError, match=r"expected.yaml: cells\[1\]: 'value', 'tolerance' and 'rounding' must be"):
+    with pytest.raises(ValueError, match=r"expected.yaml:\d+: cells\[1\]: field 'value' must be a finite number, "
+                                         r"got 'high'"):
         load_expected(path)
     path.write_text(yaml.safe_dump({"cells": [{"table": "table1", "row": "BM25", "value": 1.0, "unit": "percent"}]}))
-    with pytest.raises(ValueError, match=r"cells\[0\]: field 'column' missing"):
+    with pytest.raises(ValueError, match=r"expected.yaml:2: cells\[0\]: field 'column' missing"):
         load_expected(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cells: [\n", r"expected.yaml:2: not valid YAML"),
+    ("cells:\n- {table: t, row: r, column: c, value: .nan, unit: percent}\n", r":2: cells\[0\]: field 'value' must be a "
+                                                                            r"finite number, got nan"),
+    ("cells:\n- {table: t, row: r, column: c, value: true, unit: percent}\n", r"got True"),
+    ("cells:\n- table: t\n  row: r\n  column: c\n  value: 1.0e-5\n  unit: percent\n  tolerance: -1\n",
+     r":7: cells\[0\]: a tolerance cannot be negative"),
+    ("cells:\n- {table: t, row: r, column: c, value: 1, unit: percent}\ncells: []\n", r"'cells' is written twice"),
+    ("kind: rerun\n", r"expected a mapping with a 'cells' list"),
+])
+def test_a_broken_expected_file_is_one_paragraph_naming_its_line(tmp_path, text, message):
+    """Read by `qac check` before it looks at any output: a user error (one paragraph, exit status 2)."""
+    from qac.errors import UserError
+    from qac.reporting.check import load_expected
+
+    path = tmp_path / "expected.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message):
+        load_expected(path)
+
+
+def test_an_expected_value_written_as_yaml_1_2_writes_it_is_a_number(tmp_path):
+    from qac.reporting.check import load_expected
+
+    path = tmp_path / "expected.yaml"
+    path.write_text("cells:\n- {table: t, row: r, column: c, value: 5e-1, unit: fraction, tolerance: 1e-2}\n")
+    (cell,) = load_expected(path)[1]
+    assert (cell.value, cell.tolerance) == (0.5, 0.01)
 
 
 def test_paper_profile_expects_the_papers_values():

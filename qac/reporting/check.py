@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from qac.errors import UserError
 from qac.reporting.tables import FRACTION, PERCENT, Table, _SCALE
 
 SLACK_QUERIES = 2
@@ -296,40 +297,71 @@ def load_expected(path: str | os.PathLike) -> tuple[str, list[Expected]]:
     return profile, cells
 
 
+class ExpectedFileError(ValueError, UserError):
+    """An expected file that cannot be read: the message names the file, the line and the cell's field."""
+
+
 def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expected]]:
     """``(profile, kind, cells)`` of an expected file. A file without ``kind`` is a rerun check."""
     import yaml
 
+    from qac.params.yaml_io import key_lines, read_yaml
+
     path = Path(path)
-    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        text = path.read_text(encoding="utf-8")
+        document = read_yaml(text)          # numbers as YAML 1.2 reads them (1e-5 is a number), no key twice
+    except UnicodeDecodeError as error:
+        raise ExpectedFileError(f"{path}: not UTF-8 text (byte {error.start}); an expected file is YAML written "
+                                "by `qac check --record`") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark else ""
+        raise ExpectedFileError(f"{path}{at}: not valid YAML: {getattr(error, 'problem', None) or error}; an "
+                                "expected file is written by `qac check --record`") from None
+    lines = key_lines(text)
+
+    def fail(key: str, message: str) -> ExpectedFileError:
+        parts = key.split(".")
+        line = next((lines[".".join(parts[:n])] for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in lines),
+                    None)
+        return ExpectedFileError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
     if not isinstance(document, dict) or not isinstance(document.get("cells"), list):
-        raise ValueError(f"{path}: expected a mapping with a 'cells' list")
+        raise fail("cells", "expected a mapping with a 'cells' list (as `qac check --record` writes it)")
     kind = document.get("kind", RERUN)
     if kind not in KINDS:
-        raise ValueError(f"{path}: field 'kind' must be {' or '.join(KINDS)}, got {kind!r}")
+        raise fail("kind", f"field 'kind' must be {' or '.join(KINDS)}, got {kind!r}")
     cells = []
     for index, entry in enumerate(document["cells"]):
-        where = f"{path}: cells[{index}]"
+        key = f"cells.{index}"
+        where = f"cells[{index}]"
         if not isinstance(entry, dict):
-            raise ValueError(f"{where}: not a mapping")
+            raise fail(key, f"{where}: not a mapping")
         unknown = set(entry) - _CELL_FIELDS
         if unknown:
-            raise ValueError(f"{where}: unknown fields {sorted(unknown)}")
+            raise fail(f"{key}.{sorted(unknown)[0]}", f"{where}: unknown fields {sorted(unknown)}")
         for name in ("table", "row", "column", "value", "unit"):
             if name not in entry:
-                raise ValueError(f"{where}: field '{name}' missing")
+                raise fail(key, f"{where}: field '{name}' missing")
         if entry["unit"] not in (PERCENT, FRACTION, COUNT):
-            raise ValueError(f"{where}: field 'unit' must be percent, fraction or count, got {entry['unit']!r}")
-        try:
-            value = float(entry["value"])
-            limit = None if entry.get("tolerance") is None else float(entry["tolerance"])
-            rounding = float(entry.get("rounding") or 0.0)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: 'value', 'tolerance' and 'rounding' must be numbers") from None
-        if (limit is not None and limit < 0) or rounding < 0:
-            raise ValueError(f"{where}: a tolerance cannot be negative")
+            raise fail(f"{key}.unit", f"{where}: field 'unit' must be percent, fraction or count, got {entry['unit']!r}")
+        numbers = {}
+        for name in ("value", "tolerance", "rounding"):
+            number = entry.get(name)
+            if number is None and name != "value":
+                continue
+            # a bool reads as 0 or 1 and NaN compares false with everything: neither is a figure to check
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+                raise fail(f"{key}.{name}", f"{where}: field '{name}' must be a finite number, got {number!r}")
+            numbers[name] = float(number)
+        value, limit, rounding = numbers["value"], numbers.get("tolerance"), numbers.get("rounding", 0.0)
+        if limit is not None and limit < 0:
+            raise fail(f"{key}.tolerance", f"{where}: a tolerance cannot be negative")
+        if rounding < 0:
+            raise fail(f"{key}.rounding", f"{where}: a rounding cannot be negative")
         if kind == REPRODUCTION and entry["unit"] == COUNT:
-            raise ValueError(f"{where}: a reproduction check compares means, not counts")
+            raise fail(f"{key}.unit", f"{where}: a reproduction check compares means, not counts")
         cells.append(Expected(str(entry["table"]), str(entry["row"]), str(entry["column"]), value,
                               entry["unit"], limit, rounding))
     return str(document.get("profile", "")), kind, cells
