@@ -44,6 +44,29 @@ def test_qac_tables_names_a_damaged_output_and_its_stage(tmp_path, capsys, relat
     assert not (tmp_path / "reports" / "smoke").exists()
 
 
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "true", '"0.5"', "null"])
+def test_a_per_query_value_that_is_not_a_finite_number_is_named(tmp_path, capsys, value):
+    """JSON lets a writer put NaN, a boolean or a string where a measure belongs: every mean would carry it."""
+    import json
+
+    data = write_study(tmp_path / "data" / "smoke")
+    path = data / "eval" / "cotmae-passage" / "r2" / "scifact" / "test.per_query.json"
+    values = json.loads(path.read_text())
+    measure, by_query = next(iter(values.items()))
+    qid = next(iter(by_query))
+    text = json.dumps(values).replace(json.dumps({qid: by_query[qid]})[1:-1], f'"{qid}": {value}', 1)
+    assert text != json.dumps(values)
+    path.write_text(text)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
+    code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
+                     "--no-mlflow", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert str(path) in err and f"query {qid!r}" in err and "evaluate@cotmae-passage" in err
+    assert not (tmp_path / "reports" / "smoke").exists()
+
+
 @pytest.mark.parametrize("relative, stage", [("datasets/scifact/corpus.jsonl", "prepare@scifact"),
                                              ("bm25/negatives.jsonl", "bm25")])
 def test_any_malformed_stage_file_names_the_stage_that_rebuilds_it(tmp_path, monkeypatch, capsys, relative, stage):

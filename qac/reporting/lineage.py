@@ -153,10 +153,15 @@ class Source(_Recorded):
         values = self._load(dataset, split)
         if values is None or measure not in values:
             return None
-        try:
-            return {str(qid): float(value) for qid, value in values[measure].items()}
-        except (TypeError, ValueError):
-            raise DataFormatError(self.path(dataset, split), None, measure, "a value is not a number") from None
+        scores = {}
+        for qid, value in values[measure].items():
+            # a measure of one query is a finite number: NaN or infinity would spread into every mean, and
+            # a boolean or a string is a file some other program wrote
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise DataFormatError(self.path(dataset, split), None, measure,
+                                      f"query {qid!r}: {value!r} is not a finite number")
+            scores[str(qid)] = float(value)
+        return scores
 
     def metric(self, dataset: str, split: str, measure: str) -> float | None:
         """The mean over queries (trec_eval's aggregate); ``math.fsum`` so file order cannot change it.
