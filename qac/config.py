@@ -15,6 +15,7 @@ only replaced with ``--force``.
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import os
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from qac.errors import UserError
 from qac.params import PROFILE_NAMES, profiles_root, read_yaml, yaml_dumper
 from qac.params.locations import REPO_ROOT
 
@@ -249,8 +251,16 @@ def profile_dir(params: dict[str, Any]) -> Path:
     return Path(params.get("data_dir", "data")) / params["profile"]
 
 
-def checked_variant(params: dict[str, Any], variant: str) -> str:
-    """``variant`` if it is a key of ``pretrain.variants``; a stage exits with a clear message otherwise."""
-    if variant not in (params["pretrain"].get("variants") or {}):
-        raise SystemExit(f"unknown variant {variant!r}: not a key of pretrain.variants in the params file")
+class UnknownVariant(ValueError, UserError):
+    """A variant named on a command line or in a call that the params file does not declare."""
+
+
+def checked_variant(params: Mapping[str, Any], variant: str) -> str:
+    """``variant`` if it is a key of ``pretrain.variants``; else an :class:`UnknownVariant` naming the close
+    spelling or the variants there are."""
+    variants = list(params["pretrain"].get("variants") or {})
+    if variant not in variants:
+        close = difflib.get_close_matches(variant, variants, n=1, cutoff=0.6)
+        raise UnknownVariant(f"unknown variant {variant!r}: not a key of pretrain.variants in the params file"
+                             + (f"; did you mean {close[0]}?" if close else f" (declared: {', '.join(variants)})"))
     return variant

@@ -309,6 +309,19 @@ def test_a_stage_refuses_bad_parameters_before_any_work(tmp_path, smoke, stage, 
     assert not (tmp_path / "data").exists() and not (tmp_path / "mlflow.db").exists()   # nothing started
 
 
+@pytest.mark.parametrize("stage", ["pretrain", "finetune", "evaluate"])
+def test_a_variant_stage_refuses_an_unknown_variant_in_one_line(tmp_path, smoke, stage):
+    """A variant name is checked against the params file before any work, as a parameter is."""
+    path = edited(tmp_path, smoke, lambda p: p.update(data_dir=str(tmp_path / "data")))
+    done = _run([sys.executable, str(REPO / "pipelines" / f"{stage}.py"), "--variant", "cotmae-pasage"], tmp_path,
+                QAC_PARAMS=str(path))
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [f"{stage}.py: error: unknown variant 'cotmae-pasage': not a key of pretrain.variants in the "
+                     "params file; did you mean cotmae-passage?"], done.stderr
+    assert not (tmp_path / "data").exists()
+
+
 def test_verbose_adds_the_traceback_to_a_user_error(tmp_path, smoke):
     bad = edited(tmp_path, smoke, lambda p: p["finetune"].update(batch_size=0))
     quiet = _run([sys.executable, "-m", "qac.cli", "check", "--params", str(bad)], tmp_path)

@@ -95,8 +95,12 @@ def test_unknown_variant_and_unknown_key_are_rejected(smoke_params):
 
     from qac.params import ParamsError, validate_params
 
-    with pytest.raises(ValueError, match="no pretrain.variants.nope"):
-        PretrainSettings.from_params(validate_params(smoke_params), "nope")
+    from qac.errors import UserError
+
+    with pytest.raises(UserError, match=r"unknown variant 'xyzzy': not a key of pretrain.variants .*\(declared: none, "):
+        PretrainSettings.from_params(validate_params(smoke_params), "xyzzy")
+    with pytest.raises(UserError, match=r"unknown variant 'cotmae-pasage'.*did you mean cotmae-passage\?"):
+        PretrainSettings.from_params(validate_params(smoke_params), "cotmae-pasage")
     # an unknown key is the schema's to refuse, before any settings are built
 
     smoke_params["pretrain"]["variants"]["typo"] = {"method": "cocondenser", "lerning_rate": 1}

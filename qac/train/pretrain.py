@@ -96,10 +96,10 @@ class PretrainSettings:
         """Variant ``variant`` of a checked params file: ``pretrain.common`` with the variant's keys over it,
         its seed (a seed copy's own, else the global one) and how the split stage cut the passages
         (``split.spans``)."""
+        from qac.config import checked_variant
+
         section = params.pretrain
-        if variant not in section.variants:
-            raise ValueError(f"params: no pretrain.variants.{variant} (known: {', '.join(section.variants)})")
-        spec = section.variants[variant]
+        spec = section.variants[checked_variant(params, variant)]
         # The keys the variant sets override common's; a seed copy trains as its variant does, with its own seed.
         overrides = {key: value for key, value in spec.to_dict().items() if key not in ("seeds", "seed", "seed_of")}
         return cls.from_mapping({**section.common.to_dict(), **overrides, "context_type": spec.context_type,
