@@ -2,7 +2,7 @@
 
     python benchmarks/bench_scale.py --documents 20000 [--work DIR] [--keep]
     python benchmarks/bench_scale.py --report        # table of every recorded N -> reports/benchmarks.md
-    python benchmarks/bench_scale.py --small --work DIR   # 200 documents, 1 split worker, result in DIR only
+    python benchmarks/bench_scale.py --small --work DIR   # 50 documents, 1 split worker, result in DIR only
 
 Writes N synthetic documents in the ``msmarco-docs.tsv`` format (docid, url,
 title, body) with MS MARCO's length distribution, then runs the real stage
@@ -159,7 +159,7 @@ def disk_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2 ** 20
 
 
-def run(documents: int, work: Path, workers: int, keep: bool) -> dict:
+def run(documents: int, work: Path, workers: int, keep: bool, batches: int = 50) -> dict:
     import yaml
 
     shutil.rmtree(work, ignore_errors=True)
@@ -182,7 +182,8 @@ def run(documents: int, work: Path, workers: int, keep: bool) -> dict:
     write_queries_arrow(data / "passages.arrow", data / "queries.arrow")
     queries_s = time.perf_counter() - started
     stages["pair_load"] = run_measured([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                        "--nproc_per_node", "2", __file__, "--pair-load", str(data)],
+                                        "--nproc_per_node", "2", __file__, "--pair-load", str(data),
+                                        "--batches", str(batches)],
                                        env, work / "pair_load.log")
     ranks = [json.loads((data / f"pair_load.rank{rank}.json").read_text(encoding="utf-8")) for rank in range(2)]
     split_metrics = json.loads((data / "metrics" / "split.json").read_text())
@@ -305,14 +306,15 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
     parser.add_argument("--report", action="store_true", help="write the scale section of reports/benchmarks.md from the results")
     parser.add_argument("--small", action="store_true",
-                        help="200 documents, 1 split worker; the result stays in the working folder (a check "
-                             "that every path runs, not a measurement)")
+                        help="50 documents, 1 split worker, 4 batches per pair-load rank; the result stays in the "
+                             "working folder (a check that every path runs, not a measurement)")
     parser.add_argument("--pair-load", type=Path, help=argparse.SUPPRESS)   # one torchrun process
+    parser.add_argument("--batches", type=int, default=50, help=argparse.SUPPRESS)   # its batches of 256 pairs
     args = parser.parse_args(argv)
     if args.small:
-        args.documents, args.workers, args.keep = args.documents or 200, 1, True
+        args.documents, args.workers, args.keep, args.batches = args.documents or 50, 1, True, 4
     if args.pair_load:
-        pair_load(args.pair_load, batches=50, batch_size=256)
+        pair_load(args.pair_load, batches=args.batches, batch_size=256)
         return 0
     if args.report:
         report()
@@ -320,7 +322,7 @@ def main(argv=None) -> int:
     if not args.documents:
         parser.error("--documents N (or --report)")
     result = run(args.documents, args.work or Path(f"/tmp/qac-bench-scale-{args.documents}"), args.workers,
-                 args.keep)
+                 args.keep, args.batches)
     results = (args.work or Path(f"/tmp/qac-bench-scale-{args.documents}")) if args.small else RESULTS
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{args.documents}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

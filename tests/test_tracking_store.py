@@ -137,6 +137,33 @@ def test_a_server_that_is_not_mlflow_is_reported(tmp_path):
     assert problem is not None and "not an MLflow tracking server" in problem
 
 
+def test_an_unreachable_database_store_is_reported_within_seconds_without_its_password(tmp_path):
+    """MLflow's SQLAlchemy engine retries a database for minutes; the probe connects once, briefly."""
+    uri = f"postgresql+psycopg2://qac:s3cret-word@127.0.0.1:{closed_port()}/mlflow"
+    started = time.monotonic()
+    result = qac(["runs", "sweep"], tmp_path, uri)
+    assert time.monotonic() - started < 30
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot be reached" in result.stderr and "goes on without it" in result.stderr
+    assert "s3cret-word" not in result.stderr + result.stdout
+
+
+def test_a_database_store_whose_driver_is_missing_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)      # as if not installed: importing it fails
+    store._answers.clear()
+    problem = store_problem("postgresql+psycopg://qac:pw@127.0.0.1:5432/mlflow")
+    assert problem is not None and "needs the database driver psycopg" in problem and "postgresql+" in problem
+    problem = store_problem("postgresql+nosuchdriver://qac@127.0.0.1/mlflow")
+    assert problem is not None and "not a database URL" in problem
+
+
+def test_a_running_database_store_has_no_problem(postgres_url):
+    """The database of the suite's PostgreSQL server (.ci/run starts one), through the driver installed here."""
+    store._answers.clear()
+    uri = "postgresql+psycopg2://" + postgres_url.split("://", 1)[1]
+    assert store_problem(uri) is None
+
+
 def test_the_report_is_built_and_not_logged_when_the_store_is_damaged(tmp_path, monkeypatch, capsys):
     from dvc_study import PARAMS, write_study
     from qac.reporting.lineage import load_study

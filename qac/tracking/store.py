@@ -10,7 +10,9 @@ the store once with short timeouts and no retries:
 - a SQLite store (``sqlite:///mlflow.db``): opened read-only and its tables
   listed, which a corrupted or foreign file fails (``sqlite3.DatabaseError``);
   a file that does not exist yet is fine (the first run creates it);
-- a local folder (``file:`` or a path): it must be a folder, or creatable.
+- a local folder (``file:`` or a path): it must be a folder, or creatable;
+- a database (``postgresql://``, ``mysql://``, ``mssql://``, with or without ``+driver``): one connection
+  with a short connect timeout, which a missing driver or an unreachable server fails.
 
 It returns the paragraph to print, or None when the store answers. The stage
 lifecycle (:mod:`qac.tracking.lifecycle`), ``qac runs sweep`` and ``qac
@@ -100,6 +102,37 @@ def _folder_problem(uri: str) -> str | None:
     return None
 
 
+# Database stores MLflow reaches through SQLAlchemy, and the driver argument that bounds a connection attempt.
+_CONNECT_TIMEOUT_ARGUMENT = {"postgresql": "connect_timeout", "mysql": "connect_timeout", "mssql": "timeout"}
+
+
+def _database_problem(uri: str, dialect: str) -> str | None:
+    """One connection attempt with a short timeout: MLflow's own engine retries for minutes and a missing
+    driver ends in a traceback."""
+    import sqlalchemy
+
+    connect_args = {_CONNECT_TIMEOUT_ARGUMENT[dialect]: max(1, round(_timeout()))}
+    try:
+        engine = sqlalchemy.create_engine(uri, poolclass=sqlalchemy.pool.NullPool, connect_args=connect_args)
+    except ImportError as error:
+        return (f"needs the database driver {error.name or error}, which is not installed here (install it, or "
+                f"name an installed driver in the URL: {dialect}+<driver>://, such as postgresql+psycopg2://)")
+    except (sqlalchemy.exc.ArgumentError, ValueError) as error:
+        return f"is not a database URL SQLAlchemy can use ({error})"
+    try:
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT 1"))
+    except sqlalchemy.exc.DBAPIError as error:
+        # the driver's first line (host, port and why), never the URL with its password
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines()
+        return f"cannot be reached ({reason[0] if reason else type(error).__name__})"
+    except Exception as error:      # a driver's own error type outside DBAPI's (an unsupported option, ...)
+        return f"cannot be opened ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+    finally:
+        engine.dispose()
+    return None
+
+
 def store_problem(uri: str | None = None) -> str | None:
     """Why the tracking store at ``uri`` (default: the stages' store) cannot be used, or None if it can."""
     uri = uri or tracking_uri()
@@ -111,8 +144,10 @@ def store_problem(uri: str | None = None) -> str | None:
             problem = _sqlite_problem(uri)
         elif scheme in ("", "file") or len(scheme) == 1:    # a path (a Windows drive letter is a scheme)
             problem = _folder_problem(uri)
+        elif scheme.split("+", 1)[0] in _CONNECT_TIMEOUT_ARGUMENT:    # postgresql+psycopg2, mysql, ...
+            problem = _database_problem(uri, scheme.split("+", 1)[0])
         else:
-            problem = None    # databricks, postgresql, ...: MLflow knows how to reach them
+            problem = None    # databricks, ...: MLflow knows how to reach them
         _answers[uri] = problem
     return _answers[uri]
 
