@@ -221,6 +221,17 @@ def test_floats_as_dvc_writes_them_read_as_numbers(tmp_path, smoke):
      "parameter annotation.calibration_split: 'dev' is not a split of train_dataset scifact"),
     (lambda p: p.update(zero_shot=["cranfeld"]), "parameter zero_shot.0: 'cranfeld' is not a key of datasets"),
     (lambda p: p["querygen"].update(batch_invariant="yes"), "parameter querygen.batch_invariant: expected one of"),
+    # a name listed twice: evaluated twice, two equal columns, and a mean over datasets that counts one twice
+    (lambda p: p.update(zero_shot=["cranfield", "cranfield"]),
+     "parameter zero_shot: expected each entry once ('cranfield' is listed twice)"),
+    (lambda p: p["datasets"]["scifact"].update(splits=["train", "test", "train"]),
+     "parameter datasets.scifact.splits: expected each entry once ('train' is listed twice)"),
+    (lambda p: p["evaluate"].update(metrics=["RR@10", "nDCG@10", "RR@10"]),
+     "parameter evaluate.metrics: expected each entry once ('RR@10' is listed twice)"),
+    (lambda p: p["evaluate"].update(zero_shot_retrievers=["r1", "r1"]),
+     "parameter evaluate.zero_shot_retrievers: expected each entry once ('r1' is listed twice)"),
+    (lambda p: p.update(reference_retrievers=["minilm", "minilm"]),
+     "parameter reference_retrievers: expected each entry once ('minilm' is listed twice)"),
 ])
 def test_bad_parameters_of_every_kind_are_named(tmp_path, smoke, edit, expected):
     path = edited(tmp_path, smoke, edit)

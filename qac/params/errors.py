@@ -110,7 +110,9 @@ def _shown(value: Any) -> str:
     if isinstance(value, list) and all(isinstance(item, (int, float, str, bool)) for item in value) \
             and len(repr(value)) <= 60:
         return repr(value)              # a short list of plain values reads best as itself
-    return repr(value) if not isinstance(value, (dict, list)) else f"a {'mapping' if isinstance(value, dict) else 'list'}"
+    if isinstance(value, (dict, list)):
+        return f"a {'mapping' if isinstance(value, dict) else 'list'}"
+    return repr(value)
 
 
 def _expectation(error: dict) -> str:

@@ -45,6 +45,18 @@ def _inside_path(value: str) -> str:
     return value
 
 
+def _each_once(value: list) -> list:
+    seen: list = []
+    for item in value:
+        if item in seen:        # by equality: the items may be unhashable (a categorical choice's list)
+            raise ValueError(f"each entry once ({item!r} is listed twice)")
+        seen.append(item)
+    return value
+
+
+# A list whose entries name things (datasets, splits, measures, variants, files): an entry written twice would
+# be evaluated twice, shown as two columns, or counted twice in a mean or a majority.
+Distinct = AfterValidator(_each_once)
 SEEDS_RULE = "at least one seed and each seed once (null: run once with the top-level seed)"
 
 

@@ -14,10 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model
 
-from qac.params.fields import (ChunkSize, ContrastiveTemperature, DropoutProbability, Fraction, InsidePath,
-                               LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction, PeakLearningRate,
-                               PlainName, PositiveFloat, PositiveInt, Section, SeedList, TopK, TopP, WarmupRatio,
-                               WeightDecay)
+from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, DropoutProbability, Fraction,
+                               InsidePath, LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction,
+                               PeakLearningRate, PlainName, PositiveFloat, PositiveInt, Section, SeedList, TopK, TopP,
+                               WarmupRatio, WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
                                    PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
@@ -42,7 +42,8 @@ class DatasetEntry(Section):
                             description="MD5 the download must match (the publisher's checksum)")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$",
                                description="SHA-256 the download must match (used before md5 when both are given)")
-    splits: list[PlainName] = Field(default_factory=list, description="query/qrels splits used (train, dev, test, ...)")
+    splits: Annotated[list[PlainName], Distinct] = Field(default_factory=list,
+                                                      description="query/qrels splits used (train, dev, test, ...)")
     rel_threshold: NonNegativeInt | dict[str, NonNegativeInt] = Field(
         default=1, description="grade from which a judgement counts as relevant, for all splits or per split")
     ignore_identical_ids: bool = Field(default=False,
@@ -64,7 +65,7 @@ class DatasetEntry(Section):
                                                               "dataset folder nor the mirror root has it")
     triples_md5: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{32}$",
                                     description="MD5 the triples download must match")
-    subsets: list[PlainName] = Field(
+    subsets: Annotated[list[PlainName], Distinct] = Field(
         default_factory=list, description="beir: sub-collections in <subset>/ folders (CQADupStack's 12 forums), each "
                                           "searched in its own corpus, their figures averaged")
     max_documents: NonNegativeInt | None = Field(default=None, description="overrides prepare.max_documents")
@@ -388,10 +389,11 @@ class EvaluateSection(Section):
     loader_workers: NonNegativeInt = Field(
         description="DataLoader processes padding encoding batches ahead (0: in the loop); the vectors are the same "
                     "at any number")
-    metrics: list[str] = Field(min_length=1, description="measures: RR[@k], R@k, Hit@k, P@k, nDCG[@k], AP")
-    zero_shot_variants: list[str] | None = Field(
+    metrics: Annotated[list[str], Distinct] = Field(
+        min_length=1, description="measures: RR[@k], R@k, Hit@k, P@k, nDCG[@k], AP")
+    zero_shot_variants: Annotated[list[str], Distinct] | None = Field(
         description="variants evaluated on the zero-shot datasets (null: all)")
-    zero_shot_retrievers: list[Retriever] | None = Field(
+    zero_shot_retrievers: Annotated[list[Retriever], Distinct] | None = Field(
         description="retrievers evaluated zero-shot: r1, r2, untuned (null: all)")
     untuned_baseline: bool = Field(
         description="also evaluate the start checkpoint of variant `none` without fine-tuning")
@@ -423,7 +425,7 @@ class AnnotationSection(Section):
     calibration_split: str = Field(description="qrels of train_dataset that calibrate the judge's threshold")
     calibration_pairs: PositiveInt = Field(
         description="relevant query-document pairs (and as many random pairs)")
-    human_sheets: list[str] = Field(
+    human_sheets: Annotated[list[str], Distinct] = Field(
         description="filled copies of sheet.csv (one per annotator); non-empty: Table 5 uses their majority")
 
 
@@ -449,7 +451,7 @@ class BeirRetrieverSection(Section):
     negatives: ZeroShotNegatives = Field(
         description="training negatives: hard_negatives (the file above, the paper's footnote 2) or bm25 (the "
                     "bm25 stage's negatives.jsonl)")
-    systems: list[str] | None = Field(
+    systems: Annotated[list[str], Distinct] | None = Field(
         description="mining systems of the file whose negatives are used, in this order (null: all, file order, "
                     "as train_msmarco_v3.py)")
     negatives_per_system: PositiveInt = Field(description="negatives kept from each system (train_msmarco_v3.py: 5)")
@@ -520,7 +522,7 @@ class SpaceEntry(Section):
     high: int | float | None = Field(default=None, description="float/int: highest value")
     log: bool = Field(default=False, description="float/int: sample on a log scale")
     step: int | float | None = Field(default=None, description="float/int: grid step")
-    choices: list[Any] | None = Field(default=None, description="categorical: the values")
+    choices: Annotated[list[Any], Distinct] | None = Field(default=None, description="categorical: the values")
 
 
 class HpoDev(Section):
@@ -605,7 +607,7 @@ class Params(Section):
     pretrain_corpus: str | None = Field(description="documents split into passages for pre-training")
     train_dataset: str | None = Field(
         description="the in-domain dataset: fine-tuning queries, in-domain test split")
-    zero_shot: list[str] = Field(description="datasets evaluated zero-shot (Table 2)")
+    zero_shot: Annotated[list[str], Distinct] = Field(description="datasets evaluated zero-shot (Table 2)")
     prepare: PrepareSection = Field(description="reading and cutting the datasets (stage prepare@<dataset>)")
     split: SplitSection = Field(description="documents into passages (stage split_passages)")
     query_generator: QueryGeneratorSection = Field(description="the doc2query generator (stage query_generator)")
@@ -623,7 +625,7 @@ class Params(Section):
     encoders: dict[str, EncoderEntry] = Field(
         default_factory=dict, description="by model spec (as pretrain inits name it): how a published encoder "
         "was trained, so that its untuned baseline row is evaluated that way; others use the finetune settings")
-    reference_retrievers: list[str] = Field(
+    reference_retrievers: Annotated[list[str], Distinct] = Field(
         default_factory=list, description="released retrievers (hub names) evaluated as published by stage "
         "reference, each described in encoders (pooling, lengths, published figures): Table 1's reference rows")
     tables: TablesSection = Field(description="Tables 1-5 (stage tables)")

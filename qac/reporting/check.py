@@ -345,7 +345,8 @@ def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expe
             if name not in entry:
                 raise fail(key, f"{where}: field '{name}' missing")
         if entry["unit"] not in (PERCENT, FRACTION, COUNT):
-            raise fail(f"{key}.unit", f"{where}: field 'unit' must be percent, fraction or count, got {entry['unit']!r}")
+            raise fail(f"{key}.unit",
+                       f"{where}: field 'unit' must be percent, fraction or count, got {entry['unit']!r}")
         numbers = {}
         for name in ("value", "tolerance", "rounding"):
             number = entry.get(name)
