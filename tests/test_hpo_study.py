@@ -99,6 +99,39 @@ def test_the_command_names_missing_inputs_and_the_stage_that_writes_them(tmp_pat
         assert f"  {path}: missing (written by the DVC stage {stage}" in out
 
 
+@pytest.mark.parametrize("storage, reason", [
+    ("postgresql+psycopg2://qac:s3cret@127.0.0.1:{port}/optuna", "cannot be reached"),
+    ("postgresql+nosuchdriver://qac:s3cret@127.0.0.1:{port}/optuna", "not a database URL SQLAlchemy can use"),
+    ("sqlite:///{tmp}/no-such-folder/study.db", "cannot be reached"),
+])
+def test_a_study_database_that_cannot_be_used_is_one_paragraph_within_seconds(tmp_path, capsys, storage, reason):
+    """Optuna's engine would retry a database for minutes, or end a missing driver in a traceback."""
+    import socket
+
+    from qac.cli import main
+    from qac.config import write_params
+
+    with socket.socket() as probe:     # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    params = render_profile("smoke")
+    params["data_dir"] = str(tmp_path / "data")
+    root = tmp_path / "data" / "smoke"
+    for path in (root / "datasets" / "scifact", root / "bm25" / "negatives.jsonl", root / "passages.arrow",
+                 root / "queries.arrow"):      # inputs in place, so the storage is what stops the command
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if path.name == "scifact" else path.touch()
+    write_params(params, tmp_path / "params.yaml")
+    started = time.monotonic()
+    code = main(["hpo", "--params", str(tmp_path / "params.yaml"),
+                 "--storage", storage.format(port=port, tmp=tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and time.monotonic() - started < 30, err
+    assert "hpo.storage " in err and reason in err and "s3cret" not in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1 and "Traceback" not in err
+    assert not (root / "hpo").exists() or not any((root / "hpo").rglob("trial-*"))
+
+
 def test_a_bad_pruner_option_names_the_pruner():
     with pytest.raises(SettingsError, match="hpo.pruner: bad option for the median pruner"):
         make_pruner(smoke_settings(pruner={"type": "median", "n_startup": 1}))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from qac.config import profile_dir
+from qac.errors import UserError
 from qac.hpo.space import Dimension, parse_space
 
 WORKER_ATTR = "qac.worker"
@@ -135,11 +136,23 @@ def is_database_url(location: str) -> bool:
     return "://" in location
 
 
+class StorageUnavailable(UserError):
+    """The study's database cannot be reached or opened."""
+
+
 def make_storage(location: str, settings: HpoSettings):
     """``RDBStorage`` (with heartbeat and retries) for a URL, else a journal file."""
     import optuna
 
     if is_database_url(location):
+        from qac.redaction import redact_url
+        from qac.tracking.store import database_problem
+
+        problem = database_problem(location)     # once, briefly: Optuna's engine would retry, or raise a traceback
+        if problem is not None:
+            raise StorageUnavailable(f"hpo.storage {redact_url(location)} {problem}. The search's trials live "
+                                     "there: fix it or set hpo.storage (or --storage) to a database that answers, "
+                                     "or leave it null for the study's journal file")
         return optuna.storages.RDBStorage(
             location,
             heartbeat_interval=settings.heartbeat_interval,

@@ -106,12 +106,15 @@ def _folder_problem(uri: str) -> str | None:
 _CONNECT_TIMEOUT_ARGUMENT = {"postgresql": "connect_timeout", "mysql": "connect_timeout", "mssql": "timeout"}
 
 
-def _database_problem(uri: str, dialect: str) -> str | None:
-    """One connection attempt with a short timeout: MLflow's own engine retries for minutes and a missing
-    driver ends in a traceback."""
+def database_problem(uri: str) -> str | None:
+    """Why the SQLAlchemy database at ``uri`` cannot be used, or None: one connection attempt with a short
+    timeout, where MLflow's engine (and Optuna's) retries for minutes and a missing driver ends in a
+    traceback. Used for MLflow's database stores and for a search's database (``hpo.storage``)."""
     import sqlalchemy
 
-    connect_args = {_CONNECT_TIMEOUT_ARGUMENT[dialect]: max(1, round(_timeout()))}
+    dialect = urlsplit(uri).scheme.lower().split("+", 1)[0]
+    argument = _CONNECT_TIMEOUT_ARGUMENT.get(dialect)
+    connect_args = {argument: max(1, round(_timeout()))} if argument else {}
     try:
         engine = sqlalchemy.create_engine(uri, poolclass=sqlalchemy.pool.NullPool, connect_args=connect_args)
     except ImportError as error:
@@ -145,7 +148,7 @@ def store_problem(uri: str | None = None) -> str | None:
         elif scheme in ("", "file") or len(scheme) == 1:    # a path (a Windows drive letter is a scheme)
             problem = _folder_problem(uri)
         elif scheme.split("+", 1)[0] in _CONNECT_TIMEOUT_ARGUMENT:    # postgresql+psycopg2, mysql, ...
-            problem = _database_problem(uri, scheme.split("+", 1)[0])
+            problem = database_problem(uri)
         else:
             problem = None    # databricks, ...: MLflow knows how to reach them
         _answers[uri] = problem
