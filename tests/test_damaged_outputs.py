@@ -93,3 +93,48 @@ def test_a_malformed_input_outside_the_data_folder_gets_no_stage(tmp_path, monke
     path.write_text('{"_id": "d1", "te', encoding="utf-8")
     assert call_main(lambda argv: list(iter_jsonl(path)), [], prog="qac") == 2
     assert "DVC stage" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("file, how, what", [
+    ("model.safetensors", "truncated", "a model"),
+    ("model.safetensors", "missing", "a model"),
+    ("config.json", "truncated", "a model"),
+    ("tokenizer.json", "binary", "a tokenizer"),
+])
+@pytest.mark.parametrize("folder, stage", [("pretrain/cotmae-passage/encoder", "pretrain@cotmae-passage"),
+                                           ("finetune/none/r1", "finetune@none")])
+def test_a_damaged_model_folder_names_the_stage_that_rebuilds_it(tmp_path, monkeypatch, capsys, tiny_bert_dir,
+                                                                 file, how, what, folder, stage):
+    """A weights file cut short by a full disk or a copy, a config.json half written: one paragraph naming the
+    folder and the stage to rerun, not a deserialisation traceback."""
+    import shutil
+
+    from qac.console import call_main
+    from qac.models.biencoder import BiEncoder
+    from qac.models.loading import load_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    path = Path("data") / "smoke" / folder
+    shutil.copytree(tiny_bert_dir, path)
+    if how == "missing":
+        (path / file).unlink()
+    else:
+        damage(path / file, how)
+
+    def load(argv):
+        BiEncoder.from_pretrained(path)
+        load_tokenizer(str(path))
+        return 0
+
+    assert call_main(load, [], prog="qac") == 2
+    err = capsys.readouterr().err
+    # (transformers' own progress lines come first here: a stage's console keeps them quiet)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert f"{path}: cannot be loaded as {what}" in err and f"rebuild it with the DVC stage {stage}" in err
+
+
+def test_a_model_folder_that_loads_is_untouched_by_the_check(tiny_bert_dir):
+    from qac.models.biencoder import BiEncoder
+
+    assert BiEncoder.from_pretrained(tiny_bert_dir).encoder.config.hidden_size == 64

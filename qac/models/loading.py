@@ -14,9 +14,18 @@ The tokenizer always comes from ``<name>``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
+from qac.errors import UserError
 from qac.model_specs import resolve_model_name
+
+try:
+    from safetensors import SafetensorError
+except ImportError:         # an older safetensors: its errors are then among the other types caught
+    class SafetensorError(Exception):
+        pass
 
 TINY_BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                  max_position_embeddings=512)
@@ -33,10 +42,31 @@ class ModelSpec:
         return cls(source=resolve_model_name(name), init=init)
 
 
+@contextlib.contextmanager
+def _loading(source: str, what: str):
+    """A folder that cannot be read as ``what`` is named as the damaged stage output it usually is (a
+    truncated weights file, an unfinished config.json), with the stage that rebuilds it, in one paragraph."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, EOFError, SafetensorError) as error:
+        folder = Path(source)
+        if isinstance(error, (PermissionError, UserError)) or not folder.is_dir():
+            raise       # not a damaged folder: no permission, a hub name, or a message already made for people
+        from qac.data.errors import DataFormatError
+
+        text = str(error).strip()
+        reason = text.splitlines()[0][:300] if text else ""
+        raise DataFormatError(folder, None, None,
+                              f"cannot be loaded as {what} ({type(error).__name__}: {reason}): the folder is "
+                              "incomplete or damaged") from error
+
+
 def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(ModelSpec.parse(spec).source)
+    source = ModelSpec.parse(spec).source
+    with _loading(source, "a tokenizer"):
+        return AutoTokenizer.from_pretrained(source)
 
 
 def load_config(spec: str, **overrides):
@@ -44,7 +74,8 @@ def load_config(spec: str, **overrides):
     from transformers import AutoConfig
 
     parsed = ModelSpec.parse(spec)
-    config = AutoConfig.from_pretrained(parsed.source)
+    with _loading(parsed.source, "a model configuration"):
+        config = AutoConfig.from_pretrained(parsed.source)
     if parsed.init == "tiny":
         for key, value in TINY_BERT.items():
             setattr(config, key, value)
@@ -65,7 +96,8 @@ def load_model(spec: str, model_class=None, seed: int = 0, **config_overrides):
     model_class = model_class or AutoModel
     parsed = ModelSpec.parse(spec)
     if parsed.init == "pretrained":
-        return model_class.from_pretrained(parsed.source, **config_overrides)
+        with _loading(parsed.source, "a model"):
+            return model_class.from_pretrained(parsed.source, **config_overrides)
     config = load_config(spec, **config_overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
