@@ -159,6 +159,32 @@ def test_a_checkpoint_trained_on_other_inputs_is_not_resumed(tmp_path, capsys):
         assert torch.equal(expected[key], actual[key]), key
 
 
+# optimizer.pt is read after model.pt, which loads: the model must still be untouched when it fails.
+@pytest.mark.parametrize("file, how", [("state.json", "garbage"), ("optimizer.pt", "truncated")])
+def test_a_damaged_work_checkpoint_is_discarded_and_the_run_starts_over(tmp_path, capsys, file, how):
+    """The work checkpoint is a cache: one that cannot be read is said and replaced, never a traceback,
+    and nothing of it reaches the model (every file is read before any state is set)."""
+    from qac.train.pretrain import PretrainSettings, pretrain
+
+    settings = PretrainSettings.from_mapping({**SETTINGS, "steps": 3, "checkpoint_every": 1})
+    data = tmp_path / "data"
+    write_corpus(data, documents=3, spans=2, queries=2, seed=0)
+    work = tmp_path / "work"
+    inputs = dict(passages=data / "passages.arrow", queries=data / "queries.arrow", work_dir=work)
+    pretrain(settings, out_dir=tmp_path / "first", remove_work=False, **inputs)   # the checkpoint of step 3 stays
+    path = work / "checkpoint" / file
+    if how == "garbage":
+        path.write_bytes(b"\xff{ not json")
+    else:
+        path.write_bytes(path.read_bytes()[:100])
+    summary = pretrain(settings, out_dir=tmp_path / "again", **inputs)
+    assert summary["discarded_checkpoint"] and summary["resumed_from_step"] == 0
+    assert "damaged" in summary["discard_reason"] and file in summary["discard_reason"]
+    assert "pretrain: discarding the work checkpoint" in capsys.readouterr().err
+    expected, actual = _weights(tmp_path / "first"), _weights(tmp_path / "again")
+    assert all(torch.equal(expected[key], actual[key]) for key in expected)     # trained again from the start
+
+
 def test_a_resumed_run_logs_the_whole_loss_history_again(tmp_path):
     from qac.train.pretrain import PretrainSettings, pretrain
 

@@ -68,12 +68,24 @@ def save_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
     barrier()
 
 
+class DamagedCheckpoint(Exception):
+    """A work checkpoint whose files cannot be read (a disk fault, a copy cut short): a cache, so the run
+    discards it and starts over, saying why."""
+
+
 def read_state(directory: str | os.PathLike) -> dict | None:
-    """``state.json`` of a complete checkpoint in ``directory``, or None."""
+    """``state.json`` of a complete checkpoint in ``directory``, or None.
+
+    A ``state.json`` that is not a JSON object comes back as ``{"damaged": why}``: no fingerprint matches
+    it, so it is never resumed."""
     path = Path(directory) / STATE_FILE
     if not path.exists():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as error:          # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return {"damaged": f"{path} cannot be read ({type(error).__name__}: {error})"}
+    return state if isinstance(state, dict) else {"damaged": f"{path} is not a JSON object"}
 
 
 def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler, scaler,
@@ -83,17 +95,31 @@ def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
     Each process takes back its own RNG state. When the number of processes
     changed, the generator states cannot be matched and are re-seeded from the
     step, so the run continues correctly but dropout draws differ from an
-    uninterrupted run.
+    uninterrupted run. Every file is read before any state is set: a file that
+    cannot be read raises :class:`DamagedCheckpoint` with the objects untouched.
     """
+    import pickle
+
     directory = Path(directory)
     state = read_state(directory)
     if state is None:
         raise FileNotFoundError(f"{directory}: no {STATE_FILE}; not a checkpoint")
-    model.load_state_dict(torch.load(directory / "model.pt", map_location=device, weights_only=True))
-    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=device, weights_only=True))
-    scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
-    scaler.load_state_dict(torch.load(directory / "scaler.pt", weights_only=True))
-    rng_states = torch.load(directory / "rng.pt", weights_only=True)
+    if "damaged" in state:
+        raise DamagedCheckpoint(state["damaged"])
+    loaded = {}
+    for name in ("model", "optimizer", "scheduler", "scaler", "rng"):
+        path = directory / f"{name}.pt"
+        try:
+            loaded[name] = torch.load(path, map_location=device if name in ("model", "optimizer") else None,
+                                      weights_only=True)
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
+            reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            raise DamagedCheckpoint(f"{path} cannot be read ({type(error).__name__}: {reason})") from error
+    model.load_state_dict(loaded["model"])
+    optimizer.load_state_dict(loaded["optimizer"])
+    scheduler.load_state_dict(loaded["scheduler"])
+    scaler.load_state_dict(loaded["scaler"])
+    rng_states = loaded["rng"]
     if len(rng_states) == _world_size():
         torch.set_rng_state(rng_states[rank]["cpu"])
         if device.type == "cuda" and rng_states[rank]["cuda"] is not None:

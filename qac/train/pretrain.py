@@ -165,6 +165,8 @@ def resume_decision(state: Mapping[str, Any] | None, fingerprint: str,
     """
     if state is None:
         return False, None
+    if "damaged" in state:
+        return False, f"it is damaged: {state['damaged']}"
     if state.get("fingerprint") == fingerprint:
         return True, None
     before = state.get("inputs_md5")
@@ -273,7 +275,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     from qac.models.factory import build_batches, build_pretraining_model
     from qac.models.loading import load_tokenizer
     from qac.models.losses import all_reduce_sum
-    from qac.train.checkpoint import load_checkpoint, read_state, save_checkpoint
+    from qac.train.checkpoint import DamagedCheckpoint, load_checkpoint, read_state, save_checkpoint
     from qac.train.optim import build_optimizer
 
     out_dir, work_dir = Path(out_dir), Path(work_dir)
@@ -317,15 +319,20 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     # A checkpoint of other settings or other input data is not resumed; the
     # first checkpoint of this run replaces it.
     resume, discard_reason = resume_decision(state, fingerprint, inputs)
-    discarded_checkpoint = state is not None and not resume
     if resume:
-        state = load_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler,
-                                scaler=scaler, device=device, rank=dist.rank)
-        start_step = state["step"]
-        history = list(state.get("history") or [])
+        try:
+            state = load_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler,
+                                    scaler=scaler, device=device, rank=dist.rank)
+        except DamagedCheckpoint as damaged:      # nothing was restored: the run starts over
+            resume, discard_reason = False, f"it is damaged: {damaged}"
+        else:
+            start_step = state["step"]
+            history = list(state.get("history") or [])
+    discarded_checkpoint = state is not None and not resume
     if state is not None and dist.is_main:
         if discarded_checkpoint:
-            print(f"pretrain: discarding the work checkpoint at step {state.get('step')} in {checkpoint_dir}: "
+            at = f" at step {state['step']}" if state.get("step") is not None else ""
+            print(f"pretrain: discarding the work checkpoint{at} in {checkpoint_dir}: "
                   f"{discard_reason}", file=sys.stderr)
         else:
             print(f"pretrain: resuming from step {start_step} ({checkpoint_dir})", file=sys.stderr)
