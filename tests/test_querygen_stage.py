@@ -134,6 +134,21 @@ def test_changed_settings_do_not_reuse_stale_chunks(tmp_path, t5_dir, monkeypatc
     assert changed == fresh
 
 
+def test_damaged_chunk_markers_and_manifest_are_written_again(tmp_path, t5_dir, monkeypatch, mlflow_store,
+                                                             reference):
+    """A marker or manifest that cannot be read (a disk fault, a copy cut short) is not trusted: the chunk is
+    generated again, and the output is the uninterrupted run's, byte for byte."""
+    params = make_project(tmp_path, t5_dir)
+    run_stage(params, monkeypatch, "--shard", "0/2")          # commits chunks 0, 2 and 4
+    work = params.parent / "data" / "smoke" / ".queries.work"
+    markers = sorted(work.glob("*/chunks/*.json"))
+    assert len(markers) == 3
+    markers[0].write_bytes(b"\xff{ damaged")
+    markers[1].write_text("[1, 2]")                            # JSON, but not a marker
+    (markers[0].parent.parent / "manifest.json").write_text('{"fingerprint": ')
+    assert run_stage(params, monkeypatch).read_bytes() == reference
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_match_a_single_process(tmp_path, t5_dir, reference, mlflow_store):
     params = make_project(tmp_path, t5_dir)

@@ -118,6 +118,16 @@ def _query_line(pid: str, queries: list[str]) -> str:
     return json.dumps({"pid": pid, "queries": queries}, ensure_ascii=False) + "\n"
 
 
+def _read_json_object(path: Path) -> dict | None:
+    """The JSON object in ``path``; None when it is missing or cannot be read as one (a disk fault, a copy
+    cut short): a chunk's marker or the store's manifest is then written again, never trusted."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 class ChunkStore:
     """Committed chunks of one configuration (one fingerprint) under a work directory."""
 
@@ -137,8 +147,8 @@ class ChunkStore:
             if other.is_dir() and other != self.root and not other.name.startswith("."):
                 shutil.rmtree(other, ignore_errors=True)
         path = self.root / MANIFEST
-        if path.exists():
-            existing = json.loads(path.read_text(encoding="utf-8"))
+        existing = _read_json_object(path)
+        if existing is not None:
             if existing.get("fingerprint") != self.manifest["fingerprint"]:
                 raise RuntimeError(f"{path}: fingerprint {existing.get('fingerprint')} does not match "
                                    f"{self.manifest['fingerprint']}; remove {self.work_dir}")
@@ -154,8 +164,8 @@ class ChunkStore:
         data_path, marker_path = self._paths(chunk)
         if not marker_path.exists() or not data_path.exists():
             return None
-        marker = json.loads(marker_path.read_text(encoding="utf-8"))
-        if file_md5(data_path) != marker.get("md5"):
+        marker = _read_json_object(marker_path)      # a damaged marker: the chunk is generated again
+        if marker is None or file_md5(data_path) != marker.get("md5"):
             return None
         return marker
 
