@@ -138,3 +138,22 @@ def test_a_model_folder_that_loads_is_untouched_by_the_check(tiny_bert_dir):
     from qac.models.biencoder import BiEncoder
 
     assert BiEncoder.from_pretrained(tiny_bert_dir).encoder.config.hidden_size == 64
+
+
+@pytest.mark.parametrize("how", ["truncated", "wrong shape"])
+def test_a_damaged_run_record_says_what_it_is_and_how_to_be_rid_of_it(tmp_path, capsys, how):
+    """The run records beside the outputs are bookkeeping DVC cannot restore: the message says deleting one
+    only unlinks that output from its MLflow run, and that a deleted one lets the tables build."""
+    data = write_study(tmp_path / "data" / "smoke")
+    record = data / ".runs" / "finetune" / "none" / "r1" / "mlflow_run.json"
+    damage(record, how)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
+    arguments = ["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
+                 "--no-mlflow", "--quiet"]
+    assert qac_main(arguments) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert str(record) in err and "delete it" in err and "finetune@none" in err
+    record.unlink()
+    assert qac_main(arguments) == 0
