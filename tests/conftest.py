@@ -42,8 +42,12 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def mlflow_store(tmp_path, monkeypatch) -> str:
-    """Point MLflow at a fresh SQLite store in the test's temporary directory."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    """Point MLflow at a fresh SQLite store in the test's temporary directory: a copy of an empty store
+    MLflow made (tests/mlflow_stores.py), as the first run would find it. Tests that no store gets
+    created use a path of their own."""
+    from mlflow_stores import empty_store
+
+    uri = empty_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from mlflow_stores import empty_store
+
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
 
@@ -44,7 +46,7 @@ def test_benchmark_runs_in_its_small_mode(script, tmp_path):
     command = [sys.executable, str(BENCHMARKS / script),
                *(a.format(report=report, work=work) for a in arguments)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+           "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": empty_store(tmp_path / "mlflow.db")}
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     if sections:

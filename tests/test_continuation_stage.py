@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlflow_stores import empty_store
 from qac.data.arrowstore import PASSAGES_TOKENS_SCHEMA, QUERIES_TOKENS_SCHEMA, iter_records, open_mapped, write_passages
 from qac.data.tokens import TextEncoder, TokenizerStamp
 from qac.models.loading import load_tokenizer
-from qac.querygen.continuation import (ContinuationGenerator, ContinuationSettings, continuation_quality,
+from qac.querygen.continuation import (ContinuationGenerator, continuation_quality,
                                        distinct_n, load_causal_lm, tiny_causal_lm)
 from qac.querygen.generate import GenerationStats
 from stages import arrow_records, kill_after_chunks, passage_records, run_stage_main, run_torchrun
@@ -54,7 +55,7 @@ def run_stage(params_path: Path, monkeypatch, *args: str) -> Path:
 def reference(tmp_path_factory, gpt2_dir) -> bytes:
     root = tmp_path_factory.mktemp("reference")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.setenv("MLFLOW_TRACKING_URI", empty_store(root / "mlflow.db"))
         return run_stage(make_project(root, gpt2_dir), patch).read_bytes()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mlflow_stores import empty_store
 from qac import deviations
 from qac.config import render_profile
 from qac.params import PROFILE_NAMES, validate_params
@@ -181,7 +182,7 @@ def _run_bm25(params, entry, tmp_path, model_dir):
 
     monkeypatch = pytest.MonkeyPatch()
     try:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store(tmp_path / "mlflow.db"))
         marco_project(tmp_path, monkeypatch, finetune=params.finetune.to_dict(), bm25=params.bm25.to_dict(),
                       seed=params.seed)
         for stage, argv in (("prepare", ["--dataset", "marco"]), ("bm25", [])):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mlflow_stores import empty_store
 from qac.config import render_profile, write_params
 from qac.data.dataset import Dataset, Document
 from qac.data.prepared import write_prepared
@@ -94,9 +95,9 @@ def make_study(root: Path, tiny_bert_dir: Path, variants=("none",)) -> dict:
 
 @pytest.fixture(scope="module")
 def shared_mlflow_store(tmp_path_factory):
-    """As the ``mlflow_store`` fixture, but one SQLite store per module: creating its schema takes seconds."""
+    """As the ``mlflow_store`` fixture, but one SQLite store for the module's tests."""
     with pytest.MonkeyPatch.context() as patch:
-        uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+        uri = empty_store(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
         patch.setenv("MLFLOW_TRACKING_URI", uri)
         yield uri
 
@@ -277,7 +278,7 @@ def test_queries_that_do_not_fill_whole_batches_stop_the_stage_before_a_model_lo
 
 
 def test_whole_batches_leave_out_what_drop_allows_and_nothing_else():
-    from qac.train.finetune import FinetuneSettings, IncompleteBatchError, check_whole_batches
+    from qac.train.finetune import IncompleteBatchError, check_whole_batches
 
     assert check_whole_batches(21, finetune_settings(batch_size=7, incomplete_batch="error", seed=42)) == 0
     assert check_whole_batches(19, finetune_settings(batch_size=7, incomplete_batch="drop", seed=42)) == 5

@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 import torch
 
+from mlflow_stores import empty_store
 from test_pretrain_corpus import write_corpus
 from test_pretrain_distributed import ROUNDING, weight_tolerance
 from test_querygen_stage import STAGE, make_project, reference, subprocess_env, t5_dir  # noqa: F401 (fixtures)
@@ -187,7 +188,7 @@ def test_two_nodes_pretrain_finetune_and_encode_like_one_node(tmp_path):
 @pytest.mark.slow
 def test_two_nodes_generate_the_same_queries_as_one_node(tmp_path, t5_dir, reference):  # noqa: F811
     params = make_project(tmp_path, t5_dir)
-    env = subprocess_env(params, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env = subprocess_env(params, empty_store(tmp_path / "mlflow.db"))
     run_two_nodes([str(STAGE)], [tmp_path, tmp_path], env, tmp_path / "logs")
     assert (tmp_path / "data" / "smoke" / "queries.arrow").read_bytes() == reference
     assert not (tmp_path / "data" / "smoke" / ".queries.work").exists()

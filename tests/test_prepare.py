@@ -328,11 +328,13 @@ def test_a_failing_prepare_leaves_nothing_behind(project, tmp_path):
     assert not datasets.exists() or list(datasets.iterdir()) == []  # no temporary folder either
 
 
-def test_an_unavailable_dataset_fails_before_any_work(project, mlflow_store):
+def test_an_unavailable_dataset_fails_before_any_work(project, tmp_path, monkeypatch):
+    store = tmp_path / "no-store-yet" / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
     with pytest.raises(SystemExit, match=UNREACHABLE):   # the message alone, no traceback
         load_stage().main(["--dataset", "elsewhere"])
     assert not (project / "data").exists()
-    assert not Path(mlflow_store.removeprefix("sqlite:///")).exists()  # no run was even opened
+    assert not store.exists()  # no run was even opened
 
 
 def test_load_prepared_of_a_folder_that_is_not_one(tmp_path):

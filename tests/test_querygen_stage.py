@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlflow_stores import empty_store
 from qac.data.arrowstore import write_passages
 from stages import (REPO, arrow_records, kill_after_chunks, passage_records, run_stage_main, run_torchrun,
                     subprocess_env)  # noqa: F401  (subprocess_env: test_multinode's)
@@ -72,7 +73,7 @@ def reference(tmp_path_factory, t5_dir) -> bytes:
     """queries.arrow of one uninterrupted single-process run of the default test project."""
     root = tmp_path_factory.mktemp("reference")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.setenv("MLFLOW_TRACKING_URI", empty_store(root / "mlflow.db"))
         return run_stage(make_project(root, t5_dir), patch).read_bytes()
 
 

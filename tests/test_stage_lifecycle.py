@@ -63,8 +63,9 @@ def test_a_failed_stage_leaves_no_record_and_an_unlinked_upstream_falls_back_to_
     assert run.data.tags["mlflow.parentRunId"] == study_run_id(PARAMS)
 
 
-def test_off_the_main_process_nothing_is_tracked(tmp_path, mlflow_store, monkeypatch):
+def test_off_the_main_process_nothing_is_tracked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")    # not made yet
     root = tmp_path / "data" / "smoke"
     with tracked_stage(PARAMS, "finetune@x", "r1 · x", kind="finetune", output=root / "out", root=root,
                        main=False, log_models=True) as tracking:
