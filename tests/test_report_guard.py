@@ -111,3 +111,19 @@ def test_the_default_profiles_committed_report_survives_tables_before_the_profil
     err = capsys.readouterr().err
     assert code == 2 and "evaluate@" in err and "dvc repro profiles/default/dvc.yaml" in err
     assert snapshot(tmp_path / "reports" / "default") == before
+
+
+@pytest.mark.parametrize("out", ["a-file", "a-file/report"])
+def test_a_report_folder_that_cannot_be_made_is_named_before_any_table_is_built(tmp_path, capsys, out):
+    import yaml
+
+    data = write_study(tmp_path / "data" / PROFILE)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
+    (tmp_path / "a-file").write_text("not a folder\n")
+    code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / out), "--data", str(data),
+                     "--no-mlflow", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"--out {tmp_path / out}: " in err and ("is a file" in err)
+    assert (tmp_path / "a-file").read_text() == "not a folder\n"

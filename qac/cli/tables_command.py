@@ -11,6 +11,10 @@ also logged to it as artifacts. Prints tables.md.
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
+
+from qac.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,11 +26,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="do not print tables.md")
 
 
+def folder_problem(folder: Path) -> str | None:
+    """Why a report folder cannot be made or written at ``folder``, or None."""
+    if folder.exists() and not folder.is_dir():
+        return "is a file, not a folder"
+    ancestor = next(path for path in (folder, *folder.parents) if path.exists())
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, so no folder can be made under it"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{ancestor} is not writable by this user"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from qac.params import load_params
     from qac.reporting.profile_report import log_to_study_run, write_report
 
     params = load_params(args.params)
+    out = Path(args.out or params.tables.out_dir)
+    problem = folder_problem(out)
+    if problem:            # before any table is built: the report would have nowhere to go
+        raise UserError(f"{'--out' if args.out else 'tables.out_dir'} {out}: {problem}")
     report = write_report(params, args.out, args.data)
     if not args.quiet:
         print((report.directory / "tables.md").read_text(encoding="utf-8"))
