@@ -59,19 +59,23 @@ def read_record(root: Path, folder: Path) -> dict[str, Any] | None:
     path = record_path(root, folder)
     if not path.is_file():
         return None
-    from qac.pipeline_plan import stage_writing
-
-    writer = stage_writing(folder)
-    # bookkeeping beside the outputs, not one of them: DVC cannot restore it, and the numbers do not need it
-    fix = (f"; it only links {folder} to its MLflow run: delete it (the tables then show that output without a "
-           f"run) or rerun {'the DVC stage ' + writer[1] if writer else 'the stage that writes it'}")
     try:
         record = read_json(path)
     except DataFormatError as error:
-        raise DataFormatError(path, error.line, error.field, error.problem + fix) from None
+        raise DataFormatError(path, error.line, error.field, error.problem + _record_fix(folder)) from None
     if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
-        raise DataFormatError(path, None, "run_id", "missing or not a string" + fix)
+        raise DataFormatError(path, None, "run_id", "missing or not a string" + _record_fix(folder))
     return record
+
+
+def _record_fix(folder: Path) -> str:
+    """What to do with a damaged run record: bookkeeping beside the outputs, not one of them (DVC cannot
+    restore it, and the numbers do not need it)."""
+    from qac.pipeline_plan import stage_writing
+
+    writer = stage_writing(folder)
+    return (f"; it only links {folder} to its MLflow run: delete it (the tables then show that output without a "
+            f"run) or rerun {'the DVC stage ' + writer[1] if writer else 'the stage that writes it'}")
 
 
 @dataclass(frozen=True)
