@@ -42,12 +42,14 @@ a few steps), so the whole run fits about seven minutes on an H100.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -68,7 +70,11 @@ from sample_text import MODEL_DIR, text_triples  # noqa: E402
 from qac.params import read_yaml  # noqa: E402
 from qac.params.vocabulary import PRETRAINING_METHODS as METHODS  # noqa: E402
 
-SECTIONS = ("pretrain", "grad_cache", "stage_loop", "encoding", "search", "generation", "compile")
+SECTIONS = ("pretrain", "grad_cache", "stage_loop", "encoding", "search", "compile", "generation")
+# Wall-clock caps per section on a GPU (a hung kernel or a slow path stops its section, not the run);
+# each is also held to what is left of --deadline-s.
+SECTION_CAP_S = {"pretrain": 180, "grad_cache": 60, "stage_loop": 90, "encoding": 60, "search": 90,
+                 "compile": 240, "generation": 150}
 RESULTS = "bench_gpu.json"
 PUBLISHED = REPO / "reports" / "bench_gpu.json"
 PAPER_CORPUS_PASSAGES = 8_841_823          # MS MARCO passages
@@ -97,15 +103,41 @@ class Results:
                 Path(tmp).write_text(text, encoding="utf-8")
 
 
-def run_section(results: Results, name: str, function, budget_s: float) -> dict | None:
-    """Run one section, record its figures (or its error) and how long it took."""
+class SectionStopped(Exception):
+    """A section ran past its wall-clock cap (a hung kernel or a slow path must not take the run)."""
+
+
+@contextlib.contextmanager
+def wall_cap(seconds: float | None):
+    """Raise :class:`SectionStopped` in this (main) thread after ``seconds``; no cap where signals are absent."""
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SectionStopped(f"stopped at its cap of {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_section(results: Results, name: str, function, budget_s: float, cap_s: float | None = None) -> dict | None:
+    """Run one section, record its figures (or its error) and how long it took. A section stopped at
+    ``cap_s`` seconds, or failing midway, keeps the rows it recorded as it went (status "running")."""
     print(f"[bench_gpu] {name} ...", flush=True)
     started = time.perf_counter()
     try:
-        figures = {"status": "done", **function(budget_s)}
+        with wall_cap(cap_s):
+            figures = {"status": "done", **function(budget_s)}
     except Exception as error:          # noqa: BLE001 - a failed section must not lose the others
-        figures = {"status": "failed", "error": f"{type(error).__name__}: {error}",
-                   "traceback": traceback.format_exc()[-4000:]}
+        partial = results.data["sections"].get(name) or {}
+        figures = {**{k: v for k, v in partial.items() if k != "status"}, "status": "failed",
+                   "error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-4000:]}
         print(figures["traceback"], file=sys.stderr, flush=True)
     figures["seconds"] = time.perf_counter() - started
     results.record(name, figures)
@@ -265,8 +297,11 @@ def pretrain_section(args, device, tokenizer, triples, peak, progress):
     """Each configuration on its own: one that fails (out of memory, say) records its error and the
     next one runs; the rows so far are saved after each (``progress``)."""
     def section(budget_s):
-        configs = [(method, "ours", context) for method in METHODS for context in ("query", "passage")]
-        configs.append(("cocondenser", "release", "passage"))
+        batch = args.batch_size
+        configs = [(method, "ours", context, batch) for method in METHODS for context in ("query", "passage")]
+        configs.append(("cocondenser", "release", "passage", batch))
+        # twice the batch: how far the utilisation is held back by launches rather than arithmetic
+        configs += [(method, "ours", "passage", 2 * batch) for method in ("cocondenser", "cotmae")]
         share = budget_s / len(configs)
         dtype_ours = torch.bfloat16 if device.type == "cuda" else None
         dtype_release = torch.float16 if device.type == "cuda" else None
@@ -279,17 +314,19 @@ def pretrain_section(args, device, tokenizer, triples, peak, progress):
         for method in METHODS:
             model = build_model(method, args.model, device)
             optimizer = optimizer_for(model, device)
-            for name, recipe, context in (c for c in configs if c[0] == method):
+            for name, recipe, context, pairs in (c for c in configs if c[0] == method):
                 release = recipe == "release"
-                row = {"method": method, "recipe": recipe, "context": context}
+                row = {"method": method, "recipe": recipe, "context": context, "pairs/step": pairs}
                 try:
                     model.full_vocab_logits = release
-                    batches = method_batches(tokenizer, triples, method, model, context, args.batch_size,
+                    batches = method_batches(tokenizer, triples, method, model, context, pairs,
                                              args.distinct_batches, args.max_len,
                                              pad_to=args.max_len if release else None)
                     step = FullBatchStep(model, device, dtype_release if release else dtype_ours)
-                    row.update(step_figures(step, optimizer, batches, device, share, peak, args.batch_size))
+                    row.update(step_figures(step, optimizer, batches, device, share, peak, pairs))
                 except Exception as error:      # noqa: BLE001 - the other configurations still run
+                    if isinstance(error, SectionStopped):
+                        raise
                     row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
                     optimizer.zero_grad(set_to_none=True)
                     release_memory()
@@ -421,10 +458,44 @@ def encoding_section(args, device, tokenizer, triples):
             return count / (time.perf_counter() - start)
 
         first = rate(min(len(anchors), 2 * args.encode_batch))            # warm-up and a first estimate
-        count = max(args.encode_batch, min(args.encode_passages, int(first * budget_s * 0.5)))
-        return {"passages/s": rate(count), "passages": count, "batch_size": args.encode_batch,
-                "max_len": args.max_len, "dtype": "bf16" if device.type == "cuda" else "fp32"}
+        count = max(args.encode_batch, min(args.encode_passages, int(first * budget_s * 0.4)))
+        figures = {"passages/s": rate(count), "passages": count, "batch_size": args.encode_batch,
+                   "max_len": args.max_len, "dtype": "bf16" if device.type == "cuda" else "fp32"}
+        # The model alone on one full batch (no padding work, no copies back): what the loop could reach
+        from qac.distributed import autocast_context, autocast_dtype
+
+        input_ids = torch.full((args.encode_batch, args.max_len), 1000, dtype=torch.long, device=device)
+        mask = torch.ones_like(input_ids)
+        encoder.eval()
+
+        def forward(_):
+            with torch.inference_mode(), autocast_context(device, autocast_dtype("auto", device)):
+                encoder(input_ids=input_ids, attention_mask=mask)
+
+        alone = timed(forward, [None], device, budget_s * 0.3)
+        figures["model alone passages/s (full batches)"] = args.encode_batch / alone["median_s"]
+        figures[PROFILE] = host_profile(
+            lambda: encode_texts(encoder, tokenizer, anchors[:2 * args.encode_batch],
+                                 token_ids=ids[:2 * args.encode_batch], max_length=args.max_len,
+                                 batch_size=args.encode_batch), device)
+        return figures
     return section
+
+
+def host_profile(run, device, rows: int = 12) -> str:
+    """The ops that took the most time in ``run()`` (``torch.profiler``; device time on a GPU): a diagnosis
+    kept beside the rate."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as profiler:
+        run()
+        synchronize(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    try:
+        return profiler.key_averages().table(sort_by=key, row_limit=rows)
+    except Exception:               # noqa: BLE001 - older profilers name the column otherwise
+        return profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
 
 
 def search_section(args, device):
@@ -486,7 +557,7 @@ def one_block_top(queries, corpus, k):
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-def generation_section(args, device, tokenizer, triples):
+def generation_section(args, device, tokenizer, triples, progress):
     """Passages/s of query generation: ours (device-side sampling) against Hugging Face ``generate``."""
     def section(budget_s):
         import copy
@@ -555,10 +626,13 @@ def generation_section(args, device, tokenizer, triples):
                 row.update({"passages": done, "seconds": seconds, "passages/s": done / seconds,
                             "mean tokens/query": tokens / (done * settings.queries_per_passage)})
             except Exception as error:          # noqa: BLE001 - the other settings still run
+                if isinstance(error, SectionStopped):
+                    raise
                 row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
                 release_memory()
             rows.append(row)
             print(f"  {row}", flush=True)
+            progress({"rows": rows})
         ours_row, reference = rows[0], next(r for r in rows if r["setting"] == f"HF generate, {label} weights")
         if "passages/s" not in ours_row:
             raise RuntimeError(f"our generation loop failed: {ours_row['error']}")
@@ -569,29 +643,55 @@ def generation_section(args, device, tokenizer, triples):
     return section
 
 
-def compile_section(args, device, tokenizer, triples, peak):
-    """``torch.compile`` of the coCondenser step on batches padded to ``max_len`` (one shape, one
-    compilation): the first step (compilation) apart from the steady step, against eager."""
+def compile_section(args, device, tokenizer, triples, peak, progress):
+    """``torch.compile`` of the coCondenser and CoT-MAE steps on batches padded to ``max_len`` (one shape, one
+    compilation): the first step (compilation) apart from the steady step, against eager, with the counted
+    FLOPs' utilisation of both. Rows are recorded as each method finishes."""
     def section(budget_s):
         from qac.models.grad_cache import FullBatchStep
 
         dtype = torch.bfloat16 if device.type == "cuda" else None
-        model = build_model("cocondenser", args.model, device)
-        optimizer = optimizer_for(model, device)
-        batches = [to_device(b, device) for b in method_batches(
-            tokenizer, triples, "cocondenser", model, "query", args.batch_size, args.distinct_batches,
-            args.max_len, pad_to=args.max_len)]
-        eager = timed(step_runner(FullBatchStep(model, device, dtype), optimizer), batches, device, budget_s / 4)
-        # a dry run checks that the step captures (no code generation: inductor's C++ build takes minutes)
-        module = torch.compile(model, backend="eager") if args.dry_run else torch.compile(model)
-        compiled = timed(step_runner(FullBatchStep(module, device, dtype), optimizer), batches, device,
-                         budget_s / 4, warmup=WARMUP + 1)
-        return {"batch_size": args.batch_size, "padding": f"static, {args.max_len}",
-                "backend": "eager (dry run: capture only)" if args.dry_run else "inductor",
-                "eager s/step": eager["median_s"], "compiled s/step": compiled["median_s"],
-                "compiled / eager speed": eager["median_s"] / compiled["median_s"],
-                "first compiled step s (compilation)": compiled["first_s"],
-                "compile seconds (first step less a steady one)": compiled["first_s"] - compiled["median_s"]}
+        rows = []
+        for method in ("cocondenser", "cotmae"):
+            row = {"method": method, "context": "query"}
+            try:
+                model = build_model(method, args.model, device)
+                optimizer = optimizer_for(model, device)
+                batches = [to_device(b, device) for b in method_batches(
+                    tokenizer, triples, method, model, "query", args.batch_size, args.distinct_batches,
+                    args.max_len, pad_to=args.max_len)]
+                eager_step = FullBatchStep(model, device, dtype)
+                eager = step_figures(eager_step, optimizer, batches, device, budget_s / 4, peak, args.batch_size)
+                # a dry run checks that the step captures (no code generation: inductor's C++ build takes minutes)
+                module = torch.compile(model, backend="eager") if args.dry_run else torch.compile(model)
+                compiled = timed(step_runner(FullBatchStep(module, device, dtype), optimizer), batches, device,
+                                 budget_s / 4, warmup=WARMUP + 1)
+                flops = eager["counted GFLOP/step"] * 1e9
+                real_share = eager["real tokens/step"] / eager["padded tokens/step"]
+                row.update({"batch_size": args.batch_size, "padding": f"static, {args.max_len}",
+                            "backend": "eager (dry run: capture only)" if args.dry_run else "inductor",
+                            "eager s/step": eager["s/step"],
+                            "compiled s/step": compiled["median_s"],
+                            "compiled / eager speed": eager["s/step"] / compiled["median_s"],
+                            "first compiled step s (compilation)": compiled["first_s"],
+                            "compile seconds (first step less a steady one)": compiled["first_s"] - compiled["median_s"]})
+                if peak:
+                    row.update({"eager MFU": eager["MFU (counted, real tokens)"],
+                                "compiled HFU": flops / compiled["median_s"] / peak,
+                                "compiled MFU": flops * real_share / compiled["median_s"] / peak})
+                del model, optimizer, module, batches
+            except Exception as error:          # noqa: BLE001 - the other method still runs
+                if isinstance(error, SectionStopped):
+                    raise
+                row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            rows.append(row)
+            print(f"  {row}", flush=True)
+            progress({"rows": rows})
+            release_memory()
+            torch._dynamo.reset()
+        if all("error" in row for row in rows):
+            raise RuntimeError(f"every method failed; the first: {rows[0]['error']}")
+        return {"rows": rows}
     return section
 
 
@@ -619,18 +719,23 @@ def render_markdown(data: dict) -> str:
             return True
         if figures["status"] == "failed":
             lines.extend(["", f"### {title}", "", f"failed after {figures['seconds']:.0f} s: {figures['error']}"])
+            if figures.get("rows"):         # what it measured before it stopped
+                lines.extend(["", "Rows measured before it stopped:", "",
+                              markdown_table([percent(plain(r)) for r in figures["rows"]])])
             return True
         if figures["status"] == "running":
-            lines.extend(["", f"### {title}", "", "(running, or stopped: the figures so far)", ""])
-            return False
+            lines.extend(["", f"### {title}", "", "(running, or stopped: the rows so far)", ""])
+            if figures.get("rows"):
+                lines.append(markdown_table([percent(plain(r)) for r in figures["rows"]]))
+            return True
         lines.extend(["", f"### {title}", ""])
         return False
 
-    columns = ["method", "recipe", "context", "pairs/s", "tokens/s", "s/step", "padded tokens/step",
+    columns = ["method", "recipe", "context", "pairs/step", "pairs/s", "tokens/s", "s/step", "padded tokens/step",
                "counted GFLOP/step", "HFU (counted, padded)", "MFU (counted, real tokens)", "steps timed"]
     if not failed("pretrain", "Pre-training step (isolated)"):
         p = sections["pretrain"]
-        lines.append(f"{p['batch_size']} pairs per step, {p['max_len']} tokens. Recipes: "
+        lines.append(f"{p['batch_size']} pairs per step unless said, {p['max_len']} tokens. Recipes: "
                      + "; ".join(f"{k}: {v}" for k, v in p["recipes"].items()) + ".")
         lines.extend(["", markdown_table([percent(r) for r in p["rows"]],
                                          columns + (["error"] if any("error" in r for r in p["rows"]) else []))])
@@ -644,6 +749,9 @@ def render_markdown(data: dict) -> str:
         lines.append(markdown_table([percent(plain(sections["stage_loop"]))]))
     if not failed("encoding", "Encoding"):
         lines.append(markdown_table([plain(sections["encoding"])]))
+        if sections["encoding"].get(PROFILE):
+            lines.extend(["", "Where one call's time went (`torch.profiler`):", "", "```",
+                          sections["encoding"][PROFILE].rstrip(), "```"])
     if not failed("search", "Exact search"):
         lines.append(markdown_table([plain(sections["search"])]))
     if not failed("generation", "Query generation"):
@@ -655,15 +763,19 @@ def render_markdown(data: dict) -> str:
                                                               else [])), "",
                       "Ours (host reads every 8 steps) / Hugging Face generate, same precision, same batch: "
                       + (f"{ratio:.2f}x" if ratio else "n/a (the reference failed)")])
-    if not failed("compile", "torch.compile (coCondenser step)"):
-        lines.append(markdown_table([plain(sections["compile"])]))
+    if not failed("compile", "torch.compile (coCondenser and CoT-MAE steps, query context)"):
+        lines.append(markdown_table([percent(r) for r in sections["compile"].get("rows", [])]))
     total = sum(s.get("seconds", 0) for s in sections.values())
     lines.extend(["", f"Sections took {total:.0f} s in all."])
     return "\n".join(lines)
 
 
+PROFILE = "host profile (one call)"
+
+
 def plain(figures: dict) -> dict:
-    return {k: v for k, v in figures.items() if k not in ("status", "seconds") and not isinstance(v, (dict, list))}
+    return {k: v for k, v in figures.items()
+            if k not in ("status", "seconds", PROFILE) and not isinstance(v, (dict, list))}
 
 
 def percent(row: dict) -> dict:
@@ -691,6 +803,9 @@ def parse_args(argv):
     parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: every path once")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="seconds of timing per section (default 40; dry run 1)")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="wall seconds for all sections: each is stopped where it would run past (and a "
+                             "section left without time is recorded as not started)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--model", default=None, help="model spec (default: scratch:benchmarks/bert-base-uncased; "
                                                       "dry run: tiny: of the same)")
@@ -719,7 +834,7 @@ def parse_args(argv):
     args.grad_cache_batch = 2 * args.batch_size if not dry else 4
     args.chunk = args.chunk or (2 if dry else None)
     args.distinct_batches = 2 if dry else 8
-    args.loop_window, args.loop_windows = (2, 3) if dry else (10, 4)
+    args.loop_window, args.loop_windows = (2, 3) if dry else (10, 6)
     args.encode_batch, args.encode_passages = (32, 64) if dry else (512, 200_000)
     args.search_passages, args.search_queries, args.search_dim = ((2_000, 16, 32) if dry else
                                                                   (PAPER_CORPUS_PASSAGES, 8_192, 768))
@@ -760,19 +875,29 @@ def main(argv=None) -> None:
         "text": text_source, "dry_run": args.dry_run, "budget_s_per_section": args.budget_s,
         "command": " ".join(["python benchmarks/bench_gpu.py", *(sys.argv[1:] if argv is None else argv)])})
     results.save()
+
+    def running(name):
+        """Record a section's figures so far (a later stop or failure keeps them)."""
+        return lambda figures: results.record(name, {"status": "running", **figures})
+
     builders = {
-        "pretrain": lambda: pretrain_section(args, device, tokenizer, triples, peak,
-                                             lambda figures: results.record("pretrain", {"status": "running",
-                                                                                         **figures})),
+        "pretrain": lambda: pretrain_section(args, device, tokenizer, triples, peak, running("pretrain")),
         "grad_cache": lambda: grad_cache_section(args, device, tokenizer, triples, peak),
         "stage_loop": lambda: stage_loop_section(args, device, tokenizer, triples, peak),
         "encoding": lambda: encoding_section(args, device, tokenizer, triples),
         "search": lambda: search_section(args, device),
-        "generation": lambda: generation_section(args, device, tokenizer, triples),
-        "compile": lambda: compile_section(args, device, tokenizer, triples, peak),
+        "generation": lambda: generation_section(args, device, tokenizer, triples, running("generation")),
+        "compile": lambda: compile_section(args, device, tokenizer, triples, peak, running("compile")),
     }
+    started = time.perf_counter()
     for name in args.sections:
-        run_section(results, name, builders[name](), args.budget_s)
+        left = args.deadline_s - (time.perf_counter() - started) if args.deadline_s else None
+        if left is not None and left < 5:
+            results.record(name, {"status": "failed", "error": f"not started: --deadline-s {args.deadline_s:.0f} "
+                                                               "spent", "seconds": 0.0})
+            continue
+        caps = [c for c in (None if args.dry_run else SECTION_CAP_S[name], left) if c is not None]
+        run_section(results, name, builders[name](), args.budget_s, min(caps) if caps else None)
     if args.report:
         from qac.benchmarking import write_section
 

@@ -62,25 +62,30 @@ def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     assert figures["dry_run"] and figures["device"] == "cpu" and figures["peak_flops"] is None
     assert figures["text"].startswith("synthetic")           # no mirror beside the clone
     sections = figures["sections"]
-    assert list(sections) == ["pretrain", "grad_cache", "stage_loop", "encoding", "search", "generation", "compile"]
+    assert list(sections) == ["pretrain", "grad_cache", "stage_loop", "encoding", "search", "compile", "generation"]
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "done")
-    rows = {(r["method"], r["recipe"], r["context"]): r for r in sections["pretrain"]["rows"]}
-    assert set(rows) == {(m, "ours", c) for m in ("cocondenser", "cotmae", "master") for c in ("query", "passage")} \
-        | {("cocondenser", "release", "passage")}
+    rows = {(r["method"], r["recipe"], r["context"], r["pairs/step"]): r for r in sections["pretrain"]["rows"]}
+    assert set(rows) == {(m, "ours", c, 4) for m in ("cocondenser", "cotmae", "master") for c in ("query", "passage")} \
+        | {("cocondenser", "release", "passage", 4), ("cocondenser", "ours", "passage", 8),
+           ("cotmae", "ours", "passage", 8)}
     for row in rows.values():
         assert row["pairs/s"] > 0 and row["counted GFLOP/step"] > 0 and row["real tokens/step"] <= row[
             "padded tokens/step"]
     # the release recipe computes the full vocabulary's logits: more FLOPs than ours on the same side
-    assert rows[("cocondenser", "release", "passage")]["counted GFLOP/step"] > rows[
-        ("cocondenser", "ours", "passage")]["counted GFLOP/step"]
+    assert rows[("cocondenser", "release", "passage", 4)]["counted GFLOP/step"] > rows[
+        ("cocondenser", "ours", "passage", 4)]["counted GFLOP/step"]
     assert sections["grad_cache"]["counted FLOP ratio"] > 1 and sections["grad_cache"]["chunk"] == 2
     assert sections["stage_loop"]["loop pairs/s (steady windows)"] > 0
     assert sections["search"]["equals NumPy reference"] and sections["search"]["equals one-block search"]
     assert sections["generation"]["rows"][2]["setting"] == "HF generate, fp32 weights"
+    assert [r["method"] for r in sections["compile"]["rows"]] == ["cocondenser", "cotmae"]
+    assert all(r["compiled s/step"] > 0 and "error" not in r for r in sections["compile"]["rows"])
+    encoding = sections["encoding"]
+    assert encoding["model alone passages/s (full batches)"] > 0 and "Self CPU" in encoding["host profile (one call)"]
 
     markdown = (out / "bench_gpu.md").read_text(encoding="utf-8")
     for heading in ("Pre-training step (isolated)", "GradCache", "Stage loop vs isolated step", "Encoding",
-                    "Exact search", "Query generation", "torch.compile"):
+                    "Exact search", "Query generation", "torch.compile (coCondenser and CoT-MAE"):
         assert f"### {heading}" in markdown, heading
     assert "no peak FLOP/s known" in markdown
 
@@ -114,3 +119,29 @@ def test_a_failed_section_keeps_the_others(tmp_path):
     assert saved["sections"]["search"]["status"] == "failed" and "out of memory" in saved["sections"]["search"]["error"]
     markdown = (tmp_path / "bench_gpu.md").read_text(encoding="utf-8")
     assert "failed after" in markdown and "| 10 |" in markdown
+
+
+def test_a_section_past_its_cap_stops_and_keeps_its_rows(tmp_path):
+    """A section that runs past its wall cap is stopped there; the rows it recorded on the way are kept
+    and shown, and the next section runs."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_gpu
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    results = bench_gpu.Results(tmp_path, {"device": "cpu", "peak_flops": None, "date": "today", "machine": "m",
+                                           "model": "tiny", "text": "synthetic", "dry_run": True})
+
+    def hangs(budget):
+        results.record("generation", {"status": "running", "rows": [{"setting": "first", "passages/s": 3.5}]})
+        import time
+        while True:
+            time.sleep(0.01)
+
+    bench_gpu.run_section(results, "generation", hangs, 1.0, cap_s=0.3)
+    bench_gpu.run_section(results, "encoding", lambda budget: {"passages/s": 10.0}, 1.0, cap_s=5)
+    saved = json.loads((tmp_path / "bench_gpu.json").read_text(encoding="utf-8"))["sections"]
+    assert saved["generation"]["status"] == "failed" and "cap of 0 s" in saved["generation"]["error"]
+    assert saved["generation"]["rows"] == [{"setting": "first", "passages/s": 3.5}]
+    assert saved["generation"]["seconds"] < 5 and saved["encoding"]["status"] == "done"
+    assert "| first | 3.5 |" in (tmp_path / "bench_gpu.md").read_text(encoding="utf-8")
