@@ -75,14 +75,17 @@ class Rates:
 
     @classmethod
     def from_figures(cls, data: Mapping[str, Any], source: str) -> "Rates":
-        # a section still "running" when the benchmark stopped keeps the rows it had finished
+        # a pre-training section stopped midway (still "running", or failed at its cap) keeps the rows it finished
         sections = {name: s for name, s in data.get("sections", {}).items()
-                    if s.get("status") == "done" or (name == "pretrain" and s.get("status") == "running")}
+                    if s.get("status") == "done" or (name == "pretrain" and s.get("rows"))}
         dry = bool(data.get("dry_run"))
         rates = cls(device=data["device"], date=data["date"], measured=not dry,
                     source=f"a dry run's figures ({source}), not a GPU's" if dry else source)
-        for row in sections.get("pretrain", {}).get("rows", []):
-            if row["recipe"] == "ours" and "pairs/s" in row:
+        pretrain = sections.get("pretrain", {})
+        for row in pretrain.get("rows", []):
+            # the rows at the section's batch (a row at another batch shows how the rate scales)
+            if row["recipe"] == "ours" and "pairs/s" in row and row.get("pairs/step", pretrain.get(
+                    "batch_size")) == pretrain.get("batch_size"):
                 rates.pretrain[(row["method"], row["context"])] = row["pairs/s"]
         if "grad_cache" in sections:
             rates.grad_cache_ratio = sections["grad_cache"]["time ratio"]

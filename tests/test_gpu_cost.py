@@ -111,3 +111,18 @@ def test_a_rate_the_figures_lack_is_said_not_guessed():
     assert costs["cotmae-passage"]["hours"] > 0
     assert costs["master-passage"]["hours"] is None and "no rate for ('master', 'passage')" in costs[
         "master-passage"]["basis"]
+
+
+def test_rates_come_from_the_sections_batch_and_a_section_stopped_at_its_cap():
+    """Rows at another batch (how the rate scales) are not the projection's rates; a pre-training section
+    stopped at its wall cap (status failed) still lends the rows it finished."""
+    data = figures()
+    pretrain = data["sections"]["pretrain"]
+    pretrain.update(status="failed", error="SectionStopped: stopped at its cap of 180 s", batch_size=128)
+    for row in pretrain["rows"]:
+        row["pairs/step"] = 128
+    pretrain["rows"].append({"method": "cocondenser", "recipe": "ours", "context": "passage", "pairs/step": 256,
+                             "pairs/s": 9999.0})
+    rates = Rates.from_figures(data, "f.json")
+    assert rates.pretrain[("cocondenser", "passage")] == 1800.0
+    assert rates.pretrain[("master", "passage")] == 700.0
