@@ -491,11 +491,14 @@ def host_profile(run, device, rows: int = 12) -> str:
     with profile(activities=activities) as profiler:
         run()
         synchronize(device)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    try:
-        return profiler.key_averages().table(sort_by=key, row_limit=rows)
-    except Exception:               # noqa: BLE001 - older profilers name the column otherwise
-        return profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    # the device column is "device" in recent releases, "cuda" in older ones
+    keys = ("self_device_time_total", "self_cuda_time_total") if device.type == "cuda" else ()
+    for key in (*keys, "self_cpu_time_total"):
+        try:
+            return profiler.key_averages().table(sort_by=key, row_limit=rows)
+        except Exception:           # noqa: BLE001 - a name this release does not know
+            continue
+    return ""
 
 
 def search_section(args, device):
