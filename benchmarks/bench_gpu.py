@@ -447,13 +447,13 @@ def encoding_section(args, device, tokenizer, triples):
         anchors = [anchor for anchor, _, _ in triples]
         ids = TextEncoder(tokenizer)(anchors)
 
-        def rate(count):
+        def rate(count, workers=0):
             texts = [anchors[i % len(anchors)] for i in range(count)]
             token_ids = [ids[i % len(ids)] for i in range(count)]
             synchronize(device)
             start = time.perf_counter()
             encode_texts(encoder, tokenizer, texts, token_ids=token_ids, max_length=args.max_len,
-                         batch_size=args.encode_batch)
+                         batch_size=args.encode_batch, loader_workers=workers)
             synchronize(device)
             return count / (time.perf_counter() - start)
 
@@ -461,6 +461,7 @@ def encoding_section(args, device, tokenizer, triples):
         count = max(args.encode_batch, min(args.encode_passages, int(first * budget_s * 0.4)))
         figures = {"passages/s": rate(count), "passages": count, "batch_size": args.encode_batch,
                    "max_len": args.max_len, "dtype": "bf16" if device.type == "cuda" else "fp32"}
+        figures["passages/s (2 loader workers)"] = rate(count, workers=2)
         # The model alone on one full batch (no padding work, no copies back): what the loop could reach
         from qac.distributed import autocast_context, autocast_dtype
 
