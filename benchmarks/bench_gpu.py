@@ -25,8 +25,8 @@ earlier figures; a failed section records its error and the next one runs):
   when installed);
 - ``generation``: query generation with a T5-base-sized model (20 candidates,
   64 new tokens) against Hugging Face ``generate`` in bf16 at the same batch;
-- ``compile``: ``torch.compile`` of the coCondenser step, its compile time
-  apart from its steady step.
+- ``compile``: ``torch.compile`` of the coCondenser and CoT-MAE steps at
+  static per-side lengths, compile time apart from the steady step, MFU.
 
 Every section stops timing once its ``--budget-s`` is spent (it always times
 a few steps), so the whole run fits about seven minutes on an H100.
@@ -37,6 +37,7 @@ a few steps), so the whole run fits about seven minutes on an H100.
     python benchmarks/bench_gpu.py --out /tmp/gpu            # on a GPU machine
     python benchmarks/bench_gpu.py --dry-run --out /tmp/gpu   # every path once, tiny model on the CPU
     python benchmarks/bench_gpu.py --publish /tmp/gpu/bench_gpu.json
+    python benchmarks/bench_gpu.py --publish first/bench_gpu.json rerun/bench_gpu.json   # some sections rerun
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ REPO = BENCHMARKS.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(BENCHMARKS))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from sample_text import MODEL_DIR, text_triples  # noqa: E402
@@ -78,6 +80,7 @@ SECTION_CAP_S = {"pretrain": 180, "grad_cache": 60, "stage_loop": 90, "encoding"
 RESULTS = "bench_gpu.json"
 PUBLISHED = REPO / "reports" / "bench_gpu.json"
 PAPER_CORPUS_PASSAGES = 8_841_823          # MS MARCO passages
+QUERY_MAX_LEN = 32                         # the collators' query limit (bench_pretrain.make_batches)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -173,8 +176,12 @@ WARMUP, MIN_STEPS = 2, 3           # a dry run sets both to 1
 def timed(run, items, device, budget_s: float, warmup: int | None = None, max_steps: int = 30,
           min_steps: int | None = None) -> dict:
     """Call ``run(item)`` over ``items`` (cycled): ``warmup`` untimed calls, then timed ones until
-    ``max_steps`` or, once ``min_steps`` are timed, until ``budget_s`` is spent. Median and the first call."""
-    warmup = WARMUP if warmup is None else warmup
+    ``max_steps`` or, once ``min_steps`` are timed, until ``budget_s`` is spent. Median and the first call.
+
+    The warm-up sees every distinct item at least once: each new shape costs its first call kernel
+    selection (cuBLAS heuristics, cuDNN attention plans), which a training run pays once per length
+    and then amortises over its steps; timing it here would charge it to every step."""
+    warmup = max(WARMUP if warmup is None else warmup, len(items))
     min_steps = MIN_STEPS if min_steps is None else min_steps
     times, started, index = [], time.perf_counter(), 0
     first = None
@@ -371,11 +378,14 @@ def grad_cache_section(args, device, tokenizer, triples, peak):
                 optimizer.zero_grad(set_to_none=True)
                 release_memory()
                 batch_size //= 2            # the full batch must fit for the comparison
-        cached = step_figures(GradCachedStep(model, chunk, device, dtype), optimizer, batches, device, budget_s / 2,
-                              peak, batch_size)
+        cached_step = GradCachedStep(model, chunk, device, dtype)
+        cached = step_figures(cached_step, optimizer, batches, device, budget_s / 2, peak, batch_size)
+        gpu_batch = to_device(batches[0], device)
+        profile = host_profile(lambda: cached_step.forward_backward(gpu_batch), device)
+        optimizer.zero_grad(set_to_none=True)
         return {"batch_size": batch_size, "chunk": chunk, "context": "query", "full": full, "cached": cached,
                 "time ratio": cached["s/step"] / full["s/step"],
-                "counted FLOP ratio": cached["counted GFLOP/step"] / full["counted GFLOP/step"]}
+                "counted FLOP ratio": cached["counted GFLOP/step"] / full["counted GFLOP/step"], PROFILE: profile}
     return section
 
 
@@ -458,10 +468,13 @@ def encoding_section(args, device, tokenizer, triples):
             return count / (time.perf_counter() - start)
 
         first = rate(min(len(anchors), 2 * args.encode_batch))            # warm-up and a first estimate
-        count = max(args.encode_batch, min(args.encode_passages, int(first * budget_s * 0.4)))
+        count = max(args.encode_batch, min(args.encode_passages, int(first * budget_s * 0.3)))
+        rate(count)                 # every batch length seen once (kernel selection per shape, paid once in a run)
         figures = {"passages/s": rate(count), "passages": count, "batch_size": args.encode_batch,
                    "max_len": args.max_len, "dtype": "bf16" if device.type == "cuda" else "fp32"}
         figures["passages/s (2 loader workers)"] = rate(count, workers=2)
+        figures["rows where the batch's own forward puts them"] = rows_in_place(encoder, tokenizer, anchors, ids,
+                                                                                args, device)
         # The model alone on one full batch (no padding work, no copies back): what the loop could reach
         from qac.distributed import autocast_context, autocast_dtype
 
@@ -481,6 +494,29 @@ def encoding_section(args, device, tokenizer, triples):
                                  batch_size=args.encode_batch), device)
         return figures
     return section
+
+
+def rows_in_place(encoder, tokenizer, anchors, ids, args, device) -> bool:
+    """The vectors of one batch of ``encode_texts`` (copied back while later batches run) equal, in the
+    rows of their texts, the same batch's forward pass run alone."""
+    from qac.data.tokens import SpecialTokens, with_special_tokens
+    from qac.distributed import autocast_context, autocast_dtype
+    from qac.models.biencoder import pool
+    from qac.retrieval.encode import EncodeBatches, encode_texts
+
+    count = 3 * args.encode_batch
+    vectors = encode_texts(encoder, tokenizer, anchors[:count], token_ids=ids[:count], max_length=args.max_len,
+                           batch_size=args.encode_batch)
+    special = SpecialTokens.of(tokenizer)
+    token_ids = [with_special_tokens(i, args.max_len, special) for i in ids[:count]]
+    order = np.argsort([-len(i) for i in token_ids], kind="stable")
+    batch = order[args.encode_batch:2 * args.encode_batch]           # the middle batch
+    rows, input_ids, mask = EncodeBatches(token_ids, [batch], tokenizer.pad_token_id or 0)[0]
+    encoder.eval()                  # as encode_texts runs it (and leaves it as it found it)
+    with torch.inference_mode(), autocast_context(device, autocast_dtype("auto", device)):
+        output = encoder(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+        alone = pool(output.last_hidden_state, mask.to(device), "cls").float().cpu().numpy()
+    return bool(np.array_equal(vectors[rows.numpy()], alone))
 
 
 def host_profile(run, device, rows: int = 12) -> str:
@@ -593,9 +629,12 @@ def generation_section(args, device, tokenizer, triples, progress):
             (f"ours, {label}, sampling on the device, host reads every step",
              lambda chunk: ours(model, dict(autocast_dtype=half, batch_invariant=False, sync_every=1), chunk)),
             (f"HF generate, {label} weights", lambda chunk: hf(weights, chunk)),
-            ("ours, fp32, batch-invariant", lambda chunk: ours(model, {}, chunk)),
             ("HF generate, fp32 (the release's settings)", lambda chunk: hf(model, chunk)),
         ]
+        if device.type == "cpu":
+            # batch invariance is the CPU's default (off on a GPU: batch_invariant auto), and about 28x slower
+            # than sampling on an H200: not worth the device's time
+            settings_rows.insert(3, ("ours, fp32, batch-invariant", lambda chunk: ours(model, {}, chunk)))
 
         def ours(net, options, chunk):
             generator = QueryGenerator(net, tokenizer, settings, **options)
@@ -617,7 +656,7 @@ def generation_section(args, device, tokenizer, triples, progress):
         for name, run in settings_rows:
             row = {"setting": name, "batch": batch}
             try:
-                run(passages[:max(1, batch // 4)])                        # warm-up
+                run(passages[:batch])                 # warm-up at the timed batch's shapes
                 done, tokens, seconds = 0, 0, 0.0
                 while done < args.generation_passages and (done < batch or seconds < share):
                     chunk = [passages[(done + i) % len(passages)] for i in range(batch)]
@@ -638,18 +677,19 @@ def generation_section(args, device, tokenizer, triples, progress):
             print(f"  {row}", flush=True)
             progress({"rows": rows})
         ours_row, reference = rows[0], next(r for r in rows if r["setting"] == f"HF generate, {label} weights")
+        profile = host_profile(lambda: settings_rows[0][1](passages[:batch]), device)
         if "passages/s" not in ours_row:
             raise RuntimeError(f"our generation loop failed: {ours_row['error']}")
         ratio = ours_row["passages/s"] / reference["passages/s"] if "passages/s" in reference else None
         return {"model": "tiny T5" if dry else "T5-base sizes, random weights",
                 "queries per passage": settings.queries_per_passage, "new tokens": settings.max_new_tokens,
-                "rows": rows, "ours / HF generate (same precision, same batch)": ratio}
+                "rows": rows, "ours / HF generate (same precision, same batch)": ratio, PROFILE: profile}
     return section
 
 
 def compile_section(args, device, tokenizer, triples, peak, progress):
-    """``torch.compile`` of the coCondenser and CoT-MAE steps on batches padded to ``max_len`` (one shape, one
-    compilation): the first step (compilation) apart from the steady step, against eager, with the counted
+    """``torch.compile`` of the coCondenser and CoT-MAE steps on batches padded to ``max_len`` (passages) and
+    the query limit (queries): one shape, one compilation; the first step (compilation) apart from the steady step, against eager, with the counted
     FLOPs' utilisation of both. Rows are recorded as each method finishes."""
     def section(budget_s):
         from qac.models.grad_cache import FullBatchStep
@@ -663,7 +703,7 @@ def compile_section(args, device, tokenizer, triples, peak, progress):
                 optimizer = optimizer_for(model, device)
                 batches = [to_device(b, device) for b in method_batches(
                     tokenizer, triples, method, model, "query", args.batch_size, args.distinct_batches,
-                    args.max_len, pad_to=args.max_len)]
+                    args.max_len, pad_to=(args.max_len, QUERY_MAX_LEN))]
                 eager_step = FullBatchStep(model, device, dtype)
                 eager = step_figures(eager_step, optimizer, batches, device, budget_s / 4, peak, args.batch_size)
                 # a dry run checks that the step captures (no code generation: inductor's C++ build takes minutes)
@@ -672,7 +712,8 @@ def compile_section(args, device, tokenizer, triples, peak, progress):
                                  budget_s / 4, warmup=WARMUP + 1)
                 flops = eager["counted GFLOP/step"] * 1e9
                 real_share = eager["real tokens/step"] / eager["padded tokens/step"]
-                row.update({"batch_size": args.batch_size, "padding": f"static, {args.max_len}",
+                row.update({"batch_size": args.batch_size,
+                            "padding": f"static, {args.max_len} (passages) and {QUERY_MAX_LEN} (queries)",
                             "backend": "eager (dry run: capture only)" if args.dry_run else "inductor",
                             "eager s/step": eager["s/step"],
                             "compiled s/step": compiled["median_s"],
@@ -716,6 +757,11 @@ def render_markdown(data: dict) -> str:
              "FLOPs counted with `torch.utils.flop_counter` on one batch of each configuration, scaled to "
              "the mean padded tokens; HFU = counted FLOPs / time / peak, MFU = the same on real tokens only."]
 
+    def profile_block(figures, what):
+        if figures.get(PROFILE):
+            lines.extend(["", f"Where {what}'s time went (`torch.profiler`, top operators):", "", "```",
+                          figures[PROFILE].rstrip(), "```"])
+
     def failed(name, title):
         figures = sections.get(name)
         if figures is None:
@@ -732,7 +778,8 @@ def render_markdown(data: dict) -> str:
             if figures.get("rows"):
                 lines.append(markdown_table([percent(plain(r)) for r in figures["rows"]]))
             return True
-        lines.extend(["", f"### {title}", ""])
+        lines.extend(["", f"### {title}", ""] + ([f"Measured {figures['measured']}.", ""] if "measured" in figures
+                                                  else []))
         return False
 
     columns = ["method", "recipe", "context", "pairs/step", "pairs/s", "tokens/s", "s/step", "padded tokens/step",
@@ -749,13 +796,12 @@ def render_markdown(data: dict) -> str:
                      f"profile's): cached step / full-batch step = {g['time ratio']:.2f}x by time, "
                      f"{g['counted FLOP ratio']:.2f}x by counted FLOPs "
                      f"({g['full']['s/step']:.4g} s vs {g['cached']['s/step']:.4g} s).")
+        profile_block(g, "one cached step")
     if not failed("stage_loop", "Stage loop vs isolated step (coCondenser, query context)"):
         lines.append(markdown_table([percent(plain(sections["stage_loop"]))]))
     if not failed("encoding", "Encoding"):
         lines.append(markdown_table([plain(sections["encoding"])]))
-        if sections["encoding"].get(PROFILE):
-            lines.extend(["", "Where one call's time went (`torch.profiler`):", "", "```",
-                          sections["encoding"][PROFILE].rstrip(), "```"])
+        profile_block(sections["encoding"], "one call")
     if not failed("search", "Exact search"):
         lines.append(markdown_table([plain(sections["search"])]))
     if not failed("generation", "Query generation"):
@@ -767,6 +813,7 @@ def render_markdown(data: dict) -> str:
                                                               else [])), "",
                       "Ours (host reads every 8 steps) / Hugging Face generate, same precision, same batch: "
                       + (f"{ratio:.2f}x" if ratio else "n/a (the reference failed)")])
+        profile_block(g, "one batch of ours")
     if not failed("compile", "torch.compile (coCondenser and CoT-MAE steps, query context)"):
         lines.append(markdown_table([percent(r) for r in sections["compile"].get("rows", [])]))
     total = sum(s.get("seconds", 0) for s in sections.values())
@@ -779,7 +826,7 @@ PROFILE = "host profile (one call)"
 
 def plain(figures: dict) -> dict:
     return {k: v for k, v in figures.items()
-            if k not in ("status", "seconds", PROFILE) and not isinstance(v, (dict, list))}
+            if k not in ("status", "seconds", "measured", PROFILE) and not isinstance(v, (dict, list))}
 
 
 def percent(row: dict) -> dict:
@@ -787,12 +834,30 @@ def percent(row: dict) -> dict:
             for k, v in row.items()}
 
 
-def publish(results_file: Path, report: Path) -> None:
-    """The results file as ``reports/bench_gpu.json`` and its section of the benchmark report."""
+def merge_results(files: list[Path]) -> dict:
+    """Results files of one device merged, later sections replacing earlier ones (a rerun of some
+    sections); each section keeps the date of the run that measured it."""
+    runs = [json.loads(path.read_text(encoding="utf-8")) for path in files]
+    devices = {run["device"] for run in runs}
+    if len(devices) > 1:
+        raise SystemExit(f"bench_gpu --publish: the files were measured on different devices "
+                         f"({', '.join(sorted(devices))}); publish one device's figures")
+    merged = {**runs[-1], "sections": {}}
+    for run in runs:
+        for name, figures in run["sections"].items():
+            merged["sections"][name] = {**figures, "measured": run["date"]} if len(runs) > 1 else figures
+    if len(runs) > 1:
+        merged["command"] = " ; ".join(run["command"] for run in runs)
+        merged["date"] = " and ".join(dict.fromkeys(run["date"] for run in runs))
+    return merged
+
+
+def publish(results_files: list[Path], report: Path) -> None:
+    """The results file(s) as ``reports/bench_gpu.json`` and its section of the benchmark report."""
     from qac.benchmarking import write_section
     from qac.io import atomic_path
 
-    data = json.loads(results_file.read_text(encoding="utf-8"))
+    data = merge_results(results_files)
     with atomic_path(PUBLISHED) as tmp:
         Path(tmp).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     write_section("gpu", render_markdown(data), report)
@@ -821,9 +886,10 @@ def parse_args(argv):
     parser.add_argument("--chunk", type=int, default=None, help="GradCache chunk (default: the paper profile's)")
     parser.add_argument("--workers", type=int, default=None, help="DataLoader workers of the stage loop")
     parser.add_argument("--report", type=Path, default=None, help="also write the section into this report")
-    parser.add_argument("--publish", type=Path, default=None, metavar="RESULTS_JSON",
+    parser.add_argument("--publish", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
                         help="copy a results file to reports/bench_gpu.json and its section into reports/"
-                             "benchmarks.md (or --report), then stop")
+                             "benchmarks.md (or --report), then stop; several files of one device are "
+                             "merged, a later file's sections replacing an earlier one's")
     args = parser.parse_args(argv)
     if args.publish is None and args.out is None:
         parser.error("--out is required (the folder the figures are written to)")

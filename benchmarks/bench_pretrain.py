@@ -70,7 +70,19 @@ def corpus_pairs(passages: Path, queries: Path, count: int) -> list[tuple[str, s
 
 def make_batches(tokenizer, triples, context: str, batch_size: int, steps: int, mask_ratios, pad_to,
                  master: bool = False, pad_to_multiple_of: int = 1, max_len: int = 144):
-    """``steps`` collated batches of ``batch_size`` pairs; passages cut at ``max_len`` tokens, queries at 32."""
+    """``steps`` collated batches of ``batch_size`` pairs; passages cut at ``max_len`` tokens, queries at 32.
+
+    ``pad_to``: one length for both sides (the release's static padding), or ``(anchor, context)`` lengths
+    (static shapes at each side's own limit, as a compiled step wants them; not for MASTER)."""
+    if isinstance(pad_to, tuple):
+        if master:
+            raise ValueError("per-side static lengths are for coCondenser and CoT-MAE batches")
+        # the sides of two collators: masks are drawn per (step, pair, side), so they are the same either way
+        anchor_side = make_batches(tokenizer, triples, context, batch_size, steps, mask_ratios, pad_to[0],
+                                   pad_to_multiple_of=pad_to_multiple_of, max_len=max_len)
+        context_side = make_batches(tokenizer, triples, context, batch_size, steps, mask_ratios, pad_to[1],
+                                    pad_to_multiple_of=pad_to_multiple_of, max_len=min(max_len, pad_to[1]))
+        return [{"anchor": a["anchor"], "context": c["context"]} for a, c in zip(anchor_side, context_side)]
     collator = (master_collator(tokenizer, triples, mask_ratios, pad_to, pad_to_multiple_of, max_len) if master
                 else PairCollator(tokenizer, max_len, 32, *mask_ratios, seed=0, pad_to=pad_to,
                                   pad_to_multiple_of=pad_to_multiple_of))

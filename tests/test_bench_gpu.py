@@ -81,6 +81,7 @@ def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     assert [r["method"] for r in sections["compile"]["rows"]] == ["cocondenser", "cotmae"]
     assert all(r["compiled s/step"] > 0 and "error" not in r for r in sections["compile"]["rows"])
     encoding = sections["encoding"]
+    assert encoding["rows where the batch's own forward puts them"] is True
     assert encoding["model alone passages/s (full batches)"] > 0 and "Self CPU" in encoding["host profile (one call)"]
 
     markdown = (out / "bench_gpu.md").read_text(encoding="utf-8")
@@ -145,3 +146,33 @@ def test_a_section_past_its_cap_stops_and_keeps_its_rows(tmp_path):
     assert saved["generation"]["rows"] == [{"setting": "first", "passages/s": 3.5}]
     assert saved["generation"]["seconds"] < 5 and saved["encoding"]["status"] == "done"
     assert "| first | 3.5 |" in (tmp_path / "bench_gpu.md").read_text(encoding="utf-8")
+
+
+def test_publishing_merges_a_rerun_of_some_sections(tmp_path):
+    """Sections rerun later replace the first run's, each keeping its date; files of two devices are refused."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_gpu
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    header = {"device": "NVIDIA H200", "peak_flops": 989e12, "machine": "m", "model": "m", "text": "t",
+              "dry_run": False}
+    first = {**header, "date": "day 1", "command": "a", "sections": {
+        "encoding": {"status": "done", "passages/s": 10.0, "seconds": 1.0},
+        "search": {"status": "done", "queries/s (torch)": 5.0, "seconds": 1.0}}}
+    rerun = {**header, "date": "day 2", "command": "b", "sections": {
+        "encoding": {"status": "done", "passages/s": 20.0, "seconds": 1.0}}}
+    files = []
+    for name, data in (("first.json", first), ("rerun.json", rerun)):
+        files.append(tmp_path / name)
+        files[-1].write_text(json.dumps(data), encoding="utf-8")
+    merged = bench_gpu.merge_results(files)
+    assert merged["sections"]["encoding"]["passages/s"] == 20.0 and merged["sections"]["encoding"]["measured"] == "day 2"
+    assert merged["sections"]["search"]["measured"] == "day 1" and merged["date"] == "day 1 and day 2"
+    markdown = bench_gpu.render_markdown(merged)
+    assert "Measured day 2." in markdown and "| 20 |" in markdown
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**rerun, "device": "NVIDIA H100 80GB HBM3"}), encoding="utf-8")
+    with pytest.raises(SystemExit, match="different devices"):
+        bench_gpu.merge_results([files[0], other])

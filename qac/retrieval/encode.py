@@ -90,6 +90,7 @@ def encode_texts(
     loader = encode_loader(batches, loader_workers, prefetch_batches, device)
 
     out = np.empty((len(texts), hidden_size), dtype=np.float32)
+    copies = HostCopies(out, ahead=prefetch_batches)
     was_training = model.training
     model.eval()
     try:
@@ -102,12 +103,52 @@ def encode_texts(
                 pooled = pool(hidden, attention_mask, pooling).float()
                 if normalize:
                     pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-                rows = rows.numpy()
-                out[rows] = pooled.cpu().numpy()
+                copies.add(rows.numpy(), pooled)
                 bar.update(len(rows))
+            copies.finish()
     finally:
         model.train(was_training)
     return out
+
+
+class HostCopies:
+    """Vectors copied from the device into ``out`` without stopping the host at every batch.
+
+    On a GPU each batch's vectors go to pinned host memory asynchronously and are
+    written into ``out`` once that copy is done, at most ``ahead`` batches later:
+    the host pads and launches the next batches while the device works, instead of
+    waiting for each batch (a wait per batch left the device idle while the next
+    one was padded). On the CPU the vectors are written at once.
+    """
+
+    def __init__(self, out: np.ndarray, ahead: int):
+        from collections import deque
+
+        self.out = out
+        self.ahead = max(1, ahead)
+        self.pending = deque()
+
+    def add(self, rows: np.ndarray, vectors) -> None:
+        import torch
+
+        if vectors.device.type != "cuda":
+            self.out[rows] = vectors.cpu().numpy()
+            return
+        host = torch.empty(vectors.shape, dtype=vectors.dtype, pin_memory=True)
+        host.copy_(vectors, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        self.pending.append((rows, host, copied))
+        self._write(keep=self.ahead)
+
+    def finish(self) -> None:
+        self._write(keep=0)
+
+    def _write(self, keep: int) -> None:
+        while len(self.pending) > keep:
+            rows, host, copied = self.pending.popleft()
+            copied.synchronize()
+            self.out[rows] = host.numpy()
 
 
 class EncodeBatches:
