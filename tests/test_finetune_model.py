@@ -161,3 +161,58 @@ def test_training_with_loader_workers_gives_the_same_losses_and_logs_speed(tiny_
     for _, values in logged_workers:
         assert 0 < values["padding_efficiency"] <= 1 and values["tokens_per_second"] > 0
         assert 0 <= values["data_wait_share"] <= 1
+
+
+class Killed(Exception):
+    """Stands for a kill between two steps."""
+
+
+def _checkpointed_training(tiny_bert_dir, checkpoint, kill_at=None, **overrides):
+    """The toy training with a work checkpoint; ``kill_at``: stop right after that step is logged."""
+    from transformers import AutoTokenizer
+
+    from qac.train.finetune import train_biencoder
+    from qac.train.groups import GroupSampler, TrainingQuery
+
+    topics = ["apple", "river", "violin", "glacier", "solar", "chess", "coffee", "volcano"]
+    queries = [TrainingQuery(f"q{i}", f"about {t}", (f"d{i}",), (f"n{i}",)) for i, t in enumerate(topics)]
+    passage_text = {f"d{i}": f"{t} {t} facts" for i, t in enumerate(topics)}
+    passage_text.update({f"n{i}": f"unrelated filler number {i}" for i in range(8)})
+    settings = finetune_settings(**{"log_every": 1, "loader_workers": 0, "query_max_len": 8, "passage_max_len": 8,
+                                    "train_n_passages": 2, "batch_size": 4, "epochs": 4, "lr": 1e-3,
+                                    "warmup_ratio": 0.2, "seed": 0, **overrides})
+    logged = []
+
+    def on_step(step, values):
+        logged.append((step, values["loss"], values["lr"]))
+        if step == kill_at:
+            raise Killed(step)
+
+    model = BiEncoder.from_pretrained(tiny_bert_dir)          # dropout on: the generator state matters
+    losses = train_biencoder(model, AutoTokenizer.from_pretrained(tiny_bert_dir),
+                             GroupSampler(queries, sorted(passage_text), 1, seed=0), passage_text, settings,
+                             on_step=on_step, checkpoint=checkpoint)
+    return losses, logged, model
+
+
+def test_a_killed_training_resumes_from_its_checkpoint_to_the_uninterrupted_losses_and_weights(tiny_bert_dir,
+                                                                                              tmp_path, capsys):
+    from qac.train.finetune import WorkCheckpoint
+
+    losses, logged, model = _checkpointed_training(tiny_bert_dir, None)
+    assert len(losses) == 8 and model.encoder.config.hidden_dropout_prob > 0
+
+    checkpoint = WorkCheckpoint(tmp_path / "checkpoint", every=3, fingerprint="f1")
+    with pytest.raises(Killed):
+        _checkpointed_training(tiny_bert_dir, checkpoint, kill_at=5)        # the checkpoint of step 3 survives
+    resumed, resumed_logged, resumed_model = _checkpointed_training(tiny_bert_dir, checkpoint, loader_workers=2)
+    assert "resuming from step 3 of 8" in capsys.readouterr().err
+    assert resumed == losses                         # the whole run's losses, the first three from the checkpoint
+    assert resumed_logged == logged                  # steps 1-3 replayed, then 4-8 trained again
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, resumed_model.state_dict()[name]), name
+
+    # a checkpoint of other settings or inputs is not resumed: the run starts over and says why
+    other = WorkCheckpoint(tmp_path / "checkpoint", every=3, fingerprint="f2")
+    again, _, _ = _checkpointed_training(tiny_bert_dir, other)
+    assert again == losses and "settings or inputs changed" in capsys.readouterr().err

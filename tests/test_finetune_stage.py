@@ -315,3 +315,73 @@ def test_the_stage_under_torchrun_gathers_every_share_of_the_corpus_and_the_quer
     corpus = sorted(tiny_datasets()[0].corpus)
     ranked = {doc for docs in run.values() for doc in docs}
     assert ranked & set(corpus[:len(corpus) // 2]) and ranked & set(corpus[len(corpus) // 2:])
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_stage_killed_after_retriever_one_resumes_without_training_it_again(finetuned, tmp_path, tiny_bert_dir,
+                                                                            shared_mlflow_store, monkeypatch, capsys):
+    """Killed while mining: no output, retriever 1 kept in the work folder; the rerun takes it as it is
+    (its logged steps replayed into the new run, which links the one that trained it), and writes what an
+    uninterrupted run writes, byte for byte; the work folder then goes."""
+    import mlflow
+
+    from qac.train import finetune, mining
+
+    root = tmp_path / "study"
+    trained = []
+    original = finetune.train_biencoder
+
+    def counting(*args, **kwargs):
+        trained.append(kwargs.get("checkpoint").directory.parent.name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(finetune, "train_biencoder", counting)
+    with study_dir(root, tiny_bert_dir):
+        with monkeypatch.context() as patch:
+            def killed(*args, **kwargs):
+                raise KeyboardInterrupt
+
+            patch.setattr(mining, "mine_with_retriever", killed)
+            with pytest.raises(KeyboardInterrupt):
+                load_stage("finetune").main(["--variant", "none"])
+        data = root / "data" / "smoke"
+        assert not (data / "finetune" / "none").exists()
+        assert (data / ".work" / "finetune" / "none" / "r1" / "result" / "model").is_dir()
+        capsys.readouterr()
+        load_stage("finetune").main(["--variant", "none"])
+    assert trained == ["r1", "r2"]                  # retriever 1 once, in the killed run
+    assert "r1 taken as an earlier run finished it" in capsys.readouterr().err
+    expected = finetuned[0] / "data" / "smoke" / "finetune" / "none"
+    assert _files(data / "finetune" / "none") == _files(expected)
+    assert not (data / ".work" / "finetune" / "none").exists()
+
+    client = mlflow.MlflowClient(shared_mlflow_store)
+    run = client.get_run(json.loads((data / ".runs/finetune/none/r1/mlflow_run.json").read_text())["run_id"])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
+    earlier = run.data.tags["qac.resumes_run"]
+    assert earlier != run.info.run_id and client.get_run(earlier).data.tags["qac.continued_by"] == run.info.run_id
+
+
+def test_work_of_other_settings_is_discarded_not_resumed(finetuned, tmp_path, tiny_bert_dir, shared_mlflow_store,
+                                                        monkeypatch, capsys):
+    """A work folder left by a run of other settings is cleared (and said so); the run trains both retrievers."""
+    from qac.config import write_params
+    from qac.train import finetune
+
+    root = tmp_path / "study"
+    with study_dir(root, tiny_bert_dir) as params:
+        stale = root / "data" / "smoke" / ".work" / "finetune" / "none"
+        (stale / "r1" / "result" / "model").mkdir(parents=True)
+        (stale / "fingerprint").write_text("another run's\n")
+        trained = []
+        original = finetune.train_biencoder
+        monkeypatch.setattr(finetune, "train_biencoder",
+                            lambda *a, **k: trained.append(1) or original(*a, **k))
+        write_params(params, root / "params.yaml")
+        load_stage("finetune").main(["--variant", "none"])
+    assert len(trained) == 2 and "discarding the work of an earlier run" in capsys.readouterr().err
+    expected = finetuned[0] / "data" / "smoke" / "finetune" / "none"
+    assert _files(root / "data" / "smoke" / "finetune" / "none") == _files(expected)

@@ -210,6 +210,38 @@ def check_whole_batches(n_queries: int, settings: "FinetuneSettings", where: str
 StepCallback = Callable[[int, dict[str, float]], None]
 
 
+@dataclass(frozen=True)
+class WorkCheckpoint:
+    """Where a retriever's training keeps its work checkpoint (qac.train.checkpoint), how often it saves it,
+    and the fingerprint of the settings and inputs a checkpoint must carry to be resumed."""
+
+    directory: Path
+    every: int          # optimizer steps between saves (0: no checkpoints)
+    fingerprint: str
+    run_id: str | None = None        # the tracking run saving it, linked from the run that resumes it
+    on_resume: Callable[[dict[str, Any]], None] | None = None     # {"from_step", "previous_run_id"}, main only
+
+
+def resume_state(checkpoint: WorkCheckpoint | None, rank: int) -> dict | None:
+    """The checkpoint's ``state.json`` when it can be resumed; otherwise None (a stale or damaged one is said
+    on the main process, and the run's first save replaces it)."""
+    import sys
+
+    from qac.train.checkpoint import read_state
+
+    if checkpoint is None:
+        return None
+    state = read_state(checkpoint.directory)
+    if state is None:
+        return None
+    if "damaged" not in state and state.get("fingerprint") == checkpoint.fingerprint:
+        return state
+    if rank == 0:
+        why = f"it is damaged: {state['damaged']}" if "damaged" in state else "settings or inputs changed"
+        print(f"fine-tune: discarding the work checkpoint in {checkpoint.directory}: {why}", file=sys.stderr)
+    return None
+
+
 def train_biencoder(
     model: BiEncoder,
     tokenizer,
@@ -221,11 +253,17 @@ def train_biencoder(
     rank: int = 0,
     world_size: int = 1,
     on_step: StepCallback | None = None,
+    checkpoint: WorkCheckpoint | None = None,
 ) -> list[float]:
     """Fine-tune ``model`` in place; returns the global loss of every step.
 
     ``on_step(step, {"loss", "lr", "epoch"})`` is called after each logged step
     (every ``log_every``) on every process; callers log on rank 0 only.
+    ``checkpoint``: the work checkpoint is saved every ``checkpoint.every`` steps
+    (model, optimizer, schedule, loss scale, every process's generator state,
+    the losses so far); a run that finds one of its own fingerprint continues
+    from it, first replaying its logged steps to ``on_step``, and computes what
+    the uninterrupted run would have (the batches are a function of the step).
     """
     if settings.batch_size % world_size:
         raise ValueError(f"batch_size {settings.batch_size} is not divisible by {world_size} processes")
@@ -249,67 +287,93 @@ def train_biencoder(
                                            warmup_ratio=settings.warmup_ratio, total_steps=total_steps,
                                            device=device)
     amp_dtype = autocast_dtype(settings.dtype, device)
-    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
-    local = settings.batch_size // world_size
+    # Scales fp16 losses; disabled (every call a no-op) otherwise, and kept in checkpoints either way.
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 
     from qac.console import progress
     from qac.models.losses import all_reduce_sum
+    from qac.train.checkpoint import load_checkpoint, save_checkpoint
+    from qac.train.step_log import THROUGHPUT
     from qac.train.throughput import ThroughputWindow, peak_flops
 
+    losses: list[float] = []
+    history: list[list] = []       # [step, logged values without throughput] of every logged step
+    start = 0
+    state = resume_state(checkpoint, rank)
+    if state is not None:
+        state = load_checkpoint(checkpoint.directory, model=model, optimizer=optimizer, scheduler=scheduler,
+                                scaler=scaler, device=device, rank=rank)
+        start, losses, history = state["step"], list(state["losses"]), list(state["history"])
+        if rank == 0:
+            import sys
+
+            print(f"fine-tune: resuming from step {start} of {total_steps} ({checkpoint.directory})", file=sys.stderr)
+            if checkpoint.on_resume is not None:
+                checkpoint.on_resume({"from_step": start, "previous_run_id": state.get("mlflow_run_id")})
+        if on_step is not None:
+            for logged_step, values in history:
+                on_step(logged_step, dict(values))
+
     batches = step_batches(sampler, passage_text, tokenizer, settings, per_epoch, rank, world_size)
-    loader = iter(step_loader(batches, settings.loader_workers, settings.prefetch_batches, device))
+    remaining = torch.utils.data.Subset(batches, range(start, total_steps))
+    loader = iter(step_loader(remaining, settings.loader_workers, settings.prefetch_batches, device))
     _, peak = peak_flops(device)
     window = ThroughputWindow(peak)
-    losses: list[float] = []
     pending: list[torch.Tensor] = []     # step losses on the device, read at logging steps
-    step = 0
-    bar = progress(total=total_steps, desc="fine-tune", unit="step", rank=rank)
-    for epoch in range(settings.epochs):
-        for index in range(per_epoch):
-            waited = time.perf_counter()
-            queries, passages = next(loader)
-            window.waiting += time.perf_counter() - waited
-            if window.flops_per_token is None:       # the run's first step: count a step's FLOPs once
-                window.count_flops(model, {"queries": queries, "passages": passages}, local_step_flops)
-            window.add_batch({"queries": queries, "passages": passages})
-            queries = {key: value.to(device, non_blocking=True) for key, value in queries.items()}
-            passages = {key: value.to(device, non_blocking=True) for key, value in passages.items()}
-            autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype
-                        else contextlib.nullcontext())
-            with autocast:
-                loss = trained(queries, passages)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            if settings.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            window.steps += 1
-            window.pairs += settings.batch_size
-            pending.append(loss.detach())
-            bar.update(1)
-            if step % settings.log_every == 0 or step == total_steps:
-                # compute_loss scales by W for DDP's averaging
-                losses.extend((torch.stack(pending).double() / world_size).tolist())
-                pending = []
-                global_loss = losses[-1]
-                bar.set_postfix(loss=f"{global_loss:.3f}", refresh=False)
-                counts = all_reduce_sum(torch.tensor(window.counts(), dtype=torch.float64, device=device)).tolist()
-                if on_step is not None:
-                    on_step(step, {"loss": global_loss, "lr": lr, "epoch": epoch + (index + 1) / per_epoch,
-                                   **window.report(*counts)})
-                else:
-                    window.report(*counts)
+
+    def read_losses() -> None:
+        # compute_loss scales by W for DDP's averaging
+        losses.extend((torch.stack(pending).double() / world_size).tolist())
+        pending.clear()
+
+    step = start
+    bar = progress(total=total_steps, initial=start, desc="fine-tune", unit="step", rank=rank)
+    for epoch, index in (divmod(done, per_epoch) for done in range(start, total_steps)):
+        waited = time.perf_counter()
+        queries, passages = next(loader)
+        window.waiting += time.perf_counter() - waited
+        if window.flops_per_token is None:       # the run's first step: count a step's FLOPs once
+            window.count_flops(model, {"queries": queries, "passages": passages}, local_step_flops)
+        window.add_batch({"queries": queries, "passages": passages})
+        queries = {key: value.to(device, non_blocking=True) for key, value in queries.items()}
+        passages = {key: value.to(device, non_blocking=True) for key, value in passages.items()}
+        autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype
+                    else contextlib.nullcontext())
+        with autocast:
+            loss = trained(queries, passages)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        if settings.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+        lr = scheduler.get_last_lr()[0]
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        window.steps += 1
+        window.pairs += settings.batch_size
+        pending.append(loss.detach())
+        bar.update(1)
+        if step % settings.log_every == 0 or step == total_steps:
+            read_losses()
+            global_loss = losses[-1]
+            bar.set_postfix(loss=f"{global_loss:.3f}", refresh=False)
+            counts = all_reduce_sum(torch.tensor(window.counts(), dtype=torch.float64, device=device)).tolist()
+            values = {"loss": global_loss, "lr": lr, "epoch": epoch + (index + 1) / per_epoch,
+                      **window.report(*counts)}
+            history.append([step, {key: value for key, value in values.items() if key not in THROUGHPUT}])
+            if on_step is not None:
+                on_step(step, values)
+        if checkpoint is not None and checkpoint.every and step % checkpoint.every == 0 and step < total_steps:
+            paused = time.perf_counter()
+            if pending:
+                read_losses()
+            save_checkpoint(checkpoint.directory, model=model, optimizer=optimizer, scheduler=scheduler,
+                            scaler=scaler, step=step, data_position=step * settings.batch_size,
+                            fingerprint=checkpoint.fingerprint, device=device, rank=rank,
+                            extra={"losses": losses, "history": history, "mlflow_run_id": checkpoint.run_id})
+            window.pause(time.perf_counter() - paused)     # throughput leaves checkpoint writing out
     bar.close()
     model.eval()
     return losses

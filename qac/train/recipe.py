@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
     from qac.params.sections import BeirRetrieverSection, FinetuneSection, Params
+    from qac.train.finetune import WorkCheckpoint
 
 
 def retriever_texts(dataset, title_join: str, tokenizer) -> tuple[dict[str, str], str]:
@@ -66,7 +67,8 @@ def broadcast_path(path: Path | None, dist) -> Path:
 def train_retriever(name: str, negatives: dict, *, variant: str, params: Params, settings, dataset,
                     passage_text: Mapping[str, str], start: Path, parent, staging: Path, out_dir: Path, root: Path,
                     dist, inputs: Mapping[str, Path], title_separator: str = " ", log_models: bool = False,
-                    section_key: str = "finetune", stage: str | None = None, query_set: str = "judged"):
+                    section_key: str = "finetune", stage: str | None = None, query_set: str = "judged",
+                    work: RecipeWork | None = None):
     """Fine-tune one retriever from ``start``, save it to ``staging/<name>``.
 
     ``section_key`` names the params section of the recipe (``finetune``; ``beir_retriever`` for
@@ -75,13 +77,19 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
     folder records with the pooling and lengths it encodes with (:mod:`qac.models.encoding`);
     ``parent`` is the upstream output (:class:`qac.tracking.lifecycle.Upstream`) whose run it nests under;
     ``query_set`` chooses the training queries (:func:`qac.train.groups.retriever1_queries`).
-    Returns the model, the tokenizer, the training queries, the per-step losses and the queries
+    ``work``: the recipe's work folder (:class:`RecipeWork`): a retriever an earlier run finished is
+    loaded from it (its logged steps replayed into this run), an unfinished one continues from its
+    checkpoint. Returns the model, the tokenizer, the training queries, the per-step losses and the queries
     whole batches left out.
     """
     from qac.tracking.lifecycle import tracked_stage
     from qac.tracking.naming import variant_description, variant_run_name
-    from qac.train.finetune import check_whole_batches, fine_tune_retriever
+    import json
+    import shutil
+
+    from qac.train.finetune import check_whole_batches, fine_tune_retriever, start_retriever
     from qac.train.groups import negative_pool_stats, retriever1_queries
+    from qac.train.step_log import THROUGHPUT
 
     from qac.config import variant_seed
 
@@ -103,16 +111,129 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
             stats = negative_pool_stats(queries, settings.n_negatives)
             tracking.log_metrics({f"train_queries/{key}": value for key, value in stats.items()}
                                  | {"train_queries/left_out": left_out})
-        model, tokenizer, losses = fine_tune_retriever(
-            start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
-            device=dist.device, rank=dist.rank, world_size=dist.world_size,
-            on_step=(lambda step, values: tracking.log_metrics(values, step=step)) if dist.is_main else None)
+        history: list[list] = []
+
+        def on_step(step: int, values: dict) -> None:
+            tracking.log_metrics(values, step=step)
+            history.append([step, {key: value for key, value in values.items() if key not in THROUGHPUT}])
+
+        encoding = dict(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
+                        title_separator=title_separator)
+        if work is not None and work.done(name):
+            model, tokenizer = start_retriever(work.result(name) / "model", settings.for_retriever(name))
+            training = json.loads((work.result(name) / "training.json").read_text(encoding="utf-8"))
+            losses = training["losses"]
+            if dist.is_main:
+                for step, values in training["history"]:
+                    tracking.log_metrics(values, step=step)
+                tracking.resumes(training.get("mlflow_run_id"), resumed=True, finished_phase=name)
+        else:
+            def on_resume(info: dict) -> None:
+                tracking.resumes(info["previous_run_id"], resumed=True, from_step=info["from_step"])
+
+            checkpoint = work.checkpoint(name, tracking.run_id, on_resume) if work is not None else None
+            model, tokenizer, losses = fine_tune_retriever(
+                start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
+                device=dist.device, rank=dist.rank, world_size=dist.world_size,
+                on_step=on_step if dist.is_main else None, checkpoint=checkpoint)
+            if dist.is_main and work is not None:
+                work.save_retriever(name, model, tokenizer, {"losses": losses, "history": history,
+                                                             "mlflow_run_id": tracking.run_id}, **encoding)
         if dist.is_main:
-            model.save(staging / name, tokenizer, query_max_len=settings.query_max_len,
-                       passage_max_len=settings.corpus_length, title_separator=title_separator)
+            if work is not None:
+                shutil.copytree(work.result(name) / "model", staging / name)
+            else:
+                model.save(staging / name, tokenizer, **encoding)
             tracking.log_model(staging / name, "encoder")
             tracking.describe(variant=variant, retriever=name, start=str(start), steps=len(losses))
     return model, tokenizer, queries, losses, left_out
+
+
+# Settings that change how fast the recipe runs or what it logs, not what it computes: a work folder made
+# with other values is still this run's.
+NOT_SHAPING = ("log_every", "loader_workers", "prefetch_batches", "checkpoint_every")
+
+
+def recipe_fingerprint(params: Params, variant: str, inputs: Mapping[str, Path]) -> str:
+    """Hash of what shapes the recipe's outputs: the ``finetune`` settings, the variant's seed, the runs'
+    depth and the MD5 of every input (the pre-trained encoder, the BM25 negatives, the dataset)."""
+    import hashlib
+    import json
+
+    from qac.config import variant_seed
+    from qac.distributed import broadcast_object
+    from qac.io import path_md5
+
+    shaping = {"finetune": {key: value for key, value in params.finetune.items() if key not in NOT_SHAPING},
+               "seed": variant_seed(params, variant), "depth": params.evaluate.depth,
+               "train_dataset": params.train_dataset,
+               "inputs_md5": broadcast_object(lambda: {name: path_md5(path) for name, path in inputs.items()})}
+    return hashlib.md5(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass
+class RecipeWork:
+    """The recipe's work folder, ``data/<profile>/.work/finetune/<variant>/`` (DVC does not see it).
+
+    Each finished phase (``r1``, ``mined``, ``r2``) is a folder ``<phase>/result`` renamed into place
+    whole; each retriever's training saves its step checkpoint in ``<phase>/checkpoint`` every
+    ``checkpoint_every`` steps. A run of the same fingerprint takes the finished phases as they are and
+    continues an unfinished retriever from its checkpoint, so a killed stage loses at most
+    ``checkpoint_every`` steps and its outputs are those of an uninterrupted run. A run of another
+    fingerprint clears the folder first, saying so. The folder goes once the stage's output is in place.
+    """
+
+    folder: Path
+    fingerprint: str
+    checkpoint_every: int
+    main: bool = True
+
+    @classmethod
+    def open(cls, folder: Path, fingerprint: str, checkpoint_every: int, dist) -> "RecipeWork":
+        import shutil
+        import sys
+
+        from qac.distributed import barrier
+
+        if dist.is_main:
+            stamp = folder / "fingerprint"
+            found = stamp.read_text(encoding="utf-8").strip() if stamp.is_file() else None
+            if folder.exists() and found != fingerprint:
+                print(f"finetune: discarding the work of an earlier run in {folder}: "
+                      f"{'settings or inputs changed' if found else 'it has no fingerprint'}", file=sys.stderr)
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(fingerprint + "\n", encoding="utf-8")
+        barrier()
+        return cls(folder, fingerprint, checkpoint_every, dist.is_main)
+
+    def result(self, phase: str) -> Path:
+        return self.folder / phase / "result"
+
+    def done(self, phase: str) -> bool:
+        """Whether ``phase`` finished in an earlier run (decided on the main process, known to all)."""
+        import sys
+
+        from qac.distributed import broadcast_object
+
+        finished = broadcast_object(lambda: self.result(phase).is_dir())
+        if finished and self.main:
+            print(f"finetune: {phase} taken as an earlier run finished it ({self.result(phase)})", file=sys.stderr)
+        return finished
+
+    def checkpoint(self, phase: str, run_id: str | None, on_resume) -> "WorkCheckpoint":
+        from qac.train.finetune import WorkCheckpoint
+
+        return WorkCheckpoint(self.folder / phase / "checkpoint", self.checkpoint_every, self.fingerprint,
+                              run_id=run_id, on_resume=on_resume)
+
+    def save_retriever(self, phase: str, model, tokenizer, training: dict, **encoding) -> None:
+        """The trained retriever and its training record (losses, logged steps, run) as the finished phase."""
+        from qac.io import atomic_path, write_json
+
+        with atomic_path(self.result(phase), directory=True) as tmp:
+            model.save(tmp / "model", tokenizer, **encoding)
+            write_json(tmp / "training.json", training)
 
 
 def loss_fact(name: str, losses: list[float]) -> str:
@@ -147,6 +268,7 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
     ``log_models``: the retrievers go to MLflow as artifacts (also ``mlflow.log_models``).
     """
     import contextlib
+    import shutil
 
     from qac.config import profile_dir, variant_seed
     from qac.data.prepared import load_prepared
@@ -177,10 +299,12 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
 
     dist = init_distributed()
     out_dir = root / "finetune" / variant
+    work = RecipeWork.open(root / ".work" / "finetune" / variant, recipe_fingerprint(params, variant, inputs),
+                           section.checkpoint_every, dist)
     # The pre-training run, when this store holds it; else the runs nest under the study run.
     common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
                   start=start, title_separator=separator, log_models=log_models, dist=dist,
-                  parent=Upstream(root, pretrain_dir, f"pretrain@{variant}"), out_dir=out_dir, root=root)
+                  parent=Upstream(root, pretrain_dir, f"pretrain@{variant}"), out_dir=out_dir, root=root, work=work)
     outcome = FinetuneOutcome()
     # Only the main process writes the output folder, as one atomic unit.
     output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(None)
@@ -195,23 +319,28 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
             # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
             mining_queries = judged_queries(dataset, bm25_negatives, section, variant_seed(params, variant))
             mined_path = staging / "mined_negatives.jsonl"
-            encode_options = dict(batch_size=section.encode_batch_size, loader_workers=section.loader_workers,
-                                  dist=dist)
-            # The corpus is encoded once: the mining and retriever 1's in-domain evaluation runs share it.
-            corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length,
-                                   **encode_options)
-            records = mine_with_retriever(
-                r1, tokenizer, mining_queries, passage_text, depth=section.mine_depth,
-                skip_top=section.mine_skip_top, query_max_len=settings.query_max_len,
-                passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
-            encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
-                                    pooling=r1.pooling, separator=separator, depth=params.evaluate.depth)
-            runs = search_splits(r1, tokenizer, dataset, *corpus, query_max_len=settings.query_max_len,
-                                 depth=encoding["depth"], device=dist.device, **encode_options)
-            del corpus
+            if not work.done("mined"):
+                encode_options = dict(batch_size=section.encode_batch_size, loader_workers=section.loader_workers,
+                                      dist=dist)
+                # The corpus is encoded once: the mining and retriever 1's in-domain evaluation runs share it.
+                corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length,
+                                       **encode_options)
+                records = mine_with_retriever(
+                    r1, tokenizer, mining_queries, passage_text, depth=section.mine_depth,
+                    skip_top=section.mine_skip_top, query_max_len=settings.query_max_len,
+                    passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
+                encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
+                                        pooling=r1.pooling, separator=separator, depth=params.evaluate.depth)
+                runs = search_splits(r1, tokenizer, dataset, *corpus, query_max_len=settings.query_max_len,
+                                     depth=encoding["depth"], device=dist.device, **encode_options)
+                del corpus
+                if dist.is_main:
+                    with atomic_path(work.result("mined"), directory=True) as mined:
+                        write_jsonl(mined / mined_path.name, records)
+                        write_indomain_runs(mined / RUNS_FOLDER, runs, encoding, tag=variant)
             if dist.is_main:
-                write_jsonl(mined_path, records)
-                write_indomain_runs(staging / RUNS_FOLDER, runs, encoding, tag=variant)
+                shutil.copy2(work.result("mined") / mined_path.name, mined_path)
+                shutil.copytree(work.result("mined") / RUNS_FOLDER, staging / RUNS_FOLDER)
             barrier()
             negatives = read_negatives(mined_path)
             outcome.mined_per_query = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
@@ -220,6 +349,9 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
             _, _, _, outcome.r2_losses, _ = train_retriever(
                 "r2", negatives, staging=staging, inputs={**inputs, "mined_negatives": mined_path}, **common)
             barrier()
+        # The output is in place (renamed whole): only now may the work go.
+        if dist.is_main:
+            shutil.rmtree(work.folder, ignore_errors=True)
     finally:
         cleanup()
     return outcome
