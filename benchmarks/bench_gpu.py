@@ -834,10 +834,26 @@ def percent(row: dict) -> dict:
             for k, v in row.items()}
 
 
+def read_results(path: Path) -> dict:
+    """One results file as this script writes it, or a one-paragraph stop naming the file and what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise SystemExit(f"bench_gpu --publish: {path} cannot be read ({error.strerror or error})") from None
+    except ValueError as error:
+        raise SystemExit(f"bench_gpu --publish: {path} is not JSON ({error}); give the bench_gpu.json a run "
+                         "wrote") from None
+    missing = [key for key in ("device", "date", "sections") if not isinstance(data, dict) or key not in data]
+    if missing or not isinstance(data["sections"], dict):
+        raise SystemExit(f"bench_gpu --publish: {path} is not a bench_gpu results file (no "
+                         f"{', '.join(missing) or 'sections object'}); give the bench_gpu.json a run wrote")
+    return data
+
+
 def merge_results(files: list[Path]) -> dict:
     """Results files of one device merged, later sections replacing earlier ones (a rerun of some
     sections); each section keeps the date of the run that measured it."""
-    runs = [json.loads(path.read_text(encoding="utf-8")) for path in files]
+    runs = [read_results(path) for path in files]
     devices = {run["device"] for run in runs}
     if len(devices) > 1:
         raise SystemExit(f"bench_gpu --publish: the files were measured on different devices "

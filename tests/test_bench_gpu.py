@@ -5,6 +5,7 @@ project's other dependencies unimportable."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -176,3 +177,20 @@ def test_publishing_merges_a_rerun_of_some_sections(tmp_path):
     other.write_text(json.dumps({**rerun, "device": "NVIDIA H100 80GB HBM3"}), encoding="utf-8")
     with pytest.raises(SystemExit, match="different devices"):
         bench_gpu.merge_results([files[0], other])
+
+
+@pytest.mark.parametrize("content, said", [(None, "cannot be read"), ("{not json", "is not JSON"),
+                                           ('{"device": "x"}', "not a bench_gpu results file (no date, sections)"),
+                                           ("[1, 2]", "not a bench_gpu results file")])
+def test_publishing_a_file_that_is_not_results_stops_in_one_line(tmp_path, content, said):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_gpu
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    path = tmp_path / "bench_gpu.json"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(SystemExit, match=re.escape(said)) as stopped:
+        bench_gpu.merge_results([path])
+    assert str(path) in str(stopped.value) and "\n" not in str(stopped.value)
