@@ -216,3 +216,28 @@ def test_a_killed_training_resumes_from_its_checkpoint_to_the_uninterrupted_loss
     other = WorkCheckpoint(tmp_path / "checkpoint", every=3, fingerprint="f2")
     again, _, _ = _checkpointed_training(tiny_bert_dir, other)
     assert again == losses and "settings or inputs changed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "state without its losses"])
+def test_a_damaged_work_checkpoint_is_discarded_and_training_starts_over(tiny_bert_dir, tmp_path, capsys, damage):
+    import json
+
+    from qac.train.finetune import WorkCheckpoint
+
+    losses, _, _ = _checkpointed_training(tiny_bert_dir, None)
+    checkpoint = WorkCheckpoint(tmp_path / "checkpoint", every=3, fingerprint="f1")
+    with pytest.raises(Killed):
+        _checkpointed_training(tiny_bert_dir, checkpoint, kill_at=5)
+    if damage == "truncated weights":
+        weights = checkpoint.directory / "model.pt"
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        state_file = checkpoint.directory / "state.json"
+        state = json.loads(state_file.read_text())
+        del state["losses"]
+        state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    again, logged, _ = _checkpointed_training(tiny_bert_dir, checkpoint)
+    err = capsys.readouterr().err
+    assert "discarding the work checkpoint" in err and "damaged" in err and "resuming" not in err
+    assert again == losses and [step for step, _, _ in logged] == list(range(1, 9))

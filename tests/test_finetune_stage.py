@@ -385,3 +385,41 @@ def test_work_of_other_settings_is_discarded_not_resumed(finetuned, tmp_path, ti
     assert len(trained) == 2 and "discarding the work of an earlier run" in capsys.readouterr().err
     expected = finetuned[0] / "data" / "smoke" / "finetune" / "none"
     assert _files(root / "data" / "smoke" / "finetune" / "none") == _files(expected)
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "mined negatives cut mid-line"])
+def test_a_damaged_finished_phase_runs_again(finetuned, tmp_path, tiny_bert_dir, shared_mlflow_store, monkeypatch,
+                                             capsys, damage):
+    """A finished phase whose files cannot be used (a disk fault, a copy cut short) is discarded with the
+    reason and run again; the output is still what an uninterrupted run writes."""
+    from qac.train import finetune, groups, mining
+
+    root = tmp_path / "study"
+    trained = []
+    original = finetune.train_biencoder
+    monkeypatch.setattr(finetune, "train_biencoder",
+                        lambda *a, **k: trained.append(k["checkpoint"].directory.parent.name) or original(*a, **k))
+    work = root / "data" / "smoke" / ".work" / "finetune" / "none"
+    with study_dir(root, tiny_bert_dir):
+        with monkeypatch.context() as patch:
+            if damage == "truncated weights":
+                patch.setattr(mining, "mine_with_retriever", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+            else:           # killed before retriever 2: retriever 1 and the mining are finished
+                patch.setattr(groups, "retriever2_negatives", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+            with pytest.raises(KeyboardInterrupt):
+                load_stage("finetune").main(["--variant", "none"])
+        if damage == "truncated weights":
+            weights = next((work / "r1" / "result" / "model").glob("*.safetensors"))
+            weights.write_bytes(weights.read_bytes()[:1000])
+            phase = "r1"
+        else:
+            mined = work / "mined" / "result" / "mined_negatives.jsonl"
+            mined.write_text(mined.read_text()[:-20])
+            phase = "mined"
+        capsys.readouterr()
+        load_stage("finetune").main(["--variant", "none"])
+    err = capsys.readouterr().err
+    assert f"discarding {work / phase / 'result'}" in err and f"{phase} runs again" in err
+    assert trained == (["r1", "r1", "r2"] if phase == "r1" else ["r1", "r2"])
+    expected = finetuned[0] / "data" / "smoke" / "finetune" / "none"
+    assert _files(root / "data" / "smoke" / "finetune" / "none") == _files(expected)

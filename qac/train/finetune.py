@@ -234,6 +234,9 @@ def resume_state(checkpoint: WorkCheckpoint | None, rank: int) -> dict | None:
     state = read_state(checkpoint.directory)
     if state is None:
         return None
+    if "damaged" not in state and not (isinstance(state.get("step"), int) and isinstance(state.get("losses"), list)
+                                       and isinstance(state.get("history"), list)):
+        state = {"damaged": f"{checkpoint.directory / 'state.json'} lacks its step, losses or logged steps"}
     if "damaged" not in state and state.get("fingerprint") == checkpoint.fingerprint:
         return state
     if rank == 0:
@@ -292,7 +295,7 @@ def train_biencoder(
 
     from qac.console import progress
     from qac.models.losses import all_reduce_sum
-    from qac.train.checkpoint import load_checkpoint, save_checkpoint
+    from qac.train.checkpoint import DamagedCheckpoint, load_checkpoint, save_checkpoint
     from qac.train.step_log import THROUGHPUT
     from qac.train.throughput import ThroughputWindow, peak_flops
 
@@ -301,9 +304,18 @@ def train_biencoder(
     start = 0
     state = resume_state(checkpoint, rank)
     if state is not None:
-        state = load_checkpoint(checkpoint.directory, model=model, optimizer=optimizer, scheduler=scheduler,
-                                scaler=scaler, device=device, rank=rank)
-        start, losses, history = state["step"], list(state["losses"]), list(state["history"])
+        try:
+            state = load_checkpoint(checkpoint.directory, model=model, optimizer=optimizer, scheduler=scheduler,
+                                    scaler=scaler, device=device, rank=rank)
+            start, losses, history = state["step"], list(state["losses"]), list(state["history"])
+        except DamagedCheckpoint as damaged:      # every file is read before any state is set: start over
+            if rank == 0:
+                import sys
+
+                print(f"fine-tune: discarding the work checkpoint in {checkpoint.directory}: it is damaged "
+                      f"({damaged})", file=sys.stderr)
+            state, start, losses, history = None, 0, [], []
+    if state is not None:
         if rank == 0:
             import sys
 

@@ -210,16 +210,64 @@ class RecipeWork:
     def result(self, phase: str) -> Path:
         return self.folder / phase / "result"
 
+    # What a finished phase holds; a result missing one of them (or with one that cannot be read) is damaged.
+    PHASE_FILES = {"r1": ("model", "training.json"), "r2": ("model", "training.json"),
+                   "mined": ("mined_negatives.jsonl", "r1_runs")}
+
     def done(self, phase: str) -> bool:
-        """Whether ``phase`` finished in an earlier run (decided on the main process, known to all)."""
+        """Whether ``phase`` finished in an earlier run (decided on the main process, known to all). A result
+        that cannot be used (a file missing or unreadable: a disk fault, a copy cut short) is discarded,
+        saying why, and the phase runs again."""
+        import shutil
         import sys
 
         from qac.distributed import broadcast_object
 
-        finished = broadcast_object(lambda: self.result(phase).is_dir())
-        if finished and self.main:
-            print(f"finetune: {phase} taken as an earlier run finished it ({self.result(phase)})", file=sys.stderr)
-        return finished
+        def check() -> bool:
+            result = self.result(phase)
+            if not result.is_dir():
+                return False
+            problem = self._problem(phase)
+            if problem is None:
+                print(f"finetune: {phase} taken as an earlier run finished it ({result})", file=sys.stderr)
+                return True
+            print(f"finetune: discarding {result}: {problem}; {phase} runs again", file=sys.stderr)
+            shutil.rmtree(result, ignore_errors=True)
+            return False
+
+        return broadcast_object(check)
+
+    def _problem(self, phase: str) -> str | None:
+        import json
+
+        result = self.result(phase)
+        missing = [name for name in self.PHASE_FILES[phase] if not (result / name).exists()]
+        if missing:
+            return f"{', '.join(missing)} missing"
+        try:
+            if phase == "mined":
+                from qac.train.groups import read_negatives
+
+                read_negatives(result / "mined_negatives.jsonl")
+            else:
+                training = json.loads((result / "training.json").read_text(encoding="utf-8"))
+                if not (isinstance(training, dict) and isinstance(training.get("losses"), list)
+                        and isinstance(training.get("history"), list)):
+                    return "training.json lacks its losses or logged steps"
+                from qac.models.encoding import read_encoding
+
+                read_encoding(result / "model")
+                weights = sorted((result / "model").glob("*.safetensors"))
+                if not weights:
+                    return "model/ holds no weights"
+                for path in weights:
+                    weights_problem = _safetensors_problem(path)
+                    if weights_problem:
+                        return weights_problem
+        except (OSError, ValueError) as error:      # DataFormatError and JSON errors are ValueErrors
+            return f"it cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+        return None
+
 
     def checkpoint(self, phase: str, run_id: str | None, on_resume) -> "WorkCheckpoint":
         from qac.train.finetune import WorkCheckpoint
@@ -234,6 +282,18 @@ class RecipeWork:
         with atomic_path(self.result(phase), directory=True) as tmp:
             model.save(tmp / "model", tokenizer, **encoding)
             write_json(tmp / "training.json", training)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a weights file cannot be loaded (its header and sizes checked, as loading checks them), or None."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as error:      # noqa: BLE001 - safetensors raises its own error type for every fault
+        return f"{path.name} cannot be read ({str(error).splitlines()[0][:200]})"
+    return None
 
 
 def loss_fact(name: str, losses: list[float]) -> str:
