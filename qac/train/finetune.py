@@ -16,6 +16,7 @@ batches, for any number of workers.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -225,8 +226,6 @@ class WorkCheckpoint:
 def resume_state(checkpoint: WorkCheckpoint | None, rank: int) -> dict | None:
     """The checkpoint's ``state.json`` when it can be resumed; otherwise None (a stale or damaged one is said
     on the main process, and the run's first save replaces it)."""
-    import sys
-
     from qac.train.checkpoint import read_state
 
     if checkpoint is None:
@@ -310,15 +309,11 @@ def train_biencoder(
             start, losses, history = state["step"], list(state["losses"]), list(state["history"])
         except DamagedCheckpoint as damaged:      # every file is read before any state is set: start over
             if rank == 0:
-                import sys
-
                 print(f"fine-tune: discarding the work checkpoint in {checkpoint.directory}: it is damaged "
                       f"({damaged})", file=sys.stderr)
             state, start, losses, history = None, 0, [], []
     if state is not None:
         if rank == 0:
-            import sys
-
             print(f"fine-tune: resuming from step {start} of {total_steps} ({checkpoint.directory})", file=sys.stderr)
             if checkpoint.on_resume is not None:
                 checkpoint.on_resume({"from_step": start, "previous_run_id": state.get("mlflow_run_id")})

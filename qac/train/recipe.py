@@ -186,7 +186,6 @@ class RecipeWork:
     folder: Path
     fingerprint: str
     checkpoint_every: int
-    main: bool = True
 
     @classmethod
     def open(cls, folder: Path, fingerprint: str, checkpoint_every: int, dist) -> "RecipeWork":
@@ -205,7 +204,7 @@ class RecipeWork:
             folder.mkdir(parents=True, exist_ok=True)
             stamp.write_text(fingerprint + "\n", encoding="utf-8")
         barrier()
-        return cls(folder, fingerprint, checkpoint_every, dist.is_main)
+        return cls(folder, fingerprint, checkpoint_every)
 
     def result(self, phase: str) -> Path:
         return self.folder / phase / "result"
@@ -267,7 +266,6 @@ class RecipeWork:
         except (OSError, ValueError) as error:      # DataFormatError and JSON errors are ValueErrors
             return f"it cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
         return None
-
 
     def checkpoint(self, phase: str, run_id: str | None, on_resume) -> "WorkCheckpoint":
         from qac.train.finetune import WorkCheckpoint
