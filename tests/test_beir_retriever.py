@@ -191,3 +191,43 @@ def test_the_stage_trains_and_scores_the_zero_shot_retriever_only_for_beir(retri
     assert source is not None and record is not None and source.run_id == record["run_id"]
     assert math.isclose(source.metric("tiny", "test", "nDCG@10"), metrics[variant]["tiny"]["test"]["nDCG@10"],
                         rel_tol=1e-9)
+
+
+def test_a_killed_stage_keeps_its_trained_retriever_and_writes_what_an_uninterrupted_run_writes(
+        tmp_path, monkeypatch, tiny_bert_dir, mlflow_store, capsys):
+    """Killed while evaluating: the trained retriever stays in the work folder; the rerun trains nothing,
+    evaluates, and writes the uninterrupted run's files byte for byte; the work folder then goes."""
+    from qac.stages import retrievers
+    from qac.train import finetune
+    from test_release_data import load_stage
+
+    trained = []
+    original = finetune.train_biencoder
+    monkeypatch.setattr(finetune, "train_biencoder", lambda *a, **k: trained.append(1) or original(*a, **k))
+
+    def project(root):
+        root.mkdir()
+        beir_project(root, monkeypatch, tiny_bert_dir, "beir")
+        prepare = load_stage("prepare")
+        for name in ("marco", "tiny"):
+            prepare.main(["--dataset", name])
+        return root / "data" / "test"
+
+    data = project(tmp_path / "uninterrupted")
+    load_stage("beir_retriever").main([])
+    expected = {p.relative_to(data / "beir").as_posix(): p.read_bytes()
+                for p in sorted((data / "beir").rglob("*")) if p.is_file()}
+    assert len(trained) == 1
+
+    data = project(tmp_path / "killed")
+    with monkeypatch.context() as patch:
+        patch.setattr(retrievers, "evaluate_retriever_on", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            load_stage("beir_retriever").main([])
+    assert not (data / "beir").exists() and len(trained) == 2
+    capsys.readouterr()
+    load_stage("beir_retriever").main([])
+    assert len(trained) == 2 and "encoder taken as an earlier run finished it" in capsys.readouterr().err
+    assert {p.relative_to(data / "beir").as_posix(): p.read_bytes()
+            for p in sorted((data / "beir").rglob("*")) if p.is_file()} == expected
+    assert not (data / ".work" / "beir_retriever").exists()

@@ -359,8 +359,9 @@ class FinetuneSection(Section):
     dtype: DType = Field(description="autocast on GPU: bf16 (fp16 without bf16); CPU runs fp32 unless bf16 is set")
     log_every: PositiveInt = Field(description="steps between loss / lr metrics")
     checkpoint_every: NonNegativeInt = Field(
-        description="steps between work checkpoints of a retriever's training (0: none); a killed stage resumes "
-                    "from the last one and keeps the phases it finished (r1, mining, r2)")
+        description="steps between work checkpoints of a retriever's training, fine-tuning's and Table 2's "
+                    "zero-shot retriever's (0: none); a killed stage resumes from the last one and keeps the "
+                    "phases it finished (r1, mining, r2; each zero-shot retriever trained)")
     encode_batch_size: PositiveInt = Field(
         description="texts per forward pass when retriever 1 encodes the corpus for mining")
     loader_workers: NonNegativeInt = Field(

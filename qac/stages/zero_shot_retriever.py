@@ -15,12 +15,16 @@ similarity: unit-length vectors for cosine). Writes, as one unit,
 ``data/<profile>/beir/<variant>/encoder/`` (its MLflow run, recorded under
 ``data/<profile>/.runs/``, nests under the pre-training run and holds the
 evaluation's metrics) and ``data/<profile>/beir/<variant>/eval/<dataset>/<split>.per_query.json``
-and ``.trec``, plus ``data/<profile>/metrics/beir.json``.
+and ``.trec``, plus ``data/<profile>/metrics/beir.json``. A killed run loses no
+training: each variant's retriever is kept in ``data/<profile>/.work/beir_retriever/<variant>/``
+once trained, and checkpointed while it trains (every ``finetune.checkpoint_every``
+steps; :class:`qac.train.recipe.RecipeWork`); the rerun evaluates again.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,7 +67,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
     from qac.models.encoding import read_encoding
     from qac.retrieval import document_text
     from qac.tracking.lifecycle import Upstream, reopened_stage
-    from qac.train.recipe import train_retriever
+    from qac.train.recipe import RecipeWork, recipe_fingerprint, train_retriever
     from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
 
     root = profile_dir(params)
@@ -96,6 +100,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
     passage_text = {doc_id: document_text("", doc.text, " ") for doc_id, doc in dataset.corpus.items()}
 
     dist = init_distributed()
+    work_root = root / ".work" / "beir_retriever"
     summary: dict[str, dict] = {}
     try:
         with atomic_path(out_dir, directory=True) as staging:
@@ -104,6 +109,11 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
                 start = starts[variant]
                 folder = staging / variant
                 folder.mkdir(parents=True, exist_ok=True)
+                # A retriever trained before a kill is kept there, and one in training continues from its checkpoint.
+                inputs = {"encoder": start, "dataset": dataset_dir, "negatives": Path(facts["source"])}
+                work = RecipeWork.open(work_root / variant, recipe_fingerprint(params, variant, inputs,
+                                                                               section_key="beir_retriever"),
+                                       params.finetune.checkpoint_every, dist)
                 # The pre-training run, when this store holds it; else the run nests under the study run.
                 model, tokenizer, _, losses, _ = train_retriever(
                     "encoder", negatives, variant=variant, params=params, settings=settings, dataset=dataset,
@@ -111,7 +121,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
                     parent=Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}"), staging=folder,
                     out_dir=out_dir / variant, root=root, dist=dist,
                     inputs={"encoder": start, "dataset": dataset_dir}, section_key="beir_retriever",
-                    stage="beir_retriever")
+                    stage="beir_retriever", work=work)
                 # Encoded as its saved folder says (only the main process saves it; the others hold the same model).
                 encoding = (read_encoding(folder / "encoder") if dist.is_main
                             else model.encoding(settings.query_max_len, settings.corpus_length))
@@ -134,6 +144,9 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
                 summary[variant]["train"] = {"steps": len(losses), **facts}
                 del model
             (staging / "variants.json").write_text(json.dumps(variants) + "\n", encoding="utf-8")
+        # The output is in place (renamed whole): only now may the work go.
+        if dist.is_main:
+            shutil.rmtree(work_root, ignore_errors=True)
     finally:
         cleanup()
     write_json(metrics_path, summary)

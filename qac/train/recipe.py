@@ -154,9 +154,10 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
 NOT_SHAPING = ("log_every", "loader_workers", "prefetch_batches", "checkpoint_every")
 
 
-def recipe_fingerprint(params: Params, variant: str, inputs: Mapping[str, Path]) -> str:
-    """Hash of what shapes the recipe's outputs: the ``finetune`` settings, the variant's seed, the runs'
-    depth and the MD5 of every input (the pre-trained encoder, the BM25 negatives, the dataset)."""
+def recipe_fingerprint(params: Params, variant: str, inputs: Mapping[str, Path], section_key: str = "finetune") -> str:
+    """Hash of what shapes a recipe's outputs: its settings (``finetune``, or ``beir_retriever`` for Table 2's
+    zero-shot retriever), the seeds, the runs' depth and the MD5 of every input (the pre-trained encoder,
+    the negatives, the dataset)."""
     import hashlib
     import json
 
@@ -164,8 +165,8 @@ def recipe_fingerprint(params: Params, variant: str, inputs: Mapping[str, Path])
     from qac.distributed import broadcast_object
     from qac.io import path_md5
 
-    shaping = {"finetune": {key: value for key, value in params.finetune.items() if key not in NOT_SHAPING},
-               "seed": variant_seed(params, variant), "depth": params.evaluate.depth,
+    shaping = {section_key: {key: value for key, value in params[section_key].items() if key not in NOT_SHAPING},
+               "seed": params.seed, "variant_seed": variant_seed(params, variant), "depth": params.evaluate.depth,
                "train_dataset": params.train_dataset,
                "inputs_md5": broadcast_object(lambda: {name: path_md5(path) for name, path in inputs.items()})}
     return hashlib.md5(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
@@ -173,9 +174,10 @@ def recipe_fingerprint(params: Params, variant: str, inputs: Mapping[str, Path])
 
 @dataclass
 class RecipeWork:
-    """The recipe's work folder, ``data/<profile>/.work/finetune/<variant>/`` (DVC does not see it).
+    """A recipe's work folder, ``data/<profile>/.work/finetune/<variant>/`` (``.work/beir_retriever/<variant>/``
+    for Table 2's zero-shot retriever; DVC sees neither).
 
-    Each finished phase (``r1``, ``mined``, ``r2``) is a folder ``<phase>/result`` renamed into place
+    Each finished phase (``r1``, ``mined``, ``r2``; ``encoder``) is a folder ``<phase>/result`` renamed into place
     whole; each retriever's training saves its step checkpoint in ``<phase>/checkpoint`` every
     ``checkpoint_every`` steps. A run of the same fingerprint takes the finished phases as they are and
     continues an unfinished retriever from its checkpoint, so a killed stage loses at most
@@ -209,9 +211,10 @@ class RecipeWork:
     def result(self, phase: str) -> Path:
         return self.folder / phase / "result"
 
-    # What a finished phase holds; a result missing one of them (or with one that cannot be read) is damaged.
-    PHASE_FILES = {"r1": ("model", "training.json"), "r2": ("model", "training.json"),
-                   "mined": ("mined_negatives.jsonl", "r1_runs")}
+    # What a finished phase holds (a trained retriever's, unless named here); a result missing one of them,
+    # or with one that cannot be read, is damaged.
+    PHASE_FILES = {"mined": ("mined_negatives.jsonl", "r1_runs")}
+    RETRIEVER_FILES = ("model", "training.json")
 
     def done(self, phase: str) -> bool:
         """Whether ``phase`` finished in an earlier run (decided on the main process, known to all). A result
@@ -240,7 +243,7 @@ class RecipeWork:
         import json
 
         result = self.result(phase)
-        missing = [name for name in self.PHASE_FILES[phase] if not (result / name).exists()]
+        missing = [name for name in self.PHASE_FILES.get(phase, self.RETRIEVER_FILES) if not (result / name).exists()]
         if missing:
             return f"{', '.join(missing)} missing"
         try:
