@@ -227,7 +227,8 @@ def test_a_killed_stage_keeps_its_trained_retriever_and_writes_what_an_uninterru
     assert not (data / "beir").exists() and len(trained) == 2
     capsys.readouterr()
     load_stage("beir_retriever").main([])
-    assert len(trained) == 2 and "encoder taken as an earlier run finished it" in capsys.readouterr().err
+    assert len(trained) == 2
+    assert "beir_retriever: encoder taken as an earlier run finished it" in capsys.readouterr().err
     assert {p.relative_to(data / "beir").as_posix(): p.read_bytes()
             for p in sorted((data / "beir").rglob("*")) if p.is_file()} == expected
     assert not (data / ".work" / "beir_retriever").exists()

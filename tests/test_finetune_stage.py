@@ -365,17 +365,23 @@ def test_a_stage_killed_after_retriever_one_resumes_without_training_it_again(fi
     assert earlier != run.info.run_id and client.get_run(earlier).data.tags["qac.continued_by"] == run.info.run_id
 
 
+@pytest.mark.parametrize("left", ["another run's work", "an unreadable fingerprint", "a file"])
 def test_work_of_other_settings_is_discarded_not_resumed(finetuned, tmp_path, tiny_bert_dir, shared_mlflow_store,
-                                                        monkeypatch, capsys):
-    """A work folder left by a run of other settings is cleared (and said so); the run trains both retrievers."""
+                                                        monkeypatch, capsys, left):
+    """A work folder left by a run of other settings (or that cannot be trusted) is cleared, and said so;
+    the run trains both retrievers."""
     from qac.config import write_params
     from qac.train import finetune
 
     root = tmp_path / "study"
     with study_dir(root, tiny_bert_dir) as params:
         stale = root / "data" / "smoke" / ".work" / "finetune" / "none"
-        (stale / "r1" / "result" / "model").mkdir(parents=True)
-        (stale / "fingerprint").write_text("another run's\n")
+        if left == "a file":
+            stale.parent.mkdir(parents=True)
+            stale.write_text("not a folder\n")
+        else:
+            (stale / "r1" / "result" / "model").mkdir(parents=True)
+            (stale / "fingerprint").write_bytes(b"another run's\n" if left == "another run's work" else b"\xff\xfe\x00")
         trained = []
         original = finetune.train_biencoder
         monkeypatch.setattr(finetune, "train_biencoder",

@@ -113,7 +113,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
                 inputs = {"encoder": start, "dataset": dataset_dir, "negatives": Path(facts["source"])}
                 work = RecipeWork.open(work_root / variant, recipe_fingerprint(params, variant, inputs,
                                                                                section_key="beir_retriever"),
-                                       params.finetune.checkpoint_every, dist)
+                                       params.finetune.checkpoint_every, dist, stage="beir_retriever")
                 # The pre-training run, when this store holds it; else the run nests under the study run.
                 model, tokenizer, _, losses, _ = train_retriever(
                     "encoder", negatives, variant=variant, params=params, settings=settings, dataset=dataset,

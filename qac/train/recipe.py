@@ -188,9 +188,11 @@ class RecipeWork:
     folder: Path
     fingerprint: str
     checkpoint_every: int
+    stage: str = "finetune"         # what its messages are signed with
 
     @classmethod
-    def open(cls, folder: Path, fingerprint: str, checkpoint_every: int, dist) -> "RecipeWork":
+    def open(cls, folder: Path, fingerprint: str, checkpoint_every: int, dist,
+             stage: str = "finetune") -> "RecipeWork":
         import shutil
         import sys
 
@@ -198,15 +200,22 @@ class RecipeWork:
 
         if dist.is_main:
             stamp = folder / "fingerprint"
-            found = stamp.read_text(encoding="utf-8").strip() if stamp.is_file() else None
-            if folder.exists() and found != fingerprint:
-                print(f"finetune: discarding the work of an earlier run in {folder}: "
-                      f"{'settings or inputs changed' if found else 'it has no fingerprint'}", file=sys.stderr)
-                shutil.rmtree(folder)
+            try:
+                found = stamp.read_text(encoding="utf-8").strip() if stamp.is_file() else None
+            except (OSError, ValueError):          # unreadable: the work cannot be trusted
+                found = None
+            if (folder.exists() or folder.is_symlink()) and found != fingerprint:
+                print(f"{stage}: discarding the work of an earlier run in {folder}: "
+                      f"{'settings or inputs changed' if found else 'it has no readable fingerprint'}",
+                      file=sys.stderr)
+                if folder.is_dir() and not folder.is_symlink():
+                    shutil.rmtree(folder)
+                else:                               # a file (or a link) where the folder belongs
+                    folder.unlink()
             folder.mkdir(parents=True, exist_ok=True)
             stamp.write_text(fingerprint + "\n", encoding="utf-8")
         barrier()
-        return cls(folder, fingerprint, checkpoint_every)
+        return cls(folder, fingerprint, checkpoint_every, stage)
 
     def result(self, phase: str) -> Path:
         return self.folder / phase / "result"
@@ -231,9 +240,9 @@ class RecipeWork:
                 return False
             problem = self._problem(phase)
             if problem is None:
-                print(f"finetune: {phase} taken as an earlier run finished it ({result})", file=sys.stderr)
+                print(f"{self.stage}: {phase} taken as an earlier run finished it ({result})", file=sys.stderr)
                 return True
-            print(f"finetune: discarding {result}: {problem}; {phase} runs again", file=sys.stderr)
+            print(f"{self.stage}: discarding {result}: {problem}; {phase} runs again", file=sys.stderr)
             shutil.rmtree(result, ignore_errors=True)
             return False
 
