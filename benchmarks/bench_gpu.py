@@ -106,8 +106,9 @@ class Results:
                 Path(tmp).write_text(text, encoding="utf-8")
 
 
-class SectionStopped(Exception):
-    """A section ran past its wall-clock cap (a hung kernel or a slow path must not take the run)."""
+class SectionStopped(BaseException):
+    """A section ran past its wall-clock cap (a hung kernel or a slow path must not take the run). Not an
+    ``Exception``: the handlers that keep a section's other rows going past a failed one let it through."""
 
 
 @contextlib.contextmanager
@@ -137,7 +138,7 @@ def run_section(results: Results, name: str, function, budget_s: float, cap_s: f
     try:
         with wall_cap(cap_s):
             figures = {"status": "done", **function(budget_s)}
-    except Exception as error:          # noqa: BLE001 - a failed section must not lose the others
+    except (Exception, SectionStopped) as error:     # noqa: BLE001 - a failed section must not lose the others
         partial = results.data["sections"].get(name) or {}
         figures = {**{k: v for k, v in partial.items() if k != "status"}, "status": "failed",
                    "error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-4000:]}
@@ -332,8 +333,6 @@ def pretrain_section(args, device, tokenizer, triples, peak, progress):
                     step = FullBatchStep(model, device, dtype_release if release else dtype_ours)
                     row.update(step_figures(step, optimizer, batches, device, share, peak, pairs))
                 except Exception as error:      # noqa: BLE001 - the other configurations still run
-                    if isinstance(error, SectionStopped):
-                        raise
                     row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
                     optimizer.zero_grad(set_to_none=True)
                     release_memory()
@@ -679,8 +678,6 @@ def generation_section(args, device, tokenizer, triples, progress):
                 row.update({"passages": done, "seconds": seconds, "passages/s": done / seconds,
                             "mean tokens/query": tokens / (done * settings.queries_per_passage)})
             except Exception as error:          # noqa: BLE001 - the other settings still run
-                if isinstance(error, SectionStopped):
-                    raise
                 row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
                 release_memory()
             rows.append(row)
@@ -699,8 +696,9 @@ def generation_section(args, device, tokenizer, triples, progress):
 
 def compile_section(args, device, tokenizer, triples, peak, progress):
     """``torch.compile`` of the coCondenser and CoT-MAE steps on batches padded to ``max_len`` (passages) and
-    the query limit (queries): one shape, one compilation; the first step (compilation) apart from the steady step, against eager, with the counted
-    FLOPs' utilisation of both. Rows are recorded as each method finishes."""
+    the query limit (queries): one shape, one compilation. The first step (compilation) apart from the
+    steady step, against eager, with the counted FLOPs' utilisation of both. Rows are recorded as each
+    method finishes."""
     def section(budget_s):
         from qac.models.grad_cache import FullBatchStep
 
@@ -736,8 +734,6 @@ def compile_section(args, device, tokenizer, triples, peak, progress):
                                 "compiled MFU": flops * real_share / compiled["median_s"] / peak})
                 del model, optimizer, module, batches
             except Exception as error:          # noqa: BLE001 - the other method still runs
-                if isinstance(error, SectionStopped):
-                    raise
                 row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
             rows.append(row)
             print(f"  {row}", flush=True)

@@ -47,6 +47,17 @@ def bare_environment(tmp_path: Path, clone: Path) -> dict:
             "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+@pytest.fixture
+def bench_gpu():
+    """The benchmark script as a module (its folder on the path only while it is imported)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_gpu
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return bench_gpu
+
+
 @pytest.mark.slow
 def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     clone = tmp_path / "x"
@@ -101,13 +112,8 @@ def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     assert "<!-- bench:gpu -->" in text and "### Exact search" in text
 
 
-def test_a_failed_section_keeps_the_others(tmp_path):
+def test_a_failed_section_keeps_the_others(bench_gpu, tmp_path):
     """A section that raises records its error; the sections before it keep their figures."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_gpu
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
     results = bench_gpu.Results(tmp_path, {"device": "cpu", "peak_flops": None, "date": "today", "machine": "m",
                                            "model": "tiny", "text": "synthetic", "dry_run": True})
     bench_gpu.run_section(results, "encoding", lambda budget: {"passages/s": 10.0}, 1.0)
@@ -123,14 +129,9 @@ def test_a_failed_section_keeps_the_others(tmp_path):
     assert "failed after" in markdown and "| 10 |" in markdown
 
 
-def test_a_section_past_its_cap_stops_and_keeps_its_rows(tmp_path):
+def test_a_section_past_its_cap_stops_and_keeps_its_rows(bench_gpu, tmp_path):
     """A section that runs past its wall cap is stopped there; the rows it recorded on the way are kept
     and shown, and the next section runs."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_gpu
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
     results = bench_gpu.Results(tmp_path, {"device": "cpu", "peak_flops": None, "date": "today", "machine": "m",
                                            "model": "tiny", "text": "synthetic", "dry_run": True})
 
@@ -149,13 +150,8 @@ def test_a_section_past_its_cap_stops_and_keeps_its_rows(tmp_path):
     assert "| first | 3.5 |" in (tmp_path / "bench_gpu.md").read_text(encoding="utf-8")
 
 
-def test_publishing_merges_a_rerun_of_some_sections(tmp_path):
+def test_publishing_merges_a_rerun_of_some_sections(bench_gpu, tmp_path):
     """Sections rerun later replace the first run's, each keeping its date; files of two devices are refused."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_gpu
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
     header = {"device": "NVIDIA H200", "peak_flops": 989e12, "machine": "m", "model": "m", "text": "t",
               "dry_run": False}
     first = {**header, "date": "day 1", "command": "a", "sections": {
@@ -182,12 +178,7 @@ def test_publishing_merges_a_rerun_of_some_sections(tmp_path):
 @pytest.mark.parametrize("content, said", [(None, "cannot be read"), ("{not json", "is not JSON"),
                                            ('{"device": "x"}', "not a bench_gpu results file (no date, sections)"),
                                            ("[1, 2]", "not a bench_gpu results file")])
-def test_publishing_a_file_that_is_not_results_stops_in_one_line(tmp_path, content, said):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_gpu
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+def test_publishing_a_file_that_is_not_results_stops_in_one_line(bench_gpu, tmp_path, content, said):
     path = tmp_path / "bench_gpu.json"
     if content is not None:
         path.write_text(content, encoding="utf-8")

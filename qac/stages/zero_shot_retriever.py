@@ -67,7 +67,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
     from qac.models.encoding import read_encoding
     from qac.retrieval import document_text
     from qac.tracking.lifecycle import Upstream, reopened_stage
-    from qac.train.recipe import RecipeWork, recipe_fingerprint, train_retriever
+    from qac.train.recipe import RecipeWork, input_hashes, recipe_fingerprint, train_retriever
     from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
 
     root = profile_dir(params)
@@ -101,6 +101,8 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
 
     dist = init_distributed()
     work_root = root / ".work" / "beir_retriever"
+    # What every variant's retriever reads besides its own start, hashed once for their work fingerprints.
+    shared_md5 = input_hashes({"dataset": dataset_dir, "negatives": Path(facts["source"])})
     summary: dict[str, dict] = {}
     try:
         with atomic_path(out_dir, directory=True) as staging:
@@ -110,8 +112,8 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
                 folder = staging / variant
                 folder.mkdir(parents=True, exist_ok=True)
                 # A retriever trained before a kill is kept there, and one in training continues from its checkpoint.
-                inputs = {"encoder": start, "dataset": dataset_dir, "negatives": Path(facts["source"])}
-                work = RecipeWork.open(work_root / variant, recipe_fingerprint(params, variant, inputs,
+                inputs_md5 = {**shared_md5, **input_hashes({"encoder": start})}
+                work = RecipeWork.open(work_root / variant, recipe_fingerprint(params, variant, inputs_md5,
                                                                                section_key="beir_retriever"),
                                        params.finetune.checkpoint_every, dist, stage="beir_retriever")
                 # The pre-training run, when this store holds it; else the run nests under the study run.

@@ -154,21 +154,27 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
 NOT_SHAPING = ("log_every", "loader_workers", "prefetch_batches", "checkpoint_every")
 
 
-def recipe_fingerprint(params: Params, variant: str, inputs: Mapping[str, Path], section_key: str = "finetune") -> str:
+def input_hashes(inputs: Mapping[str, Path]) -> dict[str, str]:
+    """MD5 of each input file or folder (the hashes DVC uses), computed on the main process, known to all."""
+    from qac.distributed import broadcast_object
+    from qac.io import path_md5
+
+    return broadcast_object(lambda: {name: path_md5(path) for name, path in inputs.items()})
+
+
+def recipe_fingerprint(params: Params, variant: str, inputs_md5: Mapping[str, str],
+                       section_key: str = "finetune") -> str:
     """Hash of what shapes a recipe's outputs: its settings (``finetune``, or ``beir_retriever`` for Table 2's
-    zero-shot retriever), the seeds, the runs' depth and the MD5 of every input (the pre-trained encoder,
-    the negatives, the dataset)."""
+    zero-shot retriever), the seeds, the runs' depth and the MD5 of every input (:func:`input_hashes`: the
+    pre-trained encoder, the negatives, the dataset)."""
     import hashlib
     import json
 
     from qac.config import variant_seed
-    from qac.distributed import broadcast_object
-    from qac.io import path_md5
 
     shaping = {section_key: {key: value for key, value in params[section_key].items() if key not in NOT_SHAPING},
                "seed": params.seed, "variant_seed": variant_seed(params, variant), "depth": params.evaluate.depth,
-               "train_dataset": params.train_dataset,
-               "inputs_md5": broadcast_object(lambda: {name: path_md5(path) for name, path in inputs.items()})}
+               "train_dataset": params.train_dataset, "inputs_md5": dict(inputs_md5)}
     return hashlib.md5(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -369,7 +375,8 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
 
     dist = init_distributed()
     out_dir = root / "finetune" / variant
-    work = RecipeWork.open(root / ".work" / "finetune" / variant, recipe_fingerprint(params, variant, inputs),
+    work = RecipeWork.open(root / ".work" / "finetune" / variant,
+                           recipe_fingerprint(params, variant, input_hashes(inputs)),
                            section.checkpoint_every, dist)
     # The pre-training run, when this store holds it; else the runs nest under the study run.
     common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
