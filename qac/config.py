@@ -44,22 +44,52 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The full parameter set of profile ``name``: base merged with the profile's overrides."""
+    """The full parameter set of profile ``name``: base merged with the profile's overrides, checked.
+
+    A problem is named at the file and line that wrote the key: ``profiles/<name>.yaml`` where the
+    profile sets it, else ``profiles/base.yaml``; nothing is rendered from a profile that breaks the schema.
+    """
+    from qac.params.errors import ParamsError, Problem
+    from qac.params.validation import validate_params
+    from qac.params.yaml_io import key_lines, read_params_file
+
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
     profiles_dir = Path(profiles_dir or profiles_root())
-    base = read_yaml((profiles_dir / "base.yaml").read_text(encoding="utf-8"))
-    override = read_yaml((profiles_dir / f"{name}.yaml").read_text(encoding="utf-8")) or {}
-    from qac.params.errors import ParamsError
-    from qac.params.yaml_io import key_lines
-
+    sources = []
+    for path in (profiles_dir / f"{name}.yaml", profiles_dir / "base.yaml"):
+        text, values = read_params_file(path)
+        if values is not None and not isinstance(values, dict):
+            raise ParamsError(path, [Problem("", f"expected a mapping of parameters, found a "
+                                                 f"{type(values).__name__}")])
+        sources.append((path, key_lines(text), values or {}))
+    (source, source_lines, override), (_, _, base) = sources
     try:
         params = expand_seeds(deep_merge(base, override))
     except ParamsError as error:        # named at the profile's own file, where a profile's seeds are written
-        source = profiles_dir / f"{name}.yaml"
-        raise ParamsError(source, error.problems, key_lines(source.read_text(encoding="utf-8"))) from None
+        raise ParamsError(source, error.problems, source_lines) from None
     params["profile"] = name
+    try:
+        validate_params(params)
+    except ParamsError as error:
+        raise _at_sources(error.problems, sources) from None
     return params
+
+
+def _at_sources(problems, sources) -> Exception:
+    """``problems`` of a rendered profile as a ParamsError naming, for each key, the first of ``sources``
+    (path, key lines, values) that writes it (a key neither writes, such as a missing one, is the profile's)."""
+    from qac.params.errors import ParamsError, line_of
+
+    places = {}
+    for problem in problems:
+        places[problem.key] = next(((path, line_of(lines, problem.key)) for path, lines, _ in sources
+                                    if line_of(lines, problem.key)), (sources[0][0], None))
+    paths = {path for path, _ in places.values()}
+    if len(paths) == 1:
+        path = paths.pop()
+        return ParamsError(path, problems, next(lines for source, lines, _ in sources if source == path))
+    return ParamsError(sources[0][0], problems, {key: place for key, place in places.items() if place[1]})
 
 
 SEED_SUFFIX = "-seed"

@@ -184,6 +184,10 @@ def user_error_message(error: BaseException) -> str | None:
         return str(error) + _rebuild_hint(error)
     if isinstance(error, SystemExit) and isinstance(error.code, str):
         return error.code
+    if isinstance(error, OSError):           # a model spec that names nothing fetchable here
+        from qac.model_specs import unloadable_model_message
+
+        return unloadable_model_message(error)
     return None
 
 

@@ -68,6 +68,74 @@ def positions_of_config(config: dict) -> int | None:
     return None
 
 
+def _spec_name(spec: str) -> str:
+    """The model a spec names: ``tiny:``/``scratch:`` specs build on ``<name>``."""
+    return spec.partition(":")[2] if spec.split(":", 1)[0] in ("tiny", "scratch") else spec
+
+
+def _written_as_path(name: str) -> bool:
+    # A hub name is 'name' or 'namespace/name'; these forms can only mean a folder.
+    return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
+
+
+def spec_problem(spec: str) -> str | None:
+    """Why ``spec`` can name nothing loadable (a folder written that is not there, a name no hub can
+    hold), else None; whether a valid hub name can be fetched is left to loading."""
+    name = _spec_name(spec)
+    if name in _LOCAL_MODEL_ALIASES:
+        return None
+    path = Path(name).expanduser()
+    if path.exists():
+        return None if path.is_dir() else f"{name!r} is a file; a model spec names a model folder"
+    if _written_as_path(name):
+        return (f"no such model folder {name!r} (written as a path; a hub name is 'name' or 'namespace/name')")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return (f"{name!r} is neither a folder here nor a possible hub name ('name' or 'namespace/name' of "
+                "letters, digits, '-', '_' and '.')")
+    return None
+
+
+# Where transformers keeps the name being loaded, in the frames of ``from_pretrained``.
+_LOADING_NAME = "pretrained_model_name_or_path"
+
+
+def unloadable_model_message(error: BaseException) -> str | None:
+    """One paragraph for a model that could not be fetched (not a folder here, not in the Hugging Face
+    cache, the hub unreachable or switched off), naming it; None for any other error."""
+    import os
+
+    try:
+        from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+    except ImportError:
+        return None
+    causes, seen = [], error
+    while seen is not None and len(causes) < 8:
+        causes.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if not any(isinstance(cause, (LocalEntryNotFoundError, HFValidationError, HfHubHTTPError)) for cause in causes):
+        return None
+    name = None
+    traceback = error.__traceback__
+    while traceback is not None:         # the innermost from_pretrained names the model
+        value = traceback.tb_frame.f_locals.get(_LOADING_NAME)
+        if isinstance(value, (str, os.PathLike)):
+            name = str(value)
+        traceback = traceback.tb_next
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+    reason = str(error).strip().splitlines()[0][:240] if str(error).strip() else type(error).__name__
+    return (f"cannot load the model {name!r}" if name else "cannot load a model") + (
+        f" ({reason}): it is not a folder here and not in the Hugging Face cache"
+        + (", and HF_HUB_OFFLINE=1 keeps the hub switched off" if offline else "")
+        + ". The params keys that name models are pretrain.common.init (and a variant's init), split.tokenizer, "
+          "query_generator.model, continuation.model, annotation.judge_model and reference_retrievers: point the "
+          "key at a local folder, `minilm` or a `tiny:`/`scratch:` spec, or fetch the model once where the hub "
+          "is reachable (`huggingface-cli download NAME`).")
+
+
 @functools.lru_cache(maxsize=64)
 def max_positions(spec: str) -> int | None:
     """Tokens (special tokens included) the model of ``spec`` reads at most, or None when unknown here."""

@@ -36,6 +36,17 @@ def checked_plain_name(name: str, what: str) -> str:
     return name
 
 
+OUTPUT_FOLDER_RULE = (f"{INSIDE_PATH_RULE}, or an absolute path without '.' or '..' components (a folder on "
+                      "another disk)")
+
+
+def is_output_folder(path: object) -> bool:
+    """A folder to write into: relative and inside the working folder ('../x' would write beside the
+    checkout), or absolute, a deliberate choice of another disk."""
+    return is_inside_path(path) or (isinstance(path, str) and path.startswith("/")
+                                    and is_inside_path(path.lstrip("/")))
+
+
 def is_inside_path(path: object) -> bool:
     """A relative path whose every component is a name: it cannot leave the folder it is joined to."""
     if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path or "\x00" in path:

@@ -53,6 +53,23 @@ def test_recorded_values_pass_and_every_cell_is_printed(project, capsys):
                          "tolerance, 0 outside, 0 missing (expected/smoke.yaml)")
 
 
+def test_recording_again_with_outputs_missing_keeps_the_file_and_names_the_cells(project, capsys):
+    """A rerun's expected file is tracked: a record that would drop cells because a variant's outputs are gone
+    is refused, not written."""
+    assert qac("--record") == 0
+    expected = project / "expected" / "smoke.yaml"
+    before = expected.read_bytes()
+    shutil.rmtree(project / "data" / PROFILE / "eval" / "cocondenser-query-q5")
+    capsys.readouterr()
+    assert qac("--record") == 2
+    err = capsys.readouterr().err
+    assert re.search(r"qac check: \d+ cells? of expected/smoke.yaml would be dropped because the outputs behind "
+                     r"them are missing", err), err
+    assert "is left as it is" in err and expected.read_bytes() == before
+    expected.unlink()                       # deleted first: what there is gets recorded
+    assert qac("--record") == 0
+
+
 def test_a_cell_moved_outside_its_tolerance_fails(project, capsys):
     assert qac("--record") == 0
     # coCondenser's query-context retriever 1: RR@10 0.3, 0.4, 0.5, 0.4 (mean 40) becomes 1.0 on every query:

@@ -232,6 +232,25 @@ def test_floats_as_dvc_writes_them_read_as_numbers(tmp_path, smoke):
      "parameter evaluate.zero_shot_retrievers: expected each entry once ('r1' is listed twice)"),
     (lambda p: p.update(reference_retrievers=["minilm", "minilm"]),
      "parameter reference_retrievers: expected each entry once ('minilm' is listed twice)"),
+    # seeds every generator takes: NumPy refuses negatives, torch's seed stops past 64 bits
+    (lambda p: p.update(seed=-1), "parameter seed: must be >= 0, found -1"),
+    (lambda p: p["pretrain"]["variants"]["cotmae-passage"].update(seed=2**70),
+     "parameter pretrain.variants.cotmae-passage.seed: must be < 4294967296"),
+    (lambda p: p["pretrain"]["variants"]["cotmae-passage"].update(seeds=[1, -2]),
+     "parameter pretrain.variants.cotmae-passage.seeds.1: must be >= 0"),
+    # folders written to: relative ones stay inside the working folder
+    (lambda p: p.update(data_dir="../elsewhere"), "parameter data_dir: expected a relative path inside its folder"),
+    (lambda p: p.update(data_dir=""), "parameter data_dir: expected a relative path inside its folder"),
+    (lambda p: p["hpo"].update(report_dir="reports/../../x"), "parameter hpo.report_dir: expected a relative path"),
+    # model specs that can name nothing: a folder written that is not there, a name no hub can hold
+    (lambda p: p["pretrain"]["common"].update(init="/nonexistent/model"),
+     "parameter pretrain.common.init: no such model folder '/nonexistent/model'"),
+    (lambda p: p["pretrain"]["variants"]["cotmae-passage"].update(init="scratch:./no/such/folder"),
+     "parameter pretrain.variants.cotmae-passage.init: no such model folder './no/such/folder'"),
+    (lambda p: p["split"].update(tokenizer="my tokenizer"),
+     "parameter split.tokenizer: 'my tokenizer' is neither a folder here nor a possible hub name"),
+    (lambda p: p["annotation"].update(judge_model=str(Path(__file__))),
+     "parameter annotation.judge_model: '" + str(Path(__file__)) + "' is a file; a model spec names a model folder"),
 ])
 def test_bad_parameters_of_every_kind_are_named(tmp_path, smoke, edit, expected):
     path = edited(tmp_path, smoke, edit)
@@ -260,6 +279,45 @@ def test_a_file_that_is_not_yaml_or_not_there_is_named(tmp_path):
     assert "not valid YAML at line" in str(refused(broken))
     assert "no such params file" in str(refused(tmp_path / "absent.yaml"))
     assert "is a folder, not a params file" in str(refused(tmp_path))
+
+
+def test_folders_outside_the_working_folder_are_taken_only_when_absolute(tmp_path, smoke):
+    """An absolute data folder is a deliberate choice of another disk; '..' is refused in either form."""
+    assert load_params(edited(tmp_path, smoke, lambda p: p.update(data_dir=str(tmp_path / "data")))).data_dir \
+        == str(tmp_path / "data")
+    assert "parameter data_dir" in str(refused(edited(tmp_path, smoke, lambda p: p.update(data_dir="/tmp/../etc"))))
+
+
+def test_a_params_file_not_utf8_names_the_line_and_column_of_the_byte(tmp_path, smoke):
+    path = edited(tmp_path, smoke, lambda p: None)
+    lines = path.read_bytes().split(b"\n")
+    number = next(i for i, line in enumerate(lines) if line.startswith(b"seed:"))
+    lines[number] = lines[number] + b"  # caf\xe9"
+    path.write_bytes(b"\n".join(lines))
+    message = str(refused(path))
+    assert message == (f"{path}: not UTF-8 text at line {number + 1}, column {len(lines[number])} (byte 0xe9); "
+                       "save the file as UTF-8")
+
+
+def test_nested_aliases_are_refused_before_they_expand(tmp_path):
+    """Nine aliases of nine aliases of ... reach millions of values from a dozen lines: refused at once."""
+    import time
+
+    rows = ["profile: smoke", "x0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    rows += [f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    path = tmp_path / "params.yaml"
+    path.write_text("\n".join(rows) + "\n")
+    started = time.monotonic()
+    message = str(refused(path))
+    assert time.monotonic() - started < 5
+    assert message.startswith(f"{path}: not valid YAML") and "aliases expand to more than 100,000 values" in message
+    assert read_yaml("a: &x {b: 1}\nc: *x\n") == {"a": {"b": 1}, "c": {"b": 1}}      # aliases as such are fine
+
+
+def test_an_hpo_report_folder_outside_the_working_folder_is_refused_before_the_study(tmp_path):
+    result = _run([sys.executable, "-m", "qac.cli", "hpo", "--report-only", "--report-dir", "../../x"], tmp_path, QAC_PROFILE="smoke")
+    assert result.returncode == 2 and "--report-dir '../../x': expected a relative path inside" in result.stdout
+    assert not (tmp_path.parent.parent / "x").exists()
 
 
 def test_a_key_written_twice_is_named_with_the_line_of_its_second_writing(tmp_path):
@@ -331,6 +389,22 @@ def test_a_variant_stage_refuses_an_unknown_variant_in_one_line(tmp_path, smoke,
     assert lines == [f"{stage}.py: error: unknown variant 'cotmae-pasage': not a key of pretrain.variants in the "
                      "params file; did you mean cotmae-passage?"], done.stderr
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("spec", ["models/not-in-this-cache", "tiny:nobody/not-in-this-cache"])
+def test_a_hub_model_that_cannot_be_fetched_is_one_paragraph_naming_it(spec, capsys, monkeypatch):
+    """A valid hub name neither here nor in the cache (the hub switched off): named where it fails to load."""
+    from qac.console import call_main
+    from qac.models.loading import load_tokenizer
+
+    monkeypatch.delenv("QAC_VERBOSE", raising=False)
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"          # the suite's setting (tests/conftest.py)
+    assert call_main(lambda: load_tokenizer(spec), prog="stage") == 2
+    err = capsys.readouterr().err
+    name = spec.partition(":")[2] or spec
+    assert err.startswith(f"stage: error: cannot load the model {name!r} (") and "Traceback" not in err
+    assert "not in the Hugging Face cache, and HF_HUB_OFFLINE=1 keeps the hub switched off" in err
+    assert "pretrain.common.init" in err and len(err.strip().splitlines()) == 1
 
 
 def test_verbose_adds_the_traceback_to_a_user_error(tmp_path, smoke):

@@ -9,6 +9,8 @@ import yaml
 
 from qac.config import HandEditedParams, deep_merge, params_hand_edited, render_profile, render_profile_files, rendered_params_text, write_params
 from qac.params import PROFILE_NAMES, load_params
+from qac.errors import UserError
+from qac.params.errors import ParamsError
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(__import__("sys").executable).parent
@@ -113,6 +115,45 @@ def test_render_follows_a_change_of_the_profile_file(tmp_path):
     assert load_params(profiles / "smoke" / "params.yaml")["seed"] == 7
 
 
+_MAX_LEN = re.compile(r"^(\s+)max_len: (\d+)$", re.M)
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda text: _MAX_LEN.sub(r"\1max_len: sixty", text, count=1), "parameter split.max_len: expected an integer"),
+    (lambda text: _MAX_LEN.sub(r"\1max_lenn: \2", text, count=1), "parameter split.max_lenn: unknown key"),
+    (lambda text: text + "\nprepare_more:\n  - 120\n", "parameter prepare_more: unknown key"),
+    (lambda text: _MAX_LEN.sub("\\1\tmax_len: \\2", text, count=1), "not valid YAML at line"),
+    (lambda text: _MAX_LEN.sub(r"\g<0>\n\1max_len: \2", text, count=1), "'max_len' is written twice"),
+    (lambda text: "- a\n- b\n", "expected a mapping of parameters, found a list"),
+    (lambda text: text.replace("max_len", "max\udcfflen", 1), "not UTF-8 text at line"),
+], ids=["wrong type", "unknown key", "unknown section", "tab", "key twice", "a list", "a byte not UTF-8"])
+def test_a_broken_profile_file_renders_nothing_and_names_its_line(tmp_path, edit, named):
+    """A profile source that breaks the schema or YAML is named at its own file and line; params.yaml stays."""
+    profiles = _profiles_copy(tmp_path)
+    rendered = (profiles / "smoke" / "params.yaml").read_bytes()
+    text = edit((profiles / "smoke.yaml").read_text())
+    (profiles / "smoke.yaml").write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ParamsError) as caught:
+        render_profile_files("smoke", profiles_dir=profiles)
+    message = str(caught.value)
+    assert message.startswith(f"{profiles / 'smoke.yaml'}") and named in message
+    if "parameter " in named:
+        line = int(message.split(":")[1])
+        assert named.split()[1].rstrip(":").rpartition(".")[2] in text.splitlines()[line - 1]
+    assert (profiles / "smoke" / "params.yaml").read_bytes() == rendered
+
+
+def test_a_problem_written_in_the_base_is_named_there(tmp_path):
+    profiles = _profiles_copy(tmp_path)
+    base = (profiles / "base.yaml").read_text()
+    (profiles / "base.yaml").write_text(re.sub(r"^seed: \d+", "seed: -1", base, count=1, flags=re.M))
+    with pytest.raises(ParamsError) as caught:
+        render_profile("smoke", profiles)
+    line = int(str(caught.value).split(":")[1])
+    assert str(caught.value).startswith(f"{profiles / 'base.yaml'}:{line}: parameter seed: must be >= 0")
+    assert (profiles / "base.yaml").read_text().splitlines()[line - 1].startswith("seed: -1")
+
+
 def test_render_carries_a_new_description_of_the_profile(tmp_path):
     """Only the profile's leading comment changed: the values are the same, the header is not."""
     profiles = _profiles_copy(tmp_path)
@@ -150,6 +191,11 @@ def test_params_file_is_found_through_the_environment(tmp_path, monkeypatch):
     write_params(render_profile("paper"), other)
     monkeypatch.setenv("QAC_PARAMS", str(other))
     assert load_params()["profile"] == "paper"
+    monkeypatch.delenv("QAC_PARAMS")
+    for name in ("", "../smoke"):                 # set to nothing or to a path: named, never the default profile
+        monkeypatch.setenv("QAC_PROFILE", name)
+        with pytest.raises(UserError, match=f"QAC_PROFILE: the profile name {name!r} is not"):
+            load_params()
 
 
 def test_paper_plan_lists_every_stage_without_the_data(tmp_path, copy_repository):

@@ -61,6 +61,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"qac check: no cells to record under {args.data or 'data/' + params['profile']}: "
                   "run the pipeline first", file=sys.stderr)
             return 1
+        dropped = _cells_without_outputs(path, document) if not from_paper else []
+        if dropped:
+            shown = "; ".join(f"{cell.table} / {cell.row} / {cell.column}" for cell in dropped[:5])
+            more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+            print(f"qac check: {len(dropped)} cell{'s' if len(dropped) > 1 else ''} of {path.as_posix()} would be "
+                  f"dropped because the outputs behind them are missing under {args.data or 'data/' + params['profile']} "
+                  f"({shown}{more}). Run the profile first (`dvc repro profiles/{params['profile']}/dvc.yaml`) and "
+                  f"record again; {path.as_posix()} is left as it is (delete it first to record only the cells there "
+                  "are).", file=sys.stderr)
+            return 2
         check.write_expected(document, path)
         print(f"qac check: recorded {len(document['cells'])} cells in {path.as_posix()}")
         return 0
@@ -87,3 +97,15 @@ def run(args: argparse.Namespace) -> int:
     summary = check.reproduction_summary if kind == check.REPRODUCTION else check.summary_line
     print(summary(outcomes, path))
     return 0 if outcomes and all(outcome.ok for outcome in outcomes) else 1
+
+
+def _cells_without_outputs(path, document) -> list:
+    """The cells of the expected file at ``path`` that ``document`` (a new record) no longer holds: recording
+    would drop them from a tracked file because their outputs are gone, not because their values changed."""
+    from qac.reporting import check
+
+    if not path.is_file():
+        return []
+    _, _, recorded = check.load_expected_document(path)
+    kept = {(cell["table"], cell["row"], cell["column"]) for cell in document["cells"]}
+    return [cell for cell in recorded if (cell.table, cell.row, cell.column) not in kept]

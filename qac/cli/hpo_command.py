@@ -73,8 +73,6 @@ def check_gpus(gpus: list[str], workers: int, settings) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from qac.console import command_logger
 
@@ -89,8 +87,13 @@ def run(args: argparse.Namespace) -> int:
     from qac.redaction import redact_url, redact_values
     from qac.hpo.worker import run_worker_pool
 
+    from qac.names import OUTPUT_FOLDER_RULE, is_output_folder
+
     if args.workers < 1:
         print(f"error: --workers must be at least 1, got {args.workers}")
+        return 2
+    if args.report_dir is not None and not is_output_folder(args.report_dir.rstrip("/") or "/"):
+        print(f"error: --report-dir {args.report_dir!r}: expected {OUTPUT_FOLDER_RULE}")
         return 2
     gpus = [gpu.strip() for gpu in args.gpus.split(",") if gpu.strip()]
     params = apply_overrides(load_params(args.params), args)

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from qac.names import checked_plain_name
     from qac.params.locations import DEFAULT_PROFILE, profile_params_path
 
-    name = checked_plain_name(args.profile or os.environ.get("QAC_PROFILE") or DEFAULT_PROFILE, "the profile name")
+    name = checked_plain_name(args.profile or os.environ.get("QAC_PROFILE", DEFAULT_PROFILE), "the profile name")
     if args.jobs < 1:
         raise UserError(f"--jobs must be at least 1, not {args.jobs}")
     params_file = profile_params_path(name)

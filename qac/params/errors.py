@@ -26,7 +26,8 @@ class Problem(typing.NamedTuple):
 class ParamsError(ValueError, UserError):
     """A params file that breaks the schema: every problem with its dotted key and line."""
 
-    def __init__(self, path: str | None, problems: list[Problem], lines: Mapping[str, int] | None = None):
+    def __init__(self, path: str | None, problems: list[Problem], lines: Mapping[str, Any] | None = None):
+        # lines: dotted key -> its line in ``path``, or (another file, line) for a key written elsewhere
         self.path = str(path) if path else "params"
         self.problems = list(problems)
         self.lines = dict(lines or {})
@@ -34,7 +35,9 @@ class ParamsError(ValueError, UserError):
 
     def describe(self) -> str:
         def place(problem: Problem) -> str:
-            line = _line_of(self.lines, problem.key)
+            line = line_of(self.lines, problem.key)
+            if isinstance(line, tuple):          # a key written in another file than the error's (path, line)
+                return f"{line[0]}:{line[1]}"
             return f"{self.path}:{line}" if line else self.path
 
         if all(not problem.key for problem in self.problems):
@@ -58,7 +61,8 @@ class ParamsError(ValueError, UserError):
         return type(self), (self.path, self.problems, self.lines)
 
 
-def _line_of(lines: Mapping[str, int], key: str) -> int | None:
+def line_of(lines: Mapping[str, Any], key: str) -> Any:
+    """The line of ``key`` in ``lines``, else of its nearest enclosing key written there; None if neither is."""
     while key:
         if key in lines:
             return lines[key]

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from qac.names import INSIDE_PATH_RULE, PLAIN_NAME_RULE, is_inside_path, is_plain_name
+from qac.names import (INSIDE_PATH_RULE, OUTPUT_FOLDER_RULE, PLAIN_NAME_RULE, is_inside_path, is_output_folder,
+                       is_plain_name)
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -72,10 +73,22 @@ def _distinct_seeds(value: list[int]) -> list[int]:
 
 # Seeds of repeated runs: each one a run of its own, so a seed written twice would count one run twice in
 # the mean and spread across seeds.
-SeedList = Annotated[list[int], AfterValidator(_distinct_seeds)]
+# A seed: what NumPy's, Python's and torch's generators all accept (NumPy refuses negatives, torch's manual
+# seed a value past 64 bits), so one out of that range would stop a stage after its model loaded.
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+SeedList = Annotated[list[Seed], AfterValidator(_distinct_seeds)]
 # A name that becomes one folder name (profile, dataset, variant, study); a path that stays inside its folder.
 PlainName = Annotated[str, AfterValidator(_plain_name)]
 InsidePath = Annotated[str, AfterValidator(_inside_path)]
+
+
+def _output_folder(value: str) -> str:
+    if not is_output_folder(value):
+        raise ValueError(OUTPUT_FOLDER_RULE)
+    return value
+
+
+OutputFolder = Annotated[str, AfterValidator(_output_folder)]
 ChunkSize = Annotated[PositiveInt, Field(description="passages per atomically committed chunk (resume unit)")]
 
 

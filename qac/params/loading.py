@@ -8,13 +8,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import yaml
-
 from qac.params.errors import ParamsError, Problem
 from qac.params.locations import PROFILE_NAMES, params_path
 from qac.params.sections import Params
 from qac.params.validation import validate_params
-from qac.params.yaml_io import read_yaml
+from qac.params.yaml_io import read_params_file
 
 T = TypeVar("T")
 
@@ -37,14 +35,7 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
     if path.is_dir():
         raise ParamsError(path, [Problem("", "is a folder, not a params file (a profile's file is "
                                              "profiles/<name>/params.yaml)")])
-    text = path.read_text(encoding="utf-8")
-    try:
-        params = read_yaml(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ParamsError(path, [Problem("", f"not valid YAML{line}: {getattr(error, 'problem', None) or error}")]) \
-            from None
+    text, params = read_params_file(path)
     if not isinstance(params, dict) or "profile" not in params:
         raise ParamsError(path, [Problem("", "not a qac params file (no 'profile' key)")])
     return validate_params(params, path, text)
@@ -64,8 +55,8 @@ def base_params() -> Params:
 
 @functools.lru_cache(maxsize=4)
 def _checked_base(path: str, mtime_ns: int) -> Params:
-    text = Path(path).read_text(encoding="utf-8")
-    return validate_params(read_yaml(text), path, text, complete=False)
+    text, params = read_params_file(path)
+    return validate_params(params, path, text, complete=False)
 
 
 def base_settings(build: Callable[[Params], T], **changes: Any) -> T:

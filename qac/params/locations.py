@@ -37,5 +37,6 @@ def params_path() -> Path:
     """
     if os.environ.get("QAC_PARAMS"):
         return Path(os.environ["QAC_PARAMS"])
-    return profile_params_path(checked_plain_name(os.environ.get("QAC_PROFILE") or DEFAULT_PROFILE,
-                                                  "QAC_PROFILE: the profile name"))
+    # Set but empty is a mistake (a variable expanded from nothing), not a request for the default profile.
+    profile = os.environ.get("QAC_PROFILE", DEFAULT_PROFILE)
+    return profile_params_path(checked_plain_name(profile, "QAC_PROFILE: the profile name"))

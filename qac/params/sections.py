@@ -16,8 +16,8 @@ from pydantic import Field, create_model
 
 from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, DropoutProbability, Fraction,
                                InsidePath, LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction,
-                               PeakLearningRate, PlainName, PositiveFloat, PositiveInt, Section, SeedList, TopK, TopP,
-                               WarmupRatio, WeightDecay)
+                               OutputFolder, PeakLearningRate, PlainName, PositiveFloat, PositiveInt, Section, Seed,
+                               SeedList, TopK, TopP, WarmupRatio, WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
                                    PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
@@ -279,7 +279,7 @@ PretrainVariant = create_model(
            Field(default=None, description="run the variant once per seed: rendering keeps the first under the "
                                            "variant's name and adds <name>-seed<s> per further seed (seed, seed_of); "
                                            "null: the profile's seeds, else once with the top-level seed")),
-    seed=(int | None, Field(default=None, description="the seed of this variant's pre-training and fine-tuning "
+    seed=(Seed | None, Field(default=None, description="the seed of this variant's pre-training and fine-tuning "
                                                       "(null: the top-level seed)")),
     seed_of=(PlainName | None,
              Field(default=None, description="set by rendering on a seed copy: the variant it repeats with another "
@@ -544,7 +544,7 @@ class HpoSection(Section):
     n_trials: PositiveInt = Field(description="trials of the study")
     metric: str = Field(description="the dev measure the study optimises")
     direction: Direction = Field(description="maximize | minimize")
-    seed: int | None = Field(description="null: the top-level seed; worker i samples with seed + i")
+    seed: Seed | None = Field(description="null: the top-level seed; worker i samples with seed + i")
     tpe_startup_trials: NonNegativeInt = Field(description="random trials before TPE models the results")
     pruner: PrunerSection = Field(description="median | hyperband | none, with their settings")
     retry_failed: NonNegativeInt = Field(description="re-run a trial whose worker died, at most this many times")
@@ -562,7 +562,7 @@ class HpoSection(Section):
     eval_every: PositiveInt = Field(
         description="fine-tuning steps between dev evaluations (the pruner's intermediate values)")
     keep_models: bool = Field(description="keep each trial's encoders under data/<profile>/hpo/<study>/trials/")
-    report_dir: str = Field(description="reports/hpo/<study>/: best trial, figures")
+    report_dir: OutputFolder = Field(description="reports/hpo/<study>/: best trial, figures")
     space: dict[str, SpaceEntry | None] = Field(
         description="key -> {type: float|int|categorical, low, high, log, step | choices}; null drops a key")
 
@@ -600,11 +600,12 @@ class Params(Section):
     """A whole params file."""
 
     profile: PlainName = Field(description="the profile's name (set by rendering)")
-    seed: int = Field(description="seed of every random choice")
+    seed: Seed = Field(description="seed of every random choice")
     seeds: SeedList | None = Field(
         default=None, description="every pre-training variant runs once per seed (pretrain.variants.<name>.seeds "
                                   "wins); null: once, with seed")
-    data_dir: str = Field(description="every stage output lives under data/<profile>/")
+    data_dir: OutputFolder = Field(description="every stage output lives under <data_dir>/<profile>/ (the pipeline "
+                                             "reads data/: put the data on another disk by linking data there)")
     mlflow: MlflowSection = Field(description="run tracking")
     datasets: dict[PlainName, DatasetEntry] = Field(
         description="datasets the profile uses, by name: format, mirror folder, public URL and checksum, splits")

@@ -10,9 +10,10 @@ from pydantic import ValidationError
 from qac.params.errors import ParamsError, Problem, schema_problems
 from qac.params.locations import profiles_root
 from qac.params.model_lengths import length_problems
+from qac.params.model_sources import model_source_problems
 from qac.params.rules import cross_field_problems
 from qac.params.sections import Params
-from qac.params.yaml_io import key_lines, read_yaml
+from qac.params.yaml_io import key_lines, read_params_file
 
 def validate_params(params: Any, path: str | Path | None = None, text: str | None = None,
                     complete: bool | None = None) -> Params:
@@ -41,7 +42,7 @@ def validate_params(params: Any, path: str | Path | None = None, text: str | Non
         raise ParamsError(path, schema_problems(error), lines) from None
     problems = cross_field_problems(model) if complete else []
     # Lengths against the models' positions hold whatever the rest of the file says: partial files too.
-    problems += length_problems(model)
+    problems += length_problems(model) + model_source_problems(model)
     if problems:
         raise ParamsError(path, problems, lines)
     return model
@@ -65,4 +66,4 @@ def _base_params() -> dict[str, Any] | None:
     path = profiles_root() / "base.yaml"
     if not path.exists():
         return None
-    return read_yaml(path.read_text(encoding="utf-8"))
+    return read_params_file(path)[1]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
+
+from qac.params.errors import ParamsError, Problem
 
 
 def yaml_loader():
@@ -70,10 +74,86 @@ def yaml_dumper():
     return _DUMPER
 
 
+# Values a params file may hold once its aliases are expanded: a profile holds a few thousand, while nested
+# aliases (each naming the one before nine times) reach millions from a dozen lines, and every reader after
+# the parser (the schema, the line finder) would walk them all.
+MAX_EXPANDED_VALUES = 100_000
+
+
+class TooManyValues(Exception):
+    """Aliases that expand a YAML text past :data:`MAX_EXPANDED_VALUES` values."""
+
+
 def read_yaml(text: str) -> Any:
+    """The YAML ``text`` as Python values, read as DVC reads params files (:func:`yaml_loader`).
+
+    Raises ``yaml.YAMLError`` (with the line and column where PyYAML has them), also for aliases
+    that would expand past :data:`MAX_EXPANDED_VALUES` values.
+    """
     import yaml
 
-    return yaml.load(text, Loader=yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    loader = yaml_loader()(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_EXPANDED_VALUES:
+            raise yaml.YAMLError(f"its aliases expand to more than {MAX_EXPANDED_VALUES:,} values "
+                                 f"(anchor at line {_first_anchor_line(text)})")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def read_params_file(path: str | os.PathLike) -> tuple[str, Any]:
+    """The text of the YAML file at ``path`` and its values; a :class:`ParamsError` naming the file, line and
+    column when it is not UTF-8 or not YAML (as DVC reads it: a key written twice is an error)."""
+    import yaml
+
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ParamsError(path, [Problem("", f"not UTF-8 text at line {line}, column {column} (byte "
+                                             f"0x{data[error.start]:02x}); save the file as UTF-8")]) from None
+    try:
+        return text, read_yaml(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ParamsError(path, [Problem("", f"not valid YAML{line}: {getattr(error, 'problem', None) or error}")]) \
+            from None
+
+
+def _expanded_size(node: Any, sizes: dict[int, int]) -> int:
+    """Values under ``node`` with every alias expanded; each node is sized once (an alias is the node it names)."""
+    import yaml
+
+    if id(node) not in sizes:
+        sizes[id(node)] = 1      # a node that (through a merge key) contains itself counts once
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        total = 1
+        for child in children:
+            total += _expanded_size(child, sizes)
+            if total > MAX_EXPANDED_VALUES:
+                break
+        sizes[id(node)] = total
+    return sizes[id(node)]
+
+
+def _first_anchor_line(text: str) -> int:
+    for number, line in enumerate(text.splitlines(), 1):
+        if re.search(r"(^|[\s\[{,:-])&\S", line):
+            return number
+    return 1
 
 
 def key_lines(text: str) -> dict[str, int]:
