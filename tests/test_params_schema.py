@@ -315,7 +315,8 @@ def test_nested_aliases_are_refused_before_they_expand(tmp_path):
 
 
 def test_an_hpo_report_folder_outside_the_working_folder_is_refused_before_the_study(tmp_path):
-    result = _run([sys.executable, "-m", "qac.cli", "hpo", "--report-only", "--report-dir", "../../x"], tmp_path, QAC_PROFILE="smoke")
+    result = _run([sys.executable, "-m", "qac.cli", "hpo", "--report-only", "--report-dir", "../../x"], tmp_path,
+                  QAC_PROFILE="smoke")
     assert result.returncode == 2 and "--report-dir '../../x': expected a relative path inside" in result.stdout
     assert not (tmp_path.parent.parent / "x").exists()
 

@@ -63,10 +63,11 @@ def run(args: argparse.Namespace) -> int:
             return 1
         dropped = _cells_without_outputs(path, document) if not from_paper else []
         if dropped:
+            data = args.data or f"data/{params['profile']}"
             shown = "; ".join(f"{cell.table} / {cell.row} / {cell.column}" for cell in dropped[:5])
             more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
             print(f"qac check: {len(dropped)} cell{'s' if len(dropped) > 1 else ''} of {path.as_posix()} would be "
-                  f"dropped because the outputs behind them are missing under {args.data or 'data/' + params['profile']} "
+                  f"dropped because the outputs behind them are missing under {data} "
                   f"({shown}{more}). Run the profile first (`dvc repro profiles/{params['profile']}/dvc.yaml`) and "
                   f"record again; {path.as_posix()} is left as it is (delete it first to record only the cells there "
                   "are).", file=sys.stderr)
