@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import _environment  # noqa: F401,I001  (first: a Python without qac says which one to use)
 
-import sys
 import time
 
 from qac.config import profile_dir
@@ -26,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from qac.console import progress
     from qac.data.arrowstore import open_passages
+    from qac.data.errors import DataFormatError
     from qac.data.master import count_word_frequencies
     from qac.io import write_json
     from qac.models.loading import load_tokenizer
@@ -34,10 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     data = profile_dir(params)
     passages = data / "passages.arrow"
     if not passages.is_file():
-        raise FileNotFoundError(f"{passages}: run the split_passages stage first")
+        # run_main adds the stage that writes it (split_passages) to the message
+        raise DataFormatError(passages, None, None, "a folder, not a file" if passages.is_dir() else "file not found")
+    # Opened before the tokenizer is loaded, so a damaged file is named within a second.
+    rows = open_passages(passages).num_rows
     tokenizer = load_tokenizer(params["split"]["tokenizer"])
     started = time.perf_counter()
-    bar = progress(total=open_passages(passages).num_rows, unit="passage", desc="word frequencies")
+    bar = progress(total=rows, unit="passage", desc="word frequencies")
     frequencies = count_word_frequencies(passages, tokenizer, bar.update)
     bar.close()
     write_json(data / "word_frequencies.json", {"tokenizer": params["split"]["tokenizer"], **frequencies})
@@ -48,4 +51,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from qac.console import run_main
+
+    run_main(main)

@@ -13,18 +13,23 @@ the hpo worker and trial job) runs its ``main`` through :func:`run_main`. A
 user error (:class:`qac.errors.UserError`: a bad parameter, a malformed input
 file, a missing dataset or upstream output; or a ``SystemExit`` with a message)
 prints as one paragraph on stderr, without a traceback, and exits with status
-2; ``-v`` / ``QAC_VERBOSE=1`` adds the traceback. Ctrl-C and what the machine
-refuses (disk full, no permission, a read-only file system) end the same way, in
-one paragraph (status 130 after Ctrl-C). Any other exception is a program error
-and keeps its traceback.
+2; ``-v`` / ``QAC_VERBOSE=1`` adds the traceback. Ctrl-C, SIGTERM (sent by
+``timeout``, a batch scheduler, ``docker stop`` or torchrun stopping its other
+workers) and what the machine refuses (disk full, no permission, a read-only
+file system) end the same way, in one paragraph (status 130 after Ctrl-C, 143
+after SIGTERM), once the outputs being written are removed. Any other exception
+is a program error and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -206,6 +211,50 @@ def run_main(main: Callable[..., int | None], argv: list[str] | None = None, pro
 
 # Exit status of a command stopped by Ctrl-C, as a shell reports a process ended by SIGINT.
 INTERRUPTED_EXIT = 130
+# ... and by SIGTERM, as a shell reports a process ended by it (what `timeout` and Slurm expect to see).
+TERMINATED_EXIT = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt.
+
+    A KeyboardInterrupt, so every ``except KeyboardInterrupt`` (a launcher's copy, the hpo driver stopping
+    its workers) and every ``finally`` / context manager on the way out (:func:`qac.io.atomic_path` removing
+    its staging) treats it as the interruption it is. Without it SIGTERM ends the process on the spot and
+    leaves the staging of what it was writing.
+    """
+
+
+def _raise_terminated(signum, frame) -> None:
+    # A second SIGTERM while the first is being handled (cleanup that hangs) ends the process at once.
+    signal.signal(signum, signal.SIG_DFL)
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While the block runs, SIGTERM raises :class:`Terminated`; the handler before it is restored after.
+
+    Only in the main thread (the only one a signal handler can be set in and runs in) and only where SIGTERM
+    has its default action: a handler someone else set (the hpo worker's, a launcher's) or an ignored SIGTERM
+    is left as it is. In a torchrun worker this turns torchrun stopping the other workers, when one fails,
+    into one paragraph each; a worker inside a long C call (a collective) sees the signal when the call
+    returns, or is ended by torchrun's SIGKILL after its grace period.
+    """
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_status(error: BaseException) -> int:
+    """The exit status after an interruption: as a shell reports a process ended by that signal."""
+    return TERMINATED_EXIT if isinstance(error, Terminated) else INTERRUPTED_EXIT
 # What the machine, not the input, refused: one paragraph says which file and what to do.
 _ENVIRONMENT_ERRNOS = {
     errno.ENOSPC: "no space left on the device",
@@ -224,6 +273,11 @@ def environment_error_message(error: BaseException) -> str | None:
     Outputs are written through :func:`qac.io.atomic_path`, so what a stage was writing when this
     happened was removed, never left half-written.
     """
+    if isinstance(error, Terminated):
+        return ("terminated (SIGTERM, as sent by `timeout`, a batch scheduler such as Slurm, `docker stop` or "
+                "torchrun stopping its other workers). Every output is written to a temporary file and renamed "
+                "into place only when complete, so nothing half-written was left; run the command again (stages "
+                "that resume pick up from their last completed chunk or checkpoint).")
     if isinstance(error, KeyboardInterrupt):
         return ("interrupted (Ctrl-C). Every output is written to a temporary file and renamed into place "
                 "only when complete, so nothing half-written was left; run the command again (stages that "
@@ -253,23 +307,24 @@ def environment_error_message(error: BaseException) -> str | None:
 def call_main(main: Callable[..., int | None], argv: list[str] | None = None, prog: str | None = None) -> int:
     """What :func:`run_main` does, returning the exit status instead of exiting (for tests and wrappers).
 
-    A user error, Ctrl-C, a refusal of the machine (disk full, no permission, a read-only file
-    system) and a failing tracking store each end in one paragraph; ``-v`` / ``QAC_VERBOSE=1`` adds the
-    traceback. Any other exception is a program error and keeps its traceback.
+    A user error, Ctrl-C, SIGTERM (:func:`sigterm_as_interrupt`), a refusal of the machine (disk full, no
+    permission, a read-only file system) and a failing tracking store each end in one paragraph; ``-v`` /
+    ``QAC_VERBOSE=1`` adds the traceback. Any other exception is a program error and keeps its traceback.
     """
-    try:
-        return int(main(argv) or 0) if argv is not None else int(main() or 0)
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
-        message = user_error_message(error)
-        status = USER_ERROR_EXIT
-        if message is None:
-            message = environment_error_message(error)
-            status = INTERRUPTED_EXIT if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT
-        if message is None:
-            raise
-        arguments = sys.argv[1:] if argv is None else argv
-        if verbose_requested("-v" in arguments or "--verbose" in arguments):
-            traceback.print_exc()
-        name = prog or os.path.basename(sys.argv[0] or "qac")
-        print(f"{name}: error: {message}", file=sys.stderr, flush=True)
-        return status
+    with sigterm_as_interrupt():
+        try:
+            return int(main(argv) or 0) if argv is not None else int(main() or 0)
+        except (Exception, SystemExit, KeyboardInterrupt) as error:
+            message = user_error_message(error)
+            status = USER_ERROR_EXIT
+            if message is None:
+                message = environment_error_message(error)
+                status = interrupted_status(error) if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT
+            if message is None:
+                raise
+            arguments = sys.argv[1:] if argv is None else argv
+            if verbose_requested("-v" in arguments or "--verbose" in arguments):
+                traceback.print_exc()
+            name = prog or os.path.basename(sys.argv[0] or "qac")
+            print(f"{name}: error: {message}", file=sys.stderr, flush=True)
+            return status

@@ -350,3 +350,75 @@ def test_annotate_cli_export_and_import(study_inputs, tmp_path, monkeypatch, cap
     # Votes per item HHH, HLH, LLH, LLL: P_i = 1, 1/3, 1/3, 1 -> P-bar 2/3; shares 1/2, 1/2 -> kappa 1/3.
     assert result["fleiss_kappa"] == pytest.approx(1 / 3)
     assert [row["label"] for row in read_rows(work / "sheets" / "human_labels.csv")] == ["high", "high", "low", "low"]
+
+
+def annotate_import(capsys, *arguments: str) -> str:
+    """`qac annotate import ARGUMENTS`, which must fail: its one paragraph on stderr."""
+    from qac.cli import main
+
+    assert main(["annotate", "import", *arguments]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("qac: error: "), err
+    return lines[0]
+
+
+@pytest.fixture()
+def filled_sheets(study_inputs, tmp_path):
+    """The key, the exported sheet and two annotators' filled sheets (four items)."""
+    export(study_inputs, tmp_path)
+    first = fill(tmp_path / "sheet.csv", tmp_path / "first.csv", ["high", "high", "low", "low"])
+    second = fill(tmp_path / "sheet.csv", tmp_path / "second.csv", ["high", "low", "low", "low"])
+    return tmp_path / "key.csv", tmp_path / "sheet.csv", first, second
+
+
+def test_annotate_import_needs_two_sheets_and_a_folder_to_write_to(filled_sheets, tmp_path, capsys):
+    key, sheet, first, second = filled_sheets
+    message = annotate_import(capsys, "--key", str(key), str(first))
+    assert f"{first}: need the filled sheets of at least two annotators, got 1" in message
+    taken = tmp_path / "taken"
+    taken.write_text("a file where the folder should go\n")
+    message = annotate_import(capsys, "--key", str(key), "--out", str(taken), str(first), str(second))
+    assert f"--out {taken}: is a file, not a folder" in message
+    assert taken.read_text() == "a file where the folder should go\n"
+
+
+def test_annotate_import_names_the_line_of_a_byte_that_is_not_utf8(filled_sheets, capsys):
+    key, sheet, first, second = filled_sheets
+    lines = second.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b"high", b"h\xe9gh", 1).replace(b"low", b"l\xf6w", 1)
+    second.write_bytes(b"\n".join(lines))
+    message = annotate_import(capsys, "--key", str(key), str(first), str(second))
+    assert f"{second}:3: not UTF-8 text" in message
+
+
+def test_annotate_import_says_a_folder_is_not_a_sheet(filled_sheets, tmp_path, capsys):
+    key, sheet, first, second = filled_sheets
+    folder = tmp_path / "folder.csv"
+    folder.mkdir()
+    assert f"{folder}: a folder, not a file" in annotate_import(capsys, "--key", str(key), str(first), str(folder))
+    assert f"{folder}: a folder, not a file" in annotate_import(capsys, "--key", str(folder), str(first), str(second))
+
+
+def test_annotate_import_refuses_one_sheet_counted_twice(filled_sheets, tmp_path, capsys):
+    """The same file twice, or a copy of it, would count one annotator twice and agree 100% with itself."""
+    key, sheet, first, second = filled_sheets
+    same = f"{first.parent}/./{first.name}"
+    message = annotate_import(capsys, "--key", str(key), str(first), str(second), same)
+    assert f"{same}: given twice (as {first} too)" in message
+    copy = tmp_path / "copy.csv"
+    copy.write_bytes(first.read_bytes())
+    message = annotate_import(capsys, "--key", str(key), str(first), str(copy))
+    assert f"{copy}: byte for byte the same as {first}" in message
+    assert not (tmp_path / "agreement.json").exists()
+
+
+def test_annotate_import_names_an_item_given_twice_in_one_sheet(filled_sheets, capsys):
+    """A mistyped id on line 4 repeats line 2's: said as such, not as line 4's texts differing from the item's."""
+    key, sheet, first, second = filled_sheets
+    lines = second.read_text(encoding="utf-8").splitlines(keepends=True)
+    repeated, mistyped = lines[1].split(",", 1)[0], lines[3].split(",", 1)[0]
+    lines[3] = lines[3].replace(mistyped, repeated, 1)
+    second.write_text("".join(lines), encoding="utf-8")
+    message = annotate_import(capsys, "--key", str(key), "--sheet", str(sheet), str(first), str(second))
+    assert f"{second}:4: field 'item': item {repeated!r} appears twice (lines 2 and 4)" in message

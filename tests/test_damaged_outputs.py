@@ -157,3 +157,32 @@ def test_a_damaged_run_record_says_what_it_is_and_how_to_be_rid_of_it(tmp_path, 
     assert str(record) in err and "delete it" in err and "finetune@none" in err
     record.unlink()
     assert qac_main(arguments) == 0
+
+
+@pytest.mark.parametrize("how", ["truncated", "a folder"])
+def test_the_word_frequencies_stage_names_a_damaged_passages_file_in_one_paragraph(tmp_path, how):
+    """The stage script ends through run_main as every stage does: status 2, one paragraph, no traceback."""
+    import subprocess
+
+    from qac.data.arrowstore import write_passages
+    from stages import PYTHON, REPO, passage_records, subprocess_env
+
+    passages = tmp_path / "data" / "smoke" / "passages.arrow"
+    passages.parent.mkdir(parents=True)
+    write_passages(passages, passage_records(12))
+    if how == "truncated":
+        damage(passages, "truncated")
+    else:
+        passages.unlink()
+        passages.mkdir()
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"profile": "smoke", "data_dir": "data"}), encoding="utf-8")
+    env = {**subprocess_env(params, f"sqlite:///{tmp_path / 'mlflow.db'}"), "QAC_VERBOSE": ""}
+    result = subprocess.run([str(PYTHON), str(REPO / "pipelines" / "word_frequencies.py")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
+    assert lines[0].startswith("word_frequencies.py: error: data/smoke/passages.arrow")
+    assert "split_passages" in lines[0]
+    assert not (tmp_path / "data" / "smoke" / "word_frequencies.json").exists()

@@ -59,3 +59,26 @@ def test_qac_metrics_lists_one_profiles_results_one_value_a_line(tmp_path, monke
     assert main(["metrics", "--timing"]) == 0
     assert "metrics/timing/split.json  seconds" in capsys.readouterr().out.replace("   ", "  ")
     assert main(["metrics", "no-such-measure"]) == 1
+
+
+def test_qac_metrics_shows_a_file_of_undecodable_bytes_as_unreadable(tmp_path, monkeypatch, capsys):
+    """Bytes that are not UTF-8 are one "(unreadable)" line with the line they are on, as malformed JSON is."""
+    from pathlib import Path
+
+    from qac.cli import main
+
+    metrics = tmp_path / "data" / "smoke" / "metrics"
+    (metrics / "eval").mkdir(parents=True)
+    (metrics / "split.json").write_bytes(b"\xff\xfe")
+    (metrics / "pairs.json").write_bytes(b'{"pairs":\n 3, "note": "\xe9"}')
+    (metrics / "eval" / "none.json").write_text('{"nDCG@10": 0.5}')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QAC_PARAMS", str(Path(__file__).resolve().parent.parent / "profiles/smoke/params.yaml"))
+
+    assert main(["metrics"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert [line.split(None, 2) for line in out.splitlines()[1:]] == [
+        ["metrics/pairs.json", "(unreadable)", "line 2: not UTF-8 text (byte 0xe9)"],
+        ["metrics/split.json", "(unreadable)", "line 1: not UTF-8 text (byte 0xff)"],
+        ["metrics/eval/none.json", "nDCG@10", "0.5000"]]

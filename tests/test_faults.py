@@ -153,3 +153,49 @@ def test_a_failing_store_outside_a_stage_ends_in_one_paragraph(tmp_path, capsys)
     assert call_main(main, [], prog="qac") == 2
     err = capsys.readouterr().err
     assert err.startswith("qac: error: the tracking store failed (DatabaseError") and len(err.splitlines()) == 1
+
+
+def tiny_bm25_project(root: Path, documents: int = 2000) -> Path:
+    """A profile with one prepared dataset (train and test splits) for the bm25 stage; its params file."""
+    import json
+
+    folder = root / "data" / "test" / "datasets" / "tiny"
+    (folder / "qrels").mkdir(parents=True)
+    words = ["apple", "orchard", "harvest", "banana", "recipe", "tractor", "market", "river", "stone", "cloud"]
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as handle:
+        for n in range(documents):
+            text = " ".join(words[(n * k) % len(words)] for k in range(1, 8)) + f" doc{n}"
+            handle.write(json.dumps({"_id": f"d{n}", "title": "", "text": text}) + "\n")
+    (folder / "queries.jsonl").write_text('{"_id": "t1", "text": "apple orchard"}\n'
+                                          '{"_id": "s1", "text": "banana recipe"}\n', encoding="utf-8")
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nt1\td1\t1\n", encoding="utf-8")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\ns1\td3\t1\n", encoding="utf-8")
+    (folder / "dataset.json").write_text(json.dumps({"name": "tiny", "splits": ["train", "test"],
+                                                     "rel_threshold": {"train": 1, "test": 1}}), encoding="utf-8")
+    params = root / "params.yaml"
+    params.write_text(yaml.safe_dump({"profile": "test", "data_dir": "data", "train_dataset": "tiny",
+                                      "zero_shot": [], "mlflow": {"experiment": None, "system_metrics": False},
+                                      "finetune": {"bm25_depth": 3}, "evaluate": {"depth": 10, "metrics": ["RR@10"]}}),
+                      encoding="utf-8")
+    return params
+
+
+def test_sigterm_mid_stage_ends_in_one_paragraph_with_status_143_and_no_staging_left(tmp_path):
+    """`timeout`, Slurm and `docker stop` send SIGTERM: the stage cleans up as after Ctrl-C and says so."""
+    from stages import PYTHON, subprocess_env
+
+    params = tiny_bm25_project(tmp_path)
+    env = {**subprocess_env(params, f"sqlite:///{tmp_path / 'mlflow.db'}"), "QAC_VERBOSE": ""}
+    process = subprocess.Popen([str(PYTHON), str(REPO / "pipelines" / "bm25.py")], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    data = tmp_path / "data" / "test"
+    deadline = time.monotonic() + 120
+    while not list(data.glob(".bm25.*.tmp")):       # its output's staging folder: the stage is working
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "terminated (SIGTERM" in one_paragraph(stderr, "bm25.py")
+    assert [path for path in data.rglob("*") if path.name.endswith(".tmp")] == []
+    assert not (data / "bm25").exists()

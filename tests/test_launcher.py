@@ -43,6 +43,16 @@ if mode == "wait":
     except KeyboardInterrupt:
         print("interrupted once")
         sys.exit(5)
+if mode == "write":
+    from qac.console import run_main
+    from qac.io import atomic_path
+
+    def main():
+        with atomic_path(Path("out") / "result", directory=True):
+            Path(sys.argv[2]).write_text(str(os.getpid()))
+            time.sleep(60)
+
+    run_main(main, prog="stage.py")
 """
 
 
@@ -115,6 +125,20 @@ def test_ctrl_c_on_the_stages_process_reaches_the_copy_once(server, tmp_path):
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 5 and out.count("interrupted once") == 1, (out, err)
+
+
+def test_sigterm_on_the_stages_process_ends_the_copy_as_run_main_ends_it(server, tmp_path):
+    """Forwarded to the copy, SIGTERM is handled there as Ctrl-C is: staging removed, one paragraph, 143."""
+    path, env = server
+    pid_file = tmp_path / "copy.pid"
+    process = _start(tmp_path, {**env, SOCKET_ENV: path, "QAC_VERBOSE": ""}, "write", str(pid_file))
+    assert _copy_started(pid_file, process) != process.pid
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert "Traceback" not in err and len(errors) == 1 and errors[0].startswith("stage.py: error: terminated (SIGTERM")
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_a_stage_process_killed_with_sigkill_takes_its_copy_with_it(server, tmp_path):

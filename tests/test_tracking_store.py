@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sqlite3
@@ -228,3 +229,64 @@ def test_a_store_damaged_while_the_stage_runs_leaves_the_stage_running(tmp_path,
     assert finished and not tracking.active
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("goes on without it") == 1
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Another process holding an exclusive transaction on the SQLite file ``path`` until the block ends."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys\n"
+        f"connection = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+        "connection.execute('BEGIN EXCLUSIVE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+@pytest.mark.parametrize("when", ["before the stage starts", "after the probe found the store usable"])
+def test_a_locked_store_is_said_once_and_the_stage_goes_on_within_seconds(tmp_path, monkeypatch, capfd, when):
+    """A store another process keeps locked: MLflow would wait 20 s on each call, then end the stage on its
+    error. The stage says so in one paragraph and its work runs untracked; its upstream run is looked up (the
+    run record names one), so every call the lifecycle makes on the store meets the lock."""
+    from qac.tracking import write_run_record
+    from qac.tracking.lifecycle import Upstream, tracked_stage
+
+    path = real_store(tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{path}")
+    root = tmp_path / "data" / "smoke"
+    import mlflow
+
+    run_id = mlflow.MlflowClient(f"sqlite:///{path}").search_runs(["1"])[0].info.run_id
+    write_run_record(root, root / "pretrain" / "none", run_id)
+    monkeypatch.delenv("QAC_VERBOSE", raising=False)
+    if when == "after the probe found the store usable":
+        assert store.usable_store()
+    capfd.readouterr()
+    ran = []
+    started = time.monotonic()
+    with locked(path):
+        with tracked_stage(PARAMS, "finetune", "finetune", kind="finetune", root=root,
+                           parent=Upstream(root, root / "pretrain" / "none", "pretrain@none"),
+                           output=root / "finetune" / "none") as tracking:
+            tracking.log_metrics({"loss": 1.0})
+            ran.append(tracking.active)
+        with tracked_stage(PARAMS, "evaluate", "evaluate", kind="evaluate", root=root) as tracking:
+            ran.append(tracking.active)     # the store is not asked again
+    assert ran == [False, False]
+    assert time.monotonic() - started < 15
+    err = capfd.readouterr().err
+    paragraphs = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(paragraphs) == 1, err
+    assert "locked" in paragraphs[0] and "goes on without it" in paragraphs[0]
+    assert not record_path_exists(root, "finetune/none")
+
+
+def record_path_exists(root: Path, output: str) -> bool:
+    from qac.tracking import record_path
+
+    return record_path(root, root / output).exists()

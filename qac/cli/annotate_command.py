@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from qac.config import profile_dir
     from qac.params import load_params
     from qac.evaluation import annotation
@@ -44,6 +43,7 @@ def _export(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     data = profile_dir(params)
     out = Path(args.out) if args.out else data / "annotation"
+    _check_out_folder(out, args.out)
     pairs = annotation.sample_items(annotation.read_passages(data / "passages.arrow"),
                                     annotation.read_queries(data / "queries.arrow"),
                                     int(params["annotation"]["documents"]), int(params["seed"]))
@@ -52,18 +52,97 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _check_out_folder(out: Path, given: str | None) -> None:
+    """Before any work: the files go into ``out``, which must be a folder or one that can be made."""
+    from qac.cli.tables_command import folder_problem
+    from qac.errors import UserError
 
+    problem = folder_problem(out)
+    if problem:
+        raise UserError(f"{'--out ' if given else ''}{out}: {problem}")
+
+
+def read_text_file(path: str, what: str) -> tuple[bytes, str]:
+    """The bytes of ``path`` and their text; an error names the file (and the line of a byte that is not
+    UTF-8) where the CSV reader would name neither."""
+    from qac.data.errors import DataFormatError
+
+    file = Path(path)
+    if file.is_dir():
+        raise DataFormatError(path, None, None, f"a folder, not a file (expected {what})")
+    if not file.is_file():
+        raise DataFormatError(path, None, None, f"file not found (expected {what})")
+    data = file.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[:error.start].count(b"\n") + 1
+        raise DataFormatError(path, line, None, f"not UTF-8 text (byte 0x{data[error.start]:02x}); save it "
+                                                "as CSV in UTF-8") from None
+    return data, text.removeprefix("\ufeff")    # a spreadsheet's byte order mark, as the CSV reader drops it
+
+
+def check_unique_items(path: str, text: str) -> None:
+    """Each item once in a filled sheet: a repeated item is named with both its lines, before the texts of
+    its rows are compared with the exported sheet (which would report the repeat as a text that differs)."""
+    import csv
+    import io
+
+    from qac.data.errors import DataFormatError
+
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if "item" not in (reader.fieldnames or []):
+        return      # the library names the missing column
+    first_line: dict[str, int] = {}
+    for row in reader:
+        item = (row["item"] or "").strip()
+        if item in first_line:
+            raise DataFormatError(path, reader.line_num, "item", f"item {item!r} appears twice (lines "
+                                  f"{first_line[item]} and {reader.line_num}): each item is labelled once")
+        first_line[item] = reader.line_num
+
+
+def check_filled_sheets(paths: list[str]) -> None:
+    """At least two sheets, each a UTF-8 file of its own (not the same file or the same bytes given twice,
+    which would count one annotator twice and agree with itself), each item once."""
+    import hashlib
+
+    from qac.errors import UserError
+
+    if len(paths) < 2:
+        raise UserError(f"{paths[0]}: need the filled sheets of at least two annotators, got 1; agreement and "
+                        "the majority label compare annotators, so give every annotator's sheet")
+    seen_paths: dict[Path, str] = {}
+    seen_bytes: dict[str, str] = {}
+    for path in paths:
+        data, text = read_text_file(path, "a filled sheet")
+        place = Path(path).resolve()
+        if place in seen_paths:
+            raise UserError(f"{path}: given twice (as {seen_paths[place]} too); give each annotator's sheet once")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in seen_bytes:
+            raise UserError(f"{path}: byte for byte the same as {seen_bytes[digest]}: a copy of one annotator's "
+                            "sheet, not a second annotator's; give each annotator's own filled sheet")
+        seen_paths[place], seen_bytes[digest] = path, path
+        check_unique_items(path, text)
+
+
+def _import(args: argparse.Namespace) -> int:
     from qac.io import write_json
     from qac.evaluation import annotation
 
+    # Checked here, before the library reads anything, so each problem is named with its file.
+    check_filled_sheets(args.sheets)
+    read_text_file(args.key, "the key.csv written by export")
+    if args.sheet is not None:
+        read_text_file(args.sheet, "the sheet.csv written by export")
+    out = Path(args.out) if args.out else Path(args.key).parent
+    _check_out_folder(out, args.out)
     human = annotation.import_sheets(args.sheets, args.key, args.sheet)
     key = annotation.read_key(args.key)
     rows = [{"item": item, "doc_id": entry["doc_id"], "kind": entry["kind"], "pid": entry["pid"],
              "context_id": entry["context_id"], "votes": " ".join(human.votes[item]),
              "label": human.labels[item] or ""} for item, entry in key.items()]
-    out = Path(args.out) if args.out else Path(args.key).parent
     annotation.write_csv(out / "human_labels.csv", ["item", "doc_id", "kind", "pid", "context_id", "votes", "label"],
                          rows)
     shares = annotation.label_shares(rows)

@@ -51,13 +51,33 @@ def _text(value: Any) -> str:
     return f"{value:.4f}"
 
 
+class UnreadableMetrics(Exception):
+    """A metrics file that is no JSON text: shown as one ``(unreadable)`` line, the others still listed."""
+
+
+def read_metrics_file(path: Path) -> Any:
+    """The JSON value of ``path``; :class:`UnreadableMetrics` says where and why it cannot be read."""
+    if path.is_dir():
+        raise UnreadableMetrics("a folder, not a file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[:error.start].count(b"\n") + 1
+        raise UnreadableMetrics(f"line {line}: not UTF-8 text (byte 0x{data[error.start]:02x})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UnreadableMetrics(f"line {error.lineno}: {error.msg}") from None
+
+
 def metric_lines(root: Path, timing: bool = False, pattern: str | None = None) -> list[str]:
     rows = []
     for path in metrics_files(root, timing):
         try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            rows.append((path.relative_to(root).as_posix(), "(unreadable)", f"line {error.lineno}: {error.msg}"))
+            values = read_metrics_file(path)
+        except UnreadableMetrics as problem:
+            rows.append((path.relative_to(root).as_posix(), "(unreadable)", str(problem)))
             continue
         for key, value in flat_values(values):
             rows.append((path.relative_to(root).as_posix(), key, _text(value)))

@@ -174,15 +174,26 @@ def linked_run_id(record: Mapping[str, Any] | None, what: str) -> str | None:
     if not usable_store():
         return None
     import mlflow
-    from mlflow.exceptions import MlflowException
+
+    from qac.tracking.store import is_store_error, store_failed
 
     try:
         mlflow.MlflowClient(tracking_uri()).get_run(record["run_id"])
-    except MlflowException:
-        print(f"note: run {record['run_id']} of {what} is not in this tracking store: not linked",
-              file=sys.stderr)
+    except Exception as error:
+        if not is_store_error(error):
+            raise
+        if _run_not_found(error):
+            print(f"note: run {record['run_id']} of {what} is not in this tracking store: not linked",
+                  file=sys.stderr)
+        else:    # the store itself failed (locked, damaged since the probe): said once, the stage goes on
+            store_failed(error)
         return None
     return record["run_id"]
+
+
+def _run_not_found(error: BaseException) -> bool:
+    """Whether the store answered that it has no such run (as opposed to failing to answer)."""
+    return getattr(error, "error_code", None) in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 
 
 def flatten(prefix: str, value: Any) -> dict[str, Any]:

@@ -279,13 +279,19 @@ def tracked_stage(
     root = _profile_root(params, root)
     from qac.tracking.store import usable_store
 
-    if not main or not usable_store():   # an unusable store is said once; the stage goes on without it
+    parent_run_id = None
+    if main and usable_store() and isinstance(parent, Upstream):
+        parent_run_id = parent.run_id()
+    elif isinstance(parent, str):
+        parent_run_id = parent
+    # An unusable store is said once and the stage goes on without it; asked again because looking the
+    # parent up can find the store locked.
+    if not main or not usable_store():
         yield StageTracking(root=root)
         return
     from qac.tracking import stage_run
     from qac.tracking.record import models_requested
 
-    parent_run_id = parent.run_id() if isinstance(parent, Upstream) else parent
     opened = stage_run(params, stage, run_name, kind=kind, stage_params=stage_params, inputs=inputs, tags=tags,
                        parent_run_id=parent_run_id)
     with _store_run(opened) as run:

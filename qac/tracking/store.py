@@ -9,7 +9,9 @@ the store once with short timeouts and no retries:
 - a tracking server (``http(s)://``): one request to its REST API;
 - a SQLite store (``sqlite:///mlflow.db``): opened read-only and its tables
   listed, which a corrupted or foreign file fails (``sqlite3.DatabaseError``);
-  a file that does not exist yet is fine (the first run creates it);
+  a file that does not exist yet is fine (the first run creates it); a file
+  another process keeps locked for longer than the probe waits (a transaction
+  left open) is a problem too, where MLflow would wait 20 s on every call;
 - a local folder (``file:`` or a path): it must be a folder, or creatable;
 - a database (``postgresql://``, ``mysql://``, ``mssql://``, with or without ``+driver``): one connection
   with a short connect timeout, which a missing driver or an unreachable server fails.
@@ -83,8 +85,10 @@ def _sqlite_problem(uri: str) -> str | None:
             if tables and "runs" in tables:
                 connection.execute("SELECT COUNT(*) FROM runs").fetchone()
     except sqlite3.OperationalError as error:
-        if "locked" in str(error):
-            return None    # another stage is writing: busy, not broken
+        if is_locked_error(error):
+            # Another stage's write holds the lock for milliseconds: one held through the whole wait is not that.
+            return (f"is locked: another process has held {path} for longer than {_timeout():g} s (a transaction "
+                    "left open, or a long write); the lock ends when that process commits or ends")
         return f"cannot be read as a SQLite database: {path} ({error})"
     except sqlite3.DatabaseError as error:
         return (f"is damaged: {path} is not a readable SQLite database ({error}); move it aside "
@@ -165,12 +169,18 @@ def unavailable_message(problem: str, uri: str | None = None, what: str = "this 
 
 
 def usable_store(what: str = "this stage", uri: str | None = None) -> bool:
-    """Whether the store can be used; when it cannot, prints :func:`unavailable_message` once on stderr."""
+    """Whether the store can be used; when it cannot, prints :func:`unavailable_message` once on stderr.
+
+    When it can and is a SQLite file, MLflow's waits on its lock are bounded from now on
+    (:func:`bound_lock_waits`).
+    """
     import sys
 
     uri = uri or tracking_uri()    # one key per store, as store_failed's, so the store is said once
     problem = store_problem(uri)
     if problem is None:
+        if urlsplit(uri).scheme.lower().startswith("sqlite"):
+            bound_lock_waits()
         return True
     if uri not in _printed:
         _printed.add(uri)
@@ -179,8 +189,70 @@ def usable_store(what: str = "this stage", uri: str | None = None) -> bool:
 
 
 
+_bounded = False
+
+
+def bound_lock_waits() -> None:
+    """Let MLflow wait on a locked SQLite store as long as the probe does, not 20 s on every call.
+
+    MLflow starts each session on a SQLite store with ``PRAGMA busy_timeout = 20000``. A lock taken after
+    the probe (a transaction another process leaves open) would cost 20 s per call, and a stage makes many;
+    this rewrites that statement to the probe's timeout, so the first call that meets the lock fails within
+    seconds and the stage goes on without the store (:func:`store_failed`). Other SQLite databases keep
+    their own setting: only the statement MLflow sends is rewritten, on engines whose file is the stages'
+    store.
+    """
+    global _bounded
+    if _bounded:
+        return
+    import logging
+
+    import sqlalchemy
+
+    sqlalchemy.event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", _bounded_busy_timeout, retval=True)
+    # MLflow logs the lock with its traceback before it raises; the stage says it in one paragraph instead.
+    logging.getLogger("mlflow.store.db.utils").addFilter(_quiet_lock_errors)
+    _bounded = True
+
+
+def _quiet_lock_errors(record) -> bool:
+    """Keep a log record unless it reports the store's lock and the stage is not verbose (``QAC_VERBOSE``,
+    as :func:`qac.console.verbose_requested` reads it)."""
+    error = record.exc_info[1] if record.exc_info else None
+    verbose = os.environ.get("QAC_VERBOSE", "").strip().lower() not in ("", "0", "false", "no")
+    return verbose or error is None or not is_locked_error(error)
+
+
+def _bounded_busy_timeout(connection, cursor, statement, parameters, context, executemany):
+    if statement.lstrip().lower().startswith("pragma busy_timeout") and _is_tracking_file(connection.engine.url):
+        statement = f"PRAGMA busy_timeout = {int(_timeout() * 1000)};"
+    return statement, parameters
+
+
+def _is_tracking_file(url) -> bool:
+    """Whether the SQLAlchemy ``url`` is the SQLite file of the stages' store."""
+    if url.get_backend_name() != "sqlite" or not url.database:
+        return False
+    store = tracking_uri()
+    if not urlsplit(store).scheme.lower().startswith("sqlite"):
+        return False
+    return Path(url.database).resolve() == Path(store.split("://", 1)[-1][1:].split("?", 1)[0]).resolve()
+
+
 # The libraries' error modules a failing store raises from (imports of mlflow, SQLAlchemy or requests not needed).
 _STORE_ERROR_MODULES = ("mlflow.exceptions", "sqlalchemy.exc", "requests.exceptions", "urllib3.exceptions")
+
+
+def is_locked_error(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is SQLite's "database is locked": another process
+    holds the store. MLflow wraps SQLAlchemy's error, which wraps sqlite3's, so the chain is searched."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if "database is locked" in str(error) or "database table is locked" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def is_store_error(error: BaseException) -> bool:
@@ -190,10 +262,16 @@ def is_store_error(error: BaseException) -> bool:
 
 
 def store_failed(error: BaseException, what: str = "this stage", uri: str | None = None) -> None:
-    """Say in one paragraph (once) that the store failed although the probe found it usable."""
+    """Say in one paragraph (once) that the store failed although the probe found it usable.
+
+    A store found locked stays unusable for the rest of the process (:func:`usable_store` answers False
+    without asking it again), so the stage waits on the lock once, not at every later call.
+    """
     import sys
 
     uri = uri or tracking_uri()
+    if is_locked_error(error):
+        _answers[uri] = "is locked by another process"
     if uri not in _printed:
         _printed.add(uri)
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
