@@ -206,3 +206,22 @@ def path_md5(path: str | os.PathLike) -> str:
     for child in sorted(p for p in path.rglob("*") if p.is_file()):
         digest.update(f"{child.relative_to(path).as_posix()}\0{file_md5(child)}\n".encode())
     return digest.hexdigest()
+
+
+class NotUtf8(ValueError):
+    """Bytes that are not UTF-8 text, with where the first bad byte is (1-based line and column)."""
+
+    def __init__(self, line: int, column: int, byte: int):
+        self.line, self.column, self.byte = line, column, byte
+        super().__init__(f"not UTF-8 text at line {line}, column {column} (byte 0x{byte:02x})")
+
+
+def decode_utf8(data: bytes) -> str:
+    """``data`` as text; :class:`NotUtf8` names the line and column of its first byte that is not UTF-8, which a
+    bare ``UnicodeDecodeError`` (an offset into the file) does not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line_start = data.rfind(b"\n", 0, error.start) + 1
+        raise NotUtf8(data.count(b"\n", 0, error.start) + 1, error.start - line_start + 1,
+                      data[error.start]) from None

@@ -72,13 +72,14 @@ def read_text_file(path: str, what: str) -> tuple[bytes, str]:
         raise DataFormatError(path, None, None, f"a folder, not a file (expected {what})")
     if not file.is_file():
         raise DataFormatError(path, None, None, f"file not found (expected {what})")
+    from qac.io import NotUtf8, decode_utf8
+
     data = file.read_bytes()
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[:error.start].count(b"\n") + 1
-        raise DataFormatError(path, line, None, f"not UTF-8 text (byte 0x{data[error.start]:02x}); save it "
-                                                "as CSV in UTF-8") from None
+        text = decode_utf8(data)
+    except NotUtf8 as error:
+        raise DataFormatError(path, error.line, None, f"not UTF-8 text (byte 0x{error.byte:02x}); save it "
+                                                      "as CSV in UTF-8") from None
     return data, text.removeprefix("\ufeff")    # a spreadsheet's byte order mark, as the CSV reader drops it
 
 

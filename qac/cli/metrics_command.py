@@ -59,12 +59,12 @@ def read_metrics_file(path: Path) -> Any:
     """The JSON value of ``path``; :class:`UnreadableMetrics` says where and why it cannot be read."""
     if path.is_dir():
         raise UnreadableMetrics("a folder, not a file")
-    data = path.read_bytes()
+    from qac.io import NotUtf8, decode_utf8
+
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[:error.start].count(b"\n") + 1
-        raise UnreadableMetrics(f"line {line}: not UTF-8 text (byte 0x{data[error.start]:02x})") from None
+        text = decode_utf8(path.read_bytes())
+    except NotUtf8 as error:
+        raise UnreadableMetrics(f"line {error.line}: not UTF-8 text (byte 0x{error.byte:02x})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from qac.io import NotUtf8, decode_utf8
 from qac.params.errors import ParamsError, Problem
 
 
@@ -111,14 +112,10 @@ def read_params_file(path: str | os.PathLike) -> tuple[str, Any]:
     import yaml
 
     path = Path(path)
-    data = path.read_bytes()
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
-        raise ParamsError(path, [Problem("", f"not UTF-8 text at line {line}, column {column} (byte "
-                                             f"0x{data[error.start]:02x}); save the file as UTF-8")]) from None
+        text = decode_utf8(path.read_bytes())
+    except NotUtf8 as error:
+        raise ParamsError(path, [Problem("", f"{error}; save the file as UTF-8")]) from None
     try:
         return text, read_yaml(text)
     except yaml.YAMLError as error:
