@@ -203,7 +203,8 @@ def run_main(main: Callable[..., int | None], argv: list[str] | None = None, pro
     ``QAC_VERBOSE=1`` the traceback is printed above the paragraph. The process then ends without the
     interpreter's module teardown (:func:`qac.exiting.end_process`: exit handlers run, seconds saved).
     """
-    status = call_main(main, argv, prog)     # a program error raises on, to end as Python ends it
+    # The command line is parsed from here on: ``main()`` alone (a test calling a stage) parses no arguments.
+    status = call_main(main, sys.argv[1:] if argv is None else argv, prog)   # a program error raises on
     from qac.exiting import end_process
 
     end_process(status)

@@ -105,3 +105,36 @@ def test_a_library_that_lowers_its_own_log_level_after_set_up_stays_quiet():
                           timeout=120, check=True)
     assert "Building index" not in done.stderr + done.stdout
     assert "a real warning" in done.stderr
+
+
+STAGES_WITHOUT_OPTIONS = ("annotation", "beir_retriever", "bm25", "reference", "split_passages", "tables",
+                          "train_query_generator", "word_frequencies")
+
+
+@pytest.mark.parametrize("name", STAGES_WITHOUT_OPTIONS)
+def test_a_stage_without_options_refuses_one_it_does_not_know_before_any_work(name, capsys):
+    """An unknown option or a stray argument ends the stage with argparse's usage line, before params are read."""
+    from qac.console import call_main
+
+    stage = load_stage(name)
+    for argv in (["--bogus"], ["extra"]):
+        with pytest.raises(SystemExit) as stopped:
+            call_main(stage.main, argv)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert "unrecognized arguments" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as stopped:
+        call_main(stage.main, ["--help"])
+    assert stopped.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_a_stage_run_as_a_script_reads_its_command_line(tmp_path):
+    """DVC and people start stages as scripts: their arguments reach the parser (`--help` too), and an
+    unknown one stops the stage before it touches the params file it would read."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "QAC_PARAMS": str(tmp_path / "absent.yaml")}
+    script = str(REPO / "pipelines" / "tables.py")
+    refused = subprocess.run([sys.executable, script, "--bogus"], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "unrecognized arguments: --bogus" in refused.stderr, refused.stderr
+    helped = subprocess.run([sys.executable, script, "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: tables.py")

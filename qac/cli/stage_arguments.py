@@ -28,7 +28,9 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
 
 def stage_arguments(description: str, argv: list[str] | None) -> argparse.Namespace:
     """The command line of a stage without options of its own (``-v``), parsed, with the console set up for
-    it. ``argv`` None (``run_main(main)``, as DVC runs the stage) parses no arguments."""
+    it: an unknown option or argument (and ``--help``) ends the stage before any work. ``argv`` None (a test
+    calling ``main()``) parses no arguments; a stage run as a script gets its command line from
+    :func:`qac.console.run_main`."""
     return _parsed(argparse.ArgumentParser(description=description), [] if argv is None else argv)
 
 
