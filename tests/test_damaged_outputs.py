@@ -67,6 +67,42 @@ def test_a_per_query_value_that_is_not_a_finite_number_is_named(tmp_path, capsys
     assert not (tmp_path / "reports" / "smoke").exists()
 
 
+def _edited_per_query(data: Path, edit) -> tuple[Path, str, str]:
+    """The per-query file of one variant, changed by ``edit(values, measure, qid)``; its path, measure and qid."""
+    import json
+
+    path = data / "eval" / "cotmae-passage" / "r2" / "scifact" / "test.per_query.json"
+    values = json.loads(path.read_text())
+    measure = sorted(values)[0]
+    qid = sorted(values[measure])[0]
+    edit(values, measure, qid)
+    path.write_text(json.dumps(values))
+    return path, measure, qid
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda values, measure, qid: values[measure].update({qid: -5.0}), "is outside [0, 1]"),
+    (lambda values, measure, qid: values[measure].update({qid: 7.0}), "is outside [0, 1]"),
+    (lambda values, measure, qid: values[measure].pop(qid), "has a value of"),
+    (lambda values, measure, qid: values[measure].update({"not-a-query": 1.0}), "has a value of"),
+    (lambda values, measure, qid: values.update({measure: {}}), "holds no queries"),
+    (lambda values, measure, qid: values.clear(), "with at least one measure"),
+], ids=["negative", "above one", "a query missing from one measure", "a query only one measure has",
+        "a measure without queries", "no measures"])
+def test_a_per_query_file_no_evaluation_writes_is_named_not_reported(tmp_path, capsys, edit, named):
+    """Values no measure takes, or measures over different queries: a damaged file, never a number in a table."""
+    data = write_study(tmp_path / "data" / "smoke")
+    path, measure, qid = _edited_per_query(data, edit)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
+    code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
+                     "--no-mlflow", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert str(path) in err and named in err and "evaluate@cotmae-passage" in err
+    assert not (tmp_path / "reports" / "smoke").exists()
+
+
 @pytest.mark.parametrize("relative, stage", [("datasets/scifact/corpus.jsonl", "prepare@scifact"),
                                              ("bm25/negatives.jsonl", "bm25")])
 def test_any_malformed_stage_file_names_the_stage_that_rebuilds_it(tmp_path, monkeypatch, capsys, relative, stage):

@@ -155,9 +155,8 @@ class Source(_Recorded):
         if key not in self._cache:
             path = self.path(dataset, split)
             values = read_json(path) if path.is_file() else None
-            if values is not None and not (isinstance(values, dict)
-                                           and all(isinstance(v, dict) for v in values.values())):
-                raise DataFormatError(path, None, None, "expected {measure: {qid: value}}")
+            if values is not None:
+                values = _checked_per_query(path, values)
             self._cache[key] = values
         return self._cache[key]
 
@@ -166,15 +165,7 @@ class Source(_Recorded):
         values = self._load(dataset, split)
         if values is None or measure not in values:
             return None
-        scores = {}
-        for qid, value in values[measure].items():
-            # a measure of one query is a finite number: NaN or infinity would spread into every mean, and
-            # a boolean or a string is a file some other program wrote
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise DataFormatError(self.path(dataset, split), None, measure,
-                                      f"query {qid!r}: {value!r} is not a finite number")
-            scores[str(qid)] = float(value)
-        return scores
+        return dict(values[measure])
 
     def metric(self, dataset: str, split: str, measure: str) -> float | None:
         """The mean over queries (trec_eval's aggregate); ``math.fsum`` so file order cannot change it.
@@ -195,6 +186,42 @@ class Source(_Recorded):
         if not folder.is_dir():
             return []
         return sorted(p.name[:-len(PER_QUERY_SUFFIX)] for p in folder.iterdir() if p.name.endswith(PER_QUERY_SUFFIX))
+
+
+# Every measure qac evaluates (RR, R, Hit, P, nDCG, AP) is a share in [0, 1]; a sum of floats may pass 1 by
+# a few units in the last place.
+_MEASURE_RANGE = (0.0, 1.0 + 1e-9)
+
+
+def _checked_per_query(path: Path, values: Any) -> dict[str, dict[str, float]]:
+    """A per-query file as the evaluation stage writes it: ``{measure: {qid: value}}``, every measure over the
+    same queries, every value a finite share in [0, 1]; anything else is a damaged file, named with the
+    measure and query, never a number in a table."""
+    if not (isinstance(values, dict) and values and all(isinstance(v, dict) for v in values.values())):
+        raise DataFormatError(path, None, None, "expected {measure: {qid: value}} with at least one measure")
+    checked: dict[str, dict[str, float]] = {}
+    queries = None
+    for measure, scores in values.items():
+        if not scores:
+            raise DataFormatError(path, None, measure, "holds no queries")
+        for qid, value in scores.items():
+            # NaN or infinity would spread into every mean; a boolean or a string is a file some other
+            # program wrote; a value outside [0, 1] is no value of these measures
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise DataFormatError(path, None, measure, f"query {qid!r}: {value!r} is not a finite number")
+            if not _MEASURE_RANGE[0] <= value <= _MEASURE_RANGE[1]:
+                raise DataFormatError(path, None, measure, f"query {qid!r}: {value!r} is outside [0, 1], the "
+                                                           "range of every measure")
+        if queries is None:
+            first, queries = measure, set(scores)
+        elif set(scores) != queries:
+            odd = sorted(set(scores) ^ queries)[0]
+            side = first if odd in queries else measure
+            raise DataFormatError(path, None, measure, f"query {odd!r} has a value of {side} only: every measure "
+                                                       f"of a file covers the same queries ({first} has "
+                                                       f"{len(queries)}, {measure} {len(scores)})")
+        checked[measure] = {str(qid): float(value) for qid, value in scores.items()}
+    return checked
 
 
 class SeededSource:
