@@ -57,8 +57,13 @@ def _error(path: Path, index: int, message: str) -> ValueError:
 
 def parse_ledger(text: str, path: Path = LEDGER) -> list[Deviation]:
     """The ledger's entries, checked: unique ids, known stages, both recipes' values for every switch."""
-    data = yaml.safe_load(text) or {}
-    entries = data.get("entries")
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark else ""
+        raise ValueError(f"{path}{at}: not valid YAML: {getattr(error, 'problem', None) or error}") from None
+    entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{path}: needs a list under 'entries'")
     known = set(Deviation.__dataclass_fields__)
@@ -77,7 +82,14 @@ def parse_ledger(text: str, path: Path = LEDGER) -> list[Deviation]:
         seen.add(entry["id"])
         if entry["stage"] not in STAGES:
             raise _error(path, index, f"stage {entry['stage']!r} is not one of {', '.join(STAGES)}")
+        for name in ("keys", "sources"):
+            listed = entry.get(name)
+            if listed is not None and not (isinstance(listed, list)
+                                           and all(isinstance(item, str) and item.strip() for item in listed)):
+                raise _error(path, index, f"field {name!r} must be a list of non-empty strings")
         switch = entry.get("switch")
+        if switch is not None and not (isinstance(switch, str) and switch.strip()):
+            raise _error(path, index, f"field 'switch' must be a dotted params key, found {switch!r}")
         if switch is not None:
             values = entry.get("values") or {}
             if sorted(values) != sorted(RECIPES):

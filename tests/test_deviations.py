@@ -85,11 +85,25 @@ def test_the_ledger_holds_the_known_gaps():
      " values: {paper: 1, release: 2}}\n", "'recipe'"),
     ("entries:\n  - {id: a, title: t, stage: nowhere, paper: p, release: r, ours: o}\n", "stage 'nowhere'"),
     ("entries:\n  - {id: a, title: t, stage: none, paper: p, release: r, ours: o, swtich: x}\n", "unknown field"),
+    ("entries:\n  - {id: a, title: t, stage: finetune, paper: p, release: r, ours: o, switch: 42,"
+     " values: {paper: 1, release: 2}, recipe: paper}\n", "field 'switch' must be a dotted params key, found 42"),
+    ("entries:\n  - {id: a, title: t, stage: none, paper: p, release: r, ours: o, keys: finetune.lr}\n",
+     "field 'keys' must be a list of non-empty strings"),
 ])
 def test_a_malformed_ledger_names_the_entry_and_the_field(broken, message):
     with pytest.raises(ValueError, match=message) as error:
         deviations.parse_ledger(broken, Path("ledger.yaml"))
     assert "ledger.yaml: entries[" in str(error.value)
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("entries:\n  - {id: a, switch: [unclosed\n", "ledger.yaml:3: not valid YAML"),
+    ("- a list\n", "ledger.yaml: needs a list under 'entries'"),
+])
+def test_a_ledger_that_is_not_yaml_or_not_a_mapping_is_named_with_its_line(broken, message):
+    with pytest.raises(ValueError) as error:
+        deviations.parse_ledger(broken, Path("ledger.yaml"))
+    assert str(error.value).startswith(message)
 
 
 def test_recipe_of_follows_a_variants_own_setting(profiles):
