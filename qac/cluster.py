@@ -23,14 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qac.errors import UserError
+from qac.params.fields import SCRIPT_PATH_RULE, is_script_path
+
 if TYPE_CHECKING:
     from qac.params.sections import ClusterSection, Params
 
 RESOURCE_KEYS = ("nodes", "gpus_per_node", "cpus_per_task", "mem", "time", "distributed")
 RENDEZVOUS_PORT = 29500
 
-
-class ClusterSettingsError(ValueError):
+class ClusterSettingsError(ValueError, UserError):
     """A bad ``cluster`` setting; the message names the key."""
 
 
@@ -76,7 +78,8 @@ def stage_resources(cluster: ClusterSection, stage: str, where: str = "params.ya
     missing = [key for key in RESOURCE_KEYS if merged.get(key) is None]
     if missing:
         raise ClusterSettingsError(f"{where}: cluster.default: {', '.join(missing)} not set")
-    resources = Resources(**{**{key: merged[key] for key in RESOURCE_KEYS}, "mem": str(merged["mem"])})
+    resources = Resources(**{**{key: merged[key] for key in RESOURCE_KEYS}, "mem": str(merged["mem"]),
+                             "time": str(merged["time"])})
     if resources.nodes > 1 and not resources.distributed:
         raise ClusterSettingsError(f"{where}: cluster.stages.{base}: {resources.nodes} nodes need distributed: true "
                                    "(a stage runs on several nodes only under torchrun)")
@@ -246,6 +249,11 @@ def write_slurm_scripts(profile: str, params: Params, graph, out_dir: str | Path
     root = str(cluster.shared_root or root)
     out_dir = Path(out_dir)
     script_dir = str(out_dir if out_dir.is_absolute() else Path(root) / out_dir)
+    if not is_script_path(script_dir):
+        # It is written unquoted into each job's `#SBATCH --output=` line, which ends at a space.
+        raise ClusterSettingsError(f"the scripts' folder {script_dir} (--slurm {out_dir}"
+                                   f"{'' if out_dir.is_absolute() else f' under {root}'}) is not {SCRIPT_PATH_RULE}; "
+                                   "it is written into each job's #SBATCH --output line")
     log_dir = f"{script_dir}/logs"
     pipeline = f"profiles/{profile}/dvc.yaml"
     texts = {job.file_name: job_script(job, profile, pipeline, cluster, root, log_dir) for job in jobs}

@@ -383,6 +383,21 @@ def test_annotate_import_needs_two_sheets_and_a_folder_to_write_to(filled_sheets
     assert taken.read_text() == "a file where the folder should go\n"
 
 
+@pytest.mark.parametrize("action", [["export"], ["import", "first.csv", "second.csv", "--key", "key.csv"]])
+def test_annotate_refuses_an_out_folder_outside_the_working_folder(action, tmp_path, monkeypatch, capsys):
+    """'..' would write beside the checkout (an absolute folder stays allowed): refused before any work."""
+    from qac.cli import main
+
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["annotate", *action, "--out", "../outside"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("qac: error: --out '../outside': expected a relative path inside its folder")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["work"]
+
+
 def test_annotate_import_names_the_line_of_a_byte_that_is_not_utf8(filled_sheets, capsys):
     key, sheet, first, second = filled_sheets
     lines = second.read_bytes().split(b"\n")

@@ -10,6 +10,7 @@ inside or holds one of B's ``outs``.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -190,3 +191,111 @@ def test_every_profile_declares_usable_cluster_settings():
         params = load_params(profile_params_path(name))
         for stage in ("prepare@x", "generate_queries", "pretrain@none", "tables"):
             stage_resources(params.cluster, stage)
+
+
+# --- what reaches a script line: checked by the schema, before any script -------------------------------
+
+@pytest.mark.parametrize("key, value", [
+    ("default.time", "25:00:00x"), ("default.time", "99:99:99"), ("default.time", "12:60:00"),
+    ("default.time", "1-24:00:00"), ("default.time", "0"), ("default.time", " 1:00:00"),
+    ("default.mem", "lots"), ("default.mem", "-4G"), ("default.mem", "0"), ("default.mem", "64 G"),
+    ("stages.train.time", "12:00:00\n#SBATCH --exclusive"), ("stages.train.mem", 0),
+    ("partition", "gpu; touch /tmp/x"), ("partition", "gpu long"), ("account", "lab$(id)"),
+    ("qos", "high\n#SBATCH --exclusive"), ("shared_root", "relative/dir"), ("shared_root", "/shared/../qac"),
+    ("shared_root", "/shared/my qac"), ("shared_root", "/shared/qac; rm -rf ~"),
+])
+def test_a_cluster_setting_sbatch_or_the_shell_would_misread_is_refused_naming_its_key(key, value):
+    settings = copy.deepcopy(cluster_params({"train": {}}))
+    *parents, name = key.split(".")
+    target = settings["cluster"]
+    for part in parents:
+        target = target[part]
+    target[name] = value
+    with pytest.raises(ParamsError, match=re.escape(f"parameter cluster.{key}: expected ")):
+        validate_params(settings, complete=False)
+
+
+@pytest.mark.parametrize("time, mem", [("90", "64G"), (90, "512M"), ("30:00", "1T"), ("72:00:00", "900K"),
+                                       ("2-12", "2048"), ("2-12:30", 64000), ("2-12:30:15", "16G"), ("0:30", "4G")])
+def test_every_time_and_memory_form_sbatch_takes_is_written_as_given(time, mem, tmp_path):
+    params = validate_params({"profile": "smoke", "cluster": {
+        "default": {**DEFAULT, "time": time, "mem": mem}, "stages": {},
+        "partition": "gpu,gpu-long", "account": "lab_1", "qos": "normal", "shared_root": "/shared/qac"}},
+        complete=False)
+    write_slurm_scripts("smoke", params, GRAPH, tmp_path / "slurm", root=tmp_path)
+    options = directives((tmp_path / "slurm" / "train.sbatch").read_text())
+    assert (options["time"], options["mem"], options["partition"]) == (str(time), str(mem), "gpu,gpu-long")
+    assert (options["account"], options["qos"]) == ("lab_1", "normal")
+
+
+def test_a_bad_cluster_setting_is_named_with_its_file_and_line(tmp_path):
+    text = profile_params_path("smoke").read_text(encoding="utf-8")
+    assert "  partition: null\n" in text
+    path = tmp_path / "params.yaml"
+    path.write_text(text.replace("  partition: null\n", "  partition: 'gpu; touch /tmp/x'\n"), encoding="utf-8")
+    line = next(number for number, row in enumerate(path.read_text().splitlines(), 1) if "partition:" in row)
+    with pytest.raises(ParamsError) as caught:
+        load_params(path)
+    assert str(caught.value).startswith(f"{path}:{line}: parameter cluster.partition: expected one or more Slurm "
+                                        "names")
+
+
+def test_a_scripts_folder_that_would_break_the_output_directive_is_refused_before_writing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    params = validate_params(cluster_params({}), complete=False)
+    root = tmp_path / "my checkout"
+    with pytest.raises(ClusterSettingsError, match=re.escape(f"the scripts' folder {root}/slurm (--slurm slurm "
+                                                             f"under {root}) is not an absolute path")):
+        write_slurm_scripts("smoke", params, GRAPH, "slurm", root=root)
+    assert not (root / "slurm").exists() and not (tmp_path / "slurm").exists()
+
+
+# --- the --slurm folder: one paragraph, nothing written ------------------------------------------------
+
+def slurm_refused(capsys, folder: str) -> str:
+    from qac.cli import main
+
+    assert main(["profile", "plan", "smoke", "--slurm", folder]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("qac: error: --slurm "), err
+    return lines[0]
+
+
+def test_a_slurm_folder_that_is_a_file_or_beneath_one_is_refused(tmp_path, capsys):
+    taken = tmp_path / "f"
+    taken.write_text("a file\n")
+    assert slurm_refused(capsys, str(taken)) == f"qac: error: --slurm {taken}: is a file, not a folder"
+    assert f"--slurm {taken}/sub: {taken} is a file, so no folder can be made under it" in \
+        slurm_refused(capsys, f"{taken}/sub")
+    assert taken.read_text() == "a file\n" and sorted(tmp_path.iterdir()) == [taken]
+
+
+def test_a_slurm_folder_outside_the_working_folder_or_holding_other_files_is_refused(tmp_path, capsys,
+                                                                                     monkeypatch):
+    from qac.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert "--slurm ../slurm: expected a relative path inside its folder" in slurm_refused(capsys, "../slurm")
+    assert not (tmp_path / "slurm").exists()
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "notes.txt").write_text("mine\n")
+    assert "holds other files (notes.txt)" in slurm_refused(capsys, str(mixed))
+    assert sorted(path.name for path in mixed.iterdir()) == ["notes.txt"]
+    # A folder of an earlier rendering is rendered again.
+    monkeypatch.chdir(REPO)
+    assert main(["profile", "plan", "smoke", "--slurm", str(tmp_path / "slurm")]) == 0
+    assert main(["profile", "plan", "smoke", "--slurm", str(tmp_path / "slurm")]) == 0
+
+
+def test_plan_shows_one_view_at_a_time(capsys):
+    from qac.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["profile", "plan", "smoke", "--cells", "--cost"])
+    assert caught.value.code == 2 and "argument --cost: not allowed with argument --cells" in capsys.readouterr().err
+    assert main(["profile", "plan", "smoke", "--figures", "bench.json"]) == 2
+    assert "--figures bench.json: only with --cost" in capsys.readouterr().err

@@ -207,6 +207,29 @@ def test_the_dl19_subset_keeps_every_relevant_passage_then_judged_then_others(tm
                          ["200", "9", "1"]]
 
 
+@pytest.mark.parametrize("others, out, expected", [
+    ("-5", "out", "--others -5: expected a count of passages >= 0"),
+    ("3", "taken", "--out {tmp}/taken: is a file, not a folder"),
+    ("3", "taken/sub", "--out {tmp}/taken/sub: {tmp}/taken is a file, so no folder can be made under it"),
+])
+def test_the_dl19_subset_refuses_a_bad_option_before_reading_the_collection(others, out, expected, tmp_path,
+                                                                             capsys):
+    """A negative count would drop the judged non-relevant passages unsaid; a file where the folder goes
+    would stop the build after the collection was read."""
+    from qac.cli.dl19_subset_command import main
+    from qac.console import call_main
+
+    (tmp_path / "taken").write_text("a file\n")
+    arguments = ["--collection", str(tmp_path / "absent.tsv"), "--topics", str(tmp_path / "absent.tsv"),
+                 "--qrels", str(tmp_path / "absent.txt"), "--out", str(tmp_path / out), "--others", others]
+    assert call_main(main, arguments, prog="dl19") == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("dl19: error: " + expected.format(tmp=tmp_path)), lines[0]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["taken"]
+
+
 # --- when the data cannot be had ----------------------------------------------
 
 def test_the_unavailable_error_is_one_paragraph_naming_mirror_variable_and_url(tmp_path):

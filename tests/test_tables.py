@@ -381,6 +381,21 @@ def test_building_needs_no_mlflow_store(data, tmp_path, monkeypatch, capsys):
     assert not store.exists()                                  # looking did not create a store
 
 
+@pytest.mark.parametrize("out", ["../report", "reports/../../report", "/tmp/../report"])
+def test_a_report_folder_outside_the_working_folder_is_refused_before_any_work(out, tmp_path, monkeypatch, capsys):
+    """'..' would write beside the checkout; an absolute folder is a deliberate choice of another disk."""
+    from qac.cli import main
+
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["tables", "--params", str(tmp_path / "absent.yaml"), "--out", out]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(f"qac: error: --out {out!r}: expected a relative path inside its folder")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["work"] and not any((tmp_path / "work").iterdir())
+
+
 def test_tables_stage_writes_the_report(data, tmp_path, monkeypatch, mlflow_store):
     import shutil
 

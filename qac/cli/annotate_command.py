@@ -36,10 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from qac.cli.tables_command import check_out_option
     from qac.config import profile_dir
     from qac.params import load_params
     from qac.evaluation import annotation
 
+    check_out_option(args.out)
     params = load_params(args.params)
     data = profile_dir(params)
     out = Path(args.out) if args.out else data / "annotation"
@@ -129,10 +131,12 @@ def check_filled_sheets(paths: list[str]) -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from qac.cli.tables_command import check_out_option
     from qac.io import write_json
     from qac.evaluation import annotation
 
     # Checked here, before the library reads anything, so each problem is named with its file.
+    check_out_option(args.out)
     check_filled_sheets(args.sheets)
     read_text_file(args.key, "the key.csv written by export")
     if args.sheet is not None:

@@ -12,6 +12,21 @@ import argparse
 from qac.data.dl19_subset import DEFAULT_OTHERS, build_dl19_subset
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Before the collection is read: a count of extra passages, and a folder the files can go into."""
+    from pathlib import Path
+
+    from qac.cli.tables_command import folder_problem
+    from qac.errors import UserError
+
+    if args.others < 0:
+        raise UserError(f"--others {args.others}: expected a count of passages >= 0 (0: the judged relevant "
+                        "passages alone)")
+    problem = folder_problem(Path(args.out))
+    if problem:
+        raise UserError(f"--out {args.out}: {problem}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--collection", required=True, help="MS MARCO collection.tsv[.gz] (pid<TAB>text)")
@@ -21,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--others", type=int, default=DEFAULT_OTHERS,
                         help=f"passages beyond the relevant ones (default {DEFAULT_OTHERS})")
     args = parser.parse_args(argv)
+    check_options(args)
     counts = build_dl19_subset(args.collection, args.topics, args.qrels, args.out, args.others)
     print(f"msmarco-dl19-subset: {counts['documents']} passages ({counts['relevant']} judged relevant), "
           f"{counts['queries']} queries, {counts['qrels']} qrels -> {args.out}")

@@ -26,6 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from qac.errors import UserError
 from qac.params import PROFILE_NAMES
 
 
@@ -40,15 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument("name", choices=PROFILE_NAMES)
     plan = actions.add_parser("plan", help="the profile's stages in run order, with their commands")
     plan.add_argument("name", choices=PROFILE_NAMES)
-    plan.add_argument("--cells", action="store_true",
+    view = plan.add_mutually_exclusive_group()     # each is a plan of its own; one is shown
+    view.add_argument("--cells", action="store_true",
                       help="each numeric cell of the paper's Tables 1-5: its variant, stage outputs and recipe "
                            "(exit 1 if one is missing)")
-    plan.add_argument("--cost", action="store_true",
+    view.add_argument("--cost", action="store_true",
                       help="GPU-hours per stage and variant from the latest GPU benchmark figures "
                            "(reports/bench_gpu.json; the device and date are printed)")
     plan.add_argument("--figures", metavar="JSON", help="with --cost: another bench_gpu.json")
-    plan.add_argument("--slurm", metavar="DIR", help="write one sbatch script per stage, submit.sh (chained along "
-                      "the DVC graph) and sweep.sbatch into DIR (docs/cluster.md)")
+    view.add_argument("--slurm", metavar="DIR", help="write one sbatch script per stage, submit.sh (chained along "
+                      "the DVC graph) and sweep.sbatch into DIR, an empty folder or one of scripts rendered "
+                      "before (docs/cluster.md)")
     validate = actions.add_parser("validate", help="check params files against the schema, running nothing")
     validate.add_argument("targets", nargs="*", metavar="NAME|FILE",
                           help=f"a profile ({', '.join(PROFILE_NAMES)}) or a params file (default: every profile)")
@@ -155,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
 
         print(profile_params_path(args.name).read_text(encoding="utf-8"), end="")
         return 0
+    if args.figures is not None and not args.cost:
+        raise UserError(f"--figures {args.figures}: only with --cost (the figures the GPU-hours are costed from)")
     if args.cells:
         from qac.config import render_profile
         from qac.params import validate_params
@@ -172,18 +177,43 @@ def run(args: argparse.Namespace) -> int:
     return print_plan(args.name)
 
 
+# What `--slurm DIR` may already hold: what an earlier rendering wrote there.
+RENDERED_SCRIPTS = ("submit.sh", "sweep.sbatch", "*.sbatch", "logs")
+
+
+def slurm_folder_problem(out_dir: str) -> str | None:
+    """Why the scripts cannot go into ``out_dir``, or None: it is a folder to write into (the project's rule
+    for one), not a file nor beneath one, and it holds nothing but scripts rendered before (new ones would
+    be mixed in among other files)."""
+    from qac.cli.tables_command import folder_problem
+    from qac.names import OUTPUT_FOLDER_RULE, is_output_folder
+
+    if not is_output_folder(out_dir.rstrip("/") or "/"):
+        return f"expected {OUTPUT_FOLDER_RULE}"
+    folder = Path(out_dir)
+    problem = folder_problem(folder)
+    if problem or not folder.is_dir():
+        return problem
+    others = sorted(entry.name for entry in folder.iterdir()
+                    if not any(entry.match(pattern) for pattern in RENDERED_SCRIPTS))
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        return (f"holds other files ({shown}); give an empty folder or one that holds only the scripts of an "
+                "earlier rendering, so the scripts are not mixed in among them")
+    return None
+
+
 def _slurm(name: str, out_dir: str) -> int:
-    from qac.cluster import ClusterSettingsError, write_slurm_scripts
+    from qac.cluster import write_slurm_scripts
     from qac.params import load_params, profile_params_path
     from qac.pipeline_plan import stage_graph
 
+    problem = slurm_folder_problem(out_dir)
+    if problem:         # before the params are read: nothing is written
+        raise UserError(f"--slurm {out_dir}: {problem}")
     params_file = profile_params_path(name)
-    try:
-        written = write_slurm_scripts(name, load_params(params_file), stage_graph(name), out_dir, Path.cwd(),
-                                      where=str(params_file))
-    except ClusterSettingsError as error:
-        print(f"error: {error}")
-        return 2
+    written = write_slurm_scripts(name, load_params(params_file), stage_graph(name), out_dir, Path.cwd(),
+                                  where=str(params_file))
     jobs = len(written) - 2
     print(f"profile {name}: {jobs} job scripts, submit.sh and sweep.sbatch in {out_dir}; "
           f"submit with `bash {Path(out_dir) / 'submit.sh'}`")

@@ -35,10 +35,20 @@ def folder_problem(folder: Path) -> str | None:
     return None     # a folder it may not write (no permission, a read-only disk) is said when writing starts
 
 
+def check_out_option(value: str | None, option: str = "--out") -> None:
+    """A folder given on the command line to write into follows the project's rule for one: relative and
+    inside the working folder, or absolute (``../x`` would write beside the checkout)."""
+    from qac.names import OUTPUT_FOLDER_RULE, is_output_folder
+
+    if value is not None and not is_output_folder(value.rstrip("/") or "/"):
+        raise UserError(f"{option} {value!r}: expected {OUTPUT_FOLDER_RULE}")
+
+
 def run(args: argparse.Namespace) -> int:
     from qac.params import load_params
     from qac.reporting.profile_report import log_to_study_run, write_report
 
+    check_out_option(args.out)
     params = load_params(args.params)
     out = Path(args.out or params.tables.out_dir)
     problem = folder_problem(out)

@@ -7,7 +7,8 @@ description, and the sections name it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -90,6 +91,77 @@ def _output_folder(value: str) -> str:
 
 OutputFolder = Annotated[str, AfterValidator(_output_folder)]
 ChunkSize = Annotated[PositiveInt, Field(description="passages per atomically committed chunk (resume unit)")]
+
+
+# The cluster keys that reach a `#SBATCH` line or a shell line of a Slurm script (qac/cluster.py) hold what
+# sbatch takes there and nothing that would end a directive or run as a command: a bad value is named with
+# its file and line before any script is written, not found by sbatch at submission.
+SLURM_TIME_RULE = ("a Slurm time limit above zero: minutes (an integer or 'MM'), 'MM:SS', 'HH:MM:SS', 'D-HH', "
+                   "'D-HH:MM' or 'D-HH:MM:SS', with hours < 24 after days and minutes and seconds < 60 after a "
+                   "larger unit")
+SLURM_MEMORY_RULE = ("a Slurm memory size: a positive integer, optionally followed by K, M, G or T (such as 64G; "
+                     "without a unit, megabytes)")
+SLURM_NAME_RULE = "a Slurm name: letters, digits, '_', '-' and '.' (no spaces, quotes or shell characters)"
+SLURM_NAMES_RULE = ("one or more Slurm names separated by ',': letters, digits, '_', '-' and '.' (no spaces, "
+                    "quotes or shell characters)")
+SCRIPT_PATH_RULE = ("an absolute path of letters, digits, '_', '-', '.', '+', ',', '=' and '@' (no spaces, quotes, "
+                    "'%' or shell characters; no '.' or '..' component)")
+
+_SLURM_TIME = re.compile(r"(?:(?P<days>[0-9]+)-(?P<day_hours>[0-9]{1,2})(?::(?P<day_minutes>[0-9]{1,2})"
+                         r"(?::(?P<day_seconds>[0-9]{1,2}))?)?"
+                         r"|(?P<hours>[0-9]+):(?P<minutes>[0-9]{1,2}):(?P<seconds>[0-9]{1,2})"
+                         r"|(?P<lead_minutes>[0-9]+)(?::(?P<lead_seconds>[0-9]{1,2}))?)")
+_SLURM_MEMORY = re.compile(r"[1-9][0-9]*[KMGT]?")
+_SLURM_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+_SCRIPT_PATH = re.compile(r"(?:/[A-Za-z0-9_.+,=@-]+)+/?|/")
+
+
+def is_slurm_time(value: object) -> bool:
+    """``value`` is a time limit sbatch takes as ``--time``: above zero, no field out of its unit's range."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value >= 1
+    match = _SLURM_TIME.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return False
+    fields = {key: int(number) for key, number in match.groupdict().items() if number is not None}
+    limits = {"day_hours": 24, "day_minutes": 60, "day_seconds": 60, "minutes": 60, "seconds": 60,
+              "lead_seconds": 60}
+    return all(fields[key] < limit for key, limit in limits.items() if key in fields) and any(fields.values())
+
+
+def is_slurm_memory(value: object) -> bool:
+    """``value`` is a memory size sbatch takes as ``--mem`` (an integer: megabytes)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value >= 1
+    return isinstance(value, str) and bool(_SLURM_MEMORY.fullmatch(value))
+
+
+def is_slurm_name(value: object, several: bool = False) -> bool:
+    """``value`` is a partition, account or QOS name (``several``: names separated by ',')."""
+    pattern = f"{_SLURM_NAME}(?:,{_SLURM_NAME})*" if several else _SLURM_NAME
+    return isinstance(value, str) and bool(re.fullmatch(pattern, value))
+
+
+def is_script_path(value: object) -> bool:
+    """``value`` is an absolute path that reads the same in a ``#SBATCH`` line and in a shell line."""
+    return isinstance(value, str) and bool(_SCRIPT_PATH.fullmatch(value)) \
+        and all(part not in (".", "..") for part in value.split("/"))
+
+
+def _checked(test: Callable[[Any], bool], rule: str) -> AfterValidator:
+    def check(value: Any) -> Any:
+        if not test(value):
+            raise ValueError(rule)
+        return value
+
+    return AfterValidator(check)
+
+
+SlurmTime = Annotated[str | int, _checked(is_slurm_time, SLURM_TIME_RULE)]
+SlurmMemory = Annotated[str | int, _checked(is_slurm_memory, SLURM_MEMORY_RULE)]
+SlurmName = Annotated[str, _checked(is_slurm_name, SLURM_NAME_RULE)]
+SlurmNames = Annotated[str, _checked(lambda value: is_slurm_name(value, several=True), SLURM_NAMES_RULE)]
+ScriptPath = Annotated[str, _checked(is_script_path, SCRIPT_PATH_RULE)]
 
 
 class Section(BaseModel):

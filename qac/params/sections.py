@@ -16,8 +16,9 @@ from pydantic import Field, create_model
 
 from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, DropoutProbability, Fraction,
                                InsidePath, LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction,
-                               OutputFolder, PeakLearningRate, PlainName, PositiveFloat, PositiveInt, Section, Seed,
-                               SeedList, TopK, TopP, WarmupRatio, WeightDecay)
+                               OutputFolder, PeakLearningRate, PlainName, PositiveFloat, PositiveInt, ScriptPath,
+                               Section, Seed, SeedList, SlurmMemory, SlurmName, SlurmNames, SlurmTime, TopK, TopP,
+                               WarmupRatio, WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
                                    PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
@@ -572,19 +573,25 @@ class ClusterResources(Section):
     gpus_per_node: NonNegativeInt | None = Field(default=None, description="GPUs per node (one process per GPU under "
                                                                            "torchrun)")
     cpus_per_task: PositiveInt | None = Field(default=None, description="sbatch --cpus-per-task")
-    mem: str | PositiveInt | None = Field(default=None, description="sbatch --mem, such as 64G")
-    time: str | None = Field(default=None, description="sbatch --time, such as 12:00:00")
+    mem: SlurmMemory | None = Field(default=None, description="sbatch --mem: a positive integer with K, M, G or T "
+                                                              "(such as 64G; no unit: megabytes)")
+    time: SlurmTime | None = Field(
+        default=None, description="sbatch --time: minutes (MM or an integer), MM:SS, HH:MM:SS (such as 12:00:00), "
+                                  "D-HH, D-HH:MM or D-HH:MM:SS; above zero, hours < 24 after days, minutes and "
+                                  "seconds < 60 after a larger unit")
     distributed: bool | None = Field(default=None, description="run torchrun on every node")
 
 
 class ClusterSection(Section):
-    shared_root: str | None = Field(
-        description="the checkout on storage every node mounts; null: the directory the scripts are rendered in")
+    shared_root: ScriptPath | None = Field(
+        description="the checkout on storage every node mounts, an absolute path (no spaces or shell characters); "
+                    "null: the directory the scripts are rendered in")
     dvc_cache: str | None = Field(
         description="DVC cache on shared storage, set by submit.sh (`dvc cache dir --local`); null: leave it")
-    partition: str | None = Field(description="sbatch --partition; null: the cluster's default")
-    account: str | None = Field(description="sbatch --account")
-    qos: str | None = Field(description="sbatch --qos")
+    partition: SlurmNames | None = Field(description="sbatch --partition (names of letters, digits, '_', '-', '.', "
+                                                     "separated by ','); null: the cluster's default")
+    account: SlurmName | None = Field(description="sbatch --account (a name: letters, digits, '_', '-', '.')")
+    qos: SlurmName | None = Field(description="sbatch --qos (a name: letters, digits, '_', '-', '.')")
     requeue: bool = Field(description="a pre-empted job is requeued and resumes from its last checkpoint")
     setup: list[str] = Field(description="shell lines every job runs first (module load ..., source "
                                          ".venv/bin/activate)")
