@@ -108,6 +108,8 @@ def test_a_study_database_that_cannot_be_used_is_one_paragraph_within_seconds(tm
     """Optuna's engine would retry a database for minutes, or end a missing driver in a traceback."""
     import socket
 
+    from test_hpo_preflight import write_trial_inputs
+
     from qac.cli import main
     from qac.config import write_params
 
@@ -117,10 +119,7 @@ def test_a_study_database_that_cannot_be_used_is_one_paragraph_within_seconds(tm
     params = render_profile("smoke")
     params["data_dir"] = str(tmp_path / "data")
     root = tmp_path / "data" / "smoke"
-    for path in (root / "datasets" / "scifact", root / "bm25" / "negatives.jsonl", root / "passages.arrow",
-                 root / "queries.arrow"):      # inputs in place, so the storage is what stops the command
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.mkdir() if path.name == "scifact" else path.touch()
+    write_trial_inputs(root)      # inputs in place, so the storage is what stops the command
     write_params(params, tmp_path / "params.yaml")
     started = time.monotonic()
     code = main(["hpo", "--params", str(tmp_path / "params.yaml"),

@@ -82,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from qac.params import load_params, params_path, validate_params
     from qac.hpo.study_report import log_report_to_mlflow, write_study_report
     from qac.hpo.space import SpaceError
+    from qac.hpo.preflight import check_dev_split, check_search_space, parse_gpu_ids
     from qac.hpo.study import (DEFAULT_JOB, STORAGE_ENV, HpoSettings, SettingsError, ensure_study_mlflow_run,
-                               make_pruner, open_study, storage_location, study_dir)
+                               load_stored_study, make_pruner, open_study, storage_location, study_dir)
     from qac.redaction import redact_url, redact_values
     from qac.hpo.worker import run_worker_pool
 
@@ -95,24 +96,32 @@ def run(args: argparse.Namespace) -> int:
     if args.report_dir is not None and not is_output_folder(args.report_dir.rstrip("/") or "/"):
         print(f"error: --report-dir {args.report_dir!r}: expected {OUTPUT_FOLDER_RULE}")
         return 2
-    gpus = [gpu.strip() for gpu in args.gpus.split(",") if gpu.strip()]
+    path = args.params or params_path()
     params = apply_overrides(load_params(args.params), args)
-    validate_params(params, args.params or params_path())   # the command line's overrides obey the schema too
+    validate_params(params, path)   # the command line's overrides obey the schema too
     try:
+        gpus = parse_gpu_ids(args.gpus)
         settings = HpoSettings.from_params(params)
         make_pruner(settings)
-        if settings.job == DEFAULT_JOB and not args.report_only:
-            check_inputs(params, settings.variant)
-        check_gpus(gpus, args.workers, settings)
-        study = open_study(params, settings)
+        if args.report_only:
+            # Reading only: the stored study as it is, its params copy untouched.
+            study = load_stored_study(params, settings)
+        else:
+            check_search_space(params, settings, path)
+            if settings.job == DEFAULT_JOB:
+                check_inputs(params, settings.variant)
+                check_dev_split(params, settings, path)
+            check_gpus(gpus, args.workers, settings)
+            study = open_study(params, settings)
     except (SettingsError, SpaceError) as error:
         print(f"error: {error}")
         return 2
-    # Workers read this copy, so an edit to params.yaml during the study cannot change it midway.
-    # It holds the storage URL without credentials; the workers get the full one in their
-    # environment (qac.hpo.study.storage_with_credentials).
-    params_file = study_dir(params, settings) / "params.yaml"
-    write_params(redact_values(params), params_file)
+    if not args.report_only:
+        # Workers read this copy, so an edit to params.yaml during the study cannot change it midway.
+        # It holds the storage URL without credentials; the workers get the full one in their
+        # environment (qac.hpo.study.storage_with_credentials).
+        params_file = study_dir(params, settings) / "params.yaml"
+        write_params(redact_values(params), params_file)
     if settings.storage:
         os.environ[STORAGE_ENV] = settings.storage
     location = redact_url(storage_location(params, settings))
@@ -120,13 +129,14 @@ def run(args: argparse.Namespace) -> int:
     log.info("study %s (%s), MLflow run %s; live view: optuna-dashboard %s",
              settings.study_name, location, run_id, location)
 
-    status = 0
+    status, failed_run = 0, None
     if not args.report_only:
         outcome = run_worker_pool(params_file, params, settings, workers=args.workers, gpus=gpus)
         if outcome["orphaned_trials"]:
             log.warning("trials failed because their worker died: %s", outcome["orphaned_trials"])
         if any(exit["returncode"] > 0 for exit in outcome["worker_exits"]):
             status = 1
+        failed_run = every_trial_failed(study, {exit["pid"] for exit in outcome["worker_exits"]})
 
     report_dir = Path(args.report_dir) if args.report_dir else \
         Path(params.hpo.report_dir) / settings.study_name
@@ -137,4 +147,23 @@ def run(args: argparse.Namespace) -> int:
     if summary["best"] is not None:
         best = summary["best"]
         print(f"best: trial {best['number']}, dev {settings.metric} = {best['value']:.4f}, params {best['params']}")
+    if failed_run:
+        print(f"error: {failed_run}")
+        status = 1
     return status
+
+
+def every_trial_failed(study, worker_pids: set[int]) -> str | None:
+    """When every trial this run's workers ran failed: what to print (the first failure's reason), else None."""
+    from optuna.trial import TrialState
+
+    from qac.hpo.study import FAIL_REASON_ATTR, WORKER_ATTR, this_process_owner
+
+    host = this_process_owner()["host"]
+    ran = [trial for trial in study.get_trials(deepcopy=False)
+           if (trial.user_attrs.get(WORKER_ATTR) or {}).get("host") == host
+           and trial.user_attrs[WORKER_ATTR].get("pid") in worker_pids]
+    if not ran or any(trial.state != TrialState.FAIL for trial in ran):
+        return None
+    reason = ran[0].user_attrs.get(FAIL_REASON_ATTR, "no reason recorded")
+    return (f"every trial of this run failed ({len(ran)} of {len(ran)}); trial {ran[0].number}: {reason}")

@@ -13,8 +13,13 @@ from qac.hpo.worker import run_worker
 from qac.params import load_params
 
 
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+def _stop_on_first_term(signum, frame):
+    """The first SIGTERM stops the worker as Ctrl-C would; later ones (``timeout`` signals the whole process
+    group, then the driver forwards its own) are ignored, so that stopping the trial's job is not cut short."""
+    from qac.console import Terminated
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_console()
     command_logger("qac.hpo", f"worker {args.index}")
-    # TERM (from the driver) ends the current trial as failed, with the job stopped.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # TERM (from the driver, or `timeout`) ends the current trial as failed, with the job stopped, and the
+    # worker with one paragraph (qac.console.call_main).
+    signal.signal(signal.SIGTERM, _stop_on_first_term)
     params = load_params(args.params)
     settings = HpoSettings.from_params(params)
     run_worker(params, settings, index=args.index, gpu_slot=args.gpus)
@@ -38,4 +44,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from qac.console import run_main
 
-    run_main(main)
+    run_main(main, prog="qac hpo worker")

@@ -134,6 +134,10 @@ def check_space_against_params(dimensions: list[Dimension], params: Mapping[str,
     common = params["pretrain"].get("common", {})
     for dim in dimensions:
         section, _, field = dim.key.partition(".")
+        if section == "hpo":
+            # A trial's copy of the params cannot change the study that runs it (its budget, storage, space).
+            raise SpaceError(f"{where}.{dim.key}: the study's own settings (hpo.*) cannot be searched; "
+                             "search pre-training (pretrain.<field>) or other settings")
         if section == "pretrain":
             if not field or "." in field or (field not in common and field not in _VARIANT_ONLY_KEYS):
                 raise SpaceError(f"{where}.{dim.key}: not a pre-training setting (pretrain.<field> with a "
@@ -153,6 +157,40 @@ def check_space_against_params(dimensions: list[Dimension], params: Mapping[str,
                                  f"({available}), the number of generated queries per passage")
             if dim.low < 1:
                 raise SpaceError(f"{where}.{dim.key}: 'low' must be at least 1, got {dim.low}")
+
+
+def check_values_are_taken(params: Params, dimensions: list[Dimension], variant: str,
+                            where: str = "hpo.space") -> None:
+    """Each choice of a categorical entry and both ends of a range, set as a trial sets them, must pass
+    the checks of the params themselves; the first value the searched key does not take raises.
+
+    Without this a value the key refuses (``finetune.lr: abc``, a dropout above 1) would surface in
+    every trial that draws it, as a failed trial, after the study and its workers had started.
+    """
+    from qac.params import ParamsError
+
+    for dim in dimensions:
+        for label, value in _values_to_try(dim):
+            try:
+                apply_values(params, {dim.key: value}, variant)
+            except ParamsError as error:
+                raise SpaceError(f"{where}.{dim.key}: {label} is not a value {dim.key} takes "
+                                 f"({_first_reason(error, dim.key)})") from None
+
+
+def _values_to_try(dim: Dimension) -> list[tuple[str, Any]]:
+    """(how the value is written in the entry, the value): every choice, or the two ends of a range."""
+    if dim.kind == "categorical":
+        return [(f"choice {choice!r}", choice) for choice in dim.choices]
+    return [(f"'low' ({dim.low!r})", dim.low), (f"'high' ({dim.high!r})", dim.high)]
+
+
+def _first_reason(error, key: str) -> str:
+    """The first problem of a params check; another key's name is kept, as the value broke a rule there."""
+    problem = error.problems[0]
+    field = key.partition(".")[2]
+    own = problem.key == key or (key.startswith("pretrain.") and problem.key.endswith(f".{field}"))
+    return problem.message if own else f"{problem.key}: {problem.message}"
 
 
 def suggest_values(trial, dimensions: list[Dimension]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ Workers that die
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -148,7 +149,7 @@ def make_storage(location: str, settings: HpoSettings):
         from qac.redaction import redact_url
         from qac.tracking.store import database_problem
 
-        problem = database_problem(location)     # once, briefly: Optuna's engine would retry, or raise a traceback
+        problem = in_memory_problem(location) or database_problem(location)     # once, briefly: Optuna's engine would retry, or raise a traceback
         if problem is not None:
             raise StorageUnavailable(f"hpo.storage {redact_url(location)} {problem}. The search's trials live "
                                      "there: fix it or set hpo.storage (or --storage) to a database that answers, "
@@ -161,8 +162,70 @@ def make_storage(location: str, settings: HpoSettings):
         )
     from optuna.storages.journal import JournalFileBackend
 
+    problem = journal_problem(Path(location))
+    if problem is not None:
+        raise StorageUnavailable(journal_message(location, problem))
     Path(location).parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(JournalFileBackend(str(location)))
+    try:
+        return optuna.storages.JournalStorage(JournalFileBackend(str(location)))
+    except (ValueError, KeyError):     # Optuna's replay of a line that is no record
+        raise StorageUnavailable(journal_message(location, damaged_journal_problem(Path(location)))) from None
+
+
+def in_memory_problem(url: str) -> str | None:
+    """Why an in-memory SQLite URL cannot hold a study (it ends with the process), or None for any other URL."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.scheme.lower().startswith("sqlite"):
+        return None
+    database = parts.path.removeprefix("/")
+    if database in ("", ":memory:") or "mode=memory" in parts.query:
+        return ("is an in-memory SQLite database, which ends with the process that opened it: the workers "
+                "cannot share it and the study would be lost (give a file, sqlite:///hpo.db)")
+    return None
+
+
+def journal_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a study's journal before Optuna appends to it: a folder, or a file whose first
+    line is no journal record (a file that is something else); None for a journal or no file yet."""
+    if path.is_dir():
+        return "is a folder, not a journal file"
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    if not path.is_file():
+        return "is not a regular file"
+    with open(path, "rb") as journal:
+        first = journal.readline()
+    if not _is_journal_record(first):
+        return "is not an Optuna journal (its first line is no journal record)"
+    return None
+
+
+def damaged_journal_problem(path: Path) -> str:
+    """Which line of a journal Optuna could not replay; the last line may be torn (a write cut short),
+    which Optuna skips, so it is named only when no earlier line is bad."""
+    with open(path, "rb") as journal:
+        lines = journal.readlines()
+    for number, line in enumerate(lines, start=1):
+        if not _is_journal_record(line):
+            return f"is damaged: line {number} of {len(lines)} is no journal record"
+    return "is damaged: Optuna cannot replay it"
+
+
+def _is_journal_record(line: bytes) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:               # not JSON, or not UTF-8
+        return False
+    return isinstance(record, dict) and "op_code" in record
+
+
+def journal_message(location: str, problem: str) -> str:
+    return (f"hpo.storage {location} {problem}. The search's trials live in an Optuna journal file (or a "
+            "database): set hpo.storage (or --storage) to a journal file path, which is created when missing, or "
+            "to a database URL, or leave it null for the study's own journal file; a damaged journal is "
+            "best moved aside and the study run again")
 
 
 def make_sampler(settings: HpoSettings, worker_index: int = 0):
@@ -201,15 +264,53 @@ def open_study(params: Mapping[str, Any], settings: HpoSettings, worker_index: i
     from qac.console import quiet_optuna
 
     quiet_optuna()
-    storage = make_storage(storage_location(params, settings), settings)
-    study = optuna.create_study(
-        study_name=settings.study_name, storage=storage, sampler=make_sampler(settings, worker_index),
-        pruner=make_pruner(settings), direction=settings.direction, load_if_exists=True,
-    )
+    location = storage_location(params, settings)
+    storage = make_storage(location, settings)
+    try:
+        study = optuna.create_study(
+            study_name=settings.study_name, storage=storage, sampler=make_sampler(settings, worker_index),
+            pruner=make_pruner(settings), direction=settings.direction, load_if_exists=True,
+        )
+    except (ValueError, KeyError):
+        # A line that became unreadable since the storage was opened (another writer): name it.
+        if is_database_url(location):
+            raise
+        raise StorageUnavailable(journal_message(location, damaged_journal_problem(Path(location)))) from None
     if study.direction.name.lower() != settings.direction:
         raise SettingsError(f"hpo.direction is {settings.direction}, but the stored study {settings.study_name!r} "
                             f"{study.direction.name.lower()}s; choose another hpo.study_name")
     return study
+
+
+class StudyNotFound(UserError):
+    """``--report-only`` for a study its storage does not hold."""
+
+
+def load_stored_study(params: Mapping[str, Any], settings: HpoSettings):
+    """The stored study, to read (``--report-only``): one that does not exist is refused, never created."""
+    import optuna
+
+    from qac.console import quiet_optuna
+    from qac.redaction import redact_url
+
+    quiet_optuna()
+    location = storage_location(params, settings)
+    if not is_database_url(location) and not Path(location).exists():
+        raise StudyNotFound(f"no study {settings.study_name!r} to report on: its journal {location} does not exist"
+                            f"{_other_journals(Path(location).parent.parent)}. Run `qac hpo` to start it, or "
+                            "name a stored one with --study-name (or --storage)")
+    storage = make_storage(location, settings)
+    names = optuna.get_all_study_names(storage)
+    if settings.study_name not in names:
+        raise StudyNotFound(f"no study {settings.study_name!r} to report on in {redact_url(location)} (it holds "
+                            f"{', '.join(map(repr, names)) or 'none'}); name one with --study-name")
+    return optuna.load_study(study_name=settings.study_name, storage=storage)
+
+
+def _other_journals(hpo_dir: Path) -> str:
+    """``; data/<profile>/hpo holds the studies 'a', 'b'``: the journals beside the one that is missing."""
+    names = sorted(path.parent.name for path in hpo_dir.glob("*/journal.log")) if hpo_dir.is_dir() else []
+    return f"; {hpo_dir} holds the studies {', '.join(map(repr, names))}" if names else ""
 
 
 # --- the trial budget ---------------------------------------------------------

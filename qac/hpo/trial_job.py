@@ -100,6 +100,16 @@ def stop_when_parent_goes() -> None:
 
 # --- the dev split ------------------------------------------------------------------
 
+# Training queries a trial keeps for fine-tuning whatever hpo.dev.queries asks.
+MIN_FINETUNE_QUERIES = 2
+
+
+def queries_with_a_relevant_document(train_qrels: Mapping[str, Mapping[str, int]], rel_threshold: int = 1) -> list[str]:
+    """The training queries that can be dev queries (sorted): those judged relevant to some document."""
+    return sorted(qid for qid, judged in train_qrels.items()
+                  if any(int(label) >= rel_threshold for label in judged.values()))
+
+
 def carve_dev_queries(train_qrels: Mapping[str, Mapping[str, int]], n_queries: int, seed: int,
                       rel_threshold: int = 1) -> list[str]:
     """``n_queries`` training queries (with a relevant document) set aside for dev, by seeded hash.
@@ -109,11 +119,10 @@ def carve_dev_queries(train_qrels: Mapping[str, Mapping[str, int]], n_queries: i
     adding queries to the file never moves an existing query between train and
     dev unless it displaces one. At least two training queries must remain.
     """
-    usable = sorted(qid for qid, judged in train_qrels.items()
-                    if any(int(label) >= rel_threshold for label in judged.values()))
-    if n_queries > len(usable) - 2:
+    usable = queries_with_a_relevant_document(train_qrels, rel_threshold)
+    if n_queries > len(usable) - MIN_FINETUNE_QUERIES:
         raise ValueError(f"hpo.dev.queries = {n_queries}, but the train split has only {len(usable)} queries "
-                         f"with a relevant document; leave at least 2 for fine-tuning")
+                         f"with a relevant document; leave at least {MIN_FINETUNE_QUERIES} for fine-tuning")
     ranked = sorted(usable, key=lambda qid: hashlib.md5(f"{seed}:{qid}".encode()).hexdigest())
     return sorted(ranked[:n_queries])
 

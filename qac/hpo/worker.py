@@ -223,6 +223,10 @@ class TrialRunner:
             except TrialJobFailed as error:
                 trial.set_user_attr(FAIL_REASON_ATTR, str(error))
                 mlflow.set_tag(FAIL_REASON_ATTR, str(error)[:5000])
+                log.warning("trial %d failed: %s", trial.number, error)
+                raise
+            except KeyboardInterrupt:
+                trial.set_user_attr(FAIL_REASON_ATTR, "worker stopped (Ctrl-C or SIGTERM)")
                 raise
             finally:
                 mlflow.set_tag("qac.trial_state", state)
@@ -269,9 +273,19 @@ def budget_lock(root: Path) -> Iterator[Callable[[], None]]:
         handle.close()
 
 
+def quiet_failed_trials() -> None:
+    """Leave a failed trial to this module's one line: Optuna logs it with the traceback of the worker,
+    which says nothing about the trial (its job's own log does), unless verbose."""
+    from qac.console import verbose_requested
+
+    if not verbose_requested():
+        logging.getLogger("optuna.study._optimize").setLevel(logging.ERROR)
+
+
 def run_worker(params: Mapping[str, Any], settings: HpoSettings, index: int = 0, gpu_slot: str | None = None) -> int:
     """Run trials until the study's budget is used up; returns the number of trials this worker ran."""
     study = open_study(params, settings, worker_index=index)
+    quiet_failed_trials()
     parent_run_id = ensure_study_mlflow_run(params, study, settings)
     root = study_dir(params, settings)
     location = storage_location(params, settings)
