@@ -50,8 +50,9 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     profile sets it, else ``profiles/base.yaml``; nothing is rendered from a profile that breaks the schema.
     """
     from qac.params.errors import ParamsError, Problem
+    from qac.params.reading import read_params_file
     from qac.params.validation import validate_params
-    from qac.params.yaml_io import key_lines, read_params_file
+    from qac.params.yaml_io import key_lines
 
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")

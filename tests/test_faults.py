@@ -53,7 +53,7 @@ from pathlib import Path
 from qac.console import run_main
 from qac.io import atomic_path
 
-def main():
+def main(argv=None):
     with atomic_path({str(tmp_path / 'out' / 'queries.jsonl')!r}) as tmp:
         with open(tmp, "w") as handle:
             handle.write("half")

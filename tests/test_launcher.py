@@ -47,7 +47,7 @@ if mode == "write":
     from qac.console import run_main
     from qac.io import atomic_path
 
-    def main():
+    def main(argv=None):
         with atomic_path(Path("out") / "result", directory=True):
             Path(sys.argv[2]).write_text(str(os.getpid()))
             time.sleep(60)

@@ -18,6 +18,8 @@ every key and its line (:mod:`qac.params.errors`). The modules:
 - ``rules``: the rules across keys, one function per rule or section;
 - ``errors``: pydantic's errors as problems with key and line;
 - ``yaml_io``: YAML as DVC reads and writes it, the line of every key;
+- ``reading``: a params file's text and values, a bad byte or bad YAML named with its line;
+- ``model_lengths``, ``model_sources``: lengths against the models' positions, model specs that name nothing;
 - ``locations``: which params file a stage reads;
 - ``validation``, ``loading``: checking a mapping, reading a file (typed and frozen);
 - ``changes``: a new checked set with some keys set (a trial's values, overrides);

@@ -12,7 +12,7 @@ from qac.params.errors import ParamsError, Problem
 from qac.params.locations import PROFILE_NAMES, params_path
 from qac.params.sections import Params
 from qac.params.validation import validate_params
-from qac.params.yaml_io import read_params_file
+from qac.params.reading import read_params_file
 
 T = TypeVar("T")
 

@@ -13,7 +13,8 @@ from qac.params.model_lengths import length_problems
 from qac.params.model_sources import model_source_problems
 from qac.params.rules import cross_field_problems
 from qac.params.sections import Params
-from qac.params.yaml_io import key_lines, read_params_file
+from qac.params.reading import read_params_file
+from qac.params.yaml_io import key_lines
 
 def validate_params(params: Any, path: str | Path | None = None, text: str | None = None,
                     complete: bool | None = None) -> Params:

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 from typing import Any
-
-from qac.io import NotUtf8, decode_utf8
-from qac.params.errors import ParamsError, Problem
 
 
 def yaml_loader():
@@ -104,25 +99,6 @@ def read_yaml(text: str) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
-
-
-def read_params_file(path: str | os.PathLike) -> tuple[str, Any]:
-    """The text of the YAML file at ``path`` and its values; a :class:`ParamsError` naming the file, line and
-    column when it is not UTF-8 or not YAML (as DVC reads it: a key written twice is an error)."""
-    import yaml
-
-    path = Path(path)
-    try:
-        text = decode_utf8(path.read_bytes())
-    except NotUtf8 as error:
-        raise ParamsError(path, [Problem("", f"{error}; save the file as UTF-8")]) from None
-    try:
-        return text, read_yaml(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ParamsError(path, [Problem("", f"not valid YAML{line}: {getattr(error, 'problem', None) or error}")]) \
-            from None
 
 
 def _expanded_size(node: Any, sizes: dict[int, int]) -> int:

@@ -1,0 +1,35 @@
+"""A params file read: its text (UTF-8, or its first bad byte named) and its values (YAML as DVC reads it).
+
+Apart from :mod:`qac.params.yaml_io` because an error here is a
+:class:`~qac.params.errors.ParamsError` (pydantic's side of the package),
+while the YAML reader must also work where pydantic is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from qac.io import NotUtf8, decode_utf8
+from qac.params.errors import ParamsError, Problem
+from qac.params.yaml_io import read_yaml
+
+
+def read_params_file(path: str | os.PathLike) -> tuple[str, Any]:
+    """The text of the YAML file at ``path`` and its values; a :class:`ParamsError` naming the file, line and
+    column when it is not UTF-8 or not YAML (as DVC reads it: a key written twice is an error)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = decode_utf8(path.read_bytes())
+    except NotUtf8 as error:
+        raise ParamsError(path, [Problem("", f"{error}; save the file as UTF-8")]) from None
+    try:
+        return text, read_yaml(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ParamsError(path, [Problem("", f"not valid YAML{line}: {getattr(error, 'problem', None) or error}")]) \
+            from None
