@@ -151,17 +151,18 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
     tmp.chmod((0o777 if directory else 0o666) & ~_UMASK)
     try:
         yield tmp
-        if directory:
-            if target.exists():
-                old = target.with_name(f".{target.name}.old")
-                shutil.rmtree(old, ignore_errors=True)
+        # What stands at the output's path (an earlier output, or a file where a folder belongs and the other
+        # way round) is set aside and removed once the new output is in place; os.replace alone does that
+        # only for a file over a file.
+        old = target.with_name(f".{target.name}.old")
+        if directory or (target.is_dir() and not target.is_symlink()):
+            if target.exists() or target.is_symlink():
+                _remove(old)          # a leftover of any kind: a folder, a file or a link
                 target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(target)
+            tmp.rename(target)
         else:
             os.replace(tmp, target)
+        _remove(old)
     except BaseException as error:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -39,6 +39,45 @@ def test_directory_replaced_on_success(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
+@pytest.mark.parametrize("standing, directory", [("file", True), ("folder", False), ("file", False),
+                                                 ("folder", True), ("dangling link", True)])
+@pytest.mark.parametrize("leftover", [None, "file", "folder"])
+def test_whatever_stands_at_the_output_is_replaced_and_nothing_is_left_beside_it(tmp_path, standing, directory,
+                                                                                 leftover):
+    """A stray file where a folder output belongs (or a folder where a file belongs, or a leftover of an earlier
+    replacement of any kind) is replaced, run after run, and no hidden entry stays beside the output."""
+    target, old = tmp_path / "eval", tmp_path / ".eval.old"
+    for _ in range(2):
+        if standing == "file":
+            target.write_text("junk")
+        elif standing == "folder":
+            target.mkdir()
+            (target / "stale").write_text("old")
+        else:
+            target.symlink_to(tmp_path / "nowhere")
+        if leftover == "file":
+            old.write_text("left by an earlier run")
+        elif leftover == "folder":
+            old.mkdir()
+        with atomic_path(target, directory=directory) as tmp:
+            if directory:
+                (tmp / "result").write_text("new")
+            else:
+                tmp.write_text("new")
+        assert (target / "result" if directory else target).read_text() == "new"
+        assert [p.name for p in tmp_path.iterdir()] == ["eval"]
+        _clear(target)
+
+
+def _clear(path):
+    import shutil
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
 def test_jsonl_round_trip_and_bad_line(tmp_path):
     path = tmp_path / "a.jsonl"
     assert write_jsonl(path, [{"a": 1}, {"b": "é"}]) == 2
