@@ -35,6 +35,16 @@ def test_eval_prints_measures_over_all_judged_queries(files):
     assert json.loads(result.stdout) == {"RR@10": pytest.approx((1 + 0.5 + 0) / 3), "Hit@1": pytest.approx(1 / 3)}
 
 
+def test_queries_of_the_run_without_judgements_are_left_out_and_said(files):
+    """trec_eval's mean is over the judged queries: extra run queries change no value, and a note says so."""
+    qrels, run = files
+    before = json.loads(qac_eval("--qrels", str(qrels), "--run", str(run), "--metrics", "RR@10").stdout)
+    run.write_text(run.read_text() + "".join(f"x{i} Q0 d1 1 1.0 x\n" for i in range(50)))
+    result = qac_eval("--qrels", str(qrels), "--run", str(run), "--metrics", "RR@10")
+    assert result.returncode == 0 and json.loads(result.stdout) == before
+    assert result.stderr.startswith(f"qac eval: note: 50 of the 52 queries of {run} are not judged in {qrels}")
+
+
 def test_eval_threshold_and_per_query(files):
     qrels, run = files
     result = qac_eval("--qrels", str(qrels), "--run", str(run), "--metrics", "RR", "--rel-threshold", "2",

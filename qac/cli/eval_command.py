@@ -42,9 +42,16 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         print(f"qac eval: error: {error}", file=sys.stderr)
         return 2
+    unjudged = set(run_) - set(qrels)
     if not set(run_) & set(qrels):
         # Usually a mismatch of files (a dev run against test qrels); every value is then 0.
         print(f"qac eval: warning: no query of {args.run} is judged in {args.qrels}", file=sys.stderr)
+    elif unjudged:
+        # trec_eval's rule, said aloud: the mean is over the judged queries only
+        example = sorted(unjudged)[0]
+        print(f"qac eval: note: {len(unjudged)} of the {len(run_)} queries of {args.run} are not judged in "
+              f"{args.qrels} (e.g. {example!r}) and are left out of every mean, as trec_eval leaves them out",
+              file=sys.stderr)
     output = {"aggregate": result.aggregate, "per_query": result.per_query} if args.per_query else result.aggregate
     print(json.dumps(output, indent=2))
     return 0
