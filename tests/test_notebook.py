@@ -81,3 +81,16 @@ def test_analysis_notebook_executes_on_dvc_outputs(profile_outputs):
     assert "claim q1" in text and "claim q4" in text          # the queries that moved most
     images = [o for cell in notebook.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 3                                   # the report's figure + two analysis plots
+
+
+def test_the_notebook_says_which_outputs_are_missing_and_how_to_build_them(profile_outputs):
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    (profile_outputs / "reports" / "smoke" / "tables.md").unlink()
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    with pytest.raises(CellExecutionError) as stopped:
+        NotebookClient(notebook, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(profile_outputs)}}).execute()
+    assert "reports/smoke/tables.md not found: build profile smoke first (`qac repro smoke`" in str(stopped.value)
