@@ -23,6 +23,18 @@ except ImportError as error:
                      % (script, sys.executable, error, activate))
     sys.exit(1)
 
+# The code DVC hashes for a stage is this checkout's qac/: a Python whose qac comes from elsewhere (an
+# environment installed from another clone) would run other code under this checkout's name.
+_repo = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_imported = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(qac.__file__))))
+if _imported != _repo:
+    sys.stderr.write("%s: Python imports qac from %s, not from this checkout %s (the environment was installed "
+                     "from the other one); run `.venv/bin/pip install -e .` here (or `make install` with this "
+                     "checkout's .venv), or set PYTHONPATH=%s, then the same command again\n"
+                     % (os.path.relpath(os.path.abspath(sys.argv[0]), _repo) if sys.argv[0] else "this stage",
+                        _imported, _repo, _repo))
+    sys.exit(1)
+
 # Under `qac repro`, a server that has imported torch, transformers and MLflow runs this stage in a forked copy
 # of itself, and this process exits with the copy's status (qac/launcher.py); else the stage runs here.
 if os.environ.get("QAC_LAUNCHER"):

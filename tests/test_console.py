@@ -138,3 +138,18 @@ def test_a_stage_run_as_a_script_reads_its_command_line(tmp_path):
     assert refused.returncode == 2 and "unrecognized arguments: --bogus" in refused.stderr, refused.stderr
     helped = subprocess.run([sys.executable, script, "--help"], env=env, capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and helped.stdout.startswith("usage: tables.py")
+
+
+def test_a_stage_of_one_checkout_refuses_the_qac_of_another(tmp_path):
+    """The code DVC hashes is the stage's own checkout's: a Python that imports qac from another clone (an
+    environment installed there) stops in one line naming both and the fix."""
+    import shutil
+
+    other = tmp_path / "other-clone"
+    shutil.copytree(REPO / "pipelines", other / "pipelines")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}           # qac from this checkout, the stage from the other
+    done = subprocess.run([sys.executable, str(other / "pipelines" / "tables.py")], env=env, cwd=other,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"pipelines/tables.py: Python imports qac from {REPO.resolve()}, not from this "
+                                  f"checkout {other.resolve()}"), done.stderr
