@@ -376,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         status = leaving.code if isinstance(leaving.code, int) else 1
     from qac.exiting import end_process               # only now: every copy has been forked
 
+    # Leaving already: a SIGTERM now (qac repro stopped by `timeout`) would land in an exit handler as the
+    # SystemExit that _leave raises, which Python reports with a traceback.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     end_process(status)                               # without tearing down torch and transformers (~2 s)
 
 
