@@ -47,12 +47,15 @@ def evaluate_way(model, tokenizer, dataset, *, pooling: str, normalize: bool, qu
 
 
 def main(argv: list[str] | None = None) -> None:
+    from qac.benchmarking import report_destination
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mirror", default=None, help="the data mirror (default: QAC_DATA_MIRROR, else ../shared/data)")
-    parser.add_argument("--report", default="reports/benchmarks.md")
+    parser.add_argument("--report", default=None, help="default: reports/benchmarks.md; with --small, a file in the system's temporary folder")
     parser.add_argument("--small", action="store_true",
                         help="the first 24 documents and queries: every path once (a check, not a measurement)")
     args = parser.parse_args(argv)
+    args.report = report_destination(args.report, args.small)
 
     import torch
 

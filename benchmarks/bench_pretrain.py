@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from qac.benchmarking import machine_summary, markdown_table, write_section  # noqa: E402
+from qac.benchmarking import (machine_summary, markdown_table, positive_int,  # noqa: E402
+                              report_destination, write_section)
 from qac.data.context_pairs import Pair, PairCollator  # noqa: E402
 
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}   # dense tensor-core FLOP/s
@@ -418,19 +419,20 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="the encoder (default minilm; --small: tiny:minilm, "
                                                        "a 2-layer random BERT with its vocabulary)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after 1 warm-up)")
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument("--steps", type=positive_int, default=3, help="timed steps per configuration (after 1 warm-up)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passages", help="passages.arrow to draw pairs from (default: SciFact mirror)")
     parser.add_argument("--queries", help="queries.arrow beside --passages")
     parser.add_argument("--gpu", action="store_true", help="also time BERT-base on the GPU")
     parser.add_argument("--gpu-batch-size", type=int, default=128)
-    parser.add_argument("--report", default="reports/benchmarks.md")
+    parser.add_argument("--report", default=None, help="default: reports/benchmarks.md; with --small, a file in the system's temporary folder")
     parser.add_argument("--small", action="store_true",
                         help="2 pairs per step, 1 timed step, a few dozen pairs: every path once (a check, not a "
                              "measurement)")
     parser.add_argument("--ratios-only", action="store_true", help="only the tokenise-once ratios (no step table)")
     args = parser.parse_args(argv)
+    args.report = report_destination(args.report, args.small)
     if args.small:
         args.batch_size, args.steps = 2, 1
     args.model = args.model or ("tiny:minilm" if args.small else "minilm")

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from qac.benchmarking import machine_summary, markdown_table, write_section
+from qac.benchmarking import machine_summary, markdown_table, positive_int, report_destination, write_section
 from qac.config import data_mirror
 from qac.querygen.generate import QueryGenerator, SamplingSettings
 
@@ -230,9 +230,9 @@ def tiny_part(args) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--passages", type=int, default=32)
+    parser.add_argument("--passages", type=positive_int, default=32)
     parser.add_argument("--single-passages", type=int, default=8, help="passages for the one-at-a-time row")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gpu", action="store_true", help="also run the GPU part (needs CUDA)")
     parser.add_argument("--gpu-passages", type=int, default=1024)
@@ -243,11 +243,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny-passages", type=int, default=64)
     parser.add_argument("--tiny-candidates", type=int, default=20)
     parser.add_argument("--tiny-chunk-size", type=int, default=32)
-    parser.add_argument("--report", default="reports/benchmarks.md")
+    parser.add_argument("--report", default=None, help="default: reports/benchmarks.md; with --small, a file in the system's temporary folder")
     parser.add_argument("--small", action="store_true",
                         help="the CPU part and the stage path at a few passages and tokens (a check, not a "
                              "measurement)")
     args = parser.parse_args(argv)
+    args.report = report_destination(args.report, args.small)
     if args.small:
         args.passages, args.single_passages, args.batch_size, args.max_new_tokens = 4, 2, 4, 4
         args.tiny_passages, args.tiny_candidates, args.tiny_chunk_size = 8, 2, 4

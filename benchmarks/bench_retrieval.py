@@ -183,12 +183,15 @@ def bench_evaluation(small: bool = False) -> list[dict]:
 
 
 def main(argv=None) -> None:
+    from qac.benchmarking import positive_int, report_destination
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and FAISS")
-    parser.add_argument("--docs", type=int, default=300, help="SciFact abstracts to encode")
-    parser.add_argument("--report", default="reports/benchmarks.md")
+    parser.add_argument("--docs", type=positive_int, default=300, help="SciFact abstracts to encode")
+    parser.add_argument("--report", default=None, help="default: reports/benchmarks.md; with --small, a file in the system's temporary folder")
     parser.add_argument("--small", action="store_true", help="every path at small sizes (a check, not a measurement)")
     args = parser.parse_args(argv)
+    args.report = report_destination(args.report, args.small)
 
     import faiss
     import torch

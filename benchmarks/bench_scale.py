@@ -299,17 +299,19 @@ hours are an upper bound.
 
 
 def main(argv=None) -> int:
+    from qac.benchmarking import positive_int
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--documents", type=int, help="synthetic documents to write and process")
+    parser.add_argument("--documents", type=positive_int, help="synthetic documents to write and process")
     parser.add_argument("--work", type=Path, help="working folder (default: /tmp/qac-bench-scale-N)")
-    parser.add_argument("--workers", type=int, default=2, help="split worker processes")
+    parser.add_argument("--workers", type=positive_int, default=2, help="split worker processes")
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
     parser.add_argument("--report", action="store_true", help="write the scale section of reports/benchmarks.md from the results")
     parser.add_argument("--small", action="store_true",
                         help="50 documents, 1 split worker, 4 batches per pair-load rank; the result stays in the "
                              "working folder (a check that every path runs, not a measurement)")
     parser.add_argument("--pair-load", type=Path, help=argparse.SUPPRESS)   # one torchrun process
-    parser.add_argument("--batches", type=int, default=50, help=argparse.SUPPRESS)   # its batches of 256 pairs
+    parser.add_argument("--batches", type=positive_int, default=50, help=argparse.SUPPRESS)   # its batches of 256 pairs
     args = parser.parse_args(argv)
     if args.small:
         args.documents, args.workers, args.keep, args.batches = args.documents or 50, 1, True, 4

@@ -25,7 +25,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from qac.benchmarking import machine_summary, markdown_table, write_section  # noqa: E402
+from qac.benchmarking import (machine_summary, markdown_table, positive_int,  # noqa: E402
+                              report_destination, write_section)
 from qac.config import data_mirror  # noqa: E402
 from qac.data.beir import iter_corpus_jsonl  # noqa: E402
 from qac.data.punkt import prepare_punkt  # noqa: E402
@@ -61,17 +62,18 @@ def time_split(documents, punkt_dir, settings, *, workers: int, batched: bool, t
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--documents", type=int, default=None, help="first N SciFact documents (default: all)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--max-len", type=int, default=128)
+    parser.add_argument("--documents", type=positive_int, default=None, help="first N SciFact documents (default: all)")
+    parser.add_argument("--workers", type=positive_int, default=2)
+    parser.add_argument("--max-len", type=positive_int, default=128)
     parser.add_argument("--tokenizer", default="minilm")
     parser.add_argument("--punkt", choices=("trained", "pretrained"), default="trained",
                         help="Punkt trained on the documents (the profiles' setting) or NLTK's English model")
-    parser.add_argument("--repeats", type=int, default=1, help="report the best of this many runs per method")
-    parser.add_argument("--report", default="reports/benchmarks.md")
+    parser.add_argument("--repeats", type=positive_int, default=1, help="report the best of this many runs per method")
+    parser.add_argument("--report", default=None, help="default: reports/benchmarks.md; with --small, a file in the system's temporary folder")
     parser.add_argument("--small", action="store_true",
                         help="100 documents, 1 worker: every path once (a check, not a measurement)")
     args = parser.parse_args(argv)
+    args.report = report_destination(args.report, args.small)
     if args.small:
         args.documents, args.workers = args.documents or 100, 1
 

@@ -259,7 +259,7 @@ def main() -> int:
     parser.add_argument("--save-log", type=Path, help="also write the timed output to this file")
     parser.add_argument("--log", type=Path, help="report from a log written by --save-log instead of running")
     parser.add_argument("--stage", action="append", default=[], help="time this stage alone (repeatable)")
-    parser.add_argument("--jobs", type=int, default=0,
+    parser.add_argument("--jobs", type=int, default=0, choices=range(0, 65), metavar="N",
                         help="run `qac repro --jobs N` (stages side by side, as `make smoke`) instead of `dvc repro`")
     args = parser.parse_args()
     command = repro_command(args.profile, args.force, args.stage, args.jobs)
@@ -270,6 +270,11 @@ def main() -> int:
     else:
         runs, total = timed_repro(command, args.save_log)
         floor = startup_seconds()
+    if not runs:      # nothing to time: the report keeps its last measurement
+        print(f"bench_stages.py: no stage ran: profile {args.profile} is up to date (`{' '.join(command)}` had "
+              "nothing to do); pass --force to time every stage. reports/benchmarks.md is left as it is.",
+              file=sys.stderr)
+        return 1
     text = report(args.profile, runs, total, " ".join(command), (load_before, os.getloadavg()[0]), floor)
     write_section(f"stages-{args.profile}{'-' + '-'.join(args.stage) if args.stage else ''}", text)
     print(text)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,25 @@ def test_benchmark_runs_in_its_small_mode(script, tmp_path):
         assert figures["documents"] == 50 and figures["passages"] > 50
         assert all(rank["anchors"] > 0 for rank in figures["pair_ranks"])
     assert not (REPO / "reports" / "bench_scale" / "50.json").exists()      # small runs stay out of reports/
+
+
+@pytest.mark.parametrize("script, arguments, option", [
+    ("bench_split.py", ["--workers", "0"], "--workers"), ("bench_split.py", ["--documents", "-1"], "--documents"),
+    ("bench_retrieval.py", ["--docs", "-1"], "--docs"), ("bench_querygen.py", ["--passages", "0"], "--passages"),
+    ("bench_scale.py", ["--documents", "-1"], "--documents"), ("bench_pretrain.py", ["--steps", "0"], "--steps"),
+])
+def test_a_count_below_one_is_refused_with_the_usage_line(script, arguments, option, tmp_path):
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--small", *arguments], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"argument {option}: expected " in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_small_run_leaves_the_tracked_report_alone():
+    """--small checks the paths, it measures nothing: without --report its section goes to a temporary file."""
+    from qac.benchmarking import REPORT, report_destination
+
+    assert report_destination(None, small=False) == REPORT
+    assert report_destination("x.md", small=True) == Path("x.md")
+    destination = report_destination(None, small=True)
+    assert destination != REPORT and Path(tempfile.gettempdir()) in destination.parents
