@@ -270,6 +270,9 @@ def _streams_on_descriptors() -> None:
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
     for name in ("dvc", "dvc_objects", "dvc_data"):
         logging.getLogger(name).handlers.clear()
+    # The runner's own handlers (its console) would also print what DVC logs, its errors with their traceback:
+    # a new process has none.
+    logging.root.handlers.clear()
     dvc.logger.setup()
     for console in ("rich_console", "error_console"):
         ui.__dict__.pop(console, None)
