@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 RESOURCE_KEYS = ("nodes", "gpus_per_node", "cpus_per_task", "mem", "time", "distributed")
 RENDEZVOUS_PORT = 29500
 
+
 class ClusterSettingsError(ValueError, UserError):
     """A bad ``cluster`` setting; the message names the key."""
 

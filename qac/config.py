@@ -57,14 +57,16 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
     profiles_dir = Path(profiles_dir or profiles_root())
-    sources = []
+    sources = []           # (file, its keys' lines), the profile's first: where a problem is named
+    values = []
     for path in (profiles_dir / f"{name}.yaml", profiles_dir / "base.yaml"):
-        text, values = read_params_file(path)
-        if values is not None and not isinstance(values, dict):
+        text, read = read_params_file(path)
+        if read is not None and not isinstance(read, dict):
             raise ParamsError(path, [Problem("", f"expected a mapping of parameters, found a "
-                                                 f"{type(values).__name__}")])
-        sources.append((path, key_lines(text), values or {}))
-    (source, source_lines, override), (_, _, base) = sources
+                                                 f"{type(read).__name__}")])
+        sources.append((path, key_lines(text)))
+        values.append(read or {})
+    (source, source_lines), (override, base) = sources[0], values
     try:
         params = expand_seeds(deep_merge(base, override))
     except ParamsError as error:        # named at the profile's own file, where a profile's seeds are written
@@ -79,18 +81,16 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
 
 def _at_sources(problems, sources) -> Exception:
     """``problems`` of a rendered profile as a ParamsError naming, for each key, the first of ``sources``
-    (path, key lines, values) that writes it (a key neither writes, such as a missing one, is the profile's)."""
+    (file, its keys' lines) that writes it (a key neither writes, such as a missing one, is the profile's)."""
     from qac.params.errors import ParamsError, line_of
 
     places = {}
     for problem in problems:
-        places[problem.key] = next(((path, line_of(lines, problem.key)) for path, lines, _ in sources
-                                    if line_of(lines, problem.key)), (sources[0][0], None))
+        places[problem.key] = next(((path, line) for path, lines in sources
+                                    if (line := line_of(lines, problem.key))), (sources[0][0], None))
     paths = {path for path, _ in places.values()}
-    if len(paths) == 1:
-        path = paths.pop()
-        return ParamsError(path, problems, next(lines for source, lines, _ in sources if source == path))
-    return ParamsError(sources[0][0], problems, {key: place for key, place in places.items() if place[1]})
+    return ParamsError(paths.pop() if len(paths) == 1 else sources[0][0], problems,
+                       {key: place for key, place in places.items() if place[1]})
 
 
 SEED_SUFFIX = "-seed"

@@ -68,9 +68,10 @@ def positions_of_config(config: dict) -> int | None:
     return None
 
 
-def _spec_name(spec: str) -> str:
-    """The model a spec names: ``tiny:``/``scratch:`` specs build on ``<name>``."""
-    return spec.partition(":")[2] if spec.split(":", 1)[0] in ("tiny", "scratch") else spec
+def _split_spec(spec: str) -> tuple[str, str]:
+    """``(kind, name)`` of a spec: ``tiny``/``scratch`` and the model they build on, or ``""`` and the spec."""
+    kind, _, name = spec.partition(":")
+    return (kind, name) if kind in ("tiny", "scratch") else ("", spec)
 
 
 def _written_as_path(name: str) -> bool:
@@ -81,7 +82,7 @@ def _written_as_path(name: str) -> bool:
 def spec_problem(spec: str) -> str | None:
     """Why ``spec`` can name nothing loadable (a folder written that is not there, a name no hub can
     hold), else None; whether a valid hub name can be fetched is left to loading."""
-    name = _spec_name(spec)
+    _, name = _split_spec(spec)
     if name in _LOCAL_MODEL_ALIASES:
         return None
     path = Path(name).expanduser()
@@ -139,7 +140,7 @@ def unloadable_model_message(error: BaseException) -> str | None:
 @functools.lru_cache(maxsize=64)
 def max_positions(spec: str) -> int | None:
     """Tokens (special tokens included) the model of ``spec`` reads at most, or None when unknown here."""
-    kind, _, name = spec.partition(":") if spec.split(":", 1)[0] in ("tiny", "scratch") else ("", "", spec)
+    kind, name = _split_spec(spec)
     if kind == "tiny":
         return TINY_POSITIONS
     try:

@@ -47,6 +47,12 @@ def is_output_folder(path: object) -> bool:
                                     and is_inside_path(path.lstrip("/")))
 
 
+def output_option_problem(value: str) -> str | None:
+    """Why a folder given on the command line cannot be written into (the rule of :func:`is_output_folder`,
+    a trailing '/' allowed), or None."""
+    return None if is_output_folder(value.rstrip("/") or "/") else f"expected {OUTPUT_FOLDER_RULE}"
+
+
 def is_inside_path(path: object) -> bool:
     """A relative path whose every component is a name: it cannot leave the folder it is joined to."""
     if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path or "\x00" in path:

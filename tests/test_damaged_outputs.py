@@ -23,6 +23,15 @@ def damage(path: Path, how: str) -> None:
         path.write_text('["a list, not an object"]', encoding="utf-8")
 
 
+def _tables_on(data: Path, tmp_path: Path, capsys) -> tuple[int, str]:
+    """``qac tables`` on the study at ``data`` with the test study's params: its exit status and stderr."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
+    code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
+                     "--no-mlflow", "--quiet"])
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("relative, stage", [
     ("eval/cotmae-passage/r2/scifact/test.per_query.json", "evaluate@cotmae-passage"),
     ("bm25/runs/scifact/test.per_query.json", "bm25"),
@@ -33,11 +42,7 @@ def damage(path: Path, how: str) -> None:
 def test_qac_tables_names_a_damaged_output_and_its_stage(tmp_path, capsys, relative, stage, how):
     data = write_study(tmp_path / "data" / "smoke")
     damage(data / relative, how)
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
-    code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
-                     "--no-mlflow", "--quiet"])
-    err = capsys.readouterr().err
+    code, err = _tables_on(data, tmp_path, capsys)
     assert code == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert str(data / relative) in err and stage in err and "dvc repro profiles/smoke/dvc.yaml" in err
@@ -57,11 +62,7 @@ def test_a_per_query_value_that_is_not_a_finite_number_is_named(tmp_path, capsys
     text = json.dumps(values).replace(json.dumps({qid: by_query[qid]})[1:-1], f'"{qid}": {value}', 1)
     assert text != json.dumps(values)
     path.write_text(text)
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
-    code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
-                     "--no-mlflow", "--quiet"])
-    err = capsys.readouterr().err
+    code, err = _tables_on(data, tmp_path, capsys)
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert str(path) in err and f"query {qid!r}" in err and "evaluate@cotmae-passage" in err
     assert not (tmp_path / "reports" / "smoke").exists()
@@ -93,11 +94,7 @@ def test_a_per_query_file_no_evaluation_writes_is_named_not_reported(tmp_path, c
     """Values no measure takes, or measures over different queries: a damaged file, never a number in a table."""
     data = write_study(tmp_path / "data" / "smoke")
     path, measure, qid = _edited_per_query(data, edit)
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(RAW_PARAMS), encoding="utf-8")
-    code = qac_main(["tables", "--params", str(params), "--out", str(tmp_path / "reports"), "--data", str(data),
-                     "--no-mlflow", "--quiet"])
-    err = capsys.readouterr().err
+    code, err = _tables_on(data, tmp_path, capsys)
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert str(path) in err and named in err and "evaluate@cotmae-passage" in err
     assert not (tmp_path / "reports" / "smoke").exists()

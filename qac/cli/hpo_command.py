@@ -88,13 +88,14 @@ def run(args: argparse.Namespace) -> int:
     from qac.redaction import redact_url, redact_values
     from qac.hpo.worker import run_worker_pool
 
-    from qac.names import OUTPUT_FOLDER_RULE, is_output_folder
+    from qac.names import output_option_problem
 
     if args.workers < 1:
         print(f"error: --workers must be at least 1, got {args.workers}")
         return 2
-    if args.report_dir is not None and not is_output_folder(args.report_dir.rstrip("/") or "/"):
-        print(f"error: --report-dir {args.report_dir!r}: expected {OUTPUT_FOLDER_RULE}")
+    report_dir_problem = None if args.report_dir is None else output_option_problem(args.report_dir)
+    if report_dir_problem:
+        print(f"error: --report-dir {args.report_dir!r}: {report_dir_problem}")
         return 2
     path = args.params or params_path()
     params = apply_overrides(load_params(args.params), args)

@@ -186,12 +186,10 @@ def slurm_folder_problem(out_dir: str) -> str | None:
     for one), not a file nor beneath one, and it holds nothing but scripts rendered before (new ones would
     be mixed in among other files)."""
     from qac.cli.tables_command import folder_problem
-    from qac.names import OUTPUT_FOLDER_RULE, is_output_folder
+    from qac.names import output_option_problem
 
-    if not is_output_folder(out_dir.rstrip("/") or "/"):
-        return f"expected {OUTPUT_FOLDER_RULE}"
     folder = Path(out_dir)
-    problem = folder_problem(folder)
+    problem = output_option_problem(out_dir) or folder_problem(folder)
     if problem or not folder.is_dir():
         return problem
     others = sorted(entry.name for entry in folder.iterdir()

@@ -38,10 +38,11 @@ def folder_problem(folder: Path) -> str | None:
 def check_out_option(value: str | None, option: str = "--out") -> None:
     """A folder given on the command line to write into follows the project's rule for one: relative and
     inside the working folder, or absolute (``../x`` would write beside the checkout)."""
-    from qac.names import OUTPUT_FOLDER_RULE, is_output_folder
+    from qac.names import output_option_problem
 
-    if value is not None and not is_output_folder(value.rstrip("/") or "/"):
-        raise UserError(f"{option} {value!r}: expected {OUTPUT_FOLDER_RULE}")
+    problem = None if value is None else output_option_problem(value)
+    if problem:
+        raise UserError(f"{option} {value!r}: {problem}")
 
 
 def run(args: argparse.Namespace) -> int:

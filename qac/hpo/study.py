@@ -149,7 +149,8 @@ def make_storage(location: str, settings: HpoSettings):
         from qac.redaction import redact_url
         from qac.tracking.store import database_problem
 
-        problem = in_memory_problem(location) or database_problem(location)     # once, briefly: Optuna's engine would retry, or raise a traceback
+        # once, briefly: Optuna's engine would retry, or raise a traceback
+        problem = in_memory_problem(location) or database_problem(location)
         if problem is not None:
             raise StorageUnavailable(f"hpo.storage {redact_url(location)} {problem}. The search's trials live "
                                      "there: fix it or set hpo.storage (or --storage) to a database that answers, "
@@ -169,7 +170,7 @@ def make_storage(location: str, settings: HpoSettings):
     try:
         return optuna.storages.JournalStorage(JournalFileBackend(str(location)))
     except (ValueError, KeyError):     # Optuna's replay of a line that is no record
-        raise StorageUnavailable(journal_message(location, damaged_journal_problem(Path(location)))) from None
+        raise damaged_journal(location) from None
 
 
 def in_memory_problem(url: str) -> str | None:
@@ -200,6 +201,11 @@ def journal_problem(path: Path) -> str | None:
     if not _is_journal_record(first):
         return "is not an Optuna journal (its first line is no journal record)"
     return None
+
+
+def damaged_journal(location: str) -> StorageUnavailable:
+    """The error for a journal Optuna could not replay, naming its first bad line."""
+    return StorageUnavailable(journal_message(location, damaged_journal_problem(Path(location))))
 
 
 def damaged_journal_problem(path: Path) -> str:
@@ -275,7 +281,7 @@ def open_study(params: Mapping[str, Any], settings: HpoSettings, worker_index: i
         # A line that became unreadable since the storage was opened (another writer): name it.
         if is_database_url(location):
             raise
-        raise StorageUnavailable(journal_message(location, damaged_journal_problem(Path(location)))) from None
+        raise damaged_journal(location) from None
     if study.direction.name.lower() != settings.direction:
         raise SettingsError(f"hpo.direction is {settings.direction}, but the stored study {settings.study_name!r} "
                             f"{study.direction.name.lower()}s; choose another hpo.study_name")

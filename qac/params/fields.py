@@ -35,16 +35,14 @@ TopK = Annotated[NonNegativeInt, Field(description="sample among the k likeliest
 TopP = Annotated[Annotated[float, Field(gt=0, le=1)], Field(description="nucleus sampling mass")]
 
 
-def _plain_name(value: str) -> str:
-    if not is_plain_name(value):
-        raise ValueError(PLAIN_NAME_RULE)
-    return value
+def _checked(test: Callable[[Any], bool], rule: str) -> AfterValidator:
+    """A validator that refuses a value ``test`` rejects, with ``rule`` (what is expected) as the reason."""
+    def check(value: Any) -> Any:
+        if not test(value):
+            raise ValueError(rule)
+        return value
 
-
-def _inside_path(value: str) -> str:
-    if not is_inside_path(value):
-        raise ValueError(INSIDE_PATH_RULE)
-    return value
+    return AfterValidator(check)
 
 
 def _each_once(value: list) -> list:
@@ -79,17 +77,11 @@ def _distinct_seeds(value: list[int]) -> list[int]:
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 SeedList = Annotated[list[Seed], AfterValidator(_distinct_seeds)]
 # A name that becomes one folder name (profile, dataset, variant, study); a path that stays inside its folder.
-PlainName = Annotated[str, AfterValidator(_plain_name)]
-InsidePath = Annotated[str, AfterValidator(_inside_path)]
+PlainName = Annotated[str, _checked(is_plain_name, PLAIN_NAME_RULE)]
+InsidePath = Annotated[str, _checked(is_inside_path, INSIDE_PATH_RULE)]
 
 
-def _output_folder(value: str) -> str:
-    if not is_output_folder(value):
-        raise ValueError(OUTPUT_FOLDER_RULE)
-    return value
-
-
-OutputFolder = Annotated[str, AfterValidator(_output_folder)]
+OutputFolder = Annotated[str, _checked(is_output_folder, OUTPUT_FOLDER_RULE)]
 ChunkSize = Annotated[PositiveInt, Field(description="passages per atomically committed chunk (resume unit)")]
 
 
@@ -146,15 +138,6 @@ def is_script_path(value: object) -> bool:
     """``value`` is an absolute path that reads the same in a ``#SBATCH`` line and in a shell line."""
     return isinstance(value, str) and bool(_SCRIPT_PATH.fullmatch(value)) \
         and all(part not in (".", "..") for part in value.split("/"))
-
-
-def _checked(test: Callable[[Any], bool], rule: str) -> AfterValidator:
-    def check(value: Any) -> Any:
-        if not test(value):
-            raise ValueError(rule)
-        return value
-
-    return AfterValidator(check)
 
 
 SlurmTime = Annotated[str | int, _checked(is_slurm_time, SLURM_TIME_RULE)]
