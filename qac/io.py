@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -121,6 +122,22 @@ def escaping_write(path: str | os.PathLike) -> tuple[Path, Path] | None:
     return None if root in real.parents else (root, real)
 
 
+_INTERRUPTIONS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _interruptions_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM pending while the block runs; they are delivered when it ends."""
+    if not hasattr(signal, "pthread_sigmask"):     # Windows: no signal masks
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTIONS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
@@ -140,16 +157,20 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     _sweep_once(target.parent)
     prefix = f".{target.name}.{os.getpid()}."
-    if directory:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=target.parent))
-    else:
-        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
-        os.close(fd)
-        tmp = Path(name)
-    # mkstemp/mkdtemp create private (0600/0700) entries; outputs get the
-    # permissions an ordinary open()/mkdir() would give under the umask.
-    tmp.chmod((0o777 if directory else 0o666) & ~_UMASK)
+    # Ctrl-C or SIGTERM arriving while the staging entry is created, before its name is known here, would
+    # leave the entry behind: the interruption is held and raised once the removal below can find it.
+    tmp = None
     try:
+        with _interruptions_deferred():
+            if directory:
+                tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=target.parent))
+            else:
+                fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
+                os.close(fd)
+                tmp = Path(name)
+        # mkstemp/mkdtemp create private (0600/0700) entries; outputs get the
+        # permissions an ordinary open()/mkdir() would give under the umask.
+        tmp.chmod((0o777 if directory else 0o666) & ~_UMASK)
         yield tmp
         # What stands at the output's path (an earlier output, or a file where a folder belongs and the other
         # way round) is set aside and removed once the new output is in place; os.replace alone does that
@@ -164,10 +185,13 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
             os.replace(tmp, target)
         _remove(old)
     except BaseException as error:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+        with _interruptions_deferred():     # a second Ctrl-C must not stop the removal halfway
+            if tmp is None:
+                pass
+            elif tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
         if isinstance(error, OSError) and error.filename is None and error.errno in _FULL:
             error.filename = str(target)   # a write that found the disk full names no file: name the output
         raise

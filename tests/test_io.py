@@ -173,3 +173,24 @@ def test_dvc_ignores_staging_folders():
         assert result.returncode == 0, (name, result.stdout, result.stderr)
     result = subprocess.run([dvc, "check-ignore", "data/smoke/passages.arrow"], cwd=repo, capture_output=True)
     assert result.returncode == 1
+
+
+@pytest.mark.parametrize("directory", [False, True])
+def test_an_interruption_while_the_staging_is_created_leaves_nothing(tmp_path, monkeypatch, directory):
+    """Ctrl-C (or SIGTERM) landing in the instant the staging entry is made still has it removed."""
+    import os
+    import signal
+    import tempfile
+
+    create = tempfile.mkdtemp if directory else tempfile.mkstemp
+
+    def create_then_interrupt(*args, **kwargs):
+        made = create(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)     # delivered before the caller has the name in hand
+        return made
+
+    monkeypatch.setattr(tempfile, "mkdtemp" if directory else "mkstemp", create_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(tmp_path / "out", directory=directory):
+            pass
+    assert list(tmp_path.iterdir()) == []
