@@ -268,6 +268,31 @@ _ENVIRONMENT_ERRNOS = {
 }
 
 
+# What gloo and NCCL say when the other end of a collective is gone (their errors are plain RuntimeErrors).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker", "Broken pipe",
+              "NCCL communicator was aborted", "Socket Timeout")
+
+
+def lost_peer_message(error: BaseException) -> str | None:
+    """The paragraph for a torchrun process whose collective failed because another rank ended, else None.
+
+    When one rank dies (killed, out of memory, a node lost), the others fail in their next collective with
+    the transport's error; torchrun's summary, or the other node's log, holds the first failure.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not isinstance(error, RuntimeError) or not (dist.is_available() and dist.is_initialized()):
+        return None
+    text = str(error).strip()
+    if not (isinstance(error, dist.DistError) or any(sign in text for sign in _PEER_GONE)):
+        return None
+    reason = (text.splitlines() or [type(error).__name__])[0].split(". ")[0][:300]   # not the advice after it
+    return (f"rank {dist.get_rank()} of {dist.get_world_size()} stopped because another process of this torchrun "
+            f"run ended or could not be reached ({type(error).__name__}: {reason}). The first failure is that "
+            "process's own: torchrun's summary, or the log of the node it ran on, names it. Outputs are written to "
+            "a temporary file and renamed into place only when complete, so nothing half-written was left; run the "
+            "command again (stages that resume pick up from their last completed chunk or checkpoint).")
+
+
 def environment_error_message(error: BaseException) -> str | None:
     """The paragraph for an interruption or a refusal of the machine (disk full, no permission), else None.
 
@@ -291,6 +316,9 @@ def environment_error_message(error: BaseException) -> str | None:
                 "(MLFLOW_TRACKING_URI, else mlflow.db) or a study's database (hpo.storage). Outputs are written "
                 "atomically, so nothing half-written was left; fix the store or point the setting at one that "
                 "works, then run the command again.")
+    lost = lost_peer_message(error)
+    if lost is not None:
+        return lost
     if isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS:
         where = error.filename or "a file"
         if error.filename2:

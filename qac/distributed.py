@@ -54,9 +54,86 @@ def init_distributed() -> DistContext:
         # Ranks wait for rank 0 at barriers while it searches or writes a
         # corpus-sized index; the default 10-minute timeout is too short at
         # MS MARCO scale. QAC_DIST_TIMEOUT_MINUTES overrides.
-        timeout = datetime.timedelta(minutes=float(os.environ.get("QAC_DIST_TIMEOUT_MINUTES", "180")))
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+        timeout = datetime.timedelta(minutes=_minutes("QAC_DIST_TIMEOUT_MINUTES", 180))
+        store = _rendezvous(rank, world_size)
+        store.set_timeout(timeout)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                                world_size=world_size, timeout=timeout)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def _minutes(variable: str, default: float) -> float:
+    from qac.errors import UserError
+
+    text = os.environ.get(variable, "").strip() or str(default)
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = -1.0
+    if not minutes > 0:
+        raise UserError(f"{variable}={text!r} is not a positive number of minutes")
+    return minutes
+
+
+def _rendezvous(rank: int, world_size: int):
+    """The ranks' meeting point (``env://``, as ``init_process_group`` does), waited for a bounded time.
+
+    The collectives' timeout is hours (a rank waits while another writes an index); the meeting itself
+    takes seconds under torchrun, whose agents have met before starting any rank. WORLD_SIZE and RANK left
+    over in a shell would otherwise hold a single process for those hours waiting for ranks that were never
+    started. QAC_RENDEZVOUS_TIMEOUT_MINUTES (default 10) bounds the wait.
+    """
+    import sys
+
+    from torch.distributed import rendezvous
+
+    from qac.errors import UserError
+
+    wait = _minutes("QAC_RENDEZVOUS_TIMEOUT_MINUTES", 10)
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
+    if missing:
+        raise UserError(f"WORLD_SIZE={world_size} and RANK={rank} are set but {' and '.join(missing)} not: torchrun "
+                        "sets all of them for the processes it starts. Left over in the shell? Unset WORLD_SIZE, "
+                        "RANK and LOCAL_RANK to run as one process; else start the stage with torchrun "
+                        "(docs/cluster.md)")
+    at = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    launched_by_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    if not launched_by_torchrun and rank == 0:
+        print(f"WORLD_SIZE={world_size} and RANK={rank} are set but torchrun did not start this process: waiting "
+              f"up to {wait:g} min for the other ranks at {at} (unset WORLD_SIZE and RANK to run as one process)",
+              file=sys.stderr, flush=True)
+    try:
+        store, _, _ = next(rendezvous("env://", rank, world_size, timeout=datetime.timedelta(minutes=wait)))
+    except (RuntimeError, ValueError) as error:      # DistStoreError / DistNetworkError, or a variable missing
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        started = ("torchrun started this process" if launched_by_torchrun else
+                   "torchrun did not start this process (WORLD_SIZE and RANK left over in the shell? unset "
+                   "WORLD_SIZE RANK LOCAL_RANK MASTER_ADDR MASTER_PORT to run as one process)")
+        raise UserError(f"rank {rank} of {world_size} could not meet the other ranks at {at} within {wait:g} "
+                        f"min ({reason}); {started}. Start every rank with torchrun (docs/cluster.md), or raise "
+                        "QAC_RENDEZVOUS_TIMEOUT_MINUTES where nodes start far apart") from error
+    return store
+
+
+def require_even_split(batch_size: int, world_size: int, key: str, micro_batches: int = 1,
+                       micro_batches_key: str | None = None) -> None:
+    """Refuse, before any data loads, a global batch that the torchrun processes cannot share equally.
+
+    ``key`` names the parameter (``finetune.batch_size``); each process takes ``micro_batches`` equal
+    micro-batches of its share (gradient accumulation, named by ``micro_batches_key``).
+    """
+    parts = micro_batches * world_size
+    if batch_size % parts == 0:
+        return
+    from qac.errors import UserError
+
+    split = f"{world_size} torchrun process(es)"
+    if micro_batches > 1:
+        split += f" x {micro_batches} micro-batches ({micro_batches_key} = {micro_batches})"
+    counts = [n for n in range(1, min(batch_size, 64) + 1) if batch_size % (n * micro_batches) == 0]
+    raise UserError(f"{key} = {batch_size} does not split into equal shares over {split}: set {key} to a multiple "
+                    f"of {parts}, or start a number of processes that divides it (here: "
+                    f"{', '.join(map(str, counts[:8])) or 'none'})")
 
 
 def barrier() -> None:

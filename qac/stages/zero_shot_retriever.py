@@ -61,7 +61,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
     """Train and evaluate the zero-shot retriever of every variant Table 2 reports; the summary line's facts."""
     from qac.config import profile_dir
     from qac.data.prepared import load_prepared, load_prepared_parts
-    from qac.distributed import cleanup, init_distributed
+    from qac.distributed import cleanup, init_distributed, require_even_split
     from qac.stages.retrievers import combine_parts, evaluate_retriever_on
     from qac.io import atomic_path, write_json
     from qac.models.encoding import read_encoding
@@ -100,6 +100,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
     passage_text = {doc_id: document_text("", doc.text, " ") for doc_id, doc in dataset.corpus.items()}
 
     dist = init_distributed()
+    require_even_split(settings.batch_size, dist.world_size, "beir_retriever.batch_size")
     work_root = root / ".work" / "beir_retriever"
     # What every variant's retriever reads besides its own start, hashed once for their work fingerprints.
     shared_md5 = input_hashes({"dataset": dataset_dir, "negatives": Path(facts["source"])})

@@ -271,7 +271,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     where training resumed, corpus counts, the model's settings.
     """
     from qac.data.context_pairs import load_pair_corpus
-    from qac.distributed import autocast_dtype as pick_autocast, init_distributed
+    from qac.distributed import autocast_dtype as pick_autocast, init_distributed, require_even_split
     from qac.models.factory import build_batches, build_pretraining_model
     from qac.models.loading import load_tokenizer
     from qac.models.losses import all_reduce_sum
@@ -286,9 +286,8 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
         return {"method": "none", "steps": 0}
 
     world = dist.world_size
-    if settings.batch_size % (settings.grad_accumulation * world):
-        raise ValueError(f"batch_size {settings.batch_size} does not split into {settings.grad_accumulation} "
-                         f"micro-batches over {world} processes")
+    require_even_split(settings.batch_size, world, "batch_size (pretrain.common or the variant's)",
+                       settings.grad_accumulation, "grad_accumulation")
     device = dist.device
     torch.manual_seed(settings.seed + dist.rank)   # each process draws its own dropout masks
 

@@ -348,7 +348,7 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
 
     from qac.config import profile_dir, variant_seed
     from qac.data.prepared import load_prepared
-    from qac.distributed import barrier, cleanup, init_distributed
+    from qac.distributed import barrier, cleanup, init_distributed, require_even_split
     from qac.io import atomic_path, write_jsonl
     from qac.models.loading import load_tokenizer
     from qac.retrieval.dense import search_splits
@@ -374,6 +374,7 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
     inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
 
     dist = init_distributed()
+    require_even_split(settings.batch_size, dist.world_size, "finetune.batch_size")
     out_dir = root / "finetune" / variant
     work = RecipeWork.open(root / ".work" / "finetune" / variant,
                            recipe_fingerprint(params, variant, input_hashes(inputs)),
