@@ -35,6 +35,15 @@ if _imported != _repo:
                         _imported, _repo, _repo))
     sys.exit(1)
 
+# How the stage is to run (QAC_SEARCH_*, the torch.distributed timeouts, what torchrun sets), checked before
+# any work: a typo found after minutes of encoding, or a value that silently searches nothing, costs more.
+from qac.environment import environment_problem  # noqa: E402
+
+_problem = environment_problem()
+if _problem:
+    sys.stderr.write("%s: error: %s\n" % (os.path.basename(sys.argv[0]) if sys.argv[0] else "stage", _problem))
+    sys.exit(2)
+
 # Under `qac repro`, a server that has imported torch, transformers and MLflow runs this stage in a forked copy
 # of itself, and this process exits with the copy's status (qac/launcher.py); else the stage runs here.
 if os.environ.get("QAC_LAUNCHER"):

@@ -274,7 +274,17 @@ def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.
 def data_mirror() -> Path:
     """The local data mirror searched before any download (``QAC_DATA_MIRROR``)."""
     default = REPO_ROOT.parent / "shared" / "data"
-    return Path(os.environ.get("QAC_DATA_MIRROR", default))
+    value = os.environ.get("QAC_DATA_MIRROR")
+    if value is None:
+        return default
+    if not value.strip():
+        raise UserError(f"QAC_DATA_MIRROR is set but empty: unset it to use the default mirror ({default}), or "
+                        "set it to the folder of a data mirror")
+    mirror = Path(value)
+    if os.path.lexists(mirror) and not mirror.is_dir():
+        raise UserError(f"QAC_DATA_MIRROR={value}: not a folder (a data mirror is a folder of datasets, such as "
+                        f"{default})")
+    return mirror
 
 
 def profile_dir(params: dict[str, Any]) -> Path:

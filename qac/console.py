@@ -311,9 +311,16 @@ def environment_error_message(error: BaseException) -> str | None:
     from qac.tracking.store import is_store_error
 
     if is_store_error(error):
-        reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        import textwrap
+
+        from qac.redaction import redact_url
+        from qac.tracking.store import tracking_uri
+
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = textwrap.shorten(reason, 300, placeholder=" ...")
         return (f"the tracking store failed ({type(error).__name__}: {reason}): the MLflow store "
-                "(MLFLOW_TRACKING_URI, else mlflow.db) or a study's database (hpo.storage). Outputs are written "
+                f"(MLFLOW_TRACKING_URI, else mlflow.db; here {redact_url(tracking_uri())}) or a study's database "
+                "(hpo.storage). Outputs are written "
                 "atomically, so nothing half-written was left; fix the store or point the setting at one that "
                 "works, then run the command again.")
     lost = lost_peer_message(error)
@@ -333,6 +340,31 @@ def environment_error_message(error: BaseException) -> str | None:
     return None
 
 
+# As a shell reports a writer ended by SIGPIPE.
+BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def _tolerant_streams() -> None:
+    """Output that the terminal's encoding cannot show (``PYTHONIOENCODING=ascii``, ``LANG=C``: the ± of a
+    tolerance, a document title) is escaped rather than ending the command."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout once more at exit, into the same closed pipe: point it at /dev/null first.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def call_main(main: Callable[..., int | None], argv: list[str] | None = None, prog: str | None = None) -> int:
     """What :func:`run_main` does, returning the exit status instead of exiting (for tests and wrappers).
 
@@ -340,9 +372,14 @@ def call_main(main: Callable[..., int | None], argv: list[str] | None = None, pr
     permission, a read-only file system) and a failing tracking store each end in one paragraph; ``-v`` /
     ``QAC_VERBOSE=1`` adds the traceback. Any other exception is a program error and keeps its traceback.
     """
+    _tolerant_streams()
     with sigterm_as_interrupt():
         try:
             return int(main(argv) or 0) if argv is not None else int(main() or 0)
+        except BrokenPipeError:
+            # The reader went away (`qac metrics | head -1`): what it wanted it has; end as a pipe's writer does.
+            _silence_stdout()
+            return BROKEN_PIPE_EXIT
         except (Exception, SystemExit, KeyboardInterrupt) as error:
             message = user_error_message(error)
             status = USER_ERROR_EXIT

@@ -27,6 +27,8 @@ def end_process(status: int) -> NoReturn:
             thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:                  # started with that descriptor closed (`>&-`)
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):

@@ -122,20 +122,39 @@ def escaping_write(path: str | os.PathLike) -> tuple[Path, Path] | None:
     return None if root in real.parents else (root, real)
 
 
-_INTERRUPTIONS = {signal.SIGINT, signal.SIGTERM}
+_INTERRUPTIONS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def _interruptions_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM pending while the block runs; they are delivered when it ends."""
-    if not hasattr(signal, "pthread_sigmask"):     # Windows: no signal masks
+    """Hold Ctrl-C and SIGTERM while the block runs; what arrived is handled, as it would have been, at its end.
+
+    A signal mask would not do: the kernel hands a process's signal to any of its threads that does not block
+    it (torch's, a loader's), and Python then runs the handler in the main thread all the same. So the block
+    swaps in handlers that only take note (in the main thread, the only one Python runs handlers in).
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTIONS)
+    arrived: list[int] = []
+    previous = {}
+    for signum in _INTERRUPTIONS:
+        handler = signal.getsignal(signum)
+        if handler is not None:                     # None: a handler set outside Python, left alone
+            previous[signum] = signal.signal(signum, lambda number, frame: arrived.append(number))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in arrived:
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, None)               # KeyboardInterrupt, or qac.console's Terminated
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)        # its default action: the process ends
 
 
 @contextlib.contextmanager

@@ -148,7 +148,10 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> int:
     signal.signal(signal.SIGTERM, _leave)             # from Server.__exit__: stop now, even mid-import
     before = dict(os.environ)
     for module in preload:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ImportError:               # QAC_LAUNCHER_PRELOAD naming what is not installed: the stages that
+            pass                          # need it import it themselves, and say so if they cannot
     sys.stdout.flush()
     sys.stderr.flush()
     environment = import_time_environment(before)     # what the libraries saw when imported

@@ -19,7 +19,7 @@ PACKAGE = REPO / "qac"
 LAYERS = (
     "errors", "exiting", "threads", "launcher", "names", "redaction", "io", "distributed", "accelerators", "benchmarking", "model_specs",
     "params", "config", "pipeline_plan", "parallel_repro", "deviations", "cluster", "gpu_cost",
-    "tracking", "console", "data", "models", "evaluation", "retrieval", "train", "stages", "reference", "reporting", "querygen",
+    "tracking", "console", "data", "models", "evaluation", "retrieval", "environment", "train", "stages", "reference", "reporting", "querygen",
     "hpo",
     "cli",
 )

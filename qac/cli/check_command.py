@@ -21,6 +21,7 @@ the paper profile: from the paper's published values).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -53,6 +54,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.expected and not params.check.expected:
         print("qac check: params has no check.expected (the expected-values file of the profile)", file=sys.stderr)
         return 2
+    if os.path.lexists(path) and not path.is_file():
+        # Recording writes a file in its place: a folder there (and all it holds) would be replaced.
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        print(f"qac check: {path.as_posix()} ({'--expected' if args.expected else 'check.expected'}) is {kind}, "
+              "not an expected-values file: name the YAML file itself (such as profiles/expected/smoke.yaml)",
+              file=sys.stderr)
+        return 2
     if args.record:
         from_paper = args.from_paper or params["profile"] == "paper"
         tables = tables_of(load_study(params, args.data, declared_variants=from_paper))
@@ -60,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         if not document["cells"]:
             print(f"qac check: no cells to record under {args.data or 'data/' + params['profile']}: "
                   "run the pipeline first", file=sys.stderr)
-            return 1
+            return 2
         dropped = _cells_without_outputs(path, document) if not from_paper else []
         if dropped:
             data = args.data or f"data/{params['profile']}"

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from qac.data.dl19_subset import DEFAULT_OTHERS, build_dl19_subset
 
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     counts = build_dl19_subset(args.collection, args.topics, args.qrels, args.out, args.others)
     print(f"msmarco-dl19-subset: {counts['documents']} passages ({counts['relevant']} judged relevant), "
           f"{counts['queries']} queries, {counts['qrels']} qrels -> {args.out}")
+    if counts["others"] < counts["others_asked"]:
+        print(f"note: {counts['others']} passages beyond the relevant ones, not the {counts['others_asked']} asked "
+              "(--others): the collection has no more", file=sys.stderr)
     return 0
 
 

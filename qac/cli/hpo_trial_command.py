@@ -22,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", required=True, help="the trial's params file (written by the worker)")
     parser.add_argument("--out", required=True, help="the trial's folder")
     args = parser.parse_args(argv)
+    from qac.environment import environment_problem
+    from qac.errors import UserError
+
+    problem = environment_problem()
+    if problem:
+        raise UserError(problem)
     from qac.console import setup_console
     from qac.distributed import cleanup
     from qac.params import load_params

@@ -4,7 +4,8 @@ The subset is what the data mirror holds: the TREC DL 2019 passage queries
 that have judgements, every passage judged relevant (grade >= 1) for one of
 them, plus ``others`` more passages (default 898, for 5,000 in all): first the
 passages judged non-relevant (grade 0), in qrels order, then passages of the
-collection in file order. Its qrels are the DL19 judgements of the kept
+collection in file order (these also stand in for judged passages the
+collection does not have). Its qrels are the DL19 judgements of the kept
 passages (graded 0-3; binary measures count grade >= 2 as relevant).
 
 Public inputs, in their native formats:
@@ -53,25 +54,39 @@ def build_dl19_subset(collection: str | os.PathLike, topics: str | os.PathLike, 
         if len(wanted) >= len(relevant) + others:
             break
         wanted.add(pid)
-    fill = len(relevant) + others - len(wanted)   # passages still to take in collection order
 
-    kept: dict[str, str] = {}
-    for _, (pid, text) in iter_rows(collection, ("pid", "text")):
+    # One pass: the wanted passages, and the first `others` of the rest in file order, which fill the count
+    # where judged passages are missing from this collection. Kept in collection order.
+    found: dict[str, tuple[int, str]] = {}
+    fillers: list[tuple[int, str, str]] = []
+    filler_ids: set[str] = set()
+    for line, (pid, text) in iter_rows(collection, ("pid", "text")):
         pid = pid.strip()
-        if pid in wanted or (fill > 0 and pid not in kept):
-            if pid not in wanted:
-                fill -= 1
-            kept[pid] = text.strip()
-    absent = sorted(relevant - set(kept))
+        if pid in found or pid in filler_ids:
+            raise DataFormatError(collection, line, "pid", f"duplicate id {pid!r}: a passage id appears twice in "
+                                                           "the collection, and the two texts cannot both be its")
+        if pid in wanted:
+            found[pid] = (line, text.strip())
+        elif len(fillers) < others:
+            fillers.append((line, pid, text.strip()))
+            filler_ids.add(pid)
+    absent = sorted(relevant - set(found))
     if absent:
         raise DataFormatError(collection, None, "pid", f"{len(absent)} judged passages are not in the collection "
                                                        f"(first: {', '.join(absent[:5])})")
+    room = max(len(relevant) + others - len(found), 0)
+    chosen = sorted([(line, pid, text) for pid, (line, text) in found.items()] + fillers[:room])
+    kept = {pid: text for _, pid, text in chosen}
     out_dir = Path(out_dir)
-    write_jsonl(out_dir / "corpus.jsonl", ({"_id": pid, "title": "", "text": text} for pid, text in kept.items()))
-    write_jsonl(out_dir / "queries.jsonl", ({"_id": qid, "text": all_topics[qid]} for qid in judgements))
     rows = [(qid, pid, grade) for qid, by_pid in judgements.items() for pid, grade in by_pid.items() if pid in kept]
-    with atomic_path(out_dir / "qrels" / "test.tsv") as tmp:
-        with open(tmp, "w", encoding="utf-8") as handle:
+    # The folder is replaced as a whole: nothing of an earlier build stays beside the new files.
+    with atomic_path(out_dir, directory=True) as staging:
+        write_jsonl(staging / "corpus.jsonl",
+                    ({"_id": pid, "title": "", "text": text} for pid, text in kept.items()))
+        write_jsonl(staging / "queries.jsonl", ({"_id": qid, "text": all_topics[qid]} for qid in judgements))
+        (staging / "qrels").mkdir()
+        with open(staging / "qrels" / "test.tsv", "w", encoding="utf-8") as handle:
             handle.write("query-id\tcorpus-id\tscore\n")
             handle.writelines(f"{qid}\t{pid}\t{grade}\n" for qid, pid, grade in rows)
-    return {"documents": len(kept), "queries": len(judgements), "qrels": len(rows), "relevant": len(relevant)}
+    return {"documents": len(kept), "queries": len(judgements), "qrels": len(rows), "relevant": len(relevant),
+            "others_asked": others, "others": len(kept) - len(relevant)}

@@ -80,7 +80,9 @@ def prepare_dataset(dataset: Dataset, *, max_documents: int | None = None,
     declared split (``queries_unjudged``).
     """
     skipped = Counter(dataset.meta.get("skipped", {}))
+    judged_before = {split: set(qrels) for split, qrels in dataset.qrels.items()}
     drop_unknown_judgements(dataset, skipped)
+    _refuse_mostly_unknown_judgements(dataset, judged_before)
     kept = select_documents(dataset, max_documents, keep_judged_documents)
     if len(kept) < len(dataset.corpus):
         skipped["documents_outside_subset"] += len(dataset.corpus) - len(kept)
@@ -104,6 +106,22 @@ def prepare_dataset(dataset: Dataset, *, max_documents: int | None = None,
     return dataset
 
 
+# Real collections judge a few documents they no longer hold; losing more of a split's queries than this to ids
+# the corpus or queries file does not have means the files do not belong together (or their ids were rewritten).
+MAX_UNKNOWN_SHARE = 0.5
+
+
+def _refuse_mostly_unknown_judgements(dataset: Dataset, judged_before: dict[str, set[str]]) -> None:
+    files = dataset.meta.get("qrels_files", {})
+    for split, before in judged_before.items():
+        lost = sorted(before - set(dataset.qrels.get(split, {})))
+        if before and lost and len(lost) > MAX_UNKNOWN_SHARE * len(before):
+            raise DataFormatError(files.get(split, f"dataset {dataset.name}, split {split}"), None, None,
+                                  f"{len(lost)} of the {len(before)} queries judged in split {split!r} name a query "
+                                  "or only documents that the queries and corpus files do not have (for example "
+                                  f"{', '.join(lost[:3])}): do the qrels belong to this corpus and queries file?")
+
+
 def _require_queries_in_every_split(dataset: Dataset, skipped: Counter) -> None:
     """A split left with no judged query (or a corpus left empty) is an error naming its file.
 
@@ -121,6 +139,12 @@ def _require_queries_in_every_split(dataset: Dataset, skipped: Counter) -> None:
             raise DataFormatError(files.get(split, f"dataset {dataset.name}, split {split}"), None, None,
                                   f"split {split!r} has no judged query left (dropped: {counts or 'none'}); "
                                   "do its query and document ids match the queries and corpus files?")
+        threshold = dataset.rel_threshold(split)
+        if not any(grade >= threshold for judgements in qrels.values() for grade in judgements.values()):
+            raise DataFormatError(files.get(split, f"dataset {dataset.name}, split {split}"), None, None,
+                                  f"split {split!r} judges no document relevant: no grade reaches its relevance "
+                                  f"threshold {threshold}, so every binary measure (RR@10, recall) would be 0; "
+                                  "are the grades in the last column?")
 
 
 def dataset_record(dataset: Dataset) -> dict[str, Any]:

@@ -188,6 +188,30 @@ def _missing(directory: Path, alternatives: list[tuple[str, ...]]) -> list[str]:
             if not any((directory / name).is_file() for name in names)]
 
 
+def _entry_problem(path: Path, wanted: str) -> str | None:
+    """What stands at ``path`` instead of a ``wanted`` ("file" or "folder"); None when nothing does."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() and not path.exists():
+        return f"{path.name} is a symbolic link that leads nowhere (or in a loop)"
+    if wanted == "folder":
+        return f"{path.name} is a file, not a folder"
+    if path.is_dir():
+        return f"{path.name} is a folder, not a file"
+    return f"{path.name} is not a regular file (a device, a pipe or a socket)"
+
+
+def _unusable(directory: Path, alternatives: list[tuple[str, ...]]) -> list[str]:
+    """Why each required file of ``directory`` cannot be read: missing, or something else stands there."""
+    reasons = []
+    for names in alternatives:
+        if any((directory / name).is_file() for name in names):
+            continue
+        found = [problem for name in names if (problem := _entry_problem(directory / name, "file"))]
+        reasons.append("; ".join(found) if found else f"missing {' or '.join(names)}")
+    return reasons
+
+
 def _check_url(url: str) -> None:
     """Raise ``OSError`` unless ``url`` answers (HEAD, or GET where HEAD is refused)."""
     request = urllib.request.Request(url, method="HEAD")
@@ -214,10 +238,13 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
     tried = []
     if spec.mirror:
         folder = mirror_root / spec.mirror
-        missing = _missing(folder, spec.corpus_files())
-        if not missing:
-            return Source("mirror", folder, f"mirror:{spec.mirror}")
-        tried.append(f"{folder} (missing {', '.join(missing)})" if folder.is_dir() else f"{folder} (not found)")
+        if folder.is_dir():
+            unusable = _unusable(folder, spec.corpus_files())
+            if not unusable:
+                return Source("mirror", folder, f"mirror:{spec.mirror}")
+            tried.append(f"{folder} ({'; '.join(unusable)})")
+        else:
+            tried.append(f"{folder} ({_entry_problem(folder, 'folder') or 'not found'})")
     else:
         tried.append(f"{mirror_root} (no mirror folder is declared for it)")
     cached = Path(downloads) / spec.name

@@ -105,8 +105,9 @@ def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, 
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise DataFormatError(path, line_number, None,
-                                  f"malformed JSON ({error.msg} at column {error.colno})") from None
+            # Some of json's messages end in "at" ("Invalid control character at") for its own "line L column C".
+            reason = error.msg.removesuffix(" at")
+            raise DataFormatError(path, line_number, None, f"malformed JSON ({reason} at column {error.colno})") from None
         if not isinstance(record, dict):
             raise DataFormatError(path, line_number, None,
                                   f"expected a JSON object, found {type(record).__name__}")
@@ -197,6 +198,8 @@ def required_id(record: dict[str, Any], field: str, path, line: int) -> str:
     if field not in record:
         raise DataFormatError(path, line, field, "missing")
     value = record[field]
+    if value is None:
+        raise DataFormatError(path, line, field, "null, expected a string id")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise DataFormatError(path, line, field, f"expected a string id, found {type(value).__name__}")
     return check_id(str(value), field, path, line)
@@ -242,11 +245,11 @@ def require_rows(count: int, path, what: str, *, skipped: int = 0) -> None:
 
 
 def required_text(record: dict[str, Any], field: str, path, line: int, *, default: str | None = None) -> str:
-    """A text field (``default`` when it may be missing); ``null`` counts as missing."""
+    """A text field (``default`` when it may be missing or ``null``)."""
     value = record.get(field)
     if value is None:
         if default is None:
-            raise DataFormatError(path, line, field, "missing")
+            raise DataFormatError(path, line, field, "missing" if field not in record else "null, expected text")
         return default
     if not isinstance(value, str):
         raise DataFormatError(path, line, field, f"expected text, found {type(value).__name__}")

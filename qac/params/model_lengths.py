@@ -33,7 +33,9 @@ def _encoder_specs(params: Params) -> list[tuple[str, str]]:
 def _pretrain_lengths(params: Params) -> Iterable[tuple[str, int, str]]:
     for name, variant in params.pretrain.variants.items():
         merged = merged_variant(params, name)
-        for length in ("max_len", "query_max_len"):
+        for length in ("max_len", "query_max_len", "pad_to"):
+            if merged[length] is None:          # pad_to null: each batch padded to its longest sequence
+                continue
             key = (f"pretrain.variants.{name}.{length}" if length in variant.model_fields_set
                    else f"pretrain.common.{length}")
             yield key, int(merged[length]), merged["init"]
@@ -45,9 +47,18 @@ def length_problems(params: Params) -> list[Problem]:
 
     problems: dict[str, Problem] = {}
 
-    def check(key: str, tokens: int, spec: str, spec_key: str, what: str = "", extra: int = 0) -> None:
+    def check(key: str, tokens: int, spec: str, spec_key: str, what: str = "", extra: int = 0,
+              extra_key: str | None = None) -> None:
         positions = max_positions(spec)
         if positions is None or tokens + extra <= positions or key in problems:
+            return
+        if extra_key is not None and positions - extra < 1:
+            # The tokens added leave no room for any source: theirs is the key to lower.
+            if extra_key not in problems:
+                problems[extra_key] = Problem(extra_key, f"{extra} tokens plus {tokens} source tokens ({key}) are "
+                                                         f"more than the model {spec!r} ({spec_key}) can read: "
+                                                         f"{positions} positions (its configuration), so at most "
+                                                         f"{max(positions - tokens, 0)}")
             return
         limit = positions - extra
         problems[key] = Problem(key, f"{tokens}{what} is more than the model {spec!r} ({spec_key}) can read: "
@@ -80,12 +91,12 @@ def length_problems(params: Params) -> list[Problem]:
                        else "querygen.max_new_tokens")
         if together:
             check(key, tokens, generator.model, "query_generator.model",
-                  f" source tokens plus {written} written ({written_key})", extra=written)
+                  f" source tokens plus {written} written ({written_key})", extra=written, extra_key=written_key)
         else:
             check(key, tokens, generator.model, "query_generator.model")
             check(written_key, written, generator.model, "query_generator.model")
     continuation = params.continuation
     check("continuation.max_source_len", continuation.max_source_len, continuation.model, "continuation.model",
           f" tokens plus {continuation.max_new_tokens} sampled (continuation.max_new_tokens)",
-          extra=continuation.max_new_tokens)
+          extra=continuation.max_new_tokens, extra_key="continuation.max_new_tokens")
     return list(problems.values())

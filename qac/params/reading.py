@@ -16,12 +16,24 @@ from qac.params.errors import ParamsError, Problem
 from qac.params.yaml_io import read_yaml
 
 
+# Beyond this a file is not a profile's parameters: reading and checking it would take minutes and gigabytes.
+MAX_PARAMS_BYTES = 5_000_000
+
+
 def read_params_file(path: str | os.PathLike) -> tuple[str, Any]:
     """The text of the YAML file at ``path`` and its values; a :class:`ParamsError` naming the file, line and
     column when it is not UTF-8 or not YAML (as DVC reads it: a key written twice is an error)."""
     import yaml
 
     path = Path(path)
+    if not os.path.lexists(path):
+        raise ParamsError(path, [Problem("", "not found (the profiles' files are profiles/base.yaml and "
+                                             "profiles/<name>.yaml; git restores one deleted by mistake)")])
+    if path.exists() and not path.is_file():     # a FIFO would block the read; a device never ends
+        raise ParamsError(path, [Problem("", "not a regular file (a params file is a YAML file)")])
+    if path.is_file() and path.stat().st_size > MAX_PARAMS_BYTES:
+        raise ParamsError(path, [Problem("", f"{path.stat().st_size:,} bytes: a params file holds a few thousand "
+                                         f"values in some tens of kilobytes (the limit is {MAX_PARAMS_BYTES:,})")])
     try:
         text = decode_utf8(path.read_bytes())
     except NotUtf8 as error:

@@ -36,7 +36,13 @@ def dataset_ref(params: Params, key: str, name: str | None) -> list[Problem]:
 
 def dataset_names(params: Params) -> list[Problem]:
     """The corpus, the training set and the zero-shot sets are declared datasets."""
-    problems = dataset_ref(params, "pretrain_corpus", params.pretrain_corpus)
+    problems = []
+    # null in profiles/base.yaml, for each profile to name: every pipeline reads both.
+    for key, what in (("pretrain_corpus", "the documents split into passages for pre-training"),
+                      ("train_dataset", "the in-domain dataset the retrievers are fine-tuned and tested on")):
+        if getattr(params, key) is None:
+            problems.append(Problem(key, f"required: {what}, a key of datasets ({', '.join(params.datasets)})"))
+    problems += dataset_ref(params, "pretrain_corpus", params.pretrain_corpus)
     problems += dataset_ref(params, "train_dataset", params.train_dataset)
     for index, name in enumerate(params.zero_shot):
         problems += dataset_ref(params, f"zero_shot.{index}", name)
@@ -102,6 +108,21 @@ def variant_rules(params: Params) -> list[Problem]:
                     f"{where}.query_count",
                     f"C={count} but querygen.queries_per_passage generates {available} queries per passage: the "
                     f"variant would train as C={available}; lower query_count or raise queries_per_passage"))
+
+            def key_of(field: str) -> str:
+                return f"{where}.{field}" if field in variant.model_fields_set else f"pretrain.common.{field}"
+
+            dor = settings["master_dor_queries"]
+            if variant.method == "master" and "dor" in settings["master_decoders"] and dor > available:
+                problems.append(Problem(key_of("master_dor_queries"),
+                                        f"{dor} queries for the DOR decoder but querygen.queries_per_passage generates "
+                                        f"{available} per passage: it would join {available}; lower it or raise "
+                                        "queries_per_passage"))
+            longest = max(settings["max_len"], settings["query_max_len"])
+            if settings["pad_to"] is not None and settings["pad_to"] < longest:
+                problems.append(Problem(key_of("pad_to"), f"{settings['pad_to']} is shorter than the sequences it pads "
+                                                          f"(max_len {settings['max_len']}, query_max_len "
+                                                          f"{settings['query_max_len']}): at least {longest}"))
             if settings["batch_size"] % settings["grad_accumulation"]:
                 problems.append(Problem(
                     f"{where}.batch_size" if "batch_size" in variant.model_fields_set else "pretrain.common.batch_size",
@@ -111,7 +132,7 @@ def variant_rules(params: Params) -> list[Problem]:
             if variant.method == "master" and len(set(decoders)) != len(decoders):
                 problems.append(Problem(f"{where}.master_decoders" if "master_decoders" in variant.model_fields_set
                                         else "pretrain.common.master_decoders", f"names a decoder twice: {decoders}"))
-    return problems
+    return list(dict.fromkeys(problems))     # a pretrain.common key that fails for every variant, named once
 
 
 def variant_names(params: Params) -> list[Problem]:
@@ -140,6 +161,13 @@ def variant_names(params: Params) -> list[Problem]:
                                     f"seed {seed} is already run by {group[seed]!r}: a seed copy repeats the run "
                                     "and the spread across seeds would count it twice"))
         group.setdefault(seed, name)
+    trained = [name for name, variant in params.pretrain.variants.items()
+               if variant.seed_of is None and merged_variant(params, name).get("method") != "none"]
+    if params.seeds and trained and all(set(seeds_of[name]) != set(params.seeds) for name in trained):
+        problems.append(Problem("seeds", f"{list(params.seeds)}, but no variant runs these seeds: `qac profile render` "
+                                         "turns the profile's seeds into one variant per seed, so a rendered file "
+                                         "changed by hand (or `dvc exp run -S`) would ignore them; set seeds in "
+                                         "profiles/<name>.yaml and render the profile"))
     if params.hpo.variant not in params.pretrain.variants:
         close = difflib.get_close_matches(params.hpo.variant, list(params.pretrain.variants), n=1, cutoff=0.6)
         problems.append(Problem("hpo.variant", f"{params.hpo.variant!r} is not a key of pretrain.variants"
@@ -278,8 +306,45 @@ def search_space(params: Params) -> list[Problem]:
     return problems
 
 
+def bm25_analyzer(params: Params) -> list[Problem]:
+    """The stopword list and the stemmer are ones bm25s and PyStemmer know (else BM25 stops at its first text)."""
+    problems: list[Problem] = []
+    words = params.bm25.stopwords
+    if words not in (None, "lucene", "en", "english"):      # the common ones without importing bm25s
+        import bm25s.tokenization
+
+        try:
+            bm25s.tokenization.Tokenizer(stopwords=words)
+        except ValueError:
+            problems.append(Problem("bm25.stopwords", f"{words!r} is not a stopword list: lucene (Lucene's English "
+                                                      "set), a language bm25s lists (en, de, fr, es, ...) or null"))
+    stemmer = params.bm25.stemmer
+    if stemmer is not None:
+        import Stemmer
+
+        if stemmer not in Stemmer.algorithms():
+            close = difflib.get_close_matches(stemmer, Stemmer.algorithms(), n=1)
+            problems.append(Problem("bm25.stemmer", f"{stemmer!r} is not a PyStemmer algorithm"
+                                                    + (f"; did you mean {close[0]}?" if close else
+                                                       " (english, porter, german, ...; null: no stemming)")))
+    return problems
+
+
+def output_folders(params: Params) -> list[Problem]:
+    """The folders stages and reports write into are folders, where something stands at their path already."""
+    import os
+
+    problems = []
+    for key, folder in (("data_dir", params.data_dir), ("tables.out_dir", params.tables.out_dir),
+                        ("hpo.report_dir", params.hpo.report_dir)):
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            problems.append(Problem(key, f"{folder!r} is a file, not a folder: name the folder to write into"))
+    return problems
+
+
 RULES = (dataset_names, dataset_entries, training_set_needs, variant_rules, variant_names, finetune_depths,
-         cluster_resources, measures_and_columns, generation_rules, search_space)
+         cluster_resources, measures_and_columns, generation_rules, search_space, bm25_analyzer,
+         output_folders)
 
 
 def cross_field_problems(params: Params) -> list[Problem]:

@@ -499,7 +499,8 @@ class TablesSection(Section):
     zero_shot_retriever: Literal["r1", "r2", "beir"] = Field(
         description="Table 2's retriever: beir (trained by the beir_retriever stage on sentence-transformers' "
                     "MS MARCO hard negatives, the paper's footnote 2), or retriever r1 / r2 of fine-tuning")
-    permutations: PositiveInt = Field(description="paired randomization test permutations")
+    permutations: PositiveInt = Field(le=1_000_000, description="paired randomization test permutations (at most "
+                                                                "a million: a p-value's resolution is 1/permutations)")
     in_domain_columns: list[TableColumn] = Field(
         description="Tables 1, 3 and 4 columns: {label, short, dataset, split, measure, paper} or {label, missing, "
                     "paper}")

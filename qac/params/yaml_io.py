@@ -94,8 +94,10 @@ def read_yaml(text: str) -> Any:
         if node is None:
             return None
         if _expanded_size(node, {}) > MAX_EXPANDED_VALUES:
-            raise yaml.YAMLError(f"its aliases expand to more than {MAX_EXPANDED_VALUES:,} values "
-                                 f"(anchor at line {_first_anchor_line(text)})")
+            anchor = _first_anchor_line(text)
+            raise yaml.YAMLError(f"its aliases expand to more than {MAX_EXPANDED_VALUES:,} values (anchor at line "
+                                 f"{anchor})" if anchor else
+                                 f"it holds more than {MAX_EXPANDED_VALUES:,} values (a profile holds a few thousand)")
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -122,11 +124,11 @@ def _expanded_size(node: Any, sizes: dict[int, int]) -> int:
     return sizes[id(node)]
 
 
-def _first_anchor_line(text: str) -> int:
+def _first_anchor_line(text: str) -> int | None:
     for number, line in enumerate(text.splitlines(), 1):
         if re.search(r"(^|[\s\[{,:-])&\S", line):
             return number
-    return 1
+    return None
 
 
 def key_lines(text: str) -> dict[str, int]:

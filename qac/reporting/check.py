@@ -301,6 +301,14 @@ class ExpectedFileError(ValueError, UserError):
     """An expected file that cannot be read: the message names the file, the line and the cell's field."""
 
 
+_DOCUMENT_FIELDS = {"profile", "kind", "source", "slack_queries", "sampling_standard_errors",
+                    "seed_spread_deviations", "cells"}
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
 def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expected]]:
     """``(profile, kind, cells)`` of an expected file. A file without ``kind`` is a rerun check."""
     import yaml
@@ -329,10 +337,18 @@ def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expe
 
     if not isinstance(document, dict) or not isinstance(document.get("cells"), list):
         raise fail("cells", "expected a mapping with a 'cells' list (as `qac check --record` writes it)")
+    unknown = set(document) - _DOCUMENT_FIELDS
+    if unknown:
+        raise fail(sorted(unknown)[0], f"unknown fields {sorted(unknown)} (an expected file holds "
+                                       f"{', '.join(sorted(_DOCUMENT_FIELDS))})")
     kind = document.get("kind", RERUN)
     if kind not in KINDS:
         raise fail("kind", f"field 'kind' must be {' or '.join(KINDS)}, got {kind!r}")
+    for name in ("slack_queries",):
+        if name in document and not _positive_number(document[name]):
+            raise fail(name, f"field {name!r} must be a positive number, got {document[name]!r}")
     cells = []
+    seen: dict[tuple[str, str, str], int] = {}
     for index, entry in enumerate(document["cells"]):
         key = f"cells.{index}"
         where = f"cells[{index}]"
@@ -363,6 +379,14 @@ def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expe
             raise fail(f"{key}.rounding", f"{where}: a rounding cannot be negative")
         if kind == REPRODUCTION and entry["unit"] == COUNT:
             raise fail(f"{key}.unit", f"{where}: a reproduction check compares means, not counts")
+        if "n" in entry and not (_positive_number(entry["n"]) and float(entry["n"]).is_integer()):
+            raise fail(f"{key}.n", f"{where}: field 'n' (the queries behind the cell) must be a positive whole "
+                                   f"number, got {entry['n']!r}")
+        cell_key = (str(entry["table"]), str(entry["row"]), str(entry["column"]))
+        if cell_key in seen:
+            raise fail(key, f"{where}: the cell {' / '.join(cell_key)} is listed twice (first as "
+                            f"cells[{seen[cell_key]}]): each cell is checked once")
+        seen[cell_key] = index
         cells.append(Expected(str(entry["table"]), str(entry["row"]), str(entry["column"]), value,
                               entry["unit"], limit, rounding))
     return str(document.get("profile", "")), kind, cells

@@ -42,10 +42,14 @@ def tracking_uri() -> str:
 
 
 def _timeout() -> float:
+    """Seconds to wait for a tracking server: the variable's value within 0.1 s .. 10 min, else the default."""
     try:
-        return max(0.1, float(os.environ.get(PROBE_TIMEOUT_ENV, DEFAULT_TIMEOUT)))
+        seconds = float(os.environ.get(PROBE_TIMEOUT_ENV, DEFAULT_TIMEOUT))
     except ValueError:
         return DEFAULT_TIMEOUT
+    if seconds != seconds:                  # nan
+        return DEFAULT_TIMEOUT
+    return min(max(0.1, seconds), 600.0)
 
 
 def _shown(uri: str) -> str:

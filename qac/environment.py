@@ -1,0 +1,101 @@
+"""The environment variables that steer how a stage runs, checked before it starts any work.
+
+They choose where and how a stage computes, never what (``QAC_SEARCH_*``, the
+torch.distributed timeouts, the variables torchrun sets); the library reads them
+where they are used, deep inside a search or at a rendezvous, after minutes of
+encoding. Every stage script checks them first (``pipelines/_environment.py``),
+so a typo is one paragraph naming the variable instead of a traceback later, or
+worse, a value that runs and silently searches nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Mapping
+
+from qac.retrieval.search import BACKENDS
+
+# A week: beyond it the timeouts overflow what torch.distributed passes to its C++ store and collectives.
+MAX_TIMEOUT_MINUTES = 7 * 24 * 60
+TIMEOUT_VARIABLES = {"QAC_DIST_TIMEOUT_MINUTES": "the collectives' timeout",
+                     "QAC_RENDEZVOUS_TIMEOUT_MINUTES": "the wait for the other ranks"}
+TORCHRUN_INTEGERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
+def environment_problem(env: Mapping[str, str] | None = None) -> str | None:
+    """The first unusable steering variable of ``env`` (default: this process's), as one sentence; else None."""
+    env = os.environ if env is None else env
+    for check in (_search_problem, _timeout_problem, _torchrun_problem):
+        problem = check(env)
+        if problem:
+            return problem
+    return None
+
+
+def _search_problem(env: Mapping[str, str]) -> str | None:
+    backend = env.get("QAC_SEARCH_BACKEND")
+    if backend is not None and backend not in BACKENDS:
+        return f"QAC_SEARCH_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)} (unset: auto)"
+    device = env.get("QAC_SEARCH_DEVICE")
+    if device is not None:
+        problem = _device_problem(device)
+        if problem:
+            return f"QAC_SEARCH_DEVICE={device!r}: {problem}"
+    blocks = env.get("QAC_SEARCH_BLOCKS")
+    if blocks is not None:
+        rows = [part.strip() for part in blocks.split(",")]
+        if len(rows) != 2 or not all(row.isdigit() and int(row) > 0 for row in rows):
+            return (f"QAC_SEARCH_BLOCKS={blocks!r}: expected two positive whole numbers, QUERIES,PASSAGES (the "
+                    "PyTorch search's block rows, such as 1024,262144); unset, they follow the free memory")
+    return None
+
+
+def _device_problem(device: str) -> str | None:
+    import torch
+
+    try:
+        parsed = torch.device(device.strip())
+    except (RuntimeError, ValueError):
+        return "expected cpu, cuda or cuda:N"
+    if parsed.type not in ("cpu", "cuda"):
+        return "expected cpu, cuda or cuda:N"
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            return "this machine has no CUDA device (or this torch has no CUDA support); unset it to search on the CPU"
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            return f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0"
+    return None
+
+
+def _timeout_problem(env: Mapping[str, str]) -> str | None:
+    for name, meaning in TIMEOUT_VARIABLES.items():
+        text = env.get(name)
+        if text is None or not text.strip():
+            continue
+        try:
+            minutes = float(text)
+        except ValueError:
+            minutes = math.nan
+        if not (0 < minutes <= MAX_TIMEOUT_MINUTES):
+            return (f"{name}={text!r}: expected a number of minutes above 0 and at most {MAX_TIMEOUT_MINUTES} "
+                    f"(a week), {meaning}")
+    return None
+
+
+def _torchrun_problem(env: Mapping[str, str]) -> str | None:
+    values = {}
+    for name in TORCHRUN_INTEGERS:
+        text = env.get(name)
+        if text is None:
+            continue
+        if not text.strip().isdigit():
+            return (f"{name}={text!r}: expected a whole number >= 0, as torchrun sets it (left over in the shell? "
+                    "unset WORLD_SIZE, RANK and LOCAL_RANK to run as one process)")
+        values[name] = int(text)
+    if values.get("WORLD_SIZE") == 0:
+        return "WORLD_SIZE='0': expected at least 1 process"
+    if "WORLD_SIZE" in values and values.get("RANK", 0) >= values["WORLD_SIZE"]:
+        return (f"RANK={values['RANK']} with WORLD_SIZE={values['WORLD_SIZE']}: ranks count from 0 to WORLD_SIZE - 1 "
+                "(left over in the shell? unset WORLD_SIZE, RANK and LOCAL_RANK to run as one process)")
+    return None
