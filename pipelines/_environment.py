@@ -37,9 +37,19 @@ if _imported != _repo:
 
 # How the stage is to run (QAC_SEARCH_*, the torch.distributed timeouts, what torchrun sets), checked before
 # any work: a typo found after minutes of encoding, or a value that silently searches nothing, costs more.
-from qac.environment import environment_problem  # noqa: E402
+from qac.environment import environment_problem, working_folder_problem  # noqa: E402
 
 _problem = environment_problem()
+if not _problem:
+    from pathlib import Path
+
+    from qac.errors import UserError
+    from qac.params.locations import params_path
+
+    try:
+        _problem = working_folder_problem(params_path(), Path.cwd(), Path(_repo))
+    except UserError:          # a bad QAC_PROFILE: the stage itself says so, in its own words
+        pass
 if _problem:
     sys.stderr.write("%s: error: %s\n" % (os.path.basename(sys.argv[0]) if sys.argv[0] else "stage", _problem))
     sys.exit(2)

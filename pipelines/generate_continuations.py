@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     data = profile_dir(params)
     passages_path, output = data / "passages.arrow", data / "continuations.arrow"
     if not passages_path.exists():
-        raise FileNotFoundError(f"{passages_path} not found: run the split_passages stage first")
+        raise SystemExit(f"{passages_path} not found: run the split_passages stage first")
 
     ctx = init_distributed()
     dtype = autocast_dtype(section.dtype, ctx.device)

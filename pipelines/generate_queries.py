@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     passages_path, generator_dir, output = data / "passages.arrow", data / "generator", data / "queries.arrow"
     for needed in (passages_path, generator_dir):
         if not needed.exists():
-            raise FileNotFoundError(f"{needed} not found: run the upstream stage first")
+            raise SystemExit(f"{needed} not found: run the upstream stage first")
 
     ctx = init_distributed()
     settings = SamplingSettings.from_params(params)

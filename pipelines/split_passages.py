@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     data = profile_dir(params)
     corpus = data / "datasets" / params.pretrain_corpus / "corpus.jsonl"
     if not corpus.is_file():
-        raise FileNotFoundError(f"{corpus}: run the prepare stage for {params.pretrain_corpus!r} first")
+        raise SystemExit(f"{corpus}: not found; run the prepare stage for {params.pretrain_corpus!r} first")
     passages = data / "passages.arrow"
     if split.punkt == "pretrained" and not pretrained_english_available():
         try:   # NLTK's own downloader, before any work; a clear paragraph when there is no network

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Mapping
 
 from qac.retrieval.search import BACKENDS
@@ -99,3 +100,21 @@ def _torchrun_problem(env: Mapping[str, str]) -> str | None:
         return (f"RANK={values['RANK']} with WORLD_SIZE={values['WORLD_SIZE']}: ranks count from 0 to WORLD_SIZE - 1 "
                 "(left over in the shell? unset WORLD_SIZE, RANK and LOCAL_RANK to run as one process)")
     return None
+
+
+def working_folder_problem(params_file: Path, cwd: Path, checkout: Path) -> str | None:
+    """A stage run elsewhere than the checkout on one of the checkout's own profiles, as one sentence; else None.
+
+    Stages write under ``data/<profile>/`` and log to ``mlflow.db`` relative to the folder they run in, which DVC
+    makes the checkout's root: run from ``docs/`` they would build a second study there. A params file of a
+    project folder of its own (outside ``profiles/``) is that folder's business.
+    """
+    checkout = checkout.resolve()
+    try:
+        params_file.resolve().relative_to(checkout / "profiles")
+    except ValueError:
+        return None
+    if cwd.resolve() == checkout:
+        return None
+    return (f"{params_file} is a profile of the checkout {checkout}, but the stage runs in {cwd}: its outputs would "
+            f"go to {cwd / 'data'} and its runs to {cwd / 'mlflow.db'}; run it from {checkout} (as DVC does)")

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from qac.data.punkt import prepare_punkt
+from qac.errors import UserError
 from qac.querygen.generator_pairs import Pair, build_pairs, cap_training_pairs, split_heldout
 from qac.querygen.quality import (JudgeAnchor, SelfRetrieval, candidate_shares, judge_anchors, judge_shares,
                                   random_sentence, rouge_l)
@@ -424,7 +425,7 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     write_dataset(tmp_path / "data" / "smoke" / "datasets")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setenv("QAC_PARAMS", str(tmp_path / "params.yaml"))
-    with pytest.raises(FileNotFoundError, match=r"smoke/punkt: the sentence splitter of the split_passages stage"):
+    with pytest.raises(UserError, match=r"smoke/punkt: the sentence splitter of the split_passages stage"):
         load_stage().main()
     # the split stage's Punkt model, which cuts the held-out documents of the Table 5 judge into passages
     prepare_punkt("trained", tmp_path / "data" / "smoke" / "punkt",

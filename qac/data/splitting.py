@@ -325,6 +325,18 @@ class _DocumentWork:
         return self.text[self.units[start][0]:self.units[end - 1][1]]
 
 
+def _sentences(sentence_splitter, doc_id: str, text: str) -> list[tuple[int, int]]:
+    """The sentence spans of one document; NLTK's guard against runaway regular expressions named with it."""
+    try:
+        return list(sentence_splitter.span_tokenize(text))
+    except TimeoutError as error:
+        from qac.errors import UserError
+
+        raise UserError(f"document {doc_id!r} ({len(text):,} characters): NLTK's Punkt sentence splitter gave up on "
+                        f"it ({error}). A text this long or repetitive is no passage source: drop or cut it in the "
+                        "corpus, then run prepare and split_passages again") from None
+
+
 def split_documents(documents: Sequence[tuple[str, str]], sentence_splitter, counter: TokenCounter,
                     settings: SplitSettings) -> list[DocumentSplit]:
     """Split ``(doc_id, text)`` pairs into passages.
@@ -333,7 +345,7 @@ def split_documents(documents: Sequence[tuple[str, str]], sentence_splitter, cou
     all their passages in one call, then all overlap texts in one call (plus
     rare extra calls for sentences longer than ``max_len``).
     """
-    sentence_spans = [list(sentence_splitter.span_tokenize(text)) for _, text in documents]
+    sentence_spans = [_sentences(sentence_splitter, doc_id, text) for doc_id, text in documents]
     all_lengths = iter(counter.lengths([text[s:e] for (_, text), spans in zip(documents, sentence_spans)
                                         for s, e in spans]))
     works = []

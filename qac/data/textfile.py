@@ -165,6 +165,11 @@ def _count_problem(line: str, fields: tuple[str, ...], values: list[str], whites
     problem = f"expected {len(fields)} {separator}-separated fields ({', '.join(fields)}), found {len(values)}"
     if not whitespace and len(values) == 1 and len(line.split()) == len(fields):
         problem += " (the line is separated by spaces: this file must be tab-separated)"
+    elif not whitespace and len(values) < len(fields) and " " in line.strip():
+        problem += " (no tab after a field: is the line separated by spaces? this file must be tab-separated)"
+    elif whitespace and len(fields) == 4 and len(values) == 3:
+        problem += (" (three columns are BEIR qrels, read as such only under their header line "
+                    "'query-id<TAB>corpus-id<TAB>score')")
     return problem
 
 

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from qac.config import profile_dir
+from qac.errors import UserError
 from qac.params import params_path
 
 if TYPE_CHECKING:
@@ -133,13 +134,13 @@ def make_query_generator(params: Params) -> list[str]:
     sampling = SamplingSettings.from_params(params)
     sampling = SamplingSettings(**{**sampling.__dict__, "max_source_len": settings.max_source_len})
     if mode == "train" and sampling.prefix != settings.source_prefix("query"):
-        raise ValueError(f"{params_path()}: querygen.prefix {sampling.prefix!r} differs from the prefix the "
-                         f"generator learns queries with ({settings.source_prefix('query')!r}, "
-                         "query_generator.kind_prefixes.query or query_generator.prefix)")
+        raise UserError(f"{params_path()}: querygen.prefix {sampling.prefix!r} differs from the prefix the "
+                        f"generator learns queries with ({settings.source_prefix('query')!r}, "
+                        "query_generator.kind_prefixes.query or query_generator.prefix)")
     candidates = section.quality_candidates or sampling.queries_per_passage
     if section.judge_anchors and not (data / "punkt").is_dir():
-        raise FileNotFoundError(f"{data / 'punkt'}: the sentence splitter of the split_passages stage, which cuts "
-                                "the held-out documents of the Table 5 judge; run that stage first")
+        raise UserError(f"{data / 'punkt'}: the sentence splitter of the split_passages stage, which cuts the "
+                        "held-out documents of the Table 5 judge; run that stage first")
 
     pairs = build_pairs(datasets_dir, train_dataset, corpora, section.use_titles)
     if section.evidence_windows:
