@@ -86,8 +86,11 @@ def _at_sources(problems, sources) -> Exception:
 
     places = {}
     for problem in problems:
-        places[problem.key] = next(((path, line) for path, lines in sources
-                                    if (line := line_of(lines, problem.key))), (sources[0][0], None))
+        # The file that writes the key itself, before one that only opens its section (the profile's
+        # `continuation:` when base.yaml holds the faulty continuation.temperature).
+        places[problem.key] = next(((path, lines[problem.key]) for path, lines in sources if problem.key in lines),
+                                   None) or next(((path, line) for path, lines in sources
+                                                  if (line := line_of(lines, problem.key))), (sources[0][0], None))
     paths = {path for path, _ in places.values()}
     return ParamsError(paths.pop() if len(paths) == 1 else sources[0][0], problems,
                        {key: place for key, place in places.items() if place[1]})

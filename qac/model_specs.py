@@ -82,7 +82,9 @@ def _written_as_path(name: str) -> bool:
 def spec_problem(spec: str) -> str | None:
     """Why ``spec`` can name nothing loadable (a folder written that is not there, a name no hub can
     hold), else None; whether a valid hub name can be fetched is left to loading."""
-    _, name = _split_spec(spec)
+    kind, name = _split_spec(spec)
+    if not name.strip():
+        return (f"{spec!r} names no model" + (f" after '{kind}:' (such as {kind}:bert-base-uncased)" if kind else ""))
     if name in _LOCAL_MODEL_ALIASES:
         return None
     path = Path(name).expanduser()

@@ -39,12 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-only", action="store_true", help="run no trials; rewrite the report")
 
 
+# The command-line options that set hpo keys (--n-trials sets hpo.n_trials).
+OVERRIDES = ("study_name", "storage", "n_trials", "launcher", "nproc_per_node")
+
+
 def apply_overrides(params: Params, args: argparse.Namespace) -> Params:
     """``params`` with the command line's overrides of ``hpo`` keys set (checked as a file's are)."""
     from qac.params import with_values
 
-    options = ("study_name", "storage", "n_trials", "launcher", "nproc_per_node")
-    return with_values(params, {f"hpo.{option}": getattr(args, option) for option in options
+    return with_values(params, {f"hpo.{option}": getattr(args, option) for option in OVERRIDES
                                 if getattr(args, option) is not None})
 
 
@@ -79,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     log = command_logger("qac.hpo", "hpo")
 
     from qac.config import write_params
-    from qac.params import load_params, params_path, validate_params
+    from qac.errors import UserError
+    from qac.params import ParamsError, load_params, params_path, validate_params
     from qac.hpo.study_report import log_report_to_mlflow, write_study_report
     from qac.hpo.space import SpaceError
     from qac.hpo.preflight import check_dev_split, check_search_space, parse_gpu_ids
@@ -98,8 +102,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --report-dir {args.report_dir!r}: {report_dir_problem}")
         return 2
     path = args.params or params_path()
-    params = apply_overrides(load_params(args.params), args)
-    validate_params(params, path)   # the command line's overrides obey the schema too
+    params = load_params(args.params)
+    try:
+        params = apply_overrides(params, args)
+        validate_params(params, path)   # the command line's overrides obey the schema too
+    except ParamsError as error:
+        options = {f"hpo.{name}": name for name in OVERRIDES if getattr(args, name) is not None}
+        given = [problem for problem in error.problems if problem.key in options]
+        if not given:
+            raise
+        raise UserError("; ".join(f"--{options[problem.key].replace('_', '-')} {getattr(args, options[problem.key])}: "
+                                  f"{problem.message}" for problem in given)) from None
     try:
         gpus = parse_gpu_ids(args.gpus)
         settings = HpoSettings.from_params(params)

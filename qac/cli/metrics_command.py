@@ -99,9 +99,12 @@ def run(args: argparse.Namespace) -> int:
     root = profile_dir(params)
     lines = metric_lines(root, args.timing, args.pattern)
     if not lines:
-        print(f"qac metrics: no metrics under {root.as_posix()}"
-              + (f" containing {args.pattern!r}" if args.pattern else "") + " (run the profile first)",
-              file=sys.stderr)
+        if args.pattern and metric_lines(root, args.timing, None):
+            print(f"qac metrics: no metric of {root.as_posix()} contains {args.pattern!r} (the text is matched "
+                  "as written, case included; without a pattern every metric is listed)", file=sys.stderr)
+        else:
+            print(f"qac metrics: no metrics under {root.as_posix()} (run the profile first, from the checkout's "
+                  "root)", file=sys.stderr)
         return 1
     print(f"metrics of profile {params['profile']} ({root.as_posix()}/)")
     print("\n".join(lines))

@@ -80,6 +80,7 @@ def _list() -> int:
 
 def _render(names: list[str], force: bool) -> int:
     from qac.config import HandEditedParams, render_profile_files
+    from qac.errors import USER_ERROR_EXIT
 
     unknown = [name for name in names if name not in PROFILE_NAMES]
     if unknown:
@@ -92,7 +93,7 @@ def _render(names: list[str], force: bool) -> int:
             changed = render_profile_files(name, force=force)
         except HandEditedParams as error:
             print(f"qac profile render: {error}", file=sys.stderr)
-            status = 1
+            status = USER_ERROR_EXIT       # the user's edit, theirs to keep or give up (--force)
             continue
         print(f"{name}: " + (", ".join(str(path) for path in changed) + " written" if changed else "up to date"))
     return status

@@ -445,7 +445,7 @@ class TableColumn(Section):
 
 
 class HardNegativesSource(Section):
-    mirror: str | None = Field(description="path of the file under the data mirror root, looked for first")
+    mirror: InsidePath | None = Field(description="path of the file under the data mirror root, looked for first")
     url: str | None = Field(description="public URL it is downloaded from when the mirror and cache lack it")
     md5: str | None = Field(description="pinned MD5 of the download (null: downloaded with a warning)")
 

@@ -68,7 +68,8 @@ def check_replaceable(report_dir: str | Path, data_root: str | Path, profile: st
     command = f"dvc repro profiles/{profile}/dvc.yaml"
     kept = f"{report_dir}/ is left as it is" if report_dir.exists() else "nothing was written"
     if not lost:
-        what = (f"{data_root}/ does not exist" if not data_root.is_dir()
+        what = (f"{data_root} is a file, not a profile's data folder" if data_root.is_file()
+                else f"{data_root}/ does not exist" if not data_root.is_dir()
                 else f"{data_root}/ holds none of the evaluation outputs the tables are built from")
         also = ", or `make smoke`" if profile == "smoke" else ""
         raise MissingOutputs(f"no results to report for profile '{profile}': {what}. Run the profile first "
