@@ -107,6 +107,11 @@ def _folder_problem(uri: str) -> str | None:
                 else uri)
     if path.exists() and not path.is_dir():
         return f"is a file, not a folder ({path})"
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("1", "true", "yes"):
+        # MLflow 3 refuses its folder-of-files store unless told otherwise: said here, before any run.
+        return ("is a folder store, which this MLflow refuses (MLflow's own message: migrate it to a database with "
+                "`mlflow migrate-filestore`, or set MLFLOW_ALLOW_FILE_STORE=true); a database such as "
+                "sqlite:///mlflow.db is the usual store")
     return None
 
 
