@@ -187,6 +187,40 @@ def test_a_broken_expected_file_is_one_paragraph_naming_its_line(tmp_path, text,
         load_expected(path)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("cells:\n- {table: t, row: r, column: c, value: 1, unit: percent}\n"
+     "- {table: t, row: r, column: c, value: 2, unit: percent}\n",
+     r"expected.yaml:3: cells\[1\]: the cell t / r / c is listed twice \(first as cells\[0\]\)"),
+    ("profile: smoke\ntolerances: 3\ncells: []\n", r"expected.yaml:2: unknown fields \['tolerances'\]"),
+    ("slack_queries: -2\ncells: []\n", r"expected.yaml:1: field 'slack_queries' must be a positive number, got -2"),
+    ("cells:\n- table: t\n  row: r\n  column: c\n  value: 1.0\n  unit: percent\n  n: -5\n",
+     r"expected.yaml:7: cells\[0\]: field 'n' \(the queries behind the cell\) must be a positive whole number, "
+     r"got -5"),
+])
+def test_an_expected_file_with_a_cell_twice_an_unknown_field_or_a_bad_count_is_refused(tmp_path, text, message):
+    """Each would be read silently otherwise: the second of two cells wins, a misspelt field is ignored, a negative
+    slack or query count makes a tolerance no value can meet."""
+    from qac.errors import UserError
+    from qac.reporting.check import load_expected
+
+    path = tmp_path / "expected.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message):
+        load_expected(path)
+
+
+def test_record_into_a_folder_is_refused_and_leaves_the_folder_as_it_was(project, capsys):
+    """`--expected` naming a folder: recording would replace it (and all it holds) with a file."""
+    folder = project / "expected"
+    folder.mkdir()
+    (folder / "smoke.yaml").write_text("kept\n")
+    (folder / "notes.txt").write_text("mine\n")
+    assert qac("--record", "--expected", "expected") == 2
+    assert "expected (--expected) is a folder, not an expected-values file" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "smoke.yaml"]
+    assert (folder / "smoke.yaml").read_text() == "kept\n" and (folder / "notes.txt").read_text() == "mine\n"
+
+
 def test_an_expected_value_written_as_yaml_1_2_writes_it_is_a_number(tmp_path):
     from qac.reporting.check import load_expected
 

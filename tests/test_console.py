@@ -153,3 +153,46 @@ def test_a_stage_of_one_checkout_refuses_the_qac_of_another(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"pipelines/tables.py: Python imports qac from {REPO.resolve()}, not from this "
                                   f"checkout {other.resolve()}"), done.stderr
+
+
+# --- the streams a command writes to: a reader gone, an ASCII terminal, no stdout at all --------------------
+
+def _qac(args: list[str], **options) -> subprocess.Popen:
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    environment.pop("QAC_VERBOSE", None)
+    environment.update(options.pop("env", {}))
+    return subprocess.Popen([sys.executable, "-m", "qac.cli", *args], cwd=REPO, env=environment, **options)
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_as_a_pipe_writer_without_a_traceback():
+    """`qac profile show smoke | head -1`: the reader has what it wanted; status 141, as SIGPIPE ends a writer."""
+    process = _qac(["profile", "show", "smoke"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()                  # before the command has written anything
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, stderr
+    assert stderr == "", stderr
+
+
+def test_text_an_ascii_terminal_cannot_show_is_escaped_not_an_error(tmp_path):
+    script = tmp_path / "accents.py"
+    script.write_text("from qac.console import run_main\n\n\n"
+                      "def main(argv):\n    print('caf\\u00e9 \\u00b1 0.01')\n    return 0\n\n\n"
+                      "run_main(main)\n")
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == b"caf\\xe9 \\xb1 0.01\n" and done.stderr == b""
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_command_started_with_stdout_closed_exits_with_its_own_status(tmp_path, status):
+    """`stage.py >&-`: Python starts with no sys.stdout; the status is still the one the command chose."""
+    script = tmp_path / "stage.py"
+    script.write_text("from qac.console import run_main\n\n\n"
+                      "def main(argv):\n    print('written to no stdout')\n    return int(argv[0])\n\n\n"
+                      "run_main(main)\n")
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(f"exec {sys.executable} {script} {status} >&-", shell=True, env=environment,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == status, done.stderr
+    assert done.stderr == ""

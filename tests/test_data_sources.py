@@ -230,6 +230,100 @@ def test_the_dl19_subset_refuses_a_bad_option_before_reading_the_collection(othe
     assert sorted(path.name for path in tmp_path.iterdir()) == ["taken"]
 
 
+def _dl19_inputs(folder: Path, collection: str, qrels: str) -> list[str]:
+    (folder / "collection.tsv").write_text(collection)
+    with gzip.open(folder / "topics.tsv.gz", "wt") as topics:
+        topics.write("100\twhat is seven\n200\twhat is three\n")
+    (folder / "qrels.txt").write_text(qrels)
+    return ["--collection", str(folder / "collection.tsv"), "--topics", str(folder / "topics.tsv.gz"),
+            "--qrels", str(folder / "qrels.txt"), "--out", str(folder / "out")]
+
+
+def test_the_dl19_subset_refuses_a_passage_id_written_twice(tmp_path):
+    from qac.data.dl19_subset import build_dl19_subset
+
+    _dl19_inputs(tmp_path, "7\tseven\n3\tthree\n7\tseven again\n", "100 Q0 7 3\n200 Q0 3 2\n")
+    with pytest.raises(DataFormatError) as caught:
+        build_dl19_subset(tmp_path / "collection.tsv", tmp_path / "topics.tsv.gz", tmp_path / "qrels.txt",
+                          tmp_path / "out", 1)
+    assert str(caught.value).startswith(f"{tmp_path / 'collection.tsv'}:3: field 'pid': duplicate id '7'"), \
+        str(caught.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_dl19_subset_replaces_its_folder_whole(tmp_path):
+    from qac.cli.dl19_subset_command import main
+
+    arguments = _dl19_inputs(tmp_path, "".join(f"{pid}\tpassage {pid}\n" for pid in range(10)),
+                             "100 Q0 7 3\n200 Q0 3 2\n")
+    (tmp_path / "out" / "qrels").mkdir(parents=True)
+    (tmp_path / "out" / "stale.jsonl").write_text("from an earlier build\n")
+    (tmp_path / "out" / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n")
+    assert main([*arguments, "--others", "1"]) == 0
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*")) == \
+        ["corpus.jsonl", "qrels", "qrels/test.tsv", "queries.jsonl"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]       # no staging entry left
+
+
+def test_the_dl19_subset_fills_its_count_where_judged_passages_are_missing_from_the_collection(tmp_path, capsys):
+    """Passage 50, judged non-relevant, is not in this collection: the collection's next passages take its
+    place; a collection too small for the count asked is said in a note."""
+    from qac.cli.dl19_subset_command import main
+
+    arguments = _dl19_inputs(tmp_path, "".join(f"{pid}\tpassage {pid}\n" for pid in range(10)),
+                             "100 Q0 7 3\n100 Q0 50 0\n200 Q0 3 2\n200 Q0 8 0\n")
+    assert main([*arguments, "--others", "3"]) == 0
+    corpus, _, qrels = _beir(tmp_path / "out")
+    # relevant 7 and 3, judged 8, then the collection's first passages for the missing 50: 0 and 1
+    assert [d["_id"] for d in corpus] == ["0", "1", "3", "7", "8"]
+    assert qrels[1:] == [["100", "7", "3"], ["200", "3", "2"], ["200", "8", "0"]]
+    assert capsys.readouterr().err == ""
+
+    assert main([*arguments, "--others", "100"]) == 0
+    assert len(_beir(tmp_path / "out")[0]) == 10
+    assert capsys.readouterr().err == ("note: 8 passages beyond the relevant ones, not the 100 asked (--others): "
+                                       "the collection has no more\n")
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda mirror: (mirror / "tiny").write_text("a file\n"), "tiny is a file, not a folder"),
+    (lambda mirror: (mirror / "tiny" / "corpus.jsonl").mkdir(), "corpus.jsonl is a folder, not a file"),
+    (lambda mirror: (mirror / "tiny" / "corpus.jsonl").symlink_to(mirror / "nowhere.jsonl"),
+     "corpus.jsonl is a symbolic link that leads nowhere"),
+])
+def test_what_stands_in_a_mirror_instead_of_a_dataset_file_is_said(tmp_path, make, reason):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    if "tiny is a file" not in reason:          # the dataset's folder, complete but for corpus.jsonl
+        _write(mirror / "tiny", {"queries.jsonl": '{"_id": "q1", "text": "q"}\n'})
+        (mirror / "tiny" / "qrels").mkdir()
+        (mirror / "tiny" / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    make(mirror)
+    spec = DatasetSpec.from_params("tiny", DatasetEntry(format="beir", mirror="tiny", splits=["test"]))
+    with pytest.raises(DatasetUnavailableError) as caught:
+        locate_dataset(spec, mirror, tmp_path / "downloads")
+    message = str(caught.value)
+    assert f"{mirror / 'tiny'} ({reason}" in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("", "QAC_DATA_MIRROR is set but empty: unset it to use the default mirror"),
+    ("{file}", "QAC_DATA_MIRROR={file}: not a folder"),
+])
+def test_a_data_mirror_variable_that_names_no_folder_is_refused(tmp_path, monkeypatch, value, expected):
+    from qac.config import data_mirror
+    from qac.errors import UserError
+
+    file = tmp_path / "mirror.txt"
+    file.write_text("not a mirror\n")
+    monkeypatch.setenv("QAC_DATA_MIRROR", value.format(file=file))
+    with pytest.raises(UserError) as caught:
+        data_mirror()
+    assert str(caught.value).startswith(expected.format(file=file)), str(caught.value)
+    monkeypatch.setenv("QAC_DATA_MIRROR", str(tmp_path))
+    assert data_mirror() == tmp_path
+
+
 # --- when the data cannot be had ----------------------------------------------
 
 def test_the_unavailable_error_is_one_paragraph_naming_mirror_variable_and_url(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from qac.data.beir import read_corpus_jsonl, read_qrels_tsv, read_queries_jsonl
 from qac.data.dataset import Dataset, Document, drop_unknown_judgements
 from qac.data.errors import DataFormatError
+from qac.data.prepared import prepare_dataset
 from qac.data.msmarco import read_msmarco_documents, read_passage_collection
 from qac.data.trec import read_topics, read_trec_qrels
 
@@ -44,6 +45,9 @@ GOOD_DOC = json.dumps({"_id": "d1", "title": "t", "text": "x"})
     ('{"_id": ["d2"], "text": "x"}', "_id", "expected a string id"),
     ('{"_id": "d2", "text": 7}', "text", "expected text"),
     ('{"_id": "d1", "text": "again"}', "_id", "duplicate id 'd1' (first on line 1)"),
+    # null is a value written, not a field left out: said as such
+    ('{"_id": "d2", "title": "t", "text": null}', "text", "null, expected text"),
+    ('{"_id": null, "text": "x"}', "_id", "null, expected a string id"),
 ])
 def test_corpus_jsonl_errors(tmp_path, line, field, message):
     path = write(tmp_path, "corpus.jsonl", f"{GOOD_DOC}\n\n{line}\n")
@@ -131,3 +135,44 @@ def test_errors_survive_pickling():
 
     error = pickle.loads(pickle.dumps(DataFormatError("f.jsonl", 3, "_id", "missing")))
     assert (error.path, error.line, error.field, str(error)) == ("f.jsonl", 3, "_id", "f.jsonl:3: field '_id': missing")
+
+
+def test_malformed_json_with_a_control_character_reads_as_one_sentence(tmp_path):
+    """json says "Invalid control character at" for its own "line L column C": the column is said once."""
+    path = write(tmp_path, "corpus.jsonl", GOOD_DOC + '\n{"_id": "d2", "text": "a\tb"}\n')
+    error = raises_at(read_corpus_jsonl, path, 2, None, "malformed JSON (Invalid control character at column ")
+    assert "at at" not in str(error)
+
+
+def _judged(qrels: dict, rel_threshold: int = 1) -> Dataset:
+    corpus = {doc_id: Document(doc_id, "", f"text of {doc_id}") for doc_id in ("d1", "d2", "d3", "d4")}
+    queries = {qid: f"query {qid}" for qid in ("q1", "q2", "q3", "q4")}
+    return Dataset("tiny", corpus, queries, {"test": qrels},
+                   meta={"rel_threshold": {"test": rel_threshold}, "qrels_files": {"test": "qrels/test.tsv"}})
+
+
+def test_qrels_that_mostly_name_unknown_ids_are_refused():
+    """Three of four judged queries lose every judgement to ids the corpus and queries file lack: the files
+    do not belong together, and evaluating the one left would look like a result."""
+    dataset = _judged({"q1": {"d1": 1}, "q2": {"x2": 1}, "q3": {"x3": 1}, "q9": {"d2": 1}})
+    with pytest.raises(DataFormatError) as caught:
+        prepare_dataset(dataset)
+    message = str(caught.value)
+    assert message.startswith("qrels/test.tsv: 3 of the 4 queries judged in split 'test' name a query or only "
+                              "documents that the queries and corpus files do not have (for example q2, q3, q9)"), \
+        message
+
+
+def test_a_judged_document_missing_from_the_corpus_is_dropped_as_in_cranfield():
+    dataset = prepare_dataset(_judged({"q1": {"d1": 1, "gone": 1}, "q2": {"d2": 2}, "q3": {"d3": 1}}))
+    assert dataset.qrels["test"] == {"q1": {"d1": 1}, "q2": {"d2": 2}, "q3": {"d3": 1}}
+    assert dataset.meta["skipped"]["qrels_unknown_document"] == 1
+
+
+def test_a_split_that_judges_nothing_relevant_is_refused():
+    """Grades all below the split's threshold (a threshold of 2 on 0/1 grades): every binary measure would be 0."""
+    dataset = _judged({"q1": {"d1": 1, "d2": 0}, "q2": {"d3": 1}}, rel_threshold=2)
+    with pytest.raises(DataFormatError, match=r"^qrels/test.tsv: split 'test' judges no document relevant: no grade "
+                                              r"reaches its relevance threshold 2"):
+        prepare_dataset(dataset)
+    assert prepare_dataset(_judged({"q1": {"d1": 2, "d2": 0}, "q2": {"d3": 1}}, rel_threshold=2)).qrels["test"]

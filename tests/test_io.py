@@ -194,3 +194,36 @@ def test_an_interruption_while_the_staging_is_created_leaves_nothing(tmp_path, m
         with atomic_path(tmp_path / "out", directory=directory):
             pass
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("directory", [False, True])
+def test_an_interruption_while_the_staging_is_created_leaves_nothing_with_another_thread_alive(
+        tmp_path, monkeypatch, directory):
+    """As above while another thread runs (torch's, a data loader's): the kernel may hand the signal to that
+    thread, which a signal mask of the main thread alone would not hold back."""
+    import os
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    create = tempfile.mkdtemp if directory else tempfile.mkstemp
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, args=(30,))        # not a daemon: alive throughout
+    worker.start()
+
+    def create_then_interrupt(*args, **kwargs):
+        made = create(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)     # to the process: any thread that does not block it may take it
+        time.sleep(0.2)                         # and its handler runs before the caller has the name in hand
+        return made
+
+    monkeypatch.setattr(tempfile, "mkdtemp" if directory else "mkstemp", create_then_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with atomic_path(tmp_path / "out", directory=directory):
+                pass
+    finally:
+        release.set()
+        worker.join()
+    assert list(tmp_path.iterdir()) == []

@@ -194,3 +194,19 @@ def test_a_large_environment_is_handed_over_whole(server, tmp_path):
     out, err = process.communicate(timeout=60)
     seen = json.loads(out.splitlines()[0])
     assert process.returncode == 0 and seen["pid"] != process.pid and seen["marker"] == "mine", err
+
+
+def test_a_preload_list_naming_a_module_that_is_not_installed_still_serves(tmp_path):
+    """QAC_LAUNCHER_PRELOAD names what this environment lacks: the server preloads the rest and serves."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "QAC_LAUNCHER_PRELOAD": "json,qac_no_such_module,csv"}
+    launcher = Server(env)
+    with launcher as path:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path):
+            assert launcher.process.poll() is None, "the launcher server ended"
+            assert time.monotonic() < deadline, "the launcher server did not answer"
+            time.sleep(0.05)
+        process = _start(tmp_path, {**env, SOCKET_ENV: path}, "exit", "0")
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert json.loads(out.splitlines()[0])["pid"] != process.pid      # the server's copy ran it

@@ -340,6 +340,118 @@ def test_a_key_written_twice_is_named_with_the_line_of_its_second_writing(tmp_pa
     assert read_yaml("a: &x {k: 1}\nb:\n  <<: *x\n  k: 2\n") == {"a": {"k": 1}, "b": {"k": 2}}
 
 
+# --- settings that validate alone but cannot run as written ---------------------------------------
+
+@pytest.mark.parametrize("edit, expected", [
+    # a rendered file's seeds changed by hand: render makes the seed variants, so no variant would run them
+    (lambda p: p.update(seeds=[42, 43, 44]), "parameter seeds: [42, 43, 44], but no variant runs these seeds"),
+    (lambda p: p["pretrain"]["variants"]["master-passage"].update(master_dor_queries=5),
+     "parameter pretrain.variants.master-passage.master_dor_queries: 5 queries for the DOR decoder but "
+     "querygen.queries_per_passage generates 4 per passage"),
+    (lambda p: p.update(train_dataset=None), "parameter train_dataset: required: the in-domain dataset"),
+    (lambda p: p["bm25"].update(stopwords="eng"), "parameter bm25.stopwords: 'eng' is not a stopword list"),
+    (lambda p: p["bm25"].update(stemmer="englsh"),
+     "parameter bm25.stemmer: 'englsh' is not a PyStemmer algorithm; did you mean english?"),
+    (lambda p: p["tables"].update(permutations=2**70), "parameter tables.permutations: must be <= 1000000"),
+])
+def test_settings_that_cannot_run_as_written_are_named(tmp_path, smoke, edit, expected):
+    path = edited(tmp_path, smoke, edit)
+    message = str(refused(path))
+    assert expected in message, message
+    assert message.startswith(f"{path}:")
+
+
+@pytest.mark.parametrize("pad_to, expected", [
+    (32, "parameter pretrain.common.pad_to: 32 is shorter than the sequences it pads (max_len 64, query_max_len "
+         "16): at least 64"),
+    (100000, "parameter pretrain.common.pad_to: 100000 is more than the model 'tiny:minilm' (pretrain.common.init) "
+             "can read: 512 positions"),
+])
+def test_a_common_pad_to_that_fits_no_sequence_is_named_once(tmp_path, smoke, pad_to, expected):
+    """pad_to in pretrain.common fails for every pre-training variant alike: one problem, not one per variant."""
+    message = str(refused(edited(tmp_path, smoke, lambda p: p["pretrain"]["common"].update(pad_to=pad_to))))
+    assert expected in message, message
+    assert message.count("parameter pretrain.common.pad_to") == 1, message
+
+
+def test_generated_tokens_beyond_the_generator_name_their_key_with_a_limit_there_is_room_for(tmp_path, smoke):
+    message = str(refused(edited(tmp_path, smoke, lambda p: p["querygen"].update(max_new_tokens=100000))))
+    found = re.search(r"parameter querygen\.max_new_tokens: 100000 tokens plus 64 source tokens "
+                      r"\(querygen\.max_source_len\) are more than .* so at most (\d+)", message)
+    assert found and int(found.group(1)) == 512 - 64, message
+
+
+def test_an_output_folder_that_is_a_file_is_refused(tmp_path, smoke, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tables").write_text("a file where the tables' folder should be\n")
+    message = str(refused(edited(tmp_path, smoke, lambda p: p["tables"].update(out_dir="tables"))))
+    assert "parameter tables.out_dir: 'tables' is a file, not a folder" in message, message
+
+
+def test_a_params_file_that_is_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    import threading
+
+    fifo = tmp_path / "params.yaml"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def read():
+        try:
+            load_params(fifo)
+        except ParamsError as error:
+            outcome.append(str(error))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    if reader.is_alive():                       # release the blocked reader before failing
+        with open(fifo, "w"):
+            pass
+        reader.join(timeout=20)
+        pytest.fail("reading a FIFO as a params file blocked")
+    assert outcome == [f"{fifo}: not a regular file (a params file is a YAML file)"]
+
+
+def test_an_oversized_params_file_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("profile: smoke\n#" + "x" * 5_000_000 + "\n")
+    message = str(refused(path))
+    assert message.startswith(f"{path}: {path.stat().st_size:,} bytes: a params file holds a few thousand values")
+    assert "(the limit is 5,000,000)" in message
+
+
+def test_a_file_of_too_many_values_without_aliases_is_not_told_about_aliases(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("profile: smoke\nx: [" + ", ".join(["1"] * 150_000) + "]\n")
+    message = str(refused(path))
+    assert "it holds more than 100,000 values (a profile holds a few thousand)" in message, message
+    assert "alias" not in message and "anchor" not in message
+
+
+def test_render_without_the_base_file_is_one_paragraph_naming_it(tmp_path):
+    import shutil
+
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    (profiles / "base.yaml").unlink()
+    with pytest.raises(ParamsError) as caught:
+        render_profile("smoke", profiles)
+    message = str(caught.value)
+    assert message.startswith(f"{profiles / 'base.yaml'}: not found (the profiles' files are profiles/base.yaml"), \
+        message
+    assert "\n" not in message
+
+
+def test_docs_out_naming_a_folder_is_refused(tmp_path, capsys):
+    from qac.cli import main
+    from qac.console import call_main
+
+    (tmp_path / "keep.md").write_text("mine\n")
+    assert call_main(main, ["profile", "docs", "--out", str(tmp_path)], prog="qac") == 2
+    assert f"--out {tmp_path}: a folder; name the Markdown file to write" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.md"]
+
+
 # --- the command line: one paragraph, exit status 2 -----------------------------------------
 
 def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:

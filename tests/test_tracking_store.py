@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -290,3 +291,35 @@ def record_path_exists(root: Path, output: str) -> bool:
     from qac.tracking import record_path
 
     return record_path(root, root / output).exists()
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e308"])
+def test_a_probe_timeout_out_of_range_still_gives_a_finite_wait(monkeypatch, value):
+    """An endless wait for a server that never answers would hang every stage; a negative one, fail at once."""
+    import math
+
+    monkeypatch.setenv(store.PROBE_TIMEOUT_ENV, value)
+    assert math.isfinite(store._timeout()) and 0.1 <= store._timeout() <= 600
+
+
+def test_a_store_failure_paragraph_names_the_store_and_cuts_its_reason_at_a_word(tmp_path, monkeypatch, capsys):
+    """SQLite's own message, a table name of many words, longer than a paragraph should quote."""
+    import sqlite3
+
+    from qac.console import call_main
+
+    database = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{database}")
+    table = " ".join(f"word{index}" for index in range(80))
+
+    def main(argv):
+        with sqlite3.connect(database) as connection:
+            connection.execute(f'SELECT * FROM "{table}"')
+
+    assert call_main(main, [], prog="qac") == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert f"(MLFLOW_TRACKING_URI, else mlflow.db; here sqlite:///{database})" in err
+    reason = err.split("(OperationalError: ", 1)[1].split("): the MLflow store", 1)[0]
+    assert reason.startswith("no such table: word0 word1 ") and reason.endswith(" ...") and len(reason) <= 300
+    assert re.fullmatch(r"no such table: (word\d+ )+\.\.\.", reason), reason
