@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from qac.retrieval.search import BACKENDS
-
 # A week: beyond it the timeouts overflow what torch.distributed passes to its C++ store and collectives.
 MAX_TIMEOUT_MINUTES = 7 * 24 * 60
 TIMEOUT_VARIABLES = {"QAC_DIST_TIMEOUT_MINUTES": "the collectives' timeout",
@@ -36,8 +34,12 @@ def environment_problem(env: Mapping[str, str] | None = None) -> str | None:
 
 def _search_problem(env: Mapping[str, str]) -> str | None:
     backend = env.get("QAC_SEARCH_BACKEND")
-    if backend is not None and backend not in BACKENDS:
-        return f"QAC_SEARCH_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)} (unset: auto)"
+    if backend is not None:
+        # Imported only when set: a stage that never searches does not run the search's module.
+        from qac.retrieval.search import BACKENDS
+
+        if backend not in BACKENDS:
+            return f"QAC_SEARCH_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)} (unset: auto)"
     device = env.get("QAC_SEARCH_DEVICE")
     if device is not None:
         problem = _device_problem(device)

@@ -162,12 +162,13 @@ def test_fine_tuning_runs_pivot_on_the_variant(smoke_study):
 
 
 # qac modules a stage may run without declaring them as DVC dependencies: they decide where and
-# how a stage reads parameters and its command line, writes files atomically, prints, fails, records to MLflow,
-# starts (a forked copy of the launcher server) and ends, never what an output holds. Everything else a stage runs must be among its deps, or DVC would
+# how a stage reads parameters, its command line and the variables that steer it, writes files atomically,
+# prints, fails, records to MLflow, starts (a forked copy of the launcher server) and ends, never what an output
+# holds. Everything else a stage runs must be among its deps, or DVC would
 # keep serving outputs that the changed code no longer produces.
 NOT_RESULT_CODE = ("qac/config.py", "qac/console.py", "qac/io.py", "qac/redaction.py", "qac/data/errors.py",
                    "qac/tracking/", "qac/cli/__init__.py", "qac/cli/stage_arguments.py", "qac/launcher.py",
-                   "qac/exiting.py")
+                   "qac/exiting.py", "qac/environment.py")
 
 
 def _runs_code(source: Path) -> bool:
