@@ -205,12 +205,8 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
         _remove(old)
     except BaseException as error:
         with _interruptions_deferred():     # a second Ctrl-C must not stop the removal halfway
-            if tmp is None:
-                pass
-            elif tmp.is_dir():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                _remove(tmp)
         if isinstance(error, OSError) and error.filename is None and error.errno in _FULL:
             error.filename = str(target)   # a write that found the disk full names no file: name the output
         raise

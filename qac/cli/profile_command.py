@@ -134,8 +134,6 @@ def _docs(out: str, check: bool) -> int:
 
     from qac.config import _write_text
 
-    from qac.errors import UserError
-
     text, path = parameters_doc_text(), Path(out)
     if path.exists() and not path.is_file():
         raise UserError(f"--out {out}: {'a folder' if path.is_dir() else 'not a regular file'}; name the Markdown "

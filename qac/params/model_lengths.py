@@ -16,29 +16,24 @@ from __future__ import annotations
 from typing import Iterable
 
 from qac.params.errors import Problem
-from qac.params.rules import merged_variant
+from qac.params.rules import merged_variant, variant_key
 from qac.params.sections import Params
 
 
 def _encoder_specs(params: Params) -> list[tuple[str, str]]:
     """``(spec, key that names it)`` of each encoder the variants start from, once per spec."""
     found: dict[str, str] = {}
-    for name, variant in params.pretrain.variants.items():
-        spec = merged_variant(params, name)["init"]
-        key = f"pretrain.variants.{name}.init" if "init" in variant.model_fields_set else "pretrain.common.init"
-        found.setdefault(spec, key)
+    for name in params.pretrain.variants:
+        found.setdefault(merged_variant(params, name)["init"], variant_key(params, name, "init"))
     return [(spec, key) for spec, key in found.items()]
 
 
 def _pretrain_lengths(params: Params) -> Iterable[tuple[str, int, str]]:
-    for name, variant in params.pretrain.variants.items():
+    for name in params.pretrain.variants:
         merged = merged_variant(params, name)
         for length in ("max_len", "query_max_len", "pad_to"):
-            if merged[length] is None:          # pad_to null: each batch padded to its longest sequence
-                continue
-            key = (f"pretrain.variants.{name}.{length}" if length in variant.model_fields_set
-                   else f"pretrain.common.{length}")
-            yield key, int(merged[length]), merged["init"]
+            if merged[length] is not None:          # pad_to null: each batch padded to its longest sequence
+                yield variant_key(params, name, length), int(merged[length]), merged["init"]
 
 
 def length_problems(params: Params) -> list[Problem]:

@@ -8,6 +8,7 @@ while the YAML reader must also work where pydantic is not installed.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,15 @@ def read_params_file(path: str | os.PathLike) -> tuple[str, Any]:
     import yaml
 
     path = Path(path)
-    if not os.path.lexists(path):
+    try:
+        entry = path.stat()
+    except FileNotFoundError:
         raise ParamsError(path, [Problem("", "not found (the profiles' files are profiles/base.yaml and "
-                                             "profiles/<name>.yaml; git restores one deleted by mistake)")])
-    if path.exists() and not path.is_file():     # a FIFO would block the read; a device never ends
+                                             "profiles/<name>.yaml; git restores one deleted by mistake)")]) from None
+    if not stat.S_ISREG(entry.st_mode):     # a FIFO would block the read; a device never ends
         raise ParamsError(path, [Problem("", "not a regular file (a params file is a YAML file)")])
-    if path.is_file() and path.stat().st_size > MAX_PARAMS_BYTES:
-        raise ParamsError(path, [Problem("", f"{path.stat().st_size:,} bytes: a params file holds a few thousand "
+    if entry.st_size > MAX_PARAMS_BYTES:
+        raise ParamsError(path, [Problem("", f"{entry.st_size:,} bytes: a params file holds a few thousand "
                                          f"values in some tens of kilobytes (the limit is {MAX_PARAMS_BYTES:,})")])
     try:
         text = decode_utf8(path.read_bytes())

@@ -9,6 +9,13 @@ from qac.params.errors import Problem
 from qac.params.sections import ClusterResources, Params
 
 
+def variant_key(params: Params, name: str, field: str) -> str:
+    """The dotted key that sets ``field`` for variant ``name``: the variant's own where it writes it, else
+    ``pretrain.common``'s (where a problem with the merged value is to be fixed)."""
+    variant = params.pretrain.variants[name]
+    return f"pretrain.variants.{name}.{field}" if field in variant.model_fields_set else f"pretrain.common.{field}"
+
+
 def merged_variant(params: Params, name: str) -> dict[str, Any]:
     """``pretrain.common`` overridden by the keys variant ``name`` sets."""
     common = params.pretrain.common.model_dump()
@@ -108,30 +115,27 @@ def variant_rules(params: Params) -> list[Problem]:
                     f"{where}.query_count",
                     f"C={count} but querygen.queries_per_passage generates {available} queries per passage: the "
                     f"variant would train as C={available}; lower query_count or raise queries_per_passage"))
-
-            def key_of(field: str) -> str:
-                return f"{where}.{field}" if field in variant.model_fields_set else f"pretrain.common.{field}"
-
             dor = settings["master_dor_queries"]
             if variant.method == "master" and "dor" in settings["master_decoders"] and dor > available:
-                problems.append(Problem(key_of("master_dor_queries"),
+                problems.append(Problem(variant_key(params, name, "master_dor_queries"),
                                         f"{dor} queries for the DOR decoder but querygen.queries_per_passage generates "
                                         f"{available} per passage: it would join {available}; lower it or raise "
                                         "queries_per_passage"))
             longest = max(settings["max_len"], settings["query_max_len"])
             if settings["pad_to"] is not None and settings["pad_to"] < longest:
-                problems.append(Problem(key_of("pad_to"), f"{settings['pad_to']} is shorter than the sequences it pads "
-                                                          f"(max_len {settings['max_len']}, query_max_len "
-                                                          f"{settings['query_max_len']}): at least {longest}"))
+                problems.append(Problem(variant_key(params, name, "pad_to"),
+                                        f"{settings['pad_to']} is shorter than the sequences it pads (max_len "
+                                        f"{settings['max_len']}, query_max_len {settings['query_max_len']}): at "
+                                        f"least {longest}"))
             if settings["batch_size"] % settings["grad_accumulation"]:
                 problems.append(Problem(
-                    f"{where}.batch_size" if "batch_size" in variant.model_fields_set else "pretrain.common.batch_size",
+                    variant_key(params, name, "batch_size"),
                     f"{settings['batch_size']} pairs per step do not split into grad_accumulation="
                     f"{settings['grad_accumulation']} equal micro-batches"))
             decoders = settings["master_decoders"]
             if variant.method == "master" and len(set(decoders)) != len(decoders):
-                problems.append(Problem(f"{where}.master_decoders" if "master_decoders" in variant.model_fields_set
-                                        else "pretrain.common.master_decoders", f"names a decoder twice: {decoders}"))
+                problems.append(Problem(variant_key(params, name, "master_decoders"),
+                                        f"names a decoder twice: {decoders}"))
     return list(dict.fromkeys(problems))     # a pretrain.common key that fails for every variant, named once
 
 

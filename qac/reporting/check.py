@@ -344,9 +344,9 @@ def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expe
     kind = document.get("kind", RERUN)
     if kind not in KINDS:
         raise fail("kind", f"field 'kind' must be {' or '.join(KINDS)}, got {kind!r}")
-    for name in ("slack_queries",):
-        if name in document and not _positive_number(document[name]):
-            raise fail(name, f"field {name!r} must be a positive number, got {document[name]!r}")
+    if "slack_queries" in document and not _positive_number(document["slack_queries"]):
+        raise fail("slack_queries", f"field 'slack_queries' must be a positive number, got "
+                                    f"{document['slack_queries']!r}")
     cells = []
     seen: dict[tuple[str, str, str], int] = {}
     for index, entry in enumerate(document["cells"]):
