@@ -26,8 +26,8 @@ def main(argv=None) -> int:
     args = sharded_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
-    from qac.distributed import autocast_dtype, init_distributed
-    from qac.querygen.generate import SamplingSettings, generator_from_settings, resolve_batch_invariant
+    from qac.distributed import init_distributed
+    from qac.querygen.generate import DecodingPlan, SamplingSettings, generator_from_settings
     from qac.querygen.stage import rate, run_sharded_generation
     from qac.tracking.lifecycle import Upstream, tracked_stage
 
@@ -41,14 +41,8 @@ def main(argv=None) -> int:
 
     ctx = init_distributed()
     settings = SamplingSettings.from_params(params)
-    dtype = autocast_dtype(section.dtype, ctx.device)
-    invariant = resolve_batch_invariant(section.batch_invariant, dtype)
-    compute = {"dtype": str(dtype or "float32"), "batch_invariant": invariant}
-    sync_every = section.sync_every
-    if not invariant:  # then the batch composition can change rare tokens: keep it fixed for resumption
-        compute["batch_size"] = section.batch_size
-        if sync_every != 1:   # so can the steps at which finished rows leave the batch
-            compute["sync_every"] = sync_every
+    plan = DecodingPlan.for_stage(section, ctx.device, generator_dir)
+    compute = plan.compute
 
     def open_run():
         generator = Upstream(data, generator_dir, "query_generator")
@@ -60,7 +54,7 @@ def main(argv=None) -> int:
 
     def make_generator():
         return generator_from_settings(str(generator_dir), settings, ctx.device, section.dtype,
-                                       invariant, sync_every)
+                                       plan.batch_invariant, section.sync_every, plan.decode)
 
     merged = run_sharded_generation(ctx, shard=args.shard, merge=args.merge, merge_only=args.merge_only,
                                     stage="generate_queries", passages_path=passages_path, output=output,

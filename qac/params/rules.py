@@ -284,6 +284,10 @@ def generation_rules(params: Params) -> list[Problem]:
     if querygen.min_new_tokens >= querygen.max_new_tokens:
         problems.append(Problem("querygen.min_new_tokens", f"{querygen.min_new_tokens} must be below "
                                                            f"querygen.max_new_tokens ({querygen.max_new_tokens})"))
+    if querygen.decode == "static" and querygen.batch_invariant is True:
+        problems.append(Problem("querygen.decode", "static decoding samples on the device and cannot re-decide "
+                                                   "near-ties on the host: set querygen.batch_invariant to false or "
+                                                   "auto, or querygen.decode to cache or auto"))
     return problems
 
 

@@ -181,6 +181,10 @@ class QuerygenSection(Section):
         description="decoding steps between the host's reads of the device (finished rows leave the batch then); "
                     "without batch invariance only (it can then change rare tokens); batch-invariant decoding reads "
                     "every step")
+    decode: Literal["auto", "cache", "static"] = Field(
+        description="decoding loop: cache (Hugging Face's decoder a token a step, finished rows leave the batch), "
+                    "static (T5 only, fixed shapes, cross-attention shared by a passage's candidates, a CUDA graph "
+                    "on GPU; needs batch invariance off); auto: static on GPU for T5 without batch invariance")
 
 
 class MasterWeights(Section):

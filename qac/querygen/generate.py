@@ -47,6 +47,16 @@ one batch invariance uses, so a CPU run's queries do not change with it;
 above 1 the batch shrinks at other steps, which in bf16 can change rare
 tokens as the batch size can (so it is part of the resumption fingerprint).
 
+Static decoding. On a GPU the cache loop above is bound by the host (a few
+hundred small kernels a step, the cache grown and pruned by copies). For T5
+generators without batch invariance, ``querygen.decode: auto`` runs
+:mod:`qac.querygen.static_decode` there instead: fixed-shape steps with the
+cross-attention shared by a passage's candidates, sampled on the device and
+replayed as a CUDA graph. Same distribution and uniforms; finished rows stay
+in the batch to its end, so in bf16 rare tokens can differ from the cache
+loop's, as they can with another batch size (the decoding loop is part of the
+resumption fingerprint).
+
 Repeat penalty. ``repeat_penalty`` (0 by default: the paper's sampling)
 subtracts a constant from the logit of every token the candidate has already
 emitted, before top-k/top-p, so a weak generator stops looping on one word
@@ -63,6 +73,7 @@ import torch
 
 from qac.distributed import autocast_context
 from qac.querygen.sampling import choose_tokens, filtered_distribution, passage_uniforms, sample_tokens
+from qac.querygen.static_decode import T5_MODEL_TYPES, StaticT5Decoder
 
 # Prune finished rows from the batch once this share of the active rows is done.
 _PRUNE_FRACTION = 0.125
@@ -250,7 +261,7 @@ class QueryGenerator:
     """Samples candidate queries for passages; see the module docstring for the guarantees."""
 
     def __init__(self, model, tokenizer, settings: SamplingSettings, *, autocast_dtype: torch.dtype | None = None,
-                 batch_invariant: bool = True, sync_every: int = 1):
+                 batch_invariant: bool = True, sync_every: int = 1, decode: str = "cache", cuda_graphs: bool = True):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.settings = settings
@@ -262,6 +273,15 @@ class QueryGenerator:
         # Steps between the decode loop's reads from the device (batch-invariant decoding reads every step).
         self.sync_every = sync_every
         self.start_id, self.eos_id, self.pad_id = _special_ids(model, tokenizer)
+        self.static = None
+        if decode == "static":
+            # Fixed-shape steps decide on the device: there is no host-side decision to make canonical.
+            if batch_invariant:
+                raise ValueError("querygen.decode: static needs querygen.batch_invariant off (false, or auto in bf16)")
+            self.static = StaticT5Decoder(model, settings, start_id=self.start_id, eos_id=self.eos_id,
+                                          pad_id=self.pad_id, autocast_dtype=autocast_dtype, cuda_graphs=cuda_graphs)
+        elif decode != "cache":
+            raise ValueError(f"querygen.decode must be auto, cache or static, got {decode!r}")
 
     # -- public ---------------------------------------------------------
     def generate_candidates(self, passages: Sequence[tuple[str, str]], batch_size: int,
@@ -316,12 +336,33 @@ class QueryGenerator:
                        uniforms=torch.cat([passage_uniforms(settings.seed, pid, C, T) for pid in pids]))
         uniforms = batch.uniforms.to(device)
         rows = len(pids) * C
+        stats = GenerationStats()
+        if self.static is not None:
+            with autocast_context(device, self.autocast_dtype):
+                hidden = self._encode(batch.input_ids, batch.attention_mask).last_hidden_state
+            result = self.static.decode(hidden, batch.attention_mask, uniforms, self.sync_every)
+            generated, lengths, decisions = result.generated, result.lengths, result.decisions
+        else:
+            generated, lengths, decisions = self._cache_decode(batch, encoded, uniforms, stats)
+        stats.decisions += int(decisions)
+        lengths, generated = lengths.cpu(), generated.cpu()
+        stats.tokens = int(lengths.sum())
+        texts = self.tokenizer.batch_decode([generated[r, :lengths[r]].tolist() for r in range(rows)],
+                                            skip_special_tokens=True)
+        return [texts[b * C:(b + 1) * C] for b in range(len(pids))], stats
+
+    def _cache_decode(self, batch: _Batch, encoded: list[list[int]], uniforms: torch.Tensor,
+                      stats: GenerationStats) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The cache loop: Hugging Face's decoder one token a step, finished rows leaving the batch at sync points.
+
+        Returns the generated tokens ``(rows, T)``, the lengths before end of sequence and the decisions taken.
+        """
+        settings, C, T = self.settings, self.settings.queries_per_passage, self.settings.max_new_tokens
+        device, rows = self.device, len(batch.pids) * C
         # The decoding state stays on the model's device: the host reads it only at sync points.
         generated = torch.full((rows, T), self.pad_id, dtype=torch.long, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)       # tokens before end of sequence
         decisions = torch.zeros((), dtype=torch.long, device=device)
-        stats = GenerationStats()
-
         with autocast_context(device, self.autocast_dtype):
             if self.batch_invariant:
                 # Encode each passage alone: these are the canonical encoder states, reused as they are
@@ -365,13 +406,7 @@ class QueryGenerator:
                             hidden, mask = hidden[keep], mask[keep]
                             active, alive, tokens = active[keep], alive[keep], tokens[keep]
                 next_ids = tokens.where(alive, torch.full_like(tokens, self.pad_id))[:, None]
-
-        stats.decisions += int(decisions)
-        lengths, generated = lengths.cpu(), generated.cpu()
-        stats.tokens = int(lengths.sum())
-        texts = self.tokenizer.batch_decode([generated[r, :lengths[r]].tolist() for r in range(rows)],
-                                            skip_special_tokens=True)
-        return [texts[b * C:(b + 1) * C] for b in range(len(pids))], stats
+        return generated, lengths, decisions
 
     def _first_step(self, encoder, attention_mask, candidates: int):
         """The first decoder step, run once per passage, and the state of the loop for ``candidates`` rows each.
@@ -448,14 +483,83 @@ def penalise_repeats(logits: torch.Tensor, emitted: torch.Tensor, penalty: float
 
 
 def generator_from_settings(source, settings: SamplingSettings, device, dtype_setting: str = "auto",
-                            batch_invariant: str | bool = "auto", sync_every: int = 1) -> QueryGenerator:
-    """Load ``source`` and wrap it with the precision, invariance and sync schedule the settings ask for."""
+                            batch_invariant: str | bool = "auto", sync_every: int = 1,
+                            decode: str = "auto") -> QueryGenerator:
+    """Load ``source`` and wrap it with the precision, invariance, decoding loop and sync schedule the settings
+    ask for."""
     from qac.distributed import autocast_dtype
 
     model, tokenizer = load_generator(source, device)
     dtype = autocast_dtype(dtype_setting, torch.device(device))
-    return QueryGenerator(model, tokenizer, settings, autocast_dtype=dtype,
-                          batch_invariant=resolve_batch_invariant(batch_invariant, dtype), sync_every=sync_every)
+    invariant = resolve_batch_invariant(batch_invariant, dtype)
+    return QueryGenerator(model, tokenizer, settings, autocast_dtype=dtype, batch_invariant=invariant,
+                          sync_every=sync_every,
+                          decode=resolve_decode(decode, model.config.model_type, torch.device(device), invariant))
+
+
+def resolve_decode(setting: str, model_type: str | None, device: torch.device, batch_invariant: bool) -> str:
+    """``auto``: the static loop (:mod:`qac.querygen.static_decode`) on a GPU for a T5-style generator
+    (``model_type``, as its config names it) without batch invariance, where the cache loop is bound by the
+    host; the cache loop everywhere else."""
+    if setting not in ("auto", "cache", "static"):
+        raise ValueError(f"querygen.decode must be auto, cache or static, got {setting!r}")
+    t5 = model_type in T5_MODEL_TYPES
+    if setting == "auto":
+        return "static" if device.type == "cuda" and not batch_invariant and t5 else "cache"
+    if setting == "static" and not t5:
+        raise ValueError(f"querygen.decode: static runs T5-style generators only; this one is a "
+                         f"{model_type or 'model without a model type'} (use cache or auto)")
+    return setting
+
+
+@dataclass(frozen=True)
+class DecodingPlan:
+    """How a generation stage decodes on its device, decided before any weights load."""
+
+    dtype: torch.dtype | None     # autocast dtype (None: fp32)
+    batch_invariant: bool
+    decode: str                   # "cache" or "static"
+    compute: dict                 # what of this changes samples: part of the chunks' fingerprint
+
+    @classmethod
+    def for_stage(cls, section, device: torch.device, generator_dir) -> "DecodingPlan":
+        """The plan for ``querygen`` settings ``section`` on ``device`` with the generator in ``generator_dir``.
+
+        Raises :class:`qac.errors.UserError` naming the key when the settings cannot be met here.
+        """
+        from qac.distributed import autocast_dtype
+        from qac.errors import UserError
+
+        dtype = autocast_dtype(section.dtype, device)
+        invariant = resolve_batch_invariant(section.batch_invariant, dtype)
+        compute: dict = {"dtype": str(dtype or "float32"), "batch_invariant": invariant}
+        if section.decode == "static" and invariant:
+            raise UserError(f"querygen.decode: static needs batch invariance off, and querygen.batch_invariant "
+                            f"{section.batch_invariant!r} turns it on here ({compute['dtype']}): set "
+                            f"querygen.batch_invariant: false, or querygen.decode: cache or auto")
+        try:
+            decode = resolve_decode(section.decode, generator_model_type(generator_dir), device, invariant)
+        except ValueError as error:
+            raise UserError(f"{error} ({generator_dir})") from None
+        if not invariant:  # then the batch composition can change rare tokens: keep it fixed for resumption
+            compute["batch_size"] = section.batch_size
+            if section.sync_every != 1:   # so can the steps at which finished rows leave the batch
+                compute["sync_every"] = section.sync_every
+            if decode == "static":        # and a loop that keeps finished rows to the end of a batch
+                compute["decode"] = decode
+        return cls(dtype=dtype, batch_invariant=invariant, decode=decode, compute=compute)
+
+
+def generator_model_type(source) -> str | None:
+    """The ``model_type`` in a local generator folder's ``config.json`` (None without one): read before loading."""
+    import json
+    from pathlib import Path
+
+    config = Path(source) / "config.json"
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def resolve_batch_invariant(setting: str | bool, dtype: torch.dtype | None) -> bool:
@@ -468,4 +572,6 @@ def resolve_batch_invariant(setting: str | bool, dtype: torch.dtype | None) -> b
 
 
 __all__ = ["SamplingSettings", "GenerationStats", "QueryGenerator", "clean_candidates", "decode_longest_first",
-           "load_generator", "generator_from_settings", "resolve_batch_invariant", "filtered_distribution"]
+           "load_generator", "generator_from_settings", "resolve_batch_invariant", "resolve_decode",
+           "generator_model_type", "DecodingPlan",
+           "filtered_distribution"]
