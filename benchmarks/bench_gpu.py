@@ -633,29 +633,37 @@ def generation_section(args, device, tokenizer, triples, progress):
         label = "bf16" if half else "fp32"
         weights = copy.deepcopy(model).to(torch.bfloat16) if half else model
         graph = "a CUDA graph per batch" if device.type == "cuda" else "no CUDA graph (CPU)"
-        settings_rows = [
-            (f"ours, {label}, static decode ({graph}), host reads every 8 steps",
-             lambda chunk: ours(model, dict(autocast_dtype=half, batch_invariant=False, sync_every=8,
-                                            decode="static"), chunk)),
+        sampled = dict(autocast_dtype=half, batch_invariant=False, sync_every=8)
+        settings_rows = [       # (setting, QueryGenerator options, or the model Hugging Face's generate runs)
+            (f"ours, {label}, static decode ({graph}), host reads every 8 steps", {**sampled, "decode": "static"}),
             (f"ours, {label}, static decode without CUDA graph, host reads every 8 steps",
-             lambda chunk: ours(model, dict(autocast_dtype=half, batch_invariant=False, sync_every=8,
-                                            decode="static", cuda_graphs=False), chunk)),
-            (f"ours, {label}, cache loop, sampling on the device, host reads every 8 steps",
-             lambda chunk: ours(model, dict(autocast_dtype=half, batch_invariant=False, sync_every=8), chunk)),
-            (f"ours, {label}, cache loop, sampling on the device, host reads every step",
-             lambda chunk: ours(model, dict(autocast_dtype=half, batch_invariant=False, sync_every=1), chunk)),
-            (f"HF generate, {label} weights", lambda chunk: hf(weights, chunk)),
-            ("HF generate, fp32 (the release's settings)", lambda chunk: hf(model, chunk)),
+             {**sampled, "decode": "static", "cuda_graphs": False}),
+            (f"ours, {label}, cache loop, sampling on the device, host reads every 8 steps", sampled),
+            (f"ours, {label}, cache loop, sampling on the device, host reads every step", {**sampled, "sync_every": 1}),
+            (f"HF generate, {label} weights", weights),
+            ("HF generate, fp32 (the release's settings)", model),
         ]
         if device.type == "cpu":
             # batch invariance is the CPU's default (off on a GPU: batch_invariant auto), and about 28x slower
             # than sampling on an H200: not worth the device's time
-            settings_rows.insert(3, ("ours, fp32, batch-invariant", lambda chunk: ours(model, {}, chunk)))
+            settings_rows.insert(3, ("ours, fp32, batch-invariant", {}))
+        first_batch, warned = {}, {}     # per row: the first batch's candidates, and any warning it raised
 
-        def ours(net, options, chunk):
-            generator = QueryGenerator(net, tokenizer, settings, **options)
-            with torch.inference_mode():
-                _, stats = generator.generate_candidates(chunk, batch)
+        def run(index, chunk):
+            how = settings_rows[index][1]
+            return ours(index, how, chunk) if isinstance(how, dict) else hf(how, chunk)
+
+        def ours(index, options, chunk):
+            import warnings
+
+            generator = QueryGenerator(model, tokenizer, settings, **options)
+            with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                candidates, stats = generator.generate_candidates(chunk, batch)
+            first_batch.setdefault(index, candidates)
+            graph_warnings = {str(w.message)[:200] for w in caught if "CUDA graph" in str(w.message)}
+            if graph_warnings:      # the static loop ran without its CUDA graph: say why
+                warned[index] = "; ".join(sorted(graph_warnings))
             return stats.tokens
 
         def hf(net, chunk):
@@ -669,16 +677,16 @@ def generation_section(args, device, tokenizer, triples, progress):
             return int((out != tokenizer.pad_token_id).sum()) - len(out)
 
         rows, share = [], budget_s / len(settings_rows)
-        for name, run in settings_rows:
+        for index, (name, _) in enumerate(settings_rows):
             row = {"setting": name, "batch": batch}
             try:
-                run(passages[:batch])                 # warm-up at the timed batch's shapes
+                run(index, passages[:batch])                 # warm-up at the timed batch's shapes
                 done, tokens, seconds = 0, 0, 0.0
                 while done < args.generation_passages and (done < batch or seconds < share):
                     chunk = [passages[(done + i) % len(passages)] for i in range(batch)]
                     synchronize(device)
                     start = time.perf_counter()
-                    tokens += run(chunk)
+                    tokens += run(index, chunk)
                     synchronize(device)
                     seconds += time.perf_counter() - start
                     done += batch
@@ -687,21 +695,28 @@ def generation_section(args, device, tokenizer, triples, progress):
             except Exception as error:          # noqa: BLE001 - the other settings still run
                 row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
                 release_memory()
+            if index in warned:
+                row["warnings"] = warned[index]
             rows.append(row)
             print(f"  {row}", flush=True)
             progress({"rows": rows})
         reference = next(r for r in rows if r["setting"] == f"HF generate, {label} weights")
+        # How often the static loop samples the cache loop's candidate on the same batch (bf16: rare tokens differ)
+        static, cache = first_batch.get(0), first_batch.get(2)
+        agreement = (sum(a == b for x, y in zip(static, cache) for a, b in zip(x, y))
+                     / sum(len(x) for x in static)) if static and cache else None
         # the first of ours that ran: the loop a stage on this device uses by default (querygen.decode: auto)
         ours_index = next((i for i, r in enumerate(rows) if r["setting"].startswith("ours") and "passages/s" in r),
                           None)
         if ours_index is None:
             raise RuntimeError(f"our generation loop failed: {rows[0]['error']}")
-        profile = host_profile(lambda: settings_rows[ours_index][1](passages[:batch]), device)
+        profile = host_profile(lambda: run(ours_index, passages[:batch]), device)
         ours_row = rows[ours_index]
         ratio = ours_row["passages/s"] / reference["passages/s"] if "passages/s" in reference else None
         return {"model": "tiny T5" if dry else "T5-base sizes, random weights",
                 "queries per passage": settings.queries_per_passage, "new tokens": settings.max_new_tokens,
                 "rows": rows, "ours": ours_row["setting"],
+                "candidates equal between the static and the cache loop (first batch)": agreement,
                 "ours / HF generate (same precision, same batch)": ratio, PROFILE: profile}
     return section
 
@@ -829,8 +844,11 @@ def render_markdown(data: dict) -> str:
         lines.append(f"{g['model']}, {g['queries per passage']} queries per passage, {g['new tokens']} new tokens.")
         ratio = g["ours / HF generate (same precision, same batch)"]
         columns = ["setting", "batch", "passages", "seconds", "passages/s", "mean tokens/query"]
-        lines.extend(["", markdown_table(g["rows"], columns + (["error"] if any("error" in r for r in g["rows"])
-                                                              else [])), "",
+        columns += [extra for extra in ("warnings", "error") if any(extra in r for r in g["rows"])]
+        agreement = g.get("candidates equal between the static and the cache loop (first batch)")
+        lines.extend(["", markdown_table(g["rows"], columns), "",
+                      *([f"Candidates the static loop samples equal to the cache loop's (first batch, same uniforms): "
+                         f"{agreement:.1%}.", ""] if agreement is not None else []),
                       f"Ours ({g.get('ours', 'host reads every 8 steps')}) / Hugging Face generate, same precision, "
                       "same batch: " + (f"{ratio:.2f}x" if ratio else "n/a (the reference failed)")])
         profile_block(g, "one batch of ours")

@@ -89,7 +89,12 @@ def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     assert sections["grad_cache"]["counted FLOP ratio"] > 1 and sections["grad_cache"]["chunk"] == 2
     assert sections["stage_loop"]["loop pairs/s (steady windows)"] > 0
     assert sections["search"]["equals NumPy reference"] and sections["search"]["equals one-block search"]
-    assert sections["generation"]["rows"][2]["setting"] == "HF generate, fp32 weights"
+    generation = sections["generation"]
+    assert [r["setting"].split(",")[0] for r in generation["rows"]] == ["ours"] * 5 + ["HF generate"] * 2
+    assert all(r["passages/s"] > 0 and "error" not in r for r in generation["rows"])
+    assert generation["ours"].startswith("ours, fp32, static decode")
+    # a CPU dry run decodes in fp32: the static loop samples the cache loop's candidates
+    assert generation["candidates equal between the static and the cache loop (first batch)"] == 1.0
     assert [r["method"] for r in sections["compile"]["rows"]] == ["cocondenser", "cotmae"]
     assert all(r["compiled s/step"] > 0 and "error" not in r for r in sections["compile"]["rows"])
     encoding = sections["encoding"]
