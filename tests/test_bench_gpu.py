@@ -95,6 +95,7 @@ def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     assert generation["ours"].startswith("ours, fp32, static decode")
     # a CPU dry run decodes in fp32: the static loop samples the cache loop's candidates
     assert generation["candidates equal between the static and the cache loop (first batch)"] == 1.0
+    assert generation["candidates equal between the static and the cache loop in fp32"] == 1.0
     assert [r["method"] for r in sections["compile"]["rows"]] == ["cocondenser", "cotmae"]
     assert all(r["compiled s/step"] > 0 and "error" not in r for r in sections["compile"]["rows"])
     encoding = sections["encoding"]

@@ -101,6 +101,33 @@ def test_each_steps_logits_equal_huggingface_t5_on_the_candidates_prefix(tokeniz
         assert torch.allclose(logits.reshape(12, -1)[running], expected, rtol=0, atol=1e-5 * scale)
 
 
+def test_half_precision_decoding_keeps_half_weights_and_the_models_logits_to_bf16_rounding(tokenizer):
+    """With an autocast dtype the decoder's weights are held in it once (no cast per step), the residual
+    stream stays fp32: the first step's logits equal the fp32 model's to bf16 rounding."""
+    model = t5_model("1.0", layers=2)
+    sampled = settings(max_new_tokens=3, queries_per_passage=2)
+    decoder = StaticT5Decoder(model, sampled, start_id=0, eos_id=EOS, pad_id=0, autocast_dtype=torch.bfloat16)
+    assert {p.dtype for p in decoder.blocks.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}      # the model itself is left as it was
+    inputs = tokenizer([text for _, text in PASSAGES[:2]], padding=True, return_tensors="pt",
+                       return_token_type_ids=False)
+    steps = []
+    hook = decoder.head.register_forward_hook(lambda _, __, out: steps.append(out.detach().float()))
+    try:
+        with torch.no_grad():
+            hidden = model.get_encoder()(**inputs).last_hidden_state
+            decoder.decode(hidden, inputs["attention_mask"], torch.rand(4, 3, dtype=torch.float64), sync_every=1)
+            reference = model(encoder_outputs=(hidden,), attention_mask=inputs["attention_mask"],
+                              decoder_input_ids=torch.zeros(2, 1, dtype=torch.long)).logits[:, -1]
+    finally:
+        hook.remove()
+    first = steps[0].reshape(4, -1)[::2]
+    scale = float(reference.abs().max())
+    # bf16 keeps 8 significant bits (relative rounding 2^-8 per operation); a 2-layer decoder compounds a few
+    assert torch.allclose(first, reference, rtol=0, atol=16 * 2 ** -8 * scale)
+    assert not torch.equal(first, reference)
+
+
 def test_a_step_reads_nothing_back_from_the_device(tokenizer):
     """Every op of the step is on the device's data: a CUDA graph can hold it and the host never waits in it."""
     model = t5_model("1.1")

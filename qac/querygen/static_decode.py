@@ -100,6 +100,15 @@ class StaticT5Decoder:
         # T5 v1.0 scales the decoder output before the tied vocabulary projection; v1.1 does not.
         self.scale_output = getattr(config, "scale_decoder_outputs", getattr(config, "tie_word_embeddings", True))
         self.model_dim = config.d_model
+        self.blocks, self.final_norm, self.head = model.decoder.block, model.decoder.final_layer_norm, model.lm_head
+        if autocast_dtype is not None:
+            # Weights kept in the autocast precision: autocast would otherwise cast every weight again at every
+            # step (inside a graph its cache cannot hold them). The embeddings stay as they are, so the residual
+            # stream keeps the model's precision, as under autocast.
+            import copy
+
+            self.blocks, self.final_norm, self.head = (copy.deepcopy(module).to(autocast_dtype) for module in
+                                                       (self.blocks, self.final_norm, self.head))
 
     # -- public ---------------------------------------------------------
     @torch.no_grad()
@@ -113,8 +122,8 @@ class StaticT5Decoder:
         passages, candidates, steps = encoder_hidden.shape[0], settings.queries_per_passage, settings.max_new_tokens
         rows, device = passages * candidates, encoder_hidden.device
         with self._autocast():
-            cross = [self._cross_keys_values(block, encoder_hidden) for block in self.model.decoder.block]
-        first = self.model.decoder.block[0].layer[0].SelfAttention
+            cross = [self._cross_keys_values(block, encoder_hidden) for block in self.blocks]
+        first = self.model.decoder.block[0].layer[0].SelfAttention      # the bias table from the model's own weights
         tables = _StepTables(
             cross=cross,
             cross_mask=encoder_mask.bool()[:, None, None, :],
@@ -172,21 +181,21 @@ class StaticT5Decoder:
         state.position.add_(1)
 
     def _logits(self, state: _State, tables: "_StepTables", passages: int, candidates: int) -> torch.Tensor:
-        decoder = self.model.decoder
         rows, heads, head_dim = state.ids.shape[0], self.heads, self.head_dim
-        hidden = decoder.embed_tokens(state.ids)                                   # (rows, d)
+        hidden = self.model.decoder.embed_tokens(state.ids)                        # (rows, d)
         # Self-attention mask of this step: the position bias row t, later positions ruled out.
         bias = tables.self_bias.index_select(2, state.position)                    # (1, heads, 1, steps)
         bias = bias.masked_fill(tables.key_positions > state.position, torch.finfo(bias.dtype).min)
-        for block, (cross_keys, cross_values), (keys, values) in zip(decoder.block, tables.cross, tables.caches):
+        for block, (cross_keys, cross_values), (keys, values) in zip(self.blocks, tables.cross, tables.caches):
             layer = block.layer[0]
             attention = layer.SelfAttention
             normed = layer.layer_norm(hidden)
             query = attention.q(normed).view(rows, heads, 1, head_dim)
             keys.index_copy_(2, state.position, attention.k(normed).view(rows, heads, 1, head_dim).to(keys.dtype))
             values.index_copy_(2, state.position, attention.v(normed).view(rows, heads, 1, head_dim).to(values.dtype))
-            # T5 does not scale the dot product; scores and softmax in fp32 as Hugging Face's T5 does
-            scores = torch.matmul(query.float(), keys.float().transpose(2, 3)) + bias
+            # T5 does not scale the dot product. The product in the cache's precision (casting the cache to fp32
+            # each step would copy all of it), the bias added and the softmax taken in fp32, as Hugging Face's T5.
+            scores = torch.matmul(query.to(keys.dtype), keys.transpose(2, 3)).float() + bias
             weights = torch.softmax(scores, dim=-1).to(values.dtype)
             mixed = torch.matmul(weights, values).reshape(rows, heads * head_dim)
             hidden = _clamp_fp16(hidden + attention.o(mixed))
@@ -200,10 +209,10 @@ class StaticT5Decoder:
                                                    attn_mask=tables.cross_mask, scale=1.0)
             hidden = _clamp_fp16(hidden + attention.o(mixed.transpose(1, 2).reshape(rows, heads * head_dim)))
             hidden = _clamp_fp16(block.layer[-1](hidden))                          # feed-forward, residual inside
-        hidden = decoder.final_layer_norm(hidden)
+        hidden = self.final_norm(hidden)
         if self.scale_output:
             hidden = hidden * (self.model_dim ** -0.5)
-        return self.model.lm_head(hidden).float()
+        return self.head(hidden).float()
 
     def _adjusted(self, logits: torch.Tensor, state: _State, tables: "_StepTables") -> torch.Tensor:
         """:func:`qac.querygen.generate.adjust_logits` with the step a tensor: the same penalty, floor, temperature."""
