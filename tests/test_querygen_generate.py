@@ -359,6 +359,7 @@ def test_bert2bert_generator_runs_through_the_same_loop(tokenizer, tiny_bert_dir
     ("top_p", 0.0, "must be > 0"), ("queries_per_passage", 0, "must be >= 1"), ("repeat_penalty", -1.0, "must be >= 0"),
     ("temperature", 0.0, "must be > 0"), ("max_source_len", 1, "must be >= 2"),
     ("min_new_tokens", 64, "must be below querygen.max_new_tokens"),
+    ("decode", "graph", "'auto', 'cache' or 'static'"),
 ])
 def test_bad_settings_are_rejected_by_the_schema(key, value, message):
     from qac.config import render_profile
@@ -368,6 +369,18 @@ def test_bad_settings_are_rejected_by_the_schema(key, value, message):
     params["querygen"].update({key: value, "max_new_tokens": 64})
     with pytest.raises(ParamsError, match=f"parameter querygen.{key}: .*{message}"):
         validate_params(params)
+
+
+def test_static_decoding_with_batch_invariance_on_is_refused_by_the_schema():
+    from qac.config import render_profile
+    from qac.params import ParamsError, validate_params
+
+    params = render_profile("smoke")
+    params["querygen"].update({"decode": "static", "batch_invariant": True})
+    with pytest.raises(ParamsError, match="parameter querygen.decode: static decoding samples on the device"):
+        validate_params(params)
+    params["querygen"]["batch_invariant"] = "auto"      # decided on the device: the stage checks it there
+    validate_params(params)
 
 
 def test_the_base_profile_samples_as_the_paper():

@@ -7,6 +7,7 @@ Each case was once a traceback, a message that pointed elsewhere, or work done i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -188,3 +189,36 @@ def test_a_metrics_pattern_that_matches_nothing_is_told_from_a_profile_never_run
     assert main(["metrics", "--params", str(tmp_path / "params.yaml"), "nDCG"]) == 1
     error = capsys.readouterr().err
     assert "no metric of" in error and "'nDCG'" in error and "run the profile first" not in error
+
+
+@pytest.mark.parametrize("argv", [["check"], ["metrics"], ["tables"], ["profile", "show", "smoke"]])
+def test_a_checkout_command_run_from_a_subfolder_names_the_root(tmp_path, monkeypatch, capsys, argv):
+    """From reports/ or docs/, the relative paths would miss the profile's outputs: `qac check` said "not run"
+    of a finished run. The command names the root to run it from, and writes nothing."""
+    from qac.cli import main
+
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "base.yaml").write_text("seed: 1\n", encoding="utf-8")
+    inside = tmp_path / "reports" / "smoke"
+    inside.mkdir(parents=True)
+    monkeypatch.chdir(inside)
+    assert main(argv) == 2
+    message = capsys.readouterr().err
+    assert f"run it in {tmp_path} (cd {tmp_path})" in message and f"qac {argv[0]} works on the checkout" in message
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [".dvc", "base.yaml", "profiles", "reports", "smoke"]
+
+
+def test_eval_reads_the_files_it_is_given_from_any_folder(tmp_path, monkeypatch, capsys):
+    from qac.cli import main
+
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "base.yaml").write_text("seed: 1\n", encoding="utf-8")
+    inside = tmp_path / "notes"
+    inside.mkdir()
+    (inside / "qrels.txt").write_text("q1 0 d1 1\n", encoding="utf-8")
+    (inside / "run.txt").write_text("q1 Q0 d1 1 2.0 x\n", encoding="utf-8")
+    monkeypatch.chdir(inside)
+    assert main(["eval", "--qrels", "qrels.txt", "--run", "run.txt", "--metrics", "RR@10"]) == 0
+    assert json.loads(capsys.readouterr().out)["RR@10"] == 1.0

@@ -58,6 +58,11 @@ def _add_verbose(parser: argparse.ArgumentParser, default) -> None:
                         help="show library logs, warnings and the traceback of an error (also QAC_VERBOSE=1)")
 
 
+# Subcommands that read only the files named on their command line; every other one works on the checkout
+# (profiles/, data/, reports/, mlflow.db) through paths relative to its root.
+ANYWHERE = {"eval"}
+
+
 def _run(argv: list[str] | None) -> int:
     from qac.console import setup_console
 
@@ -65,7 +70,29 @@ def _run(argv: list[str] | None) -> int:
     verbose = any(arg in ("-v", "--verbose") for arg in argv)
     args = build_parser().parse_args([arg for arg in argv if arg not in ("-v", "--verbose")])
     setup_console(verbose)
+    if args.command not in ANYWHERE:
+        _require_checkout_root(args.command)
     return int(args._module.run(args) or 0)
+
+
+def _require_checkout_root(command: str) -> None:
+    """Refuse a checkout command run from one of the checkout's subfolders: its relative paths would miss
+    the profile's files and report them as never made (``qac check`` would call a finished run "not run")."""
+    from pathlib import Path
+
+    from qac.errors import UserError
+
+    here = Path.cwd()
+    if _is_checkout_root(here):
+        return
+    root = next((folder for folder in here.parents if _is_checkout_root(folder)), None)
+    if root is not None:
+        raise UserError(f"qac {command} works on the checkout from its root, and {here} is a subfolder of it: "
+                        f"run it in {root} (cd {root})")
+
+
+def _is_checkout_root(folder) -> bool:
+    return (folder / "profiles" / "base.yaml").is_file() and (folder / ".dvc").is_dir()
 
 
 def main(argv: list[str] | None = None) -> int:

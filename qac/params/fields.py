@@ -25,6 +25,9 @@ Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]          # [
 OpenFraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]      # (0, 1)
 DropoutProbability = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # [0, 1)
 LearningRate = NonNegativeFloat
+# Optimizer steps of one run: a billion is years of any device's time, so a larger count is a typo (an extra
+# zero or two), refused before the run starts rather than found out after days.
+StepCount = Annotated[int, Field(ge=1, le=1_000_000_000)]
 
 # Keys that mean the same in every section holding them: type, range and description declared once.
 PeakLearningRate = Annotated[LearningRate, Field(description="peak learning rate")]

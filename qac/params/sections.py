@@ -17,8 +17,8 @@ from pydantic import Field, create_model
 from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, DropoutProbability, Fraction,
                                InsidePath, LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction,
                                OutputFolder, PeakLearningRate, PlainName, PositiveFloat, PositiveInt, ScriptPath,
-                               Section, Seed, SeedList, SlurmMemory, SlurmName, SlurmNames, SlurmTime, TopK, TopP,
-                               WarmupRatio, WeightDecay)
+                               Section, Seed, SeedList, SlurmMemory, SlurmName, SlurmNames, SlurmTime, StepCount, TopK,
+                               TopP, WarmupRatio, WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
                                    PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
@@ -141,7 +141,7 @@ class QueryGeneratorSection(Section):
         description="BM25 index of the self-retrieval check: all documents (null) or a seeded sample")
     quality_candidates: PositiveInt | None = Field(
         description="candidates sampled per held-out source (null: querygen.queries_per_passage)")
-    max_steps: PositiveInt | None = Field(description="cap on optimizer steps (null: epochs decide)")
+    max_steps: StepCount | None = Field(description="cap on optimizer steps (null: epochs decide)")
     validation_pairs: NonNegativeInt = Field(
         description="training pairs set aside to choose the best weights (0: keep the last)")
     eval_every: NonNegativeInt = Field(description="steps between validation losses (0: none)")
@@ -199,7 +199,7 @@ class PretrainCommon(Section):
     init: str = Field(description="hub name, local path, minilm, or scratch:<hub name or path>")
     max_len: PositiveInt = Field(description="passage tokens")
     query_max_len: PositiveInt = Field(description="query (context) tokens")
-    steps: PositiveInt = Field(description="optimizer steps")
+    steps: StepCount = Field(description="optimizer steps")
     batch_size: PositiveInt = Field(description="pairs per optimizer step (global); a multiple of grad_accumulation")
     grad_accumulation: PositiveInt = Field(description="micro-batches per optimizer step")
     lr: PeakLearningRate
@@ -563,7 +563,7 @@ class HpoSection(Section):
     trial_timeout: PositiveFloat | None = Field(description="seconds; null: no limit")
     job: str = Field(description="module (or .py script) a trial runs")
     dev: HpoDev = Field(description="the dev queries and corpus a trial is scored on")
-    pretrain_steps: PositiveInt | None = Field(description="null: the variant's steps")
+    pretrain_steps: StepCount | None = Field(description="null: the variant's steps")
     finetune_epochs: PositiveInt = Field(description="retriever 1 epochs per trial")
     eval_every: PositiveInt = Field(
         description="fine-tuning steps between dev evaluations (the pruner's intermediate values)")
