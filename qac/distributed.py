@@ -54,7 +54,7 @@ def init_distributed() -> DistContext:
         # Ranks wait for rank 0 at barriers while it searches or writes a
         # corpus-sized index; the default 10-minute timeout is too short at
         # MS MARCO scale. QAC_DIST_TIMEOUT_MINUTES overrides.
-        timeout = datetime.timedelta(minutes=_minutes("QAC_DIST_TIMEOUT_MINUTES", 180))
+        timeout = datetime.timedelta(minutes=_minutes("QAC_DIST_TIMEOUT_MINUTES"))
         store = _rendezvous(rank, world_size)
         store.set_timeout(timeout)
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
@@ -62,17 +62,10 @@ def init_distributed() -> DistContext:
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
-def _minutes(variable: str, default: float) -> float:
-    from qac.errors import UserError
+def _minutes(variable: str) -> float:
+    from qac.environment import TIMEOUT_DEFAULTS, timeout_minutes
 
-    text = os.environ.get(variable, "").strip() or str(default)
-    try:
-        minutes = float(text)
-    except ValueError:
-        minutes = -1.0
-    if not minutes > 0:
-        raise UserError(f"{variable}={text!r} is not a positive number of minutes")
-    return minutes
+    return timeout_minutes(variable, TIMEOUT_DEFAULTS[variable])
 
 
 def _rendezvous(rank: int, world_size: int):
@@ -89,7 +82,7 @@ def _rendezvous(rank: int, world_size: int):
 
     from qac.errors import UserError
 
-    wait = _minutes("QAC_RENDEZVOUS_TIMEOUT_MINUTES", 10)
+    wait = _minutes("QAC_RENDEZVOUS_TIMEOUT_MINUTES")
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
     if missing:
         raise UserError(f"WORLD_SIZE={world_size} and RANK={rank} are set but {' and '.join(missing)} not: torchrun "

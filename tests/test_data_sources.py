@@ -189,6 +189,26 @@ def test_a_converted_download_is_read_as_beir(tmp_path):
     assert "datasets.tiny.convert" in entry_problems(convert="cisi-v2")
 
 
+def test_a_download_that_is_no_dataset_says_what_it_lacks(tmp_path):
+    """An archive without the BEIR files (a wrong URL serving some other bundle) is named with what is missing
+    and where it was unpacked; a folder standing where corpus.jsonl should be is said to be one."""
+    site = tmp_path / "site"
+    site.mkdir()
+    with tarfile.open(site / "other.tar.gz", "w:gz") as bundle:
+        for name in ("notes.txt", "corpus.jsonl/part-0"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            bundle.addfile(info, io.BytesIO(b"{}"))
+    entry = {"format": "beir", "mirror": "tiny", "splits": ["test"]}
+    with serve(site) as base:
+        spec = DatasetSpec.from_params("tiny", DatasetEntry.model_validate({**entry, "url": f"{base}/other.tar.gz"}))
+        with pytest.raises(DatasetUnavailableError) as caught:
+            fetch_dataset(spec, tmp_path / "no-mirror", tmp_path / "downloads")
+    message = str(caught.value)
+    assert message.startswith(f"dataset 'tiny': the archive from {base}/other.tar.gz is not a dataset: ")
+    assert "corpus.jsonl is a folder, not a file" in message and "missing queries.jsonl" in message
+
+
 def test_the_dl19_subset_keeps_every_relevant_passage_then_judged_then_others(tmp_path):
     from qac.cli.dl19_subset_command import main
 

@@ -58,6 +58,27 @@ def test_a_missing_upstream_output_is_one_paragraph(tmp_path, script):
     assert "Traceback" not in result.stderr and "not found" in result.stderr and "run the" in result.stderr
 
 
+@pytest.mark.parametrize("script, args, missing", [
+    ("pretrain.py", ["--variant", "cocondenser-query-q1"], "data/smoke/passages.arrow: file not found"),
+    ("pretrain.py", ["--variant", "master-passage"], "data/smoke/passages.arrow: file not found"),
+    ("bm25.py", [], "data/smoke/datasets/scifact: not found"),
+])
+def test_a_stage_missing_its_inputs_leaves_no_folder_and_no_run_behind(tmp_path, script, args, missing):
+    """The inputs are checked before the output folder, the process group and the MLflow run are made: a
+    failed stage once left an empty data/<profile>/pretrain folder and a FAILED run in the store."""
+    from qac.config import write_params
+
+    write_params({**_smoke_params(), "data_dir": "data"}, tmp_path / "params.yaml")
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("QAC_")}
+    environment.update(PYTHONPATH=str(REPO), QAC_VERBOSE="", QAC_PARAMS=str(tmp_path / "params.yaml"),
+                       MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    result = subprocess.run([sys.executable, str(REPO / "pipelines" / script), *args], cwd=tmp_path,
+                            env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert missing in result.stderr and "rebuild it with the DVC stage" in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["params.yaml"]
+
+
 def _smoke_params() -> dict:
     from qac.params import read_yaml
 

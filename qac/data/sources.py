@@ -183,11 +183,6 @@ def download_dir(params: Params) -> Path:
     return Path(params.data_dir) / "downloads"
 
 
-def _missing(directory: Path, alternatives: list[tuple[str, ...]]) -> list[str]:
-    return [" or ".join(names) for names in alternatives
-            if not any((directory / name).is_file() for name in names)]
-
-
 def _entry_problem(path: Path, wanted: str) -> str | None:
     """What stands at ``path`` instead of a ``wanted`` ("file" or "folder"); None when nothing does."""
     if not os.path.lexists(path):
@@ -248,7 +243,7 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
     else:
         tried.append(f"{mirror_root} (no mirror folder is declared for it)")
     cached = Path(downloads) / spec.name
-    if spec.format != "hf" and _cache_is_current(cached, spec) and not _missing(cached, spec.corpus_files()):
+    if spec.format != "hf" and _cache_is_current(cached, spec) and not _unusable(cached, spec.corpus_files()):
         return Source("download", cached, spec.url or f"cache:{spec.name}")
     if spec.format == "hf":
         from qac.data.hub import check_hub_dataset
@@ -299,10 +294,10 @@ def fetch_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
             raise DatasetUnavailableError(
                 f"dataset {spec.name!r}: the download from {spec.url} into {source.directory} failed: {error} "
                 f"(or set QAC_DATA_MIRROR to a data mirror that holds it)") from None
-        missing = _missing(source.directory, spec.corpus_files())
-        if missing:
+        unusable = _unusable(source.directory, spec.corpus_files())
+        if unusable:
             raise DatasetUnavailableError(
-                f"dataset {spec.name!r}: the archive from {spec.url} has no {', '.join(missing)} "
+                f"dataset {spec.name!r}: the archive from {spec.url} is not a dataset: {'; '.join(unusable)} "
                 f"(unpacked in {source.directory})")
     return source
 

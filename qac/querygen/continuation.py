@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from qac.distributed import autocast_context
-from qac.querygen.generate import GenerationStats, decode_longest_first
+from qac.querygen.generate import GenerationStats, cache_keyword, decode_longest_first, output_cache
 from qac.querygen.sampling import passage_uniforms, sample_tokens
 
 TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=2, n_inner=128, n_positions=512)
@@ -147,7 +147,7 @@ class ContinuationGenerator:
                 positions = positions[:, -1:] + 1
                 following = tokens.where(alive, torch.full_like(tokens, self.pad_id)).to(self.device)[:, None]
                 output = self.model(input_ids=following, attention_mask=attention, position_ids=positions,
-                                    past_key_values=output.past_key_values, use_cache=True)
+                                    use_cache=True, **{cache_keyword(self.model): output_cache(output)})
         texts = [" ".join(text.split()) for text in self.tokenizer.batch_decode(
             [generated[row, :lengths[row]].tolist() for row in range(rows)], skip_special_tokens=True)]
         stats.passages = stats.candidates = stats.queries = rows

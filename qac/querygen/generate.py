@@ -273,6 +273,7 @@ class QueryGenerator:
         # Steps between the decode loop's reads from the device (batch-invariant decoding reads every step).
         self.sync_every = sync_every
         self.start_id, self.eos_id, self.pad_id = _special_ids(model, tokenizer)
+        self.cache_keyword = cache_keyword(model)
         self.static = None
         if decode == "static":
             # Fixed-shape steps decide on the device: there is no host-side decision to make canonical.
@@ -322,8 +323,8 @@ class QueryGenerator:
 
     def _decoder_logits(self, encoder_outputs, attention_mask, decoder_input_ids, cache=None, use_cache=True):
         out = self.model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
-                         decoder_input_ids=decoder_input_ids, past_key_values=cache, use_cache=use_cache)
-        return out.logits[:, -1].float(), (out.past_key_values if use_cache else None)
+                         decoder_input_ids=decoder_input_ids, use_cache=use_cache, **{self.cache_keyword: cache})
+        return out.logits[:, -1].float(), (output_cache(out) if use_cache else None)
 
     @torch.no_grad()
     def _generate_batch(self, pids: list[str], encoded: list[list[int]]) -> tuple[list[list[str]], GenerationStats]:
@@ -380,6 +381,7 @@ class QueryGenerator:
             logits, cache, hidden, mask = self._first_step(encoder, batch.attention_mask, C)
             active = torch.arange(rows, device=device)     # global row of each row in the running batch
             alive = torch.ones(rows, dtype=torch.bool, device=device)     # per running row: not yet finished
+            next_ids = None                                # the tokens each step feeds the next
             for step in range(T):
                 if step:
                     encoder.last_hidden_state = hidden
@@ -463,6 +465,20 @@ class QueryGenerator:
         logits = adjust_logits(logits, prefix[None], self.settings, self.eos_id)
         token, _ = sample_tokens(logits, batch.uniforms[row, step][None], self.settings.top_k, self.settings.top_p)
         return int(token[0])
+
+
+def cache_keyword(model) -> str:
+    """The keyword ``model``'s forward takes its key/value cache by: ``cache`` (transformers 5) or
+    ``past_key_values`` (transformers 4, and qac's prefix-LM), which transformers 5 still accepts with a warning
+    and drops later."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def output_cache(output):
+    """The key/value cache a forward returned (``cache`` in transformers 5, ``past_key_values`` before)."""
+    return output.cache if hasattr(output, "cache") else output.past_key_values
 
 
 def adjust_logits(logits: torch.Tensor, emitted: torch.Tensor, settings: SamplingSettings, eos_id: int) -> torch.Tensor:

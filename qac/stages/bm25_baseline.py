@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qac.config import profile_dir
+from qac.data.errors import DataFormatError
 from qac.data.prepared import load_prepared_parts
 from qac.evaluation.split_evaluation import SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits
 from qac.evaluation.trec_io import write_run
@@ -83,6 +84,9 @@ def bm25_baseline(params: Params) -> list[str]:
                     "bm25_depth": negatives_depth, "r1_negatives": r1_negatives, "r1_queries": r1_queries,
                     "bm25": {**vars(settings), "in_domain_title": in_domain_title}, **baseline_description("bm25")}
 
+    for name in names:     # before the output folder and the MLflow run are made
+        if not (root / "datasets" / name).is_dir():
+            raise DataFormatError(root / "datasets" / name, None, None, "not found: the dataset was not prepared")
     with atomic_path(root / "bm25", directory=True) as out:
         with tracked_stage(params, "bm25", run_name("bm25", "baseline"), kind="baseline", stage_params=stage_params,
                            inputs={name: root / "datasets" / name for name in names},

@@ -58,6 +58,11 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
     inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
     queries = files.get("queries")
     extra = {name: path for name, path in files.items() if name not in ("passages", "queries")}
+    for path in files.values():      # before any folder, process group or MLflow run is made
+        if not Path(path).exists():
+            from qac.data.errors import DataFormatError
+
+            raise DataFormatError(path, None, None, "file not found")   # the console adds the stage to rerun
 
     dist = init_distributed()
     step_log = StepLog()    # a resumed run replays the checkpoint's history into it: the whole curve
