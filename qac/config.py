@@ -28,7 +28,8 @@ from qac.params import PROFILE_NAMES, profiles_root, read_yaml, yaml_dumper
 from qac.params.locations import REPO_ROOT
 
 PIPELINE_TEMPLATE = "pipeline.yaml"
-_DIGEST_PREFIX = "# render-digest: "
+_DIGEST_PREFIX = "# render-sha256: "       # of the file's whole text but this line: comments count as edits
+_VALUES_DIGEST_PREFIX = "# render-digest: "  # earlier renders: of the values alone
 
 
 
@@ -192,17 +193,14 @@ def rendered_params_text(params: dict[str, Any], profiles_dir: str | os.PathLike
     """
     name = params["profile"]
     profile_file = Path(profiles_dir or profiles_root()) / f"{name}.yaml"
-    body = _params_body(params)
-    header = (
+    introduction = (
         f"# Parameters of profile '{name}', rendered by `qac profile render {name}`\n"
         f"# from profiles/base.yaml + profiles/{name}.yaml. Change the profile there and\n"
         "# re-render; edit this file (or `dvc exp run -S`) for a one-off experiment:\n"
         "# a render never replaces a hand-edited file without --force.\n"
-        f"{_DIGEST_PREFIX}{_digest(body)}\n#\n"
     )
-    if profile_file.exists():
-        header += _leading_comment(profile_file)
-    return header + body
+    rest = "#\n" + (_leading_comment(profile_file) if profile_file.exists() else "") + _params_body(params)
+    return f"{introduction}{_DIGEST_PREFIX}{_digest(introduction + rest)}\n{rest}"
 
 
 def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: str | os.PathLike | None = None) -> None:
@@ -234,11 +232,15 @@ def params_hand_edited(path: str | os.PathLike) -> bool:
     the header) counts as hand-edited: its content is the user's.
     """
     text = Path(path).read_text(encoding="utf-8")
-    recorded = next((line[len(_DIGEST_PREFIX):].strip() for line in text.splitlines()
-                     if line.startswith(_DIGEST_PREFIX)), None)
-    if recorded is None:
+    lines = text.splitlines(keepends=True)
+    recorded = next((line[len(_DIGEST_PREFIX):].strip() for line in lines if line.startswith(_DIGEST_PREFIX)), None)
+    if recorded is not None:     # any change to the text, a comment's included, is the user's
+        return _digest("".join(line for line in lines if not line.startswith(_DIGEST_PREFIX))) != recorded
+    values = next((line[len(_VALUES_DIGEST_PREFIX):].strip() for line in lines
+                   if line.startswith(_VALUES_DIGEST_PREFIX)), None)
+    if values is None:
         return True
-    return _digest(_params_body(read_yaml(text))) != recorded
+    return _digest(_params_body(read_yaml(text))) != values
 
 
 class HandEditedParams(RuntimeError):

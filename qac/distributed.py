@@ -14,8 +14,16 @@ node's terminal). tests/test_multinode.py runs two nodes on one machine.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from dataclasses import dataclass
+from typing import Mapping
+
+# A week: beyond it the timeouts overflow what torch.distributed passes to its C++ store and collectives.
+MAX_TIMEOUT_MINUTES = 7 * 24 * 60
+TIMEOUT_VARIABLES = {"QAC_DIST_TIMEOUT_MINUTES": "the collectives' timeout",
+                     "QAC_RENDEZVOUS_TIMEOUT_MINUTES": "the wait for the other ranks"}
+TIMEOUT_DEFAULTS = {"QAC_DIST_TIMEOUT_MINUTES": 180, "QAC_RENDEZVOUS_TIMEOUT_MINUTES": 10}
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,25 @@ def init_distributed() -> DistContext:
 
 
 def _minutes(variable: str) -> float:
-    from qac.environment import TIMEOUT_DEFAULTS, timeout_minutes
-
     return timeout_minutes(variable, TIMEOUT_DEFAULTS[variable])
+
+
+def timeout_minutes(name: str, default: float, env: Mapping[str, str] | None = None) -> float:
+    """The minutes in timeout variable ``name`` (``default`` when unset or blank); a value that is not a number
+    of minutes above 0 and at most a week is a :class:`qac.errors.UserError` naming the variable."""
+    from qac.errors import UserError
+
+    text = (os.environ if env is None else env).get(name, "")
+    if not text.strip():
+        return default
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = math.nan
+    if not (0 < minutes <= MAX_TIMEOUT_MINUTES):
+        raise UserError(f"{name}={text!r}: expected a number of minutes above 0 and at most {MAX_TIMEOUT_MINUTES} "
+                        f"(a week), {TIMEOUT_VARIABLES[name]}")
+    return minutes
 
 
 def _rendezvous(rank: int, world_size: int):

@@ -10,16 +10,12 @@ worse, a value that runs and silently searches nothing.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Mapping
 
-# A week: beyond it the timeouts overflow what torch.distributed passes to its C++ store and collectives.
-MAX_TIMEOUT_MINUTES = 7 * 24 * 60
-TIMEOUT_VARIABLES = {"QAC_DIST_TIMEOUT_MINUTES": "the collectives' timeout",
-                     "QAC_RENDEZVOUS_TIMEOUT_MINUTES": "the wait for the other ranks"}
-TIMEOUT_DEFAULTS = {"QAC_DIST_TIMEOUT_MINUTES": 180, "QAC_RENDEZVOUS_TIMEOUT_MINUTES": 10}
+from qac.distributed import TIMEOUT_DEFAULTS, timeout_minutes
+
 TORCHRUN_INTEGERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
 
@@ -81,24 +77,6 @@ def _timeout_problem(env: Mapping[str, str]) -> str | None:
         except UserError as error:
             return str(error)
     return None
-
-
-def timeout_minutes(name: str, default: float, env: Mapping[str, str] | None = None) -> float:
-    """The minutes in timeout variable ``name`` (``default`` when unset or blank); a value that is not a number
-    of minutes above 0 and at most a week is a :class:`qac.errors.UserError` naming the variable."""
-    from qac.errors import UserError
-
-    text = (os.environ if env is None else env).get(name, "")
-    if not text.strip():
-        return default
-    try:
-        minutes = float(text)
-    except ValueError:
-        minutes = math.nan
-    if not (0 < minutes <= MAX_TIMEOUT_MINUTES):
-        raise UserError(f"{name}={text!r}: expected a number of minutes above 0 and at most {MAX_TIMEOUT_MINUTES} "
-                        f"(a week), {TIMEOUT_VARIABLES[name]}")
-    return minutes
 
 
 def _torchrun_problem(env: Mapping[str, str]) -> str | None:

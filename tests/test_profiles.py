@@ -180,6 +180,40 @@ def test_render_never_silently_discards_a_hand_edit(tmp_path):
     assert load_params(params_file)["seed"] == 42 and load_params(params_file)["split"]["workers"] == 2
 
 
+def test_a_comment_written_into_the_rendered_file_is_a_hand_edit_too(tmp_path):
+    """A note beside a value changes no parameter, but it is the user's text: a render keeps it unless forced."""
+    profiles = _profiles_copy(tmp_path)
+    params_file = profiles / "smoke" / "params.yaml"
+    noted = params_file.read_text().replace("seed: 42", "seed: 42  # the seed of the run in my notebook", 1)
+    params_file.write_text(noted)
+    assert params_hand_edited(params_file)
+    overrides = yaml.safe_load((profiles / "smoke.yaml").read_text())
+    overrides["split"]["workers"] = 2
+    (profiles / "smoke.yaml").write_text(yaml.safe_dump(overrides))
+    with pytest.raises(HandEditedParams, match="edited by hand"):
+        render_profile_files("smoke", profiles_dir=profiles)
+    assert params_file.read_text() == noted
+
+
+def test_a_file_of_an_earlier_render_is_rendered_over_unless_its_values_were_edited(tmp_path):
+    """Earlier renders recorded a digest of the values alone: such a file is still recognised as a render."""
+    import hashlib
+
+    from qac.config import _params_body
+
+    profiles = _profiles_copy(tmp_path)
+    params_file = profiles / "smoke" / "params.yaml"
+    text = params_file.read_text()
+    values = hashlib.sha256(_params_body(load_params(params_file).to_dict()).encode()).hexdigest()[:16]
+    earlier = re.sub(r"# render-sha256: \w+", f"# render-digest: {values}", text)
+    params_file.write_text(earlier)
+    assert not params_hand_edited(params_file)
+    assert render_profile_files("smoke", profiles_dir=profiles) == [params_file]
+    assert params_file.read_text() == text
+    params_file.write_text(earlier.replace("seed: 42", "seed: 44"))
+    assert params_hand_edited(params_file)
+
+
 def test_params_file_is_found_through_the_environment(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("QAC_PARAMS", raising=False)
