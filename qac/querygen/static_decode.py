@@ -29,7 +29,10 @@ bf16 a rare token can differ, as it can with another batch size.
 
 The weights are Hugging Face's own modules (their projections, layer norms
 and feed-forward blocks are called as they are); only the attention and the
-cache are laid out here. T5-style models only (``model_type`` t5 or mt5,
+cache are laid out here. Under autocast the decoder's blocks and output
+projection are copied once into the autocast precision, so no step casts a
+weight (the embeddings stay in the model's precision, and with them the
+residual stream). T5-style models only (``model_type`` t5 or mt5,
 whose first decoder layer holds the position bias all layers share): other
 generators use the cache loop.
 """
@@ -154,7 +157,8 @@ class StaticT5Decoder:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         device_type = next(self.model.parameters()).device.type
-        # A captured graph must cast the weights inside itself: autocast's cache would hold casts made at capture.
+        # Inside a captured graph autocast's cache would hold casts made at capture: the step runs without it
+        # (its weights are already in the autocast precision; only activations are cast).
         return torch.autocast(device_type=device_type, dtype=self.autocast_dtype, cache_enabled=cache_enabled)
 
     def _cross_keys_values(self, block, encoder_hidden):
