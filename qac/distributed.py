@@ -14,16 +14,10 @@ node's terminal). tests/test_multinode.py runs two nodes on one machine.
 from __future__ import annotations
 
 import datetime
-import math
 import os
 from dataclasses import dataclass
-from typing import Mapping
 
-# A week: beyond it the timeouts overflow what torch.distributed passes to its C++ store and collectives.
-MAX_TIMEOUT_MINUTES = 7 * 24 * 60
-TIMEOUT_VARIABLES = {"QAC_DIST_TIMEOUT_MINUTES": "the collectives' timeout",
-                     "QAC_RENDEZVOUS_TIMEOUT_MINUTES": "the wait for the other ranks"}
-TIMEOUT_DEFAULTS = {"QAC_DIST_TIMEOUT_MINUTES": 180, "QAC_RENDEZVOUS_TIMEOUT_MINUTES": 10}
+from qac.timeouts import timeout_minutes
 
 
 @dataclass(frozen=True)
@@ -62,34 +56,12 @@ def init_distributed() -> DistContext:
         # Ranks wait for rank 0 at barriers while it searches or writes a
         # corpus-sized index; the default 10-minute timeout is too short at
         # MS MARCO scale. QAC_DIST_TIMEOUT_MINUTES overrides.
-        timeout = datetime.timedelta(minutes=_minutes("QAC_DIST_TIMEOUT_MINUTES"))
+        timeout = datetime.timedelta(minutes=timeout_minutes("QAC_DIST_TIMEOUT_MINUTES"))
         store = _rendezvous(rank, world_size)
         store.set_timeout(timeout)
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                                 world_size=world_size, timeout=timeout)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
-
-
-def _minutes(variable: str) -> float:
-    return timeout_minutes(variable, TIMEOUT_DEFAULTS[variable])
-
-
-def timeout_minutes(name: str, default: float, env: Mapping[str, str] | None = None) -> float:
-    """The minutes in timeout variable ``name`` (``default`` when unset or blank); a value that is not a number
-    of minutes above 0 and at most a week is a :class:`qac.errors.UserError` naming the variable."""
-    from qac.errors import UserError
-
-    text = (os.environ if env is None else env).get(name, "")
-    if not text.strip():
-        return default
-    try:
-        minutes = float(text)
-    except ValueError:
-        minutes = math.nan
-    if not (0 < minutes <= MAX_TIMEOUT_MINUTES):
-        raise UserError(f"{name}={text!r}: expected a number of minutes above 0 and at most {MAX_TIMEOUT_MINUTES} "
-                        f"(a week), {TIMEOUT_VARIABLES[name]}")
-    return minutes
 
 
 def _rendezvous(rank: int, world_size: int):
@@ -106,7 +78,7 @@ def _rendezvous(rank: int, world_size: int):
 
     from qac.errors import UserError
 
-    wait = _minutes("QAC_RENDEZVOUS_TIMEOUT_MINUTES")
+    wait = timeout_minutes("QAC_RENDEZVOUS_TIMEOUT_MINUTES")
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
     if missing:
         raise UserError(f"WORLD_SIZE={world_size} and RANK={rank} are set but {' and '.join(missing)} not: torchrun "

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from qac.distributed import TIMEOUT_DEFAULTS, timeout_minutes
+from qac.timeouts import TIMEOUT_DEFAULTS, timeout_minutes
 
 TORCHRUN_INTEGERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
@@ -71,9 +71,9 @@ def _device_problem(device: str) -> str | None:
 def _timeout_problem(env: Mapping[str, str]) -> str | None:
     from qac.errors import UserError
 
-    for name, default in TIMEOUT_DEFAULTS.items():
+    for name in TIMEOUT_DEFAULTS:
         try:
-            timeout_minutes(name, default, env)
+            timeout_minutes(name, env)
         except UserError as error:
             return str(error)
     return None

@@ -17,7 +17,7 @@ PACKAGE = REPO / "qac"
 
 # Bottom to top: a room may import the rooms before it.
 LAYERS = (
-    "errors", "exiting", "threads", "launcher", "names", "redaction", "io", "distributed", "accelerators", "benchmarking", "model_specs",
+    "errors", "exiting", "threads", "launcher", "names", "redaction", "io", "timeouts", "distributed", "accelerators", "benchmarking", "model_specs",
     "params", "config", "pipeline_plan", "parallel_repro", "deviations", "cluster", "gpu_cost",
     "tracking", "console", "data", "models", "evaluation", "retrieval", "environment", "train", "stages", "reference", "reporting", "querygen",
     "hpo",
