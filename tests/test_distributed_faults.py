@@ -131,7 +131,9 @@ def test_a_batch_the_torchrun_processes_cannot_share_is_one_paragraph_per_rank_b
     # torchrun's own summary of the failed workers follows; the workers themselves print no traceback.
     workers = result.stderr.split("Traceback (most recent call last)")[0]
     found = paragraphs(workers, "pretrain")
-    assert len(found) == 2, result.stderr
+    # Each rank finds the problem before any data; torchrun stops the other rank (SIGTERM) as soon as the
+    # first exits, so under load the second may be stopped before it prints: one paragraph or two, no more.
+    assert 1 <= len(found) <= 2, result.stderr
     assert all("batch_size (pretrain.common or the variant's) = 9 does not split into equal shares over 2 "
                "torchrun process(es)" in line for line in found)
     assert not (tmp_path / "out").exists()
