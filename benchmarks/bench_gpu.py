@@ -703,16 +703,14 @@ def generation_section(args, device, tokenizer, triples, progress):
         reference = next(r for r in rows if r["setting"] == f"HF generate, {label} weights")
         # How often the static loop samples the cache loop's candidate on the same batch (bf16: rare tokens differ)
         static, cache = first_batch.get(0), first_batch.get(2)
-        agreement = (sum(a == b for x, y in zip(static, cache) for a, b in zip(x, y))
-                     / sum(len(x) for x in static)) if static and cache else None
+        agreement = share_equal(static, cache) if static and cache else None
         # The same comparison in fp32 on this device: float noise of 1e-6, so nearly every candidate should agree
         fp32_agreement = None
         try:
             few = passages[:min(16, batch)]
             exact = [QueryGenerator(model, tokenizer, settings, batch_invariant=False, sync_every=8, decode=decode)
                      .generate_candidates(few, batch)[0] for decode in ("static", "cache")]
-            fp32_agreement = (sum(a == b for x, y in zip(*exact) for a, b in zip(x, y))
-                              / sum(len(x) for x in exact[0]))
+            fp32_agreement = share_equal(*exact)
         except Exception as error:          # noqa: BLE001 - the timed rows stand without it
             print(f"  fp32 agreement check failed: {type(error).__name__}: {error}", flush=True)
         # the first of ours that ran: the loop a stage on this device uses by default (querygen.decode: auto)
@@ -730,6 +728,11 @@ def generation_section(args, device, tokenizer, triples, progress):
                 "candidates equal between the static and the cache loop in fp32": fp32_agreement,
                 "ours / HF generate (same precision, same batch)": ratio, PROFILE: profile}
     return section
+
+
+def share_equal(first: list[list[str]], second: list[list[str]]) -> float:
+    """The share of candidates (passage by passage, in order) that two generation loops sampled alike."""
+    return sum(a == b for x, y in zip(first, second) for a, b in zip(x, y)) / sum(len(x) for x in first)
 
 
 def compile_section(args, device, tokenizer, triples, peak, progress):

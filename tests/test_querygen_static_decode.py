@@ -69,6 +69,20 @@ def test_static_decoding_takes_the_cache_loops_decisions(tokenizer, version, sam
     assert candidates < static_stats.tokens < 0.8 * candidates * sampled.max_new_tokens
 
 
+def decode_recording_logits(model, decoder, inputs, uniforms):
+    """Encode ``inputs`` with ``model`` and decode them with ``decoder``, recording each step's output logits
+    (as fp32): the encoder states, the decode result and the list of logits."""
+    steps = []
+    hook = decoder.head.register_forward_hook(lambda _, __, out: steps.append(out.detach().float()))
+    try:
+        with torch.no_grad():
+            hidden = model.get_encoder()(**inputs).last_hidden_state
+            result = decoder.decode(hidden, inputs["attention_mask"], uniforms, sync_every=1)
+    finally:
+        hook.remove()
+    return hidden, result, steps
+
+
 @pytest.mark.parametrize("version", ["1.0", "1.1"])
 def test_each_steps_logits_equal_huggingface_t5_on_the_candidates_prefix(tokenizer, version):
     """Teacher-forced oracle: the uncached model over start token + the tokens the static loop emitted."""
@@ -78,15 +92,7 @@ def test_each_steps_logits_equal_huggingface_t5_on_the_candidates_prefix(tokeniz
     texts = [text for _, text in PASSAGES[:3]]
     inputs = tokenizer(texts, truncation=True, max_length=48, padding=True, return_tensors="pt",
                        return_token_type_ids=False)
-    steps = []
-    hook = model.lm_head.register_forward_hook(lambda _, __, out: steps.append(out.detach().clone()))
-    try:
-        with torch.no_grad():
-            hidden = model.get_encoder()(**inputs).last_hidden_state
-            result = decoder.decode(hidden, inputs["attention_mask"], torch.rand(12, 7, dtype=torch.float64),
-                                    sync_every=1)
-    finally:
-        hook.remove()
+    hidden, result, steps = decode_recording_logits(model, decoder, inputs, torch.rand(12, 7, dtype=torch.float64))
     assert len(steps) == 7
     rows = torch.arange(12)
     prefix = torch.cat([torch.zeros(12, 1, dtype=torch.long), result.generated[:, :6]], 1)
@@ -111,16 +117,10 @@ def test_half_precision_decoding_keeps_half_weights_and_the_models_logits_to_bf1
     assert {p.dtype for p in model.parameters()} == {torch.float32}      # the model itself is left as it was
     inputs = tokenizer([text for _, text in PASSAGES[:2]], padding=True, return_tensors="pt",
                        return_token_type_ids=False)
-    steps = []
-    hook = decoder.head.register_forward_hook(lambda _, __, out: steps.append(out.detach().float()))
-    try:
-        with torch.no_grad():
-            hidden = model.get_encoder()(**inputs).last_hidden_state
-            decoder.decode(hidden, inputs["attention_mask"], torch.rand(4, 3, dtype=torch.float64), sync_every=1)
-            reference = model(encoder_outputs=(hidden,), attention_mask=inputs["attention_mask"],
-                              decoder_input_ids=torch.zeros(2, 1, dtype=torch.long)).logits[:, -1]
-    finally:
-        hook.remove()
+    hidden, _, steps = decode_recording_logits(model, decoder, inputs, torch.rand(4, 3, dtype=torch.float64))
+    with torch.no_grad():
+        reference = model(encoder_outputs=(hidden,), attention_mask=inputs["attention_mask"],
+                          decoder_input_ids=torch.zeros(2, 1, dtype=torch.long)).logits[:, -1]
     first = steps[0].reshape(4, -1)[::2]
     scale = float(reference.abs().max())
     # bf16 keeps 8 significant bits (relative rounding 2^-8 per operation); a 2-layer decoder compounds a few
