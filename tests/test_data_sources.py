@@ -209,6 +209,54 @@ def test_a_download_that_is_no_dataset_says_what_it_lacks(tmp_path):
     assert "corpus.jsonl is a folder, not a file" in message and "missing queries.jsonl" in message
 
 
+def _hostile_member(kind: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo({"climbs": "../escaped.txt", "absolute": "/tmp/escaped.txt"}.get(kind, "corpus.jsonl"))
+    if kind == "symlink out":
+        info.type, info.linkname = tarfile.SYMTYPE, "../../escaped.txt"
+    elif kind == "hard link out":
+        info.type, info.linkname = tarfile.LNKTYPE, "/etc/hostname"
+    elif kind == "device":
+        info.type = tarfile.CHRTYPE
+    return info
+
+
+@pytest.mark.parametrize("tar_filter", ["tarfile's data filter", "none (Python before 3.10.12 / 3.11.4)"])
+@pytest.mark.parametrize("kind", ["climbs", "absolute", "symlink out", "hard link out", "device"])
+def test_an_archive_member_pointing_outside_is_refused_before_anything_is_unpacked(tmp_path, monkeypatch, kind,
+                                                                                   tar_filter):
+    """The same refusal whether or not this Python's tarfile has the ``data`` filter: one paragraph naming the
+    member, nothing written outside the download folder, and no download folder left half-written."""
+    if tar_filter.startswith("none"):
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python's tarfile has no data filter")
+    site = tmp_path / "site"
+    site.mkdir()
+    with tarfile.open(site / "bundle.tar.gz", "w:gz") as bundle:
+        for name in ("queries.jsonl", "qrels/test.tsv"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            bundle.addfile(info, io.BytesIO(b"{}"))
+        hostile = _hostile_member(kind)
+        if hostile.isreg():
+            hostile.size = 2
+            bundle.addfile(hostile, io.BytesIO(b"{}"))
+        else:
+            bundle.addfile(hostile)
+    entry = {"format": "beir", "mirror": "tiny", "splits": ["test"]}
+    downloads = tmp_path / "work" / "downloads"
+    with serve(site) as base:
+        spec = DatasetSpec.from_params("tiny", DatasetEntry.model_validate({**entry, "url": f"{base}/bundle.tar.gz"}))
+        with pytest.raises(DatasetUnavailableError) as caught:
+            fetch_dataset(spec, tmp_path / "no-mirror", downloads)
+    message = str(caught.value)
+    assert message.startswith(f"dataset 'tiny': the download from {base}/bundle.tar.gz into ") and "\n" not in message
+    assert repr(hostile.name) in message
+    assert ("a device or a pipe" if kind == "device" else "points outside the archive") in message
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "work" / "escaped.txt").exists()
+    assert not downloads.exists() or not any(downloads.rglob("*.jsonl"))
+
+
 def test_the_dl19_subset_keeps_every_relevant_passage_then_judged_then_others(tmp_path):
     from qac.cli.dl19_subset_command import main
 

@@ -359,20 +359,42 @@ def download_and_unpack(url: str, target: str | os.PathLike, checksum: tuple[str
         if file_name.endswith(".zip"):
             unpacked = tmp / ".unpacked"
             with zipfile.ZipFile(archive) as bundle:
-                for member in bundle.namelist():
-                    if Path(member).is_absolute() or ".." in Path(member).parts:
-                        raise ValueError(f"{url}: archive member {member!r} points outside the archive")
+                _refuse_escaping_members(url, [(member, None) for member in bundle.namelist()])
                 bundle.extractall(unpacked)
             archive.unlink()
             _move_contents(unpacked, tmp)
         elif file_name.endswith((".tar.gz", ".tgz", ".tar")):
             unpacked = tmp / ".unpacked"
             with tarfile.open(archive) as bundle:
-                bundle.extractall(unpacked, filter="data")
+                _extract_tar(bundle, unpacked, url)
             archive.unlink()
             _move_contents(unpacked, tmp)
         (tmp / DOWNLOAD_RECORD).write_text(
             json.dumps({"url": url, "checksum": list(checksum) if checksum else None}) + "\n", encoding="utf-8")
+
+
+def _refuse_escaping_members(url: str, members: list[tuple[str, str | None]]) -> None:
+    """Refuse an archive one of whose ``(path, link target)`` members points outside it (an absolute path,
+    or one that climbs with ``..``), before anything is unpacked."""
+    for name, link in members:
+        if any(path is not None and (Path(path).is_absolute() or ".." in Path(path).parts) for path in (name, link)):
+            raise ValueError(f"{url}: archive member {name!r} points outside the archive")
+
+
+def _extract_tar(bundle: tarfile.TarFile, destination: Path, url: str) -> None:
+    """Unpack ``bundle`` into ``destination`` when no member, or link target, points outside it and none is a
+    device or a pipe. The same rules hold on every Python: tarfile's own ``data`` filter, which also drops
+    unsafe permission bits, arrived in 3.10.12 and 3.11.4 (and Debian 12's 3.11.2 lacks it)."""
+    members = bundle.getmembers()
+    _refuse_escaping_members(url, [(member.name, member.linkname if member.issym() or member.islnk() else None)
+                                   for member in members])
+    special = next((member.name for member in members if member.isdev()), None)
+    if special is not None:
+        raise ValueError(f"{url}: archive member {special!r} is a device or a pipe, not a file")
+    if hasattr(tarfile, "data_filter"):
+        bundle.extractall(destination, members, filter="data")
+    else:
+        bundle.extractall(destination, members)
 
 
 def download_file(url: str, md5: str | None, cache: Path, name: str, owner: str, md5_key: str,
@@ -388,7 +410,7 @@ def download_file(url: str, md5: str | None, cache: Path, name: str, owner: str,
         warnings.warn(f"{owner}: {url} has no pinned checksum ({md5_key})", warning, stacklevel=3)
     try:
         download_and_unpack(url, cache, checksum=checksum)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, zipfile.BadZipFile, tarfile.TarError) as error:
         raise DatasetUnavailableError(f"{owner}: the download {what}from {url} into {cache} failed: {error}") from None
     if not (cache / name).is_file():
         raise DatasetUnavailableError(f"{owner}: {url} did not give {name} in {cache}")
