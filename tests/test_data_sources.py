@@ -168,14 +168,22 @@ def test_a_malformed_relevance_line_names_file_line_and_field(tmp_path):
     assert not (tmp_path / "out" / "qrels").exists()
 
 
-def test_a_converted_download_is_read_as_beir(tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    with tarfile.open(site / "cran.tar.gz", "w:gz") as bundle:
-        for name, content in {"cran.all.1400": CRAN_ALL, "cran.qry": CRAN_QRY, "cranqrel": CRANQREL}.items():
+def _write_tar(path: Path, files: dict[str, str], others: tuple[tarfile.TarInfo, ...] = ()) -> None:
+    """A gzipped tar at ``path`` of the regular ``files`` (name -> text), then the members ``others`` (links,
+    devices), which carry no data."""
+    with tarfile.open(path, "w:gz") as bundle:
+        for name, content in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(content.encode())
             bundle.addfile(info, io.BytesIO(content.encode()))
+        for info in others:
+            bundle.addfile(info)
+
+
+def test_a_converted_download_is_read_as_beir(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    _write_tar(site / "cran.tar.gz", {"cran.all.1400": CRAN_ALL, "cran.qry": CRAN_QRY, "cranqrel": CRANQREL})
     entry = {"format": "beir", "mirror": "cranfield", "splits": ["test"], "convert": "cranfield"}
     with serve(site) as base:
         spec = DatasetSpec.from_params("cranfield",
@@ -194,11 +202,7 @@ def test_a_download_that_is_no_dataset_says_what_it_lacks(tmp_path):
     and where it was unpacked; a folder standing where corpus.jsonl should be is said to be one."""
     site = tmp_path / "site"
     site.mkdir()
-    with tarfile.open(site / "other.tar.gz", "w:gz") as bundle:
-        for name in ("notes.txt", "corpus.jsonl/part-0"):
-            info = tarfile.TarInfo(name)
-            info.size = 2
-            bundle.addfile(info, io.BytesIO(b"{}"))
+    _write_tar(site / "other.tar.gz", dict.fromkeys(("notes.txt", "corpus.jsonl/part-0"), "{}"))
     entry = {"format": "beir", "mirror": "tiny", "splits": ["test"]}
     with serve(site) as base:
         spec = DatasetSpec.from_params("tiny", DatasetEntry.model_validate({**entry, "url": f"{base}/other.tar.gz"}))
@@ -232,17 +236,11 @@ def test_an_archive_member_pointing_outside_is_refused_before_anything_is_unpack
         pytest.skip("this Python's tarfile has no data filter")
     site = tmp_path / "site"
     site.mkdir()
-    with tarfile.open(site / "bundle.tar.gz", "w:gz") as bundle:
-        for name in ("queries.jsonl", "qrels/test.tsv"):
-            info = tarfile.TarInfo(name)
-            info.size = 2
-            bundle.addfile(info, io.BytesIO(b"{}"))
-        hostile = _hostile_member(kind)
-        if hostile.isreg():
-            hostile.size = 2
-            bundle.addfile(hostile, io.BytesIO(b"{}"))
-        else:
-            bundle.addfile(hostile)
+    hostile = _hostile_member(kind)
+    files = dict.fromkeys(("queries.jsonl", "qrels/test.tsv"), "{}")
+    if hostile.isreg():
+        files[hostile.name] = "{}"
+    _write_tar(site / "bundle.tar.gz", files, () if hostile.isreg() else (hostile,))
     entry = {"format": "beir", "mirror": "tiny", "splits": ["test"]}
     downloads = tmp_path / "work" / "downloads"
     with serve(site) as base:
