@@ -175,9 +175,9 @@ def _leading_comment(path: Path) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def _params_body(params: dict[str, Any]) -> str:
-    return yaml.dump(params, Dumper=yaml_dumper(), sort_keys=False, default_flow_style=None, width=100,
-                     allow_unicode=False)
+def _params_body(params: dict[str, Any], colons_in_flow: bool = False) -> str:
+    return yaml.dump(params, Dumper=yaml_dumper(colons_in_flow), sort_keys=False, default_flow_style=None,
+                     width=100, allow_unicode=False)
 
 
 def _digest(body: str) -> str:
@@ -240,7 +240,7 @@ def params_hand_edited(path: str | os.PathLike) -> bool:
                    if line.startswith(_VALUES_DIGEST_PREFIX)), None)
     if values is None:
         return True
-    return _digest(_params_body(read_yaml(text))) != values
+    return _digest(_params_body(read_yaml(text), colons_in_flow=True)) != values   # as those renders wrote it
 
 
 class HandEditedParams(RuntimeError):

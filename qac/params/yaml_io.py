@@ -51,23 +51,49 @@ def yaml_loader():
 
 
 _LOADER = None
-_DUMPER = None
+_DUMPERS: dict = {}
 _YAML12_FLOAT = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
 
 
-def yaml_dumper():
-    """A PyYAML SafeDumper that quotes strings :func:`yaml_loader` would read as floats (``'5e-05'``)."""
+def yaml_dumper(colons_in_flow: bool = False):
+    """A PyYAML SafeDumper that quotes strings :func:`yaml_loader` would read as floats (``'5e-05'``).
+
+    With ``default_flow_style=None`` (a collection of scalars on one line) it keeps a collection holding a
+    string with a colon in block style. `dvc exp run -S` rewrites a params file with ruamel.yaml, which
+    drops the quotes around ``'24:00:00'`` or ``'https://...'`` as YAML 1.2 allows; inside ``{...}`` or
+    ``[...]`` libyaml (YAML 1.1) then cannot read the file back ("found unexpected ':'"), and DVC reads
+    params with libyaml wherever ruamel.yaml's C extension is installed. On a line of its own the unquoted
+    value reads the same in both. ``colons_in_flow``: without that rule, as renders before it wrote.
+    """
     import yaml
 
-    global _DUMPER
-    if _DUMPER is None:
-        class ParamsDumper(yaml.SafeDumper):
+    if not _DUMPERS:
+        class EarlierParamsDumper(yaml.SafeDumper):
             pass
 
-        ParamsDumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_YAML12_FLOAT),
-                                           list("-+0123456789."))
-        _DUMPER = ParamsDumper
-    return _DUMPER
+        EarlierParamsDumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_YAML12_FLOAT),
+                                                  list("-+0123456789."))
+
+        class ParamsDumper(EarlierParamsDumper):
+            def represent_mapping(self, tag, mapping, flow_style=None):
+                return _block_if_colons(super().represent_mapping(tag, mapping, flow_style))
+
+            def represent_sequence(self, tag, sequence, flow_style=None):
+                return _block_if_colons(super().represent_sequence(tag, sequence, flow_style))
+
+        _DUMPERS.update({True: EarlierParamsDumper, False: ParamsDumper})
+    return _DUMPERS[colons_in_flow]
+
+
+def _block_if_colons(node):
+    """``node`` in block style if it would be a flow collection with a colon in one of its strings."""
+    import yaml
+
+    if node.flow_style:
+        items = [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else node.value
+        if any(isinstance(item, yaml.ScalarNode) and ":" in item.value for item in items):
+            node.flow_style = False
+    return node
 
 
 # Values a params file may hold once its aliases are expanded: a profile holds a few thousand, while nested
