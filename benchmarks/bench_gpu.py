@@ -941,7 +941,7 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, help="folder for bench_gpu.json and bench_gpu.md")
     parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: every path once")
     parser.add_argument("--budget-s", type=float, default=None,
-                        help="seconds of timing per section (default 40; dry run 1)")
+                        help="seconds of timing per section (default 40; dry run 0: one timed call)")
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="wall seconds for all sections: each is stopped where it would run past (and a "
                              "section left without time is recorded as not started)")
@@ -965,7 +965,8 @@ def parse_args(argv):
         parser.error("--out is required (the folder the figures are written to)")
     dry = args.dry_run
     args.model = args.model or f"{'tiny' if dry else 'scratch'}:{MODEL_DIR}"
-    args.budget_s = args.budget_s if args.budget_s is not None else (1.0 if dry else 40.0)
+    # A dry run times each path once (after its warm-up): it checks that the path runs, it measures nothing.
+    args.budget_s = args.budget_s if args.budget_s is not None else (0.0 if dry else 40.0)
     # A dry run is a check that every path runs, not a measurement: the smallest sizes that still exercise it
     # (a gradient cache of two chunks, batches that differ, passages cut at their maximum length).
     args.max_len = args.max_len or (48 if dry else 144)

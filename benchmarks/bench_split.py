@@ -27,11 +27,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from qac.benchmarking import (machine_summary, markdown_table, positive_int,  # noqa: E402
                               report_destination, write_section)
-from qac.config import data_mirror  # noqa: E402
-from qac.data.beir import iter_corpus_jsonl  # noqa: E402
-from qac.data.punkt import prepare_punkt  # noqa: E402
-from qac.data.splitting import SplitSettings, iter_split_corpus  # noqa: E402
-from qac.params import base_settings  # noqa: E402
 
 CHUNK_SIZE = 64
 
@@ -48,6 +43,8 @@ def time_split(documents, punkt_dir, settings, *, workers: int, batched: bool, t
     Steady state starts when the first chunk comes back: worker start-up (imports,
     tokenizer loading) is then over, and it varies a lot on a loaded machine.
     """
+    from qac.data.splitting import iter_split_corpus
+
     wall, cpu = time.perf_counter(), cpu_seconds()
     splits, first = [], None
     for split in iter_split_corpus(documents, tokenizer_spec=tokenizer, punkt_dir=punkt_dir, settings=settings,
@@ -76,6 +73,13 @@ def main(argv=None) -> int:
     args.report = report_destination(args.report, args.small)
     if args.small:
         args.documents, args.workers = args.documents or 100, 1
+
+    # After the command line: NLTK alone takes seconds to import, and a bad argument is refused at once.
+    from qac.config import data_mirror
+    from qac.data.beir import iter_corpus_jsonl
+    from qac.data.punkt import prepare_punkt
+    from qac.data.splitting import SplitSettings
+    from qac.params import base_settings
 
     corpus = data_mirror() / "scifact" / "corpus.jsonl"
     documents = [(d.doc_id, d.full_text) for d in itertools.islice(iter_corpus_jsonl(corpus), args.documents)]
