@@ -201,6 +201,46 @@ def test_dvc_runs_every_stage_once_two_at_a_time_and_then_has_nothing_to_do(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stage", ["pretrain@none", "a-new-stage"])
+def test_a_lock_rewritten_from_a_plain_read_is_the_bytes_dvc_writes(stage, tmp_path, monkeypatch):
+    """The forked DVC reads dvc.lock plainly before rewriting it (qac.parallel_repro.read_locks_plainly): on the
+    smoke profile's lock, replacing a stage's entry or adding one gives DVC's own bytes, and so does a lock
+    written for the first time."""
+    from dvc import dvcfile
+    from dvc.utils.serialize import _yaml
+
+    from qac.parallel_repro import read_locks_plainly
+
+    monkeypatch.setattr(dvcfile, "modify_yaml", _yaml.modify_yaml)      # put back after the test
+    read_locks_plainly()
+    assert dvcfile.modify_yaml is not _yaml.modify_yaml
+    entry = {"cmd": "python pipelines/pretrain.py --variant none",
+             "deps": [{"path": "data/smoke/passages.arrow", "hash": "md5", "md5": "0" * 32, "size": 1}],
+             "params": {"profiles/smoke/params.yaml": {"pretrain.common": {"lr": 5e-05, "time": "24:00:00"}}},
+             "outs": [{"path": "data/smoke/pretrain/none", "hash": "md5", "md5": "1" * 32 + ".dir", "size": 2,
+                       "nfiles": 3}]}
+    smoke_lock = (Path(__file__).resolve().parent.parent / "profiles" / "smoke" / "dvc.lock").read_text()
+    written = {}
+    for name, modify in (("round trip", _yaml.modify_yaml), ("plain", dvcfile.modify_yaml)):
+        for start in ("smoke", "none"):
+            lock = tmp_path / name / start / "dvc.lock"
+            lock.parent.mkdir(parents=True)
+            if start == "smoke":
+                lock.write_text(smoke_lock)
+            with modify(str(lock)) as data:
+                data.setdefault("schema", "2.0")
+                data.setdefault("stages", {})[stage] = entry
+            written[name, start] = lock.read_bytes()
+    assert written["plain", "smoke"] == written["round trip", "smoke"]
+    assert written["plain", "none"] == written["round trip", "none"]
+    assert written["plain", "smoke"] != smoke_lock.encode()
+    params = tmp_path / "params.yaml"          # any other file keeps DVC's round trip, comments and all
+    params.write_text("# kept\nseed: 1\n")
+    with dvcfile.modify_yaml(str(params)) as data:
+        data["seed"] = 2
+    assert params.read_text() == "# kept\nseed: 2\n"
+
+
 def test_a_forked_dvc_runs_the_stage_in_the_given_folder_and_environment_and_logs_as_the_command(tmp_path):
     root = tmp_path / "project"
     root.mkdir()
