@@ -10,7 +10,8 @@ Every stage still runs through DVC, one ``dvc --wait-for-lock repro
 --single-item <pipeline>:<stage>`` each (DVC's own ``main`` in a forked copy
 of this process when stages start warm, else the ``dvc`` command): DVC checks the stage, runs its
 command, caches its outputs and writes its entry in the profile's
-``dvc.lock``, exactly as a whole `dvc repro` would. DVC lets go of its
+``dvc.lock``, exactly as a whole `dvc repro` would (the forked copy reads the
+lock plainly before rewriting it: :func:`read_locks_plainly`). DVC lets go of its
 repository lock while a stage's command runs and takes it again to record the
 stage (``--wait-for-lock`` makes the other runs wait for it instead of
 failing), and its per-stage read/write locks keep a stage from reading an
