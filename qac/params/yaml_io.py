@@ -76,24 +76,22 @@ def yaml_dumper(colons_in_flow: bool = False):
 
         class ParamsDumper(EarlierParamsDumper):
             def represent_mapping(self, tag, mapping, flow_style=None):
-                return _block_if_colons(super().represent_mapping(tag, mapping, flow_style))
+                node = super().represent_mapping(tag, mapping, flow_style)
+                return self._block_if_colons(node, [item for pair in node.value for item in pair])
 
             def represent_sequence(self, tag, sequence, flow_style=None):
-                return _block_if_colons(super().represent_sequence(tag, sequence, flow_style))
+                node = super().represent_sequence(tag, sequence, flow_style)
+                return self._block_if_colons(node, node.value)
+
+            @staticmethod
+            def _block_if_colons(node, items):
+                """``node`` in block style if it would be a flow collection with a colon in one of its strings."""
+                if node.flow_style and any(isinstance(item, yaml.ScalarNode) and ":" in item.value for item in items):
+                    node.flow_style = False
+                return node
 
         _DUMPERS.update({True: EarlierParamsDumper, False: ParamsDumper})
     return _DUMPERS[colons_in_flow]
-
-
-def _block_if_colons(node):
-    """``node`` in block style if it would be a flow collection with a colon in one of its strings."""
-    import yaml
-
-    if node.flow_style:
-        items = [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else node.value
-        if any(isinstance(item, yaml.ScalarNode) and ":" in item.value for item in items):
-            node.flow_style = False
-    return node
 
 
 # Values a params file may hold once its aliases are expanded: a profile holds a few thousand, while nested
