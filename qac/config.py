@@ -72,6 +72,11 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
         params = expand_seeds(deep_merge(base, override))
     except ParamsError as error:        # named at the profile's own file, where a profile's seeds are written
         raise ParamsError(source, error.problems, source_lines) from None
+    written = override.get("profile", name) if isinstance(override, dict) else name
+    if written != name:     # the file is the profile: a different name inside it is a mistake, not an override
+        raise ParamsError(source, [Problem("profile", f"is {written!r} in the file of profile {name!r}: leave "
+                                                      f"the key out (the file's name is the profile) or write "
+                                                      f"profile: {name}")], source_lines)
     params["profile"] = name
     try:
         validate_params(params)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from qac.errors import UserError
 from qac.params.sections import Params
+from qac.params.yaml_io import yaml11_reading
 
 
 class Problem(typing.NamedTuple):
@@ -164,8 +165,19 @@ def _type_problem(items: list[dict]) -> str:
     hint = ""
     if isinstance(given, str) and re.fullmatch(r"\s*[-+]?(?=[._]*[0-9])[0-9._]+([eE][-+]?[0-9]+)?\s*", given):
         hint = " (a number written as a string: drop the quotes)"
+    elif isinstance(given, str) and (older := yaml11_reading(given)) is not None:
+        # `yes`, `off`, `1:30`: YAML 1.1 tools read them as booleans or numbers, DVC's YAML 1.2 as strings.
+        hint = (f" (YAML 1.2, by which DVC and qac read params, reads {given} as a string where YAML 1.1 "
+                f"read {older!r}: write {_yaml12_spelling(older)} if that is meant)")
     verb = "must be" if ranged else "expected"
     return f"{verb} {' or '.join(expectations)}, found {_shown(given)}{hint}"
+
+
+def _yaml12_spelling(value: Any) -> str:
+    """``value`` as a params file writes it for DVC's YAML 1.2 reader: ``true``, ``90``, ``0o10``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value)
 
 
 # Names other tools give a setting, and the key qac uses for it (suggested when that key exists there).

@@ -13,6 +13,7 @@ from qac.params.locations import PROFILE_NAMES, params_path
 from qac.params.sections import Params
 from qac.params.validation import validate_params
 from qac.params.reading import read_params_file
+from qac.params.yaml_io import key_lines
 
 T = TypeVar("T")
 
@@ -38,7 +39,50 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
     text, params = read_params_file(path)
     if not isinstance(params, dict) or "profile" not in params:
         raise ParamsError(path, [Problem("", "not a qac params file (no 'profile' key)")])
+    problem = profile_folder_problem(path, params["profile"])
+    if problem is not None:
+        raise ParamsError(path, [problem], key_lines(text))
+    _check_stage_profile(path)
     return validate_params(params, path, text)
+
+
+def _check_stage_profile(path: Path) -> None:
+    """Under ``dvc repro``, refuse to run a stage whose own profile folder's params name another profile.
+
+    The stage's command reads ``profiles/${profile}/params.yaml``: with ``profile: default`` written in
+    ``profiles/smoke/params.yaml`` a smoke stage would read and write the default profile's files, and the
+    file it reads is valid. DVC names the stage's dvc.yaml in ``DVC_STAGE`` (relative to where DVC was
+    started; the repository root is the usual place, and the one checked here).
+    """
+    stage, root = os.environ.get("DVC_STAGE", ""), os.environ.get("DVC_ROOT")
+    if ":" not in stage or not root:
+        return
+    own = (Path(root) / stage.rpartition(":")[0]).parent / "params.yaml"
+    if not own.is_file() or own.resolve() == path.resolve():
+        return
+    text, params = read_params_file(own)
+    profile = params.get("profile") if isinstance(params, dict) else None
+    problem = profile_folder_problem(own, profile)
+    if problem is not None:
+        raise ParamsError(own, [problem], key_lines(text))
+
+
+def profile_folder_problem(path: str | os.PathLike, profile: Any) -> Problem | None:
+    """Why the ``profile`` written in a profile's own file (``profiles/<name>/params.yaml``) is not its folder's.
+
+    The folder's dvc.yaml and lock belong to that profile, while the stages write under
+    ``data/<profile>/``: another name would put one profile's outputs in another's lock. A file
+    elsewhere (a small study's, a test's) names whatever profile it likes.
+    """
+    path = Path(path).absolute()
+    folder = path.parent
+    in_profiles = folder.parent.name == "profiles" or (folder.parent / "base.yaml").is_file()
+    if path.name != "params.yaml" or not in_profiles or profile == folder.name:
+        return None
+    return Problem("profile", f"is {profile!r} in the folder of profile {folder.name!r} ({folder}): a profile's "
+                              f"params file names its own folder's profile, as its dvc.yaml and dvc.lock are that "
+                              f"profile's and the stages write under data/<profile>/; write profile: {folder.name}, "
+                              f"or copy the file outside profiles/ to run it as another profile")
 
 
 def base_params() -> Params:

@@ -14,7 +14,7 @@ from typing import Any
 
 from qac.io import NotUtf8, decode_utf8
 from qac.params.errors import ParamsError, Problem
-from qac.params.yaml_io import read_yaml
+from qac.params.yaml_io import key_lines, read_yaml
 
 
 # Beyond this a file is not a profile's parameters: reading and checking it would take minutes and gigabytes.
@@ -46,5 +46,13 @@ def read_params_file(path: str | os.PathLike) -> tuple[str, Any]:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ParamsError(path, [Problem("", f"not valid YAML{line}: {getattr(error, 'problem', None) or error}")]) \
-            from None
+        key = _key_at_line(text, mark.line + 1) if mark else None
+        where = f" (key {key})" if key else ""
+        raise ParamsError(path, [Problem("", f"not valid YAML{line}{where}: "
+                                             f"{getattr(error, 'problem', None) or error}")]) from None
+
+
+def _key_at_line(text: str, line: int) -> str | None:
+    """The deepest dotted key written on ``line``, when the text composes (a value that fails to construct)."""
+    keys = [key for key, number in key_lines(text).items() if number == line]
+    return max(keys, key=lambda key: key.count("."), default=None)
