@@ -213,3 +213,37 @@ def test_a_fine_tuned_retriever_loads_in_sentence_transformers_with_the_vectors_
     theirs = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
     # float32 rounding of vectors of this magnitude, batched differently
     np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-5 * float(np.abs(ours).max()))
+
+
+def test_sentence_transformers_gives_the_stages_run_and_rr_at_10_through_encode_query_and_encode_document(evaluated):
+    """Retriever 2 handed to sentence-transformers as its folder is: its query and document routes keep the
+    folder's two lengths, so searching its vectors scores every split as the evaluate stage scored it."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from qac.data.prepared import load_prepared
+    from qac.evaluation.split_evaluation import evaluate_split, evaluation_splits
+    from qac.models.encoding import read_encoding
+    from qac.retrieval import document_text
+    from qac.retrieval.search import dense_search
+
+    root, params = evaluated
+    data = root / "data" / "smoke"
+    folder = data / "finetune" / "none" / "r2"
+    encoding = read_encoding(folder)
+    assert encoding.query_max_len < encoding.passage_max_len      # otherwise one length would pass for both
+    dataset = load_prepared(data / "datasets" / "tinyset")
+    model = SentenceTransformer(str(folder), device="cpu")
+    doc_ids = list(dataset.corpus)
+    documents = model.encode_document([document_text(dataset.corpus[d].title, dataset.corpus[d].text,
+                                                     encoding.title_separator) for d in doc_ids],
+                                      convert_to_numpy=True)
+    for split in evaluation_splits(dataset):
+        queries = dataset.split_queries(split)
+        vectors = model.encode_query(list(queries.values()), convert_to_numpy=True)
+        run = dense_search(list(queries), vectors, doc_ids, documents, k=params["evaluate"]["depth"])
+        theirs = evaluate_split(dataset, split, run, ["RR@10"]).per_query["RR@10"]
+        ours = json.loads((data / "eval" / "none" / "r2" / "tinyset" / f"{split}.per_query.json").read_text())
+        assert sorted(theirs) == sorted(ours["RR@10"])
+        np.testing.assert_allclose([theirs[q] for q in sorted(theirs)],
+                                   [ours["RR@10"][q] for q in sorted(theirs)], atol=1e-6)

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qac.models.encoding import POOLINGS, Encoding, read_encoding, write_encoding
+from qac.models.encoding import (POOLINGS, Encoding, encoder_arguments, loading_arguments, read_encoding,
+                                 write_encoding)
 from qac.models.losses import gather_with_grad
 
 
@@ -80,12 +81,14 @@ class BiEncoder(nn.Module):
         """
         from qac.models.loading import load_model
 
-        declared = read_encoding(path) if Path(path).is_dir() else None
+        folder = Path(path).is_dir()
+        declared = read_encoding(path) if folder else None
         if pooling is None:
             pooling = declared.pooling if declared else "cls"
         if normalize is None:
             normalize = declared.normalize if declared else False
-        return cls(load_model(str(path)), pooling=pooling, temperature=temperature, normalize=normalize)
+        encoder = load_model(str(path), **(loading_arguments(path) if folder else {}))
+        return cls(encoder, pooling=pooling, temperature=temperature, normalize=normalize)
 
     def save(self, path: str | Path, tokenizer=None, *, query_max_len: int, passage_max_len: int,
              title_separator: str = " ") -> None:
@@ -99,7 +102,7 @@ class BiEncoder(nn.Module):
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
         write_encoding(path, self.encoding(query_max_len, passage_max_len, title_separator),
-                       self.encoder.config.hidden_size)
+                       self.encoder.config.hidden_size, encoder_arguments(self.encoder))
 
     def encoding(self, query_max_len: int, passage_max_len: int, title_separator: str = " ") -> Encoding:
         """How this retriever encodes at those lengths."""

@@ -7,15 +7,22 @@ database) loads it as it is and gets our vectors:
 
 - ``modules.json``: Transformer, then Pooling, then Normalize when the
   retriever scores by cosine;
-- ``sentence_bert_config.json``: ``max_seq_length``, the tokens of a document
-  (the corpus length);
+- ``sentence_bert_config.json``: ``query_length`` and ``document_length``, the
+  tokens ``encode_query`` and ``encode_document`` keep (queries are cut shorter
+  than documents; sentence-transformers 6 reads both), ``max_seq_length`` (a
+  document's length, what a plain ``encode`` and older versions keep), and
+  ``model_args`` with ``add_pooling_layer: false`` where the encoder's class
+  has a pooler that the retriever never used (it was dropped before training:
+  loading it back would report "newly initialized" weights that no vector
+  goes through);
 - ``1_Pooling/config.json``: [CLS] or masked mean;
 - ``config_sentence_transformers.json``: the similarity (dot or cosine).
 
-What sentence-transformers has no place for goes into ``retriever.json``:
-the query length (queries are cut shorter than documents) and the text put
-between a document's title and its body. The evaluation reads all of it back
-(:func:`read_encoding`) instead of the fine-tuning parameters.
+What sentence-transformers has no place for goes into ``retriever.json``: the
+text put between a document's title and its body. The evaluation reads all of
+it back (:func:`read_encoding`) instead of the fine-tuning parameters; a folder
+written before the per-side lengths keeps its query length in ``retriever.json``,
+where it is still read.
 
 No library version is written into these files, so the same weights give the
 same folder whatever is installed.
@@ -55,8 +62,18 @@ def _write_json(path: Path, value) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
 
 
-def write_encoding(folder: str | Path, encoding: Encoding, dimension: int) -> None:
-    """Write the sentence-transformers files and ``retriever.json`` beside the encoder in ``folder``."""
+def encoder_arguments(encoder) -> dict:
+    """What ``from_pretrained`` needs to build ``encoder`` as it was saved: ``add_pooling_layer=False``
+    for a model class with a pooler (BERT, RoBERTa, ...) whose pooler was dropped, else nothing."""
+    import inspect
+
+    accepts = "add_pooling_layer" in inspect.signature(type(encoder).__init__).parameters
+    return {"add_pooling_layer": False} if accepts and getattr(encoder, "pooler", None) is None else {}
+
+
+def write_encoding(folder: str | Path, encoding: Encoding, dimension: int, model_args: dict | None = None) -> None:
+    """Write the sentence-transformers files and ``retriever.json`` beside the encoder in ``folder``;
+    ``model_args`` (:func:`encoder_arguments`) go to ``from_pretrained`` when the folder is loaded."""
     folder = Path(folder)
     modules = [{"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": _POOLING}]
@@ -65,7 +82,9 @@ def write_encoding(folder: str | Path, encoding: Encoding, dimension: int) -> No
         (folder / "2_Normalize").mkdir(parents=True, exist_ok=True)
     _write_json(folder / "modules.json", modules)
     _write_json(folder / "sentence_bert_config.json",
-                {"max_seq_length": encoding.passage_max_len, "do_lower_case": False})
+                {"max_seq_length": encoding.passage_max_len, "query_length": encoding.query_max_len,
+                 "document_length": encoding.passage_max_len, "do_lower_case": False,
+                 **({"model_args": model_args} if model_args else {})})
     _write_json(folder / "1_Pooling" / "config.json", {
         "word_embedding_dimension": dimension,
         "pooling_mode_cls_token": encoding.pooling == "cls",
@@ -79,8 +98,7 @@ def write_encoding(folder: str | Path, encoding: Encoding, dimension: int) -> No
     _write_json(folder / "config_sentence_transformers.json",
                 {"prompts": {}, "default_prompt_name": None,
                  "similarity_fn_name": "cosine" if encoding.normalize else "dot"})
-    _write_json(folder / RETRIEVER_FILE, {"query_max_len": encoding.query_max_len,
-                                          "title_separator": encoding.title_separator})
+    _write_json(folder / RETRIEVER_FILE, {"title_separator": encoding.title_separator})
 
 
 def read_encoding(folder: str | Path) -> Encoding | None:
@@ -96,6 +114,17 @@ def read_encoding(folder: str | Path) -> Encoding | None:
     if len(modes) != 1:
         raise ValueError(f"{folder / '1_Pooling' / 'config.json'}: pools by none or several of "
                          f"{', '.join(POOLINGS)}; qac reads exactly one")
+    query_max_len = lengths.get("query_length", own.get("query_max_len"))
     return Encoding(pooling=modes[0], normalize=any(module["type"] == _NORMALIZE for module in modules),
-                    query_max_len=int(own["query_max_len"]), passage_max_len=int(lengths["max_seq_length"]),
+                    query_max_len=int(query_max_len),
+                    passage_max_len=int(lengths.get("document_length", lengths["max_seq_length"])),
                     title_separator=own.get("title_separator", " "))
+
+
+def loading_arguments(folder: str | Path) -> dict:
+    """The ``from_pretrained`` arguments a retriever folder declares (``model_args``), so that qac loads
+    it as sentence-transformers does; none for a plain encoder folder."""
+    config = Path(folder) / "sentence_bert_config.json"
+    if not config.is_file():
+        return {}
+    return dict(json.loads(config.read_text(encoding="utf-8")).get("model_args") or {})
