@@ -206,18 +206,20 @@ def test_tables_show_the_spread_and_a_missing_seed_leaves_the_row_empty(seeded_s
     assert cell.value is None and "no evaluation output" in cell.note   # never the first seed alone
 
 
-def test_the_reproduction_check_widens_to_the_seed_spread(seeded_study):
+def test_the_reproduction_check_takes_the_prior_below_three_seeds(seeded_study):
     from qac.reporting.check import Expected, judge
     from qac.reporting.lineage import load_study
     from qac.reporting.tables import build_tables
 
     params, data, _ = seeded_study
     tables = build_tables(load_study(params, data), params)
-    # Ours 50 over seeds 40 and 60 (sd 14.1, band 2 x 14.1 x sqrt(1.5) = 34.6) beats the sampling error (5.0).
-    [judged] = judge(tables, [Expected("table1", "coCondenser+QaC (C=5), retriever 1", RR, 37.4, "percent",
-                                       rounding=0.05)])
-    assert judged.verdict == "within noise" and judged.basis == "seed spread"
-    assert "2 sd of one run across 2 seeds (sd 14.1) x sqrt(1 + 1/2)" in judged.line()
+    expected = Expected("table1", "coCondenser+QaC (C=5), retriever 1", RR, 37.4, "percent", rounding=0.05)
+    # Ours 50 over seeds 40 and 60: two seeds cannot measure a spread, so the prior in params decides.
+    [judged] = judge(tables, [expected], params.check.training_noise)
+    assert judged.basis == "training noise prior" and "x sqrt(1 + 1/2); prior: estimate" in judged.line()
+    assert judged.verdict == "differs"
+    [judged] = judge(tables, [expected])        # no prior either: the rounding alone
+    assert judged.band is None and judged.verdict == "differs"
 
 
 def test_the_cell_plan_counts_the_seeds():

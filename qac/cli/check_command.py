@@ -6,16 +6,20 @@ data/<profile>/ (no MLflow store needed) and compares every cell listed in
 the profile's expected file (params `check.expected`, e.g.
 profiles/expected/smoke.yaml). The file's kind says how (see
 qac/reporting/check.py): a *rerun* check (smoke, default: the profile's own
-recorded run) holds each cell to two items' worth (queries, candidates,
-documents) of the measure averaged over them, counts exactly, OK / FAIL; a
-*reproduction* check (paper: the published figures) says per cell
-reproduced / within noise / differs and which basis decided it (the
-figure's rounding, our sampling error, our seed spread). Prints a summary
-line; exits 0 when every cell passes, 1 when any is outside or missing, 2
-when the profile has not run (nothing to check) or its files are wrong.
+recorded run) says whether the outputs have the recorded bytes, move within
+the spread other machines were measured to give, or differ, and names both
+machines; a *reproduction* check (paper: the published figures) says per cell
+reproduced / within noise / differs and which basis decided it (rounding,
+training noise from seeds or the prior in params, float noise for a
+deterministic row), then the family's verdict. Every profile also gets one
+`CLAIM` line per claim of the paper (qac/reporting/claims.yaml). Exits 0 when
+the family passes, 1 when it does not (or, for a reproduction, a claim is
+contradicted), 2 when the profile has not run or its files are wrong.
 
 `qac check --record` writes the expected file from the current outputs (for
-the paper profile: from the paper's published values).
+the paper profile: from the paper's published values); `--machine-runs` adds
+other machines' records of the same profile as the measured basis of its
+bands (benchmarks/bench_kernel_sets.py makes them).
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the expected file from the current outputs instead of checking")
     parser.add_argument("--from-paper", action="store_true",
                         help="with --record: the paper's values of the same cells (the paper profile's default)")
-    parser.add_argument("--failures-only", action="store_true", help="print only FAIL lines and the summary")
+    parser.add_argument("--machine-runs", nargs="+", default=(), metavar="FILE",
+                        help="with --record: other machines' records of this profile (their `qac check --record` "
+                             "files), kept as the measured spread of a rerun")
+    parser.add_argument("--failures-only", action="store_true",
+                        help="print only the cells outside their bands, the claims and the summary")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from qac.params import load_params
     from qac.reporting import check
     from qac.reporting.generator_report import checked_table
+    from qac.reporting.claims import CONTRADICTED, claims_summary, judge_claims
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.machine import machine_environment
+    from qac.reporting.tables import TableContext, build_tables
 
     def tables_of(study):
         return [*build_tables(study, params), checked_table(study)]
@@ -62,27 +72,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.record:
-        from_paper = args.from_paper or params["profile"] == "paper"
-        tables = tables_of(load_study(params, args.data, declared_variants=from_paper))
-        document = check.record(tables, params["profile"], from_paper=from_paper)
-        if not document["cells"]:
-            print(f"qac check: no cells to record under {args.data or 'data/' + params['profile']}: "
-                  "run the pipeline first", file=sys.stderr)
-            return 2
-        dropped = _cells_without_outputs(path, document) if not from_paper else []
-        if dropped:
-            data = args.data or f"data/{params['profile']}"
-            shown = "; ".join(f"{cell.table} / {cell.row} / {cell.column}" for cell in dropped[:5])
-            more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
-            print(f"qac check: {len(dropped)} cell{'s' if len(dropped) > 1 else ''} of {path.as_posix()} would be "
-                  f"dropped because the outputs behind them are missing under {data} "
-                  f"({shown}{more}). Run the profile first (`dvc repro profiles/{params['profile']}/dvc.yaml`) and "
-                  f"record again; {path.as_posix()} is left as it is (delete it first to record only the cells there "
-                  "are).", file=sys.stderr)
-            return 2
-        check.write_expected(document, path)
-        print(f"qac check: recorded {len(document['cells'])} cells in {path.as_posix()}")
-        return 0
+        return _record(args, params, path, tables_of)
     if not path.is_file():
         print(f"qac check: no expected file {path.as_posix()}; record one with `qac check --record` "
               "after a run you trust", file=sys.stderr)
@@ -94,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     study = load_study(params, args.data)
     tables = tables_of(study)
-    outcomes = check.judge(tables, expected) if kind == check.REPRODUCTION else check.compare(tables, expected)
+    if kind == check.REPRODUCTION:
+        outcomes = check.judge(tables, expected, params.check.training_noise)
+    else:
+        outcomes = check.compare(tables, expected)
     if expected and all(outcome.ours is None for outcome in outcomes):
         print(f"qac check: profile {params['profile']!r} has no outputs to check under {study.root.as_posix()} "
               f"(none of the {len(expected)} expected cells has a value): run it first, "
@@ -103,9 +96,58 @@ def run(args: argparse.Namespace) -> int:
     for outcome in outcomes:
         if not (args.failures_only and outcome.ok):
             print(outcome.line())
-    summary = check.reproduction_summary if kind == check.REPRODUCTION else check.summary_line
-    print(summary(outcomes, path))
-    return 0 if outcomes and all(outcome.ok for outcome in outcomes) else 1
+    claim_results = judge_claims(TableContext.from_params(study, params))
+    for result in claim_results:
+        print(result.line())
+    print(claims_summary(claim_results))
+    if kind == check.REPRODUCTION:
+        verdict = check.reproduction_verdict(outcomes)
+        for shift in verdict.shifts:
+            if not (args.failures_only and not shift.fails):
+                print(shift.line())
+        print(check.reproduction_summary(outcomes, path, verdict))
+        contradicted = any(result.verdict == CONTRADICTED for result in claim_results)
+        return 0 if verdict.ok and not contradicted else 1
+    document = check.read_document(path)
+    verdict = check.rerun_verdict(outcomes, check.same_bytes(document, check.source_hashes(tables, study.root)))
+    print(check.summary_line(outcomes, path, verdict))
+    print(check.rerun_advice(verdict, document, machine_environment()))
+    return 0 if outcomes and verdict.ok else 1
+
+
+def _record(args: argparse.Namespace, params, path, tables_of) -> int:
+    from qac.reporting import check
+    from qac.reporting.lineage import load_study
+    from qac.reporting.machine import machine_environment
+
+    from_paper = args.from_paper or params["profile"] == "paper"
+    study = load_study(params, args.data, declared_variants=from_paper)
+    tables = tables_of(study)
+    machine_runs = [check.read_machine_run(run) for run in args.machine_runs]
+    if from_paper:
+        document = check.record(tables, params["profile"], from_paper=True)
+    else:
+        document = check.record(tables, params["profile"], environment=machine_environment(),
+                                sources=check.source_hashes(tables, study.root), machine_runs=machine_runs)
+    if not document["cells"]:
+        print(f"qac check: no cells to record under {args.data or 'data/' + params['profile']}: "
+              "run the pipeline first", file=sys.stderr)
+        return 2
+    dropped = _cells_without_outputs(path, document) if not from_paper else []
+    if dropped:
+        data = args.data or f"data/{params['profile']}"
+        shown = "; ".join(f"{cell.table} / {cell.row} / {cell.column}" for cell in dropped[:5])
+        more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+        print(f"qac check: {len(dropped)} cell{'s' if len(dropped) > 1 else ''} of {path.as_posix()} would be "
+              f"dropped because the outputs behind them are missing under {data} "
+              f"({shown}{more}). Run the profile first (`dvc repro profiles/{params['profile']}/dvc.yaml`) and "
+              f"record again; {path.as_posix()} is left as it is (delete it first to record only the cells there "
+              "are).", file=sys.stderr)
+        return 2
+    check.write_expected(document, path)
+    runs = f", with {len(machine_runs)} other machine runs as the measured spread" if machine_runs else ""
+    print(f"qac check: recorded {len(document['cells'])} cells in {path.as_posix()}{runs}")
+    return 0
 
 
 def _cells_without_outputs(path, document) -> list:

@@ -510,10 +510,24 @@ class TablesSection(Section):
                     "paper}")
 
 
+class TrainingNoisePrior(Section):
+    measure: str = Field(description="the per-query measure (RR@10, Hit@50, Hit@1000, nDCG@10, ...)")
+    split: str | None = Field(default=None, description="the split it holds for (dev, dl19, dl20, test); null: any")
+    dataset: str | None = Field(default=None, description="the dataset it holds for; null: any")
+    sd: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = Field(
+        description="sd of one training run's figure across seeds, in the measure's own range [0, 1]")
+    source: str = Field(min_length=1, description="where the figure comes from: a published seed spread, or how "
+                                                  "it was estimated")
+
+
 class CheckSection(Section):
     expected: InsidePath | None = Field(
         description="the profile's expected cells with tolerances (written by `qac check --record`), inside the "
                     "checkout")
+    training_noise: list[TrainingNoisePrior] = Field(
+        default_factory=list,
+        description="a reproduction check's training-noise priors, where the profile ran fewer than three seeds: "
+                    "[{measure, split, dataset, sd, source}]; the most specific entry of a cell's measure holds")
 
 
 class PrunerSection(Section):

@@ -1,4 +1,4 @@
-"""Expected-score checks, in two kinds (Pyserini's two-click reproductions).
+"""Expected-score checks, in two kinds (Pyserini's two-click reproductions), each on a stated basis.
 
 Each profile carries its expected cells in a YAML file (``check.expected`` in
 params: ``profiles/expected/<profile>.yaml``): for every number of Tables 1-5
@@ -6,74 +6,75 @@ that averages per-query (or per-document) values, and for the query
 generator's figures that average over candidates, held-out pairs or judged
 documents (:func:`qac.reporting.generator_report.checked_table`), the
 expected value. ``qac check`` rebuilds the tables from the DVC outputs (no
-MLflow store) and prints one line per cell. The file's ``kind`` says which of
-two questions it answers.
+MLflow store) and prints one line per cell, then the family's verdict. The
+file's ``kind`` says which of two questions it answers; the bands and their
+bases are :mod:`qac.reporting.noise`'s.
 
-*Rerun* (``kind: rerun``; the smoke and default profiles, any profile against
-its own recorded run). Did this run give the recorded numbers again? A cell
-is a mean over ``n`` queries of a measure whose per-query value lies in
-[0, 1] (RR, nDCG, AP, recall, hit; a document's high/low label in Table 5; a
-candidate's ROUGE-L or self-retrieval hit). One query changing its value
-over the whole range moves the mean by 1/n, so the tolerance is
-``SLACK_QUERIES / n`` in the table's unit (times 100 for percentages). Two
-queries' worth is what a rerun on another machine can honestly change: float
-sums in another order (thread count, BLAS) flip near-tied scores, which
-reorders a document pair in a query or two; a change of the code or data that
-matters moves many more queries than that. Counts must match exactly. The
-verdict is OK / FAIL.
+*Rerun* (``kind: rerun``; the smoke and default profiles against their own
+recorded run). Three outcomes are kept apart:
+
+- ``same bytes``: every evaluation output hashes as the recorded run's did
+  (``sources``), which a second run on the same machine gives;
+- ``within the noise of another machine``: the bytes differ, but every cell
+  (or all but the misses a faithful family has by chance) lies within the
+  spread that other CPUs and kernel sets were measured to give: each cell's
+  band is the t interval of the machine spread of its measure, pooled over the
+  cells of that measure (``machine_runs``: the same profile rerun under other
+  kernel sets, ``benchmarks/bench_kernel_sets.py``), and never under two
+  queries' worth. The recorded machine and this one are both named;
+- ``differs``: more cells outside than a faithful rerun misses, or a count
+  changed: a change of code, data or parameters.
 
 *Reproduction* (``kind: reproduction``; the paper profile against the
-published figures). Another team's training run is not a rerun: a retriever
-retrained with another seed moves MS MARCO dev MRR@10 by a few tenths of a
-point, so each cell is judged against bands with a stated basis, three levels
-as Pyserini's reproductions:
+published figures). A trained cell gets the figure's rounding plus training
+noise (the profile's seeds where it ran three or more, else the prior in
+``check.training_noise``); a deterministic cell (BM25, a published checkpoint
+evaluated by our code, the untuned start encoder) the rounding plus float
+noise only. The family verdict allows the misses a faithful run has at
+:data:`qac.reporting.noise.FAMILY_LEVEL` and fails a shift shared by the cells
+of one measure (Stouffer's z over independent runs). A published figure that is
+not the same configuration as ours is never in the file: the tables show it
+beside ours as cited (:mod:`qac.reporting.paper`).
 
-- ``reproduced``: ours equals the published figure as printed: within its
-  rounding (half its last printed digit: 0.05 points, 0.0005 nDCG);
-- ``within noise``: within the rounding plus the larger of two noise bands:
-  the *sampling error* of our mean, one standard error of the per-query
-  values over the evaluated queries (:data:`SAMPLING_STANDARD_ERRORS`; both
-  runs are scored on the same queries, so two faithful runs differ by less
-  than the error of a resampled query set: one standard error bounds that
-  difference), and, where the profile ran several seeds, the *seed spread*:
-  :data:`SEED_SPREAD_DEVIATIONS` standard deviations of one run across our
-  seeds, widened by sqrt(1 + 1/k) because our figure is the mean of k seeds
-  and the paper's is one run;
-- ``differs``: outside both; the cell fails.
-
-Each line names the basis that decided it (``rounding``, ``sampling error``
-or ``seed spread``) and its size. A reproduced or within-noise cell passes.
-A published figure that is not the same configuration as ours (another
-fine-tuning recipe, another BM25, human judges against an automatic one) is
-never in the file: the tables show it beside ours as cited
-(:mod:`qac.reporting.paper`).
+The paper's claims, which are differences, are judged separately
+(:mod:`qac.reporting.claims`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from qac.errors import UserError
-from qac.reporting.tables import FRACTION, PERCENT, Table, _SCALE
+from qac.reporting import noise
+from qac.reporting.noise import SLACK_QUERIES, Band
+from qac.reporting.tables import FRACTION, PERCENT, Table, _SCALE, reference_row
+from qac.tracking import measure_from_key
 
-SLACK_QUERIES = 2
 PAPER_ROUNDING = {PERCENT: 0.05, FRACTION: 0.0005}
 COUNT = "count"
 RERUN, REPRODUCTION = "rerun", "reproduction"
 KINDS = (RERUN, REPRODUCTION)
-SAMPLING_STANDARD_ERRORS = 1.0
-SEED_SPREAD_DEVIATIONS = 2.0
 REPRODUCED, WITHIN_NOISE, DIFFERS, MISSING = "reproduced", "within noise", "differs", "missing"
-_CELL_FIELDS = {"table", "row", "column", "value", "unit", "tolerance", "rounding", "n", "published"}
+SAME_BYTES, MACHINE_NOISE = "same bytes", "within the noise of another machine"
+TRAINED, DETERMINISTIC = "trained", "deterministic"
+_CELL_FIELDS = {"table", "row", "column", "value", "unit", "tolerance", "rounding", "n", "published", "noise",
+                "machine_values"}
+# Rows no training run stands behind: the same code on the same inputs gives them up to float noise.
+UNTUNED_ROW = "start encoder, not fine-tuned"
+
+
+def deterministic_row(row: str) -> bool:
+    return row in ("BM25", UNTUNED_ROW) or row.startswith(reference_row(""))
 
 
 @dataclass(frozen=True)
 class Expected:
-    """One expected cell. ``tolerance`` None: derived at check time from our ``n`` (plus ``rounding``)."""
+    """One expected cell. ``tolerance`` None: derived at check time (machine spread, or two queries' worth)."""
 
     table: str
     row: str
@@ -82,10 +83,19 @@ class Expected:
     unit: str
     tolerance: float | None = None
     rounding: float = 0.0
+    noise: str = TRAINED
+    machine_values: tuple[float | None, ...] = ()
+    n: int | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
         return self.table, self.row, self.column
+
+    @property
+    def group(self) -> tuple[str, str, bool]:
+        """Cells whose machine spread is pooled: one measure on one dataset (a table's column), trained rows
+        apart from deterministic ones (another machine moves a trained model more than a BM25 ranking)."""
+        return self.table, self.column, deterministic_row(self.row)
 
 
 def _slack(value: float) -> float:
@@ -93,14 +103,20 @@ def _slack(value: float) -> float:
     return 4 * math.ulp(max(abs(value), 1.0))
 
 
+def _where(expected: Expected) -> str:
+    return f"{expected.table} | {expected.row} | {expected.column}"
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """A rerun check of one cell: ours against the recorded value, OK / FAIL."""
+    """A rerun check of one cell: ours against the recorded value, within its band or outside."""
 
     expected: Expected
     ours: float | None
     tolerance: float | None
     why: str | None = None   # for a missing cell: the table's note
+    basis: str = "float noise"
+    how: str = ""
 
     @property
     def ok(self) -> bool:
@@ -109,59 +125,44 @@ class Outcome:
         return abs(self.ours - self.expected.value) <= self.tolerance + _slack(self.ours)
 
     @property
+    def strict(self) -> bool:
+        """A count, or a cell without a value: no miss is allowed for it."""
+        return self.expected.unit == COUNT or self.ours is None or self.tolerance is None
+
+    @property
     def verdict(self) -> str:
         return MISSING if self.ours is None else (REPRODUCED if self.ok else DIFFERS)
 
     def line(self) -> str:
         e = self.expected
-        where = f"{e.table} | {e.row} | {e.column}"
         if self.ours is None:
-            return f"FAIL {where}: missing ({self.why or 'no value'}); expected {e.value:.4g}"
+            return f"FAIL {_where(e)}: missing ({self.why or 'no value'}); expected {e.value:.4g}"
         if self.tolerance is None:
-            return f"FAIL {where}: {self.ours:.4g}, but the number of queries is unknown: no tolerance"
-        status = "OK  " if self.ok else "FAIL"
-        return f"{status} {where}: {self.ours:.4g} (expected {e.value:.4g} ± {self.tolerance:.3g})"
+            return f"FAIL {_where(e)}: {self.ours:.4g}, but the number of queries is unknown: no tolerance"
+        status = "OK  " if self.ok else ("FAIL" if e.unit == COUNT else "OUT ")
+        basis = f"; basis: {self.basis} ({self.how})" if self.how and not self.ok else ""
+        return f"{status} {_where(e)}: {self.ours:.4g} (expected {e.value:.4g} ± {self.tolerance:.3g}){basis}"
 
 
 @dataclass(frozen=True)
 class Judgement:
     """A reproduction check of one cell: ours against a published figure, three levels, the deciding basis named.
 
-    ``std_error`` is our cell's sampling error (table unit), ``seed_values``
-    our figure of each seed where the profile ran several.
+    ``band`` is the cell's noise band (:mod:`qac.reporting.noise`); None: no
+    seeds and no prior, so only the rounding.
     """
 
     expected: Expected
     ours: float | None
-    std_error: float | None = None
-    seed_values: tuple[float, ...] = ()
+    band: Band | None = None
     n: int | None = None
     why: str | None = None
+    source: str | None = None     # our per-query file: cells of one run are one observation in the family
+    metric: str | None = None     # our cell's dataset/split/measure: the shared-shift test's group
 
     @property
     def rounding(self) -> float:
         return self.expected.rounding
-
-    def bands(self) -> list[tuple[str, float, str]]:
-        """``(basis, size, how it was computed)`` of each noise band this cell has, beyond the rounding."""
-        bands = []
-        if self.std_error is not None:
-            queries = f" over {self.n} queries" if self.n else ""
-            bands.append(("sampling error", SAMPLING_STANDARD_ERRORS * self.std_error,
-                          f"{SAMPLING_STANDARD_ERRORS:g} standard error of the per-query values{queries}"))
-        if len(self.seed_values) >= 2:
-            k = len(self.seed_values)
-            mean = math.fsum(self.seed_values) / k
-            deviation = math.sqrt(math.fsum((v - mean) ** 2 for v in self.seed_values) / (k - 1))
-            bands.append(("seed spread", SEED_SPREAD_DEVIATIONS * deviation * math.sqrt(1 + 1 / k),
-                          f"{SEED_SPREAD_DEVIATIONS:g} sd of one run across {k} seeds (sd {deviation:.3g}) "
-                          f"x sqrt(1 + 1/{k})"))
-        return bands
-
-    @property
-    def deciding_band(self) -> tuple[str, float, str] | None:
-        bands = self.bands()
-        return max(bands, key=lambda band: band[1]) if bands else None
 
     @property
     def difference(self) -> float | None:
@@ -174,8 +175,7 @@ class Judgement:
         gap = abs(self.difference)
         if gap <= self.rounding + _slack(self.ours):
             return REPRODUCED
-        band = self.deciding_band
-        if band is not None and gap <= self.rounding + band[1] + _slack(self.ours):
+        if self.band is not None and gap <= self.band.size + _slack(self.ours):
             return WITHIN_NOISE
         return DIFFERS
 
@@ -184,31 +184,30 @@ class Judgement:
         return self.verdict in (REPRODUCED, WITHIN_NOISE)
 
     @property
+    def deterministic(self) -> bool:
+        return self.expected.noise == DETERMINISTIC
+
+    @property
     def basis(self) -> str:
-        """The basis that decided the verdict: rounding, sampling error or seed spread."""
-        band = self.deciding_band
-        if self.verdict == REPRODUCED or band is None:
+        if self.verdict == REPRODUCED or self.band is None:
             return "rounding"
-        return band[0]
+        return self.band.basis
 
     def line(self) -> str:
         e = self.expected
-        where = f"{e.table} | {e.row} | {e.column}"
         printed = ".3f" if e.unit == FRACTION else ".1f"
         if self.ours is None:
-            return f"MISSING      {where}: {self.why or 'no value'}; published {e.value:{printed}}"
+            return f"MISSING      {_where(e)}: {self.why or 'no value'}; published {e.value:{printed}}"
         digits = ".4f" if e.unit == FRACTION else ".2f"
         gap = abs(self.difference)
-        head = (f"{self.verdict.upper():12} {where}: {self.ours:{digits}} (published {e.value:{printed}}, "
+        head = (f"{self.verdict.upper():12} {_where(e)}: {self.ours:{digits}} (published {e.value:{printed}}, "
                 f"|Δ| {gap:{digits}}")
-        band = self.deciding_band
-        if self.verdict == REPRODUCED or band is None:
+        if self.verdict == REPRODUCED or self.band is None:
             relation = "≤" if self.verdict == REPRODUCED else ">"
-            extra = "" if band is not None else "; no per-query values or seeds: no noise band"
+            extra = "" if self.band is not None else "; no seeds and no training-noise prior: no noise band"
             return f"{head} {relation} {self.rounding:g} rounding){extra}; basis: rounding"
         relation = "≤" if self.verdict == WITHIN_NOISE else ">"
-        return (f"{head} {relation} {self.rounding:g} rounding + {band[1]:{digits}} {band[0]}); "
-                f"basis: {band[0]} ({band[2]})")
+        return f"{head} {relation} band {self.band.size:{digits}}); basis: {self.band.basis} ({self.band.how})"
 
 
 def _unit(table: Table, column: str) -> str:
@@ -218,8 +217,8 @@ def _unit(table: Table, column: str) -> str:
 def checkable_cells(tables: Sequence[Table]) -> Iterator[tuple[Table, str, str]]:
     """``(table, row, column)`` of every cell that reads one measure (a mean over queries or a count).
 
-    Differences follow from their two cells, and Table 2's average from its
-    rows, so neither is checked on its own.
+    Differences are the paper's claims (:mod:`qac.reporting.claims`), and
+    Table 2's average follows from its rows, so neither is checked as a cell.
     """
     for table in tables:
         for row in table.rows:
@@ -238,9 +237,34 @@ def tolerance(unit: str, n: int | None, rounding: float = 0.0) -> float | None:
     return rounding + SLACK_QUERIES * _SCALE[unit] / n
 
 
-def record(tables: Sequence[Table], profile: str, from_paper: bool = False) -> dict[str, Any]:
+def source_hashes(tables: Sequence[Table], root: str | os.PathLike) -> dict[str, str]:
+    """sha256 of every evaluation output the tables read (per-query files, annotation labels), by path under
+    ``root`` (``data/<profile>/``): equal hashes are the same bytes, whatever the floats print as."""
+    root = Path(root)
+    paths = {path.relative_to(root).as_posix() for path in root.glob("**/*.per_query.json")
+             if ".runs" not in path.relative_to(root).parts}
+    for table in tables:
+        for cell in table.cells.values():
+            for name in (cell.source, cell.compared_source):
+                if name and (root / name).is_file():
+                    paths.add(name)
+    return {name: _sha256(root / name) for name in sorted(paths)}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record(tables: Sequence[Table], profile: str, from_paper: bool = False, *,
+           environment: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None,
+           machine_runs: Sequence["MachineRun"] = ()) -> dict[str, Any]:
     """The expected-values document: our current cells (a rerun check), or (``from_paper``) the paper's values
-    of those cells (a reproduction check)."""
+    of those cells (a reproduction check). A rerun record carries this machine (``environment``), the hashes
+    of the outputs (``sources``) and, per cell, the values of ``machine_runs`` (other machines' records)."""
     cells = []
     for table, row, column in checkable_cells(tables):
         cell = table.cells[(row, column)]
@@ -249,34 +273,47 @@ def record(tables: Sequence[Table], profile: str, from_paper: bool = False) -> d
             if cell.paper is None or unit == COUNT:
                 continue
             entry = {"table": table.key, "row": row, "column": column, "value": float(cell.paper), "unit": unit,
-                     "rounding": PAPER_ROUNDING[unit]}
+                     "rounding": PAPER_ROUNDING[unit], "noise": DETERMINISTIC if deterministic_row(row) else TRAINED}
         else:
             if cell.value is None:
                 continue
-            entry = {"table": table.key, "row": row, "column": column, "value": float(cell.value), "unit": unit,
-                     "n": cell.n_queries, "tolerance": tolerance(unit, cell.n_queries)}
-            if entry["n"] is None:
-                del entry["n"]
+            entry = {"table": table.key, "row": row, "column": column, "value": float(cell.value), "unit": unit}
+            if cell.n_queries is not None:
+                entry["n"] = cell.n_queries
             if cell.published is not None:
                 entry["published"] = float(cell.published)   # the model's published figure, for the reader
+            if machine_runs:
+                entry["machine_values"] = [run.values.get((table.key, row, column)) for run in machine_runs]
+            elif unit == COUNT:
+                entry["tolerance"] = 0.0
         cells.append(entry)
     if from_paper:
         return {"profile": profile, "kind": REPRODUCTION, "source": "the paper (qac/reporting/paper_results.yaml)",
-                "sampling_standard_errors": SAMPLING_STANDARD_ERRORS, "seed_spread_deviations": SEED_SPREAD_DEVIATIONS,
                 "cells": cells}
-    return {"profile": profile, "kind": RERUN, "source": "this profile's DVC outputs", "slack_queries": SLACK_QUERIES,
-            "cells": cells}
+    document: dict[str, Any] = {"profile": profile, "kind": RERUN, "source": "this profile's DVC outputs",
+                                "slack_queries": SLACK_QUERIES}
+    if environment is not None:
+        document["environment"] = dict(environment)
+    if machine_runs:
+        document["machine_runs"] = [dict(run.environment) for run in machine_runs]
+    if sources is not None:
+        document["sources"] = dict(sources)
+    document["cells"] = cells
+    return document
 
 
 def _header(document: Mapping[str, Any]) -> str:
     if document.get("kind") == REPRODUCTION:
-        rule = ("# reproduction check: each cell is 'reproduced' within the published figure's rounding (half its "
-                "last printed digit),\n# 'within noise' within the rounding plus the larger of our sampling error "
-                "(standard errors of the per-query values)\n# and our seed spread (sd of one run across seeds, where "
-                "several ran), else 'differs'; see qac/reporting/check.py.\n")
+        rule = ("# reproduction check: a cell is 'reproduced' within the published figure's rounding, 'within noise' "
+                "within its band:\n# trained cells: rounding + training noise (our seeds where three or more ran, "
+                "else params check.training_noise);\n# deterministic cells (BM25, published checkpoints): rounding + "
+                "float noise; the family allows the misses a faithful\n# run has by chance and fails a shift shared "
+                "by one measure's cells; see qac/reporting/check.py and noise.py.\n")
     else:
-        rule = (f"# rerun check: tolerance = {document['slack_queries']} queries' worth of the per-query measure "
-                "(SLACK_QUERIES / n in the table's unit),\n# counts exactly; see qac/reporting/check.py.\n")
+        rule = ("# rerun check: 'same bytes' when every output hashes as recorded (sources); else each cell's band is "
+                "the t interval\n# of the spread other machines and kernel sets gave its measure (machine_runs), at "
+                f"least {document.get('slack_queries', SLACK_QUERIES)} queries' worth; counts\n# exactly; see "
+                "qac/reporting/check.py and noise.py.\n")
     return (f"# Expected cells of profile '{document['profile']}' from {document['source']}.\n"
             "# Written by `qac check --record`; `qac check` compares the current DVC outputs with it.\n" + rule)
 
@@ -302,15 +339,40 @@ class ExpectedFileError(ValueError, UserError):
 
 
 _DOCUMENT_FIELDS = {"profile", "kind", "source", "slack_queries", "sampling_standard_errors",
-                    "seed_spread_deviations", "cells"}
+                    "seed_spread_deviations", "cells", "environment", "machine_runs", "sources"}
 
 
 def _positive_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+def _finite(number: Any) -> bool:
+    # a bool reads as 0 or 1 and NaN compares false with everything: neither is a figure to check
+    return not isinstance(number, bool) and isinstance(number, (int, float)) and math.isfinite(number)
+
+
+@dataclass(frozen=True)
+class ExpectedDocument:
+    """An expected file as read: its kind, cells, the machine that recorded it, the outputs' hashes, and the
+    environments of the other machines whose values each cell carries."""
+
+    path: Path
+    profile: str
+    kind: str
+    cells: list[Expected]
+    environment: dict[str, Any] = field(default_factory=dict)
+    machine_runs: list[dict[str, Any]] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+
 def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expected]]:
     """``(profile, kind, cells)`` of an expected file. A file without ``kind`` is a rerun check."""
+    document = read_document(path)
+    return document.profile, document.kind, document.cells
+
+
+def read_document(path: str | os.PathLike) -> ExpectedDocument:
+    """An expected file, every field checked; a bad one raises naming the file, the line and the field."""
     import yaml
 
     from qac.params.yaml_io import key_lines, read_yaml
@@ -347,49 +409,63 @@ def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expe
     if "slack_queries" in document and not _positive_number(document["slack_queries"]):
         raise fail("slack_queries", f"field 'slack_queries' must be a positive number, got "
                                     f"{document['slack_queries']!r}")
-    cells = []
+    for name in ("environment", "sources"):
+        if not isinstance(document.get(name, {}), dict):
+            raise fail(name, f"field '{name}' must be a mapping")
+    runs = document.get("machine_runs", [])
+    if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+        raise fail("machine_runs", "field 'machine_runs' must be a list of machine descriptions (mappings)")
+    cells = [_read_cell(entry, index, kind, len(runs), fail) for index, entry in enumerate(document["cells"])]
     seen: dict[tuple[str, str, str], int] = {}
-    for index, entry in enumerate(document["cells"]):
-        key = f"cells.{index}"
-        where = f"cells[{index}]"
-        if not isinstance(entry, dict):
-            raise fail(key, f"{where}: not a mapping")
-        unknown = set(entry) - _CELL_FIELDS
-        if unknown:
-            raise fail(f"{key}.{sorted(unknown)[0]}", f"{where}: unknown fields {sorted(unknown)}")
-        for name in ("table", "row", "column", "value", "unit"):
-            if name not in entry:
-                raise fail(key, f"{where}: field '{name}' missing")
-        if entry["unit"] not in (PERCENT, FRACTION, COUNT):
-            raise fail(f"{key}.unit",
-                       f"{where}: field 'unit' must be percent, fraction or count, got {entry['unit']!r}")
-        numbers = {}
-        for name in ("value", "tolerance", "rounding"):
-            number = entry.get(name)
-            if number is None and name != "value":
-                continue
-            # a bool reads as 0 or 1 and NaN compares false with everything: neither is a figure to check
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
-                raise fail(f"{key}.{name}", f"{where}: field '{name}' must be a finite number, got {number!r}")
-            numbers[name] = float(number)
-        value, limit, rounding = numbers["value"], numbers.get("tolerance"), numbers.get("rounding", 0.0)
-        if limit is not None and limit < 0:
-            raise fail(f"{key}.tolerance", f"{where}: a tolerance cannot be negative")
-        if rounding < 0:
-            raise fail(f"{key}.rounding", f"{where}: a rounding cannot be negative")
-        if kind == REPRODUCTION and entry["unit"] == COUNT:
-            raise fail(f"{key}.unit", f"{where}: a reproduction check compares means, not counts")
-        if "n" in entry and not (_positive_number(entry["n"]) and float(entry["n"]).is_integer()):
-            raise fail(f"{key}.n", f"{where}: field 'n' (the queries behind the cell) must be a positive whole "
-                                   f"number, got {entry['n']!r}")
-        cell_key = (str(entry["table"]), str(entry["row"]), str(entry["column"]))
-        if cell_key in seen:
-            raise fail(key, f"{where}: the cell {' / '.join(cell_key)} is listed twice (first as "
-                            f"cells[{seen[cell_key]}]): each cell is checked once")
-        seen[cell_key] = index
-        cells.append(Expected(str(entry["table"]), str(entry["row"]), str(entry["column"]), value,
-                              entry["unit"], limit, rounding))
-    return str(document.get("profile", "")), kind, cells
+    for index, cell in enumerate(cells):
+        if cell.key in seen:
+            raise fail(f"cells.{index}", f"cells[{index}]: the cell {' / '.join(cell.key)} is listed twice (first "
+                                         f"as cells[{seen[cell.key]}]): each cell is checked once")
+        seen[cell.key] = index
+    return ExpectedDocument(path, str(document.get("profile", "")), kind, cells, dict(document.get("environment", {})),
+                            list(runs), {str(k): str(v) for k, v in document.get("sources", {}).items()})
+
+
+def _read_cell(entry: Any, index: int, kind: str, runs: int, fail) -> Expected:
+    key, where = f"cells.{index}", f"cells[{index}]"
+    if not isinstance(entry, dict):
+        raise fail(key, f"{where}: not a mapping")
+    unknown = set(entry) - _CELL_FIELDS
+    if unknown:
+        raise fail(f"{key}.{sorted(unknown)[0]}", f"{where}: unknown fields {sorted(unknown)}")
+    for name in ("table", "row", "column", "value", "unit"):
+        if name not in entry:
+            raise fail(key, f"{where}: field '{name}' missing")
+    if entry["unit"] not in (PERCENT, FRACTION, COUNT):
+        raise fail(f"{key}.unit", f"{where}: field 'unit' must be percent, fraction or count, got {entry['unit']!r}")
+    numbers = {}
+    for name in ("value", "tolerance", "rounding"):
+        number = entry.get(name)
+        if number is None and name != "value":
+            continue
+        if not _finite(number):
+            raise fail(f"{key}.{name}", f"{where}: field '{name}' must be a finite number, got {number!r}")
+        numbers[name] = float(number)
+    value, limit, rounding = numbers["value"], numbers.get("tolerance"), numbers.get("rounding", 0.0)
+    if limit is not None and limit < 0:
+        raise fail(f"{key}.tolerance", f"{where}: a tolerance cannot be negative")
+    if rounding < 0:
+        raise fail(f"{key}.rounding", f"{where}: a rounding cannot be negative")
+    if kind == REPRODUCTION and entry["unit"] == COUNT:
+        raise fail(f"{key}.unit", f"{where}: a reproduction check compares means, not counts")
+    if "n" in entry and not (_positive_number(entry["n"]) and float(entry["n"]).is_integer()):
+        raise fail(f"{key}.n", f"{where}: field 'n' (the queries behind the cell) must be a positive whole "
+                               f"number, got {entry['n']!r}")
+    cell_noise = entry.get("noise", TRAINED)
+    if cell_noise not in (TRAINED, DETERMINISTIC):
+        raise fail(f"{key}.noise", f"{where}: field 'noise' must be {TRAINED} or {DETERMINISTIC}, got {cell_noise!r}")
+    others = entry.get("machine_values", [])
+    if not isinstance(others, list) or len(others) != runs or not all(v is None or _finite(v) for v in others):
+        raise fail(f"{key}.machine_values", f"{where}: field 'machine_values' must list one number (or null) per "
+                                            f"entry of machine_runs ({runs}), got {others!r}")
+    return Expected(str(entry["table"]), str(entry["row"]), str(entry["column"]), value, entry["unit"], limit,
+                    rounding, cell_noise, tuple(None if v is None else float(v) for v in others),
+                    int(entry["n"]) if "n" in entry else None)
 
 
 def _our_cell(tables: Sequence[Table], expected: Expected):
@@ -401,47 +477,279 @@ def _our_cell(tables: Sequence[Table], expected: Expected):
     return (cell, None) if cell.value is not None else (None, cell.note)
 
 
+# ---------------------------------------------------------------- rerun
+
+def machine_spread(expected: Sequence[Expected]) -> dict[tuple[str, str, bool], tuple[float, int, int]]:
+    """Per group (table, column): the pooled sd of other machines' deviations from the recorded values, the
+    number of deviations behind it, and the number of runs."""
+    deviations: dict[tuple[str, str, bool], list[float]] = {}
+    runs: dict[tuple[str, str, bool], int] = {}
+    for cell in expected:
+        if cell.unit == COUNT or not cell.machine_values:
+            continue
+        values = [v - cell.value for v in cell.machine_values if v is not None]
+        deviations.setdefault(cell.group, []).extend(values)
+        runs[cell.group] = max(runs.get(cell.group, 0), len(values))
+    return {group: (noise.pooled_machine_sd(values), len(values), runs[group]) for group, values in deviations.items()}
+
+
 def compare(tables: Sequence[Table], expected: Sequence[Expected]) -> list[Outcome]:
-    """Rerun check: our value of every expected cell and the tolerance it is held to."""
+    """Rerun check: our value of every expected cell and the band it is held to."""
+    spread = machine_spread(expected)
     outcomes = []
     for cell_expected in expected:
         cell, why = _our_cell(tables, cell_expected)
         if cell is None:
             outcomes.append(Outcome(cell_expected, None, None, why))
             continue
-        limit = cell_expected.tolerance
-        if limit is None:
-            limit = tolerance(cell_expected.unit, cell.n_queries, cell_expected.rounding)
-        outcomes.append(Outcome(cell_expected, float(cell.value), limit))
+        n = cell.n_queries
+        if cell_expected.unit == COUNT:
+            outcomes.append(Outcome(cell_expected, float(cell.value), 0.0, basis="count", how="counts match exactly"))
+        elif cell_expected.group in spread and n:
+            sd, df, runs = spread[cell_expected.group]
+            band = noise.machine_band(cell_expected.unit, n, sd, df, runs)
+            outcomes.append(Outcome(cell_expected, float(cell.value), band.size + cell_expected.rounding,
+                                    basis=band.basis, how=band.how))
+        else:
+            limit = cell_expected.tolerance
+            if limit is None:
+                limit = tolerance(cell_expected.unit, n, cell_expected.rounding)
+            outcomes.append(Outcome(cell_expected, float(cell.value), limit, basis="float noise",
+                                    how=f"{SLACK_QUERIES} queries' worth; no other machine measured"))
     return outcomes
 
 
-def judge(tables: Sequence[Table], expected: Sequence[Expected]) -> list[Judgement]:
-    """Reproduction check: every expected (published) cell against ours, with our sampling error and seed spread."""
+@dataclass(frozen=True)
+class RerunVerdict:
+    """The family verdict of a rerun: which of the three outcomes, and the counts behind it."""
+
+    outcome: str
+    cells: int
+    outside: int
+    allowed: int
+    missing: int
+    strict_failures: int
+    moved: int
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (SAME_BYTES, MACHINE_NOISE)
+
+
+def rerun_verdict(outcomes: Sequence[Outcome], same_bytes: bool | None) -> RerunVerdict:
+    loose = [o for o in outcomes if not o.strict]
+    outside = sum(not o.ok for o in loose)
+    allowed = noise.allowed_misses(len(loose))
+    strict_failures = sum(not o.ok for o in outcomes if o.strict)
+    missing = sum(o.ours is None for o in outcomes)
+    moved = sum(o.ours is not None and o.ours != o.expected.value for o in outcomes)
+    if strict_failures or outside > allowed:
+        outcome = DIFFERS
+    elif same_bytes or (same_bytes is None and moved == 0):
+        outcome = SAME_BYTES
+    else:
+        outcome = MACHINE_NOISE
+    return RerunVerdict(outcome, len(outcomes), outside, allowed, missing, strict_failures, moved)
+
+
+def same_bytes(document: ExpectedDocument, current: Mapping[str, str]) -> bool | None:
+    """Whether the outputs hash as recorded (None: the file recorded no hashes)."""
+    if not document.sources:
+        return None
+    return dict(current) == document.sources
+
+
+def summary_line(outcomes: Sequence[Outcome], path: str | os.PathLike, verdict: RerunVerdict | None = None) -> str:
+    verdict = verdict or rerun_verdict(outcomes, None)
+    passed = sum(outcome.ok for outcome in outcomes)
+    label = f"reproduced ({verdict.outcome})" if verdict.ok else "NOT reproduced (differs)"
+    return (f"check: {label}: {passed} of {len(outcomes)} cells within tolerance, {verdict.outside} outside "
+            f"(a faithful rerun may miss {verdict.allowed}), {verdict.missing} missing ({Path(path).as_posix()})")
+
+
+def _machine(environment: Mapping[str, Any]) -> str:
+    if not environment:
+        return "an unrecorded machine"
+    libraries = environment.get("libraries") or {}
+    return (f"{environment.get('cpu', '?')} ({environment.get('torch_kernels', '?')} kernels, MKL "
+            f"{environment.get('mkl_instructions') or 'its own choice'}, {environment.get('threads', '?')} threads; "
+            f"torch {libraries.get('torch', '?')})")
+
+
+def _comparable(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    keys = ("cpu", "cpu_flags", "torch_kernels", "mkl_instructions", "threads", "libraries", "python")
+    return bool(a) and all(a.get(key) == b.get(key) for key in keys)
+
+
+def rerun_advice(verdict: RerunVerdict, document: ExpectedDocument, environment: Mapping[str, Any]) -> str:
+    """What the outcome means and what the user should do, naming both machines."""
+    recorded, here = _machine(document.environment), _machine(environment)
+    profile = document.profile or "<profile>"
+    if verdict.outcome == SAME_BYTES:
+        return "check: every output has the recorded bytes: nothing to do."
+    if verdict.outcome == MACHINE_NOISE:
+        same = _comparable(document.environment, environment)
+        why = ("this machine matches the recording's CPU, kernels and libraries, so a change of code, data or "
+               "parameters is the likelier cause of the moved bytes; " if same else "")
+        moved = f"{verdict.moved} cell{'s' if verdict.moved != 1 else ''} moved"
+        return (f"check: the outputs differ from the recorded run's bytes ({moved}) but stay "
+                f"within what other machines were measured to move them. Recorded on {recorded}; this run on {here}. "
+                f"{why}The tracked report and lock now hold this machine's numbers: keep the recorded ones with "
+                f"`git checkout -- reports/{profile} profiles/{profile}/dvc.lock`.")
+    return (f"check: {verdict.outside} cells outside their bands (a faithful rerun on another machine misses at most "
+            f"{verdict.allowed}){f', {verdict.strict_failures} counts or missing cells' if verdict.strict_failures else ''}"
+            f": more than another machine moves them. Recorded on {recorded}; this run on {here}. A change of code, "
+            f"data or parameters is the likely cause: `dvc status profiles/{profile}/dvc.yaml` and `git diff` show "
+            "what changed; record a new baseline only after a run you trust (`qac check --record`).")
+
+
+@dataclass(frozen=True)
+class MachineRun:
+    """Another machine's record of the same profile: its environment and its value of each cell."""
+
+    path: Path
+    environment: dict[str, Any]
+    values: dict[tuple[str, str, str], float]
+
+
+def read_machine_run(path: str | os.PathLike) -> MachineRun:
+    document = read_document(path)
+    if document.kind != RERUN:
+        raise ExpectedFileError(f"{Path(path)}: a machine run is a rerun record (`qac check --record` on that "
+                                f"machine), not a {document.kind} file")
+    return MachineRun(Path(path), document.environment, {cell.key: cell.value for cell in document.cells})
+
+
+def judge_machine_run(document: ExpectedDocument, run: MachineRun) -> RerunVerdict:
+    """A recorded run of another machine judged as a rerun against ``document`` (for the kernel-set benchmark)."""
+    outcomes = []
+    spread = machine_spread(document.cells)
+    for cell in document.cells:
+        ours = run.values.get(cell.key)
+        if ours is None:
+            outcomes.append(Outcome(cell, None, None, "not in the run"))
+        elif cell.unit == COUNT:
+            outcomes.append(Outcome(cell, ours, 0.0))
+        elif cell.group in spread:
+            sd, df, runs = spread[cell.group]
+            outcomes.append(Outcome(cell, ours, noise.machine_band(cell.unit, cell.n, sd, df, runs).size))
+        else:
+            outcomes.append(Outcome(cell, ours, cell.tolerance))
+    return rerun_verdict(outcomes, None)
+
+
+def leave_out(document: ExpectedDocument, run: MachineRun) -> ExpectedDocument:
+    """``document`` without ``run``'s values in its machine spread (matched by environment)."""
+    keep = [i for i, environment in enumerate(document.machine_runs) if environment != run.environment]
+    cells = [Expected(c.table, c.row, c.column, c.value, c.unit, c.tolerance, c.rounding, c.noise,
+                      tuple(c.machine_values[i] for i in keep), c.n) for c in document.cells]
+    return ExpectedDocument(document.path, document.profile, document.kind, cells, document.environment,
+                            [document.machine_runs[i] for i in keep], document.sources)
+
+
+# ---------------------------------------------------------------- reproduction
+
+def _parts(metric: str | None) -> tuple[str | None, str | None, str | None]:
+    """(dataset, split, measure) of a cell's metric key (``dataset/split/measure``)."""
+    if not metric:
+        return None, None, None
+    parts = metric.split("/")
+    if len(parts) < 3:
+        return None, None, measure_from_key(metric)
+    return "/".join(parts[:-2]), parts[-2], measure_from_key(metric)
+
+
+def noise_prior(priors: Sequence[Any], metric: str | None):
+    """The most specific prior (dataset and split, then split, then measure alone) for a cell's metric."""
+    dataset, split, measure = _parts(metric)
+    measure = measure.replace("_at_", "@") if measure else measure
+    best, best_rank = None, -1
+    for prior in priors:
+        if prior.measure != measure:
+            continue
+        if prior.split is not None and prior.split != split:
+            continue
+        if prior.dataset is not None and prior.dataset != dataset:
+            continue
+        rank = (prior.split is not None) + 2 * (prior.dataset is not None)
+        if rank > best_rank:
+            best, best_rank = prior, rank
+    return best
+
+
+def judge(tables: Sequence[Table], expected: Sequence[Expected], priors: Sequence[Any] = ()) -> list[Judgement]:
+    """Reproduction check: every expected (published) cell against ours, with the band its basis gives."""
     judgements = []
     for cell_expected in expected:
         cell, why = _our_cell(tables, cell_expected)
         if cell is None:
             judgements.append(Judgement(cell_expected, None, why=why))
             continue
-        judgements.append(Judgement(cell_expected, float(cell.value), cell.std_error, tuple(cell.seed_values or ()),
-                                    cell.n_queries))
+        if cell_expected.noise == DETERMINISTIC:
+            band = noise.deterministic_band(cell_expected.unit, cell_expected.rounding, cell.n_queries)
+        else:
+            prior = noise_prior(priors, cell.metric)
+            band = noise.training_band(cell_expected.unit, cell_expected.rounding, tuple(cell.seed_values or ()),
+                                       prior.sd if prior else None, prior.source if prior else None)
+        judgements.append(Judgement(cell_expected, float(cell.value), band, cell.n_queries,
+                                    source=f"{cell.source}#{cell.metric}" if cell.source else None,
+                                    metric=cell.metric))
     return judgements
 
 
-def summary_line(outcomes: Sequence[Outcome], path: str | os.PathLike) -> str:
-    passed = sum(outcome.ok for outcome in outcomes)
-    missing = sum(outcome.ours is None for outcome in outcomes)
-    outside = len(outcomes) - passed - missing
-    verdict = "reproduced" if passed == len(outcomes) and outcomes else "NOT reproduced"
-    return (f"check: {verdict}: {passed} of {len(outcomes)} cells within tolerance, {outside} outside, "
-            f"{missing} missing ({Path(path).as_posix()})")
+@dataclass(frozen=True)
+class ReproductionVerdict:
+    counts: dict[str, int]
+    trained: int
+    trained_misses: int
+    allowed: int
+    deterministic_misses: int
+    shifts: list[noise.SharedShift]
+
+    @property
+    def ok(self) -> bool:
+        return (self.counts[MISSING] == 0 and self.deterministic_misses == 0
+                and self.trained_misses <= self.allowed and not any(shift.fails for shift in self.shifts))
 
 
-def reproduction_summary(judgements: Sequence[Judgement], path: str | os.PathLike) -> str:
+def _one_per_run(judgements: Sequence[Judgement]) -> list[Judgement]:
+    """One judgement per (our per-query file, measure): a run shown in two tables is one observation."""
+    seen, unique = set(), []
+    for judgement in judgements:
+        key = judgement.source or id(judgement)
+        if key not in seen:
+            seen.add(key)
+            unique.append(judgement)
+    return unique
+
+
+def reproduction_verdict(judgements: Sequence[Judgement]) -> ReproductionVerdict:
     counts = {verdict: sum(j.verdict == verdict for j in judgements)
               for verdict in (REPRODUCED, WITHIN_NOISE, DIFFERS, MISSING)}
-    verdict = "reproduced" if judgements and all(j.ok for j in judgements) else "NOT reproduced"
-    return (f"check (reproduction of published figures): {verdict}: {counts[REPRODUCED]} reproduced, "
+    present = [j for j in judgements if j.ours is not None]
+    trained = _one_per_run([j for j in present if not j.deterministic])
+    groups: dict[str, list[Judgement]] = {}
+    for j in trained:
+        if j.band is not None and j.band.sd:
+            dataset, split, measure = _parts(j.metric)
+            groups.setdefault(" ".join(part for part in (dataset, split, measure) if part), []).append(j)
+    tested = {name: members for name, members in groups.items() if len(members) >= 2}
+    shifts = [noise.shared_shift(name, [j.difference for j in members], [j.band.sd for j in members], len(tested))
+              for name, members in sorted(tested.items())]
+    return ReproductionVerdict(counts, len(trained), sum(not j.ok for j in trained),
+                               noise.allowed_misses(len(trained)),
+                               sum(not j.ok for j in present if j.deterministic), shifts)
+
+
+def reproduction_summary(judgements: Sequence[Judgement], path: str | os.PathLike,
+                         verdict: ReproductionVerdict | None = None) -> str:
+    verdict = verdict or reproduction_verdict(judgements)
+    counts = verdict.counts
+    label = "reproduced" if judgements and verdict.ok else "NOT reproduced"
+    shifted = sum(shift.fails for shift in verdict.shifts)
+    return (f"check (reproduction of published figures): {label}: {counts[REPRODUCED]} reproduced, "
             f"{counts[WITHIN_NOISE]} within noise, {counts[DIFFERS]} differ, {counts[MISSING]} missing "
-            f"of {len(judgements)} cells ({Path(path).as_posix()})")
+            f"of {len(judgements)} cells; trained runs outside their band {verdict.trained_misses} of "
+            f"{verdict.trained} (a faithful run misses up to {verdict.allowed}), deterministic cells outside "
+            f"{verdict.deterministic_misses}, measures with a shared shift {shifted} of {len(verdict.shifts)} "
+            f"({Path(path).as_posix()})")
