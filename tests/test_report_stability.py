@@ -125,18 +125,33 @@ def _table_with(unit, cell):
     return result
 
 
-def test_the_header_reads_the_corpus_cut_from_the_prepared_dataset(tmp_path):
+def late_judged_dataset():
+    """Twelve documents, two of the four judged ones far down the corpus, as SciFact's and Cranfield's judged
+    documents are scattered far past the first N: a cut to the first N keeps few of them."""
+    from qac.data.dataset import Dataset, Document
+
+    corpus = {f"d{i}": Document(f"d{i}", "", f"text {i}") for i in range(1, 13)}
+    qrels = {"test": {"q1": {"d2": 1, "d10": 1}, "q2": {"d11": 1}}, "train": {"q3": {"d3": 1}}}
+    return Dataset("scifact", corpus, {"q1": "one", "q2": "two", "q3": "three"}, qrels, meta={"skipped": {}})
+
+
+@pytest.mark.parametrize("max_documents, keep_judged, told", [
+    # four judged documents and room for two: none of the first two survives
+    (2, True, "4 of 12 documents: the 4 judged ones only (prepare.max_documents 2 leaves room for no other)"),
+    (6, True, "6 of 12 documents: the 4 judged ones and the first 2 unjudged ones"),
+    (6, False, "6 of 12 documents: the first 6"),
+    (None, True, "12 documents"),
+])
+def test_the_header_says_what_the_prepared_corpus_kept(tmp_path, max_documents, keep_judged, told):
+    from qac.data.prepared import prepare_dataset, write_prepared
+
     data = write_study(tmp_path / "data")
-    folder = data / "datasets" / "scifact"
-    folder.mkdir(parents=True)
-    (folder / "dataset.json").write_text(json.dumps({
-        "counts": {"documents": 667}, "skipped": {"documents_outside_subset": 4516},
-        "subset": {"max_documents": 120, "keep_judged_documents": True}}), encoding="utf-8")
-    params = study_params(prepare={"max_documents": 120, "keep_judged_documents": True})
-    report = write_report(params, tmp_path / "out", data)
-    header = dict(report.header)["Data"]
-    assert "667 of 5183 documents: the first 120 and every judged one" in header
-    assert "cut to the first 120 documents" not in (report.directory / "tables.md").read_text(encoding="utf-8")
+    dataset = prepare_dataset(late_judged_dataset(), max_documents=max_documents, keep_judged_documents=keep_judged)
+    write_prepared(dataset, data / "datasets" / "scifact")
+    params = study_params(prepare={"max_documents": max_documents, "keep_judged_documents": keep_judged})
+    header = dict(write_report(params, tmp_path / "out", data).header)["Data"]
+    assert f"scifact (beir; splits train, test; {told})" in header
+    assert "the first 2 and every judged one" not in header and "the first 6 and every judged one" not in header
 
 
 def test_counts_agree_with_their_nouns(tmp_path):

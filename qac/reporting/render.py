@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from qac.evaluation.significance import ALPHA, POWER
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from qac.params.sections import Params
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
-              "compared_source", "metric", "paper_row", "published", "cited", "seeds", "recipe", "note"]
+              "compared_source", "metric", "paper_row", "published", "cited", "seeds", "recipe", "note",
+              "p_holm", "ci_low", "ci_high"]
 # The MLflow runs behind the cells: bookkeeping, kept out of the tracked report (see runs_csv).
 RUN_FIELDS = ["table", "row", "column", "run_id", "git_commit", "compared_run_id", "compared_git_commit"]
 
@@ -50,14 +52,40 @@ def _recipe(params: Params) -> str:
             "docs/deviations.md lists each switch")
 
 
+def _judged_documents(folder: Path, facts: dict) -> int | None:
+    """How many documents the qrels of a prepared folder judge (any split, any grade), or None when unread.
+
+    The prepared folder is the record of what was kept: its qrels name only kept documents, and a subset that
+    keeps the judged documents keeps every one of them. A folder of sub-collections sums its parts.
+    """
+    from qac.evaluation.trec_io import read_qrels
+
+    parts = [folder / subset for subset in facts.get("subsets") or ()] or [folder]
+    total = 0
+    for part in parts:
+        files = sorted((part / "qrels").glob("*.tsv"))
+        if not files:
+            return None
+        try:
+            total += len({doc for path in files for judgements in read_qrels(path).values() for doc in judgements})
+        except (OSError, ValueError):
+            return None
+    return total
+
+
 def _documents(study: Study, name: str) -> str | None:
-    """How many documents the prepared dataset holds and how it was cut, from its ``dataset.json``
-    (written by the prepare stage), never from the params: ``667 of 5183 documents: the first 120 and every
-    judged one``."""
+    """How many documents the prepared dataset holds and how it was cut, from the prepared folder itself
+    (``dataset.json`` and its qrels, written by the prepare stage), never from the params.
+
+    ``667 of 5183 documents: the 667 judged ones only (prepare.max_documents 120 leaves room for no other)``;
+    ``1000 of 5183 documents: the 667 judged ones and the first 333 unjudged ones``; ``120 of 1398
+    documents: the first 120``.
+    """
     import json
 
+    folder = study.root / "datasets" / name
     try:
-        facts = json.loads((study.root / "datasets" / name / "dataset.json").read_text(encoding="utf-8"))
+        facts = json.loads((folder / "dataset.json").read_text(encoding="utf-8"))
         kept = int(facts["counts"]["documents"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -65,10 +93,16 @@ def _documents(study: Study, name: str) -> str | None:
     left_out = int((facts.get("skipped") or {}).get("documents_outside_subset") or 0)
     if not subset.get("max_documents") or not left_out:
         return plural(kept, "document")
-    cut = int(subset["max_documents"])
-    how = (f"the first {cut} and every judged one" if subset.get("keep_judged_documents") and kept > cut
-           else f"the first {kept}")
-    return f"{kept} of {plural(kept + left_out, 'document')}: {how}"
+    counted = f"{kept} of {plural(kept + left_out, 'document')}"
+    if not subset.get("keep_judged_documents"):
+        return f"{counted}: the first {kept}"
+    judged = _judged_documents(folder, facts)
+    if judged is None or judged > kept:
+        return counted       # no readable qrels: how many were judged is not known here, so not said
+    if judged == kept:
+        return (f"{counted}: the {judged} judged ones only (prepare.max_documents {subset['max_documents']} "
+                "leaves room for no other)")
+    return f"{counted}: the {judged} judged ones and the first {kept - judged} unjudged ones"
 
 
 def _data(params: Params, study: Study) -> str:
@@ -131,6 +165,17 @@ def _p_text(p: float) -> str:
     return f"p={p:.2g}" if p >= 0.001 else "p<0.001"
 
 
+def _holm_text(cell: Cell) -> str:
+    return "" if cell.p_holm is None else f", p_holm={cell.p_holm:.2g}" if cell.p_holm >= 0.001 else ", p_holm<0.001"
+
+
+def _ci_text(table: Table, column: str, cell: Cell) -> str:
+    if cell.ci is None:
+        return ""
+    low, high = (_number(bound, table, column, signed=True, difference=True) for bound in cell.ci)
+    return f"; 95% CI [{low}, {high}]"
+
+
 def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None) -> str:
     """``ours / paper`` for display; difference cells carry the p-value."""
     if cell.text is not None:
@@ -144,7 +189,7 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
                      f"({len(cell.seed_values)} seeds)")
         if cell.difference and cell.p_value is not None:
             mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column, difference=True)}"
-            ours += f" ({_p_text(cell.p_value)}{mde})"
+            ours += f" ({_p_text(cell.p_value)}{_holm_text(cell)}{mde}{_ci_text(table, column, cell)})"
     theirs = "–" if cell.paper is None else _number(cell.paper, table, column, signed=cell.difference)
     if cell.paper is None and cell.published is not None:
         theirs = f"{_number(cell.published, table, column)} published"
@@ -229,6 +274,9 @@ def to_csv(table: Table) -> str:
                 "unit": "count" if column in table.count_columns else table.unit,
                 "p_value": "" if cell.p_value is None else repr(cell.p_value),
                 "mde": "" if cell.mde is None else repr(float(cell.mde)),
+                "p_holm": "" if cell.p_holm is None else repr(cell.p_holm),
+                "ci_low": "" if cell.ci is None else repr(float(cell.ci[0])),
+                "ci_high": "" if cell.ci is None else repr(float(cell.ci[1])),
                 "n_queries": "" if cell.n_queries is None else cell.n_queries,
                 "source": cell.source or "", "compared_source": cell.compared_source or "",
                 "metric": cell.metric or "", "paper_row": table.paper_rows.get(row, ""),
