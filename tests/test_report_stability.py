@@ -154,6 +154,23 @@ def test_the_header_says_what_the_prepared_corpus_kept(tmp_path, max_documents, 
     assert "the first 2 and every judged one" not in header and "the first 6 and every judged one" not in header
 
 
+def test_the_header_says_what_an_mde_is_and_never_that_a_delta_below_it_is_noise(tmp_path):
+    """The MDE is the design's power: the test on these queries tells an observed Δ below its MDE from zero."""
+    from qac.evaluation.significance import ALPHA, compare_paired
+
+    # 100 queries: half gain 0.125, half lose 0.075; mean 0.025, sd 0.1, t = 2.5 (between z_0.975 and z + z_0.8)
+    with_values = {f"q{i}": 0.5 + (0.125 if i % 2 else -0.075) for i in range(100)}
+    without_values = {f"q{i}": 0.5 for i in range(100)}
+    result = compare_paired(with_values, without_values, permutations=2000, seed=0)
+    delta = sum(with_values[q] - without_values[q] for q in with_values) / 100
+    assert result.p_value < ALPHA and delta < result.mde                # significant, yet below its MDE
+    data = write_study(tmp_path / "data")
+    differences = dict(write_report(PARAMS, tmp_path / "out", data).header)["Differences"]
+    assert "cannot tell from noise" not in differences and "below its MDE is one" not in differences
+    assert "describes the design's power, not the observed Δ" in differences
+    assert f"a Δ below its MDE can still have p < {ALPHA:g}" in differences
+
+
 def test_counts_agree_with_their_nouns(tmp_path):
     data = write_study(tmp_path / "data")
     params = study_params(zero_shot=["nfcorpus"])

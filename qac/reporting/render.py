@@ -143,10 +143,12 @@ def header_block(params: Params, study: Study, tables: Iterable[Table]) -> list[
         ("Measures", "R@k (hit rate) = share of queries with a relevant document in the top k (MS MARCO's "
                      "official R@k); R@k (recall) = standard recall; RR@10 = MRR@10. Cells read ours / paper."),
         ("Differences", "Δ = with − without query context, mean over queries; p = paired randomization test "
-                        f"over the queries; MDE = the smallest true difference this test set detects at p<{ALPHA:g} "
-                        f"(two-sided) with {POWER:.0%} power, (z_0.975 + z_0.8) · sd(per-query Δ) / √n. "
-                        "A |Δ| below its MDE is one the test set cannot tell from noise, not evidence of no effect; "
-                        "no MDE where every per-query Δ is the same (sd 0 says nothing about the test's power)."),
+                        "over the queries; MDE = the smallest true difference the test on these queries would "
+                        f"detect at p<{ALPHA:g} (two-sided) with {POWER:.0%} power, (z_0.975 + z_0.8) · "
+                        "sd(per-query Δ) / √n. The MDE describes the design's power, not the observed Δ: read a "
+                        f"Δ by its p (a Δ below its MDE can still have p < {ALPHA:g}); where p ≥ {ALPHA:g}, a true effect "
+                        "smaller than the MDE is not ruled out, so the Δ is no evidence of no effect. No MDE where "
+                        "every per-query Δ is the same (sd 0 says nothing about the test's power)."),
     ]
 
 
