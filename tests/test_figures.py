@@ -62,6 +62,41 @@ def test_query_count_figure_plots_table3_with_passage_baseline_and_paper(tmp_pat
     assert legend_is_outside(figure, r50_axis.get_legend())
 
 
+def test_query_count_figure_scales_to_our_values_and_marks_the_papers_on_their_own_axis(tmp_path, drawn_figures):
+    """A scaled-down profile's RR@10 of 2-3 beside the paper's 37: our lines fill the panel, the paper's points
+    sit on a right axis of their own instead of squashing ours into the bottom tenth."""
+    from qac.reporting.figures import plot_query_count
+
+    table = Table("table3", "Table 3", "percent", ["RR@10 [paper: MS MARCO dev MRR@10]"])
+    column = table.columns[0]
+    for count, ours, paper in [(1, 2.7, 37.7), (4, 2.2, None), (5, None, 37.4), (10, None, 37.6)]:
+        table.put(f"coCondenser C={count}", column, Cell(value=ours, paper=paper))
+        table.row_info[f"coCondenser C={count}"] = {"method": "cocondenser", "query_count": count}
+    table.baselines = {"cocondenser": {column: 2.1}}
+    plot_query_count(table, tmp_path / "query_count.png")
+    (figure,) = drawn_figures
+    ours_axis, paper_axis = figure.axes
+    low, high = ours_axis.get_ylim()
+    assert low <= 2.1 and high >= 2.7                          # every one of ours (and the baseline) shown
+    assert high - low < 3 * (2.7 - 2.1)                        # and they fill at least a third of the height
+    assert {line.get_label() for line in ours_axis.lines} == {"coCondenser query context", "coCondenser passage context"}
+    (paper_line,) = paper_axis.lines
+    assert list(paper_line.get_ydata()) == [37.7, 37.4, 37.6] and paper_axis.get_ylim()[0] > high
+    assert paper_axis.get_ylabel() == "paper: MS MARCO dev MRR@10 (%)"
+    assert paper_line.get_label() == "coCondenser paper (MS MARCO, right axis)"
+    legend = ours_axis.get_legend()
+    assert "coCondenser paper (MS MARCO, right axis)" in [text.get_text() for text in legend.get_texts()]
+    assert legend_is_outside(figure, legend)
+
+
+def test_the_papers_points_share_our_axis_where_they_fit_its_scale():
+    from qac.reporting.figures import shares_scale
+
+    assert shares_scale([30.0, 32.0, 35.0], [37.7, 37.4])       # the paper's scale: one axis
+    assert not shares_scale([2.1, 2.7], [37.7])                 # a scaled-down profile: an axis of its own
+    assert shares_scale([2.5], [2.6]) and not shares_scale([2.5], [3.0])
+
+
 def test_query_count_figure_draws_retriever_1_only_beside_retriever_2_and_dl_columns(tmp_path, drawn_figures):
     """Table 3's retriever-2 columns and a DL column without numbers draw no panel; RR@10 is retriever 1's."""
     from dvc_study import HIT50, RR

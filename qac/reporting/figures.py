@@ -80,10 +80,45 @@ def figure_title(what: str, profile: str) -> str:
     return f"{what}\n{profile} profile"
 
 
-def plot_query_count(table3: Table, path: str | os.PathLike, title: str | None = None) -> Path | None:
-    """Table 3 as lines: a panel per measure, x = queries per passage; passage context and paper as references."""
+def shares_scale(ours: Sequence[float], theirs: Sequence[float]) -> bool:
+    """Whether the paper's points can share the axis of ours without squashing them: each lies within our
+    span stretched by that span on either side, so our points keep at least a third of the height.
+    A flat set of ours (one value) counts a span of a tenth of its size."""
+    low, high = min(ours), max(ours)
+    span = max(high - low, 0.1 * max(abs(low), abs(high)), 1e-9)
+    return all(low - span <= value <= high + span for value in theirs)
+
+
+def _query_count_panel(axis, column: str, series: dict[str, list[tuple[int, float]]],
+                       papers: dict[str, list[tuple[int, float]]], baselines: dict[str, float]) -> None:
+    """One measure: our lines on the left axis, scaled to them; the paper's on it too where they fit its
+    scale (:func:`shares_scale`), else on a right axis of their own, so they never squash ours."""
     from qac.reporting.paper import METHOD_NAMES
 
+    ours = [value for points in series.values() for _, value in points] + list(baselines.values())
+    theirs = [value for points in papers.values() for _, value in points]
+    paper_axis = axis if not theirs or shares_scale(ours, theirs) else axis.twinx()
+    paper_where = "" if paper_axis is axis else ", right axis"
+    for method, points in sorted(series.items()):
+        name, colour = METHOD_NAMES.get(method, method), method_colour(method)
+        axis.plot([p[0] for p in sorted(points)], [p[1] for p in sorted(points)], marker="o", color=colour,
+                  label=f"{name} query context")
+        if method in baselines:
+            axis.axhline(baselines[method], color=colour, linestyle=":", label=f"{name} passage context")
+    for method, points in sorted(papers.items()):
+        name, colour = METHOD_NAMES.get(method, method), method_colour(method)
+        paper_axis.plot([p[0] for p in sorted(points)], [p[1] for p in sorted(points)], marker="s",
+                        linestyle="--", color=colour, alpha=0.5, label=f"{name} paper (MS MARCO{paper_where})")
+    measure = column.split(" [")[0]
+    axis.set_ylabel(f"{measure} (%)")
+    if paper_axis is not axis:
+        paper_label = column.split("[paper: ", 1)[1].rstrip("]") if "[paper: " in column else measure
+        paper_axis.set_ylabel(f"paper: {paper_label} (%)", color="dimgray")
+        paper_axis.tick_params(axis="y", colors="dimgray")
+
+
+def plot_query_count(table3: Table, path: str | os.PathLike, title: str | None = None) -> Path | None:
+    """Table 3 as lines: a panel per measure, x = queries per passage; passage context and paper as references."""
     # Retriever 1's measures only (the figure's subject); a column no row has a number in draws no panel.
     measures = [column for column in table3.columns
                 if not column.startswith("Δ") and table3.column_retrievers.get(column, "r1") == "r1"
@@ -104,26 +139,31 @@ def plot_query_count(table3: Table, path: str | os.PathLike, title: str | None =
     figure, axes = plt.subplots(1, len(measures), figsize=(5.0 * len(measures), 3.6), squeeze=False)
     counts = sorted({info["query_count"] for info in table3.row_info.values()})
     for axis, column in zip(axes[0], measures):
-        for method, points in sorted(series.get(column, {}).items()):
-            points.sort()
-            name = METHOD_NAMES.get(method, method)
-            colour = method_colour(method)
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colour,
-                      label=f"{name} query context")
-            baseline = table3.baselines.get(method, {}).get(column)
-            if baseline is not None:
-                axis.axhline(baseline, color=colour, linestyle=":", label=f"{name} passage context")
-            paper_points = sorted(papers.get(column, {}).get(method, []))
-            if paper_points:
-                axis.plot([p[0] for p in paper_points], [p[1] for p in paper_points], marker="s", linestyle="--",
-                          color=colour, alpha=0.5, label=f"{name} paper (MS MARCO)")
+        baselines = {method: columns[column] for method, columns in table3.baselines.items()
+                     if columns.get(column) is not None and method in series.get(column, {})}
+        _query_count_panel(axis, column, series.get(column, {}), papers.get(column, {}), baselines)
         axis.set_xlabel("generated queries per passage (C)")
-        axis.set_ylabel(column.split(" [")[0] + " (%)")
         axis.set_xscale("log")   # the paper's C = 1, 5, 10, 20 spread evenly
         axis.set_xticks(counts, [str(c) for c in counts])
         axis.minorticks_off()
-    axes[0][-1].legend(**LEGEND_OUTSIDE)
+    if len(figure.axes) > len(measures):
+        figure.subplots_adjust(wspace=0.6)   # room between panels for a right axis's ticks and label
+    _legend_outside(figure, axes[0][-1])
     return _save(figure, path, title or "Retriever 1 against the number of generated queries (Table 3)")
+
+
+def _legend_outside(figure, last_axis) -> None:
+    """One legend right of the last panel, with every label of the figure's axes (right axes included) once."""
+    handles: dict[str, Any] = {}
+    for axis in figure.axes:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    # Right of a panel's right axis too: its tick labels sit where the legend would start.
+    place = dict(LEGEND_OUTSIDE)
+    if any(axis is not last_axis and axis.get_position().bounds == last_axis.get_position().bounds
+           for axis in figure.axes):
+        place["bbox_to_anchor"] = (1.3, 1.0)
+    last_axis.legend(list(handles.values()), list(handles), **place)
 
 
 def plot_zero_shot(table2: Table, path: str | os.PathLike, title: str | None = None) -> Path | None:
