@@ -78,7 +78,8 @@ notebook: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[notebook]'
 	$(BIN)/jupyter lab notebooks/analysis.ipynb
 
-# Execute the notebook in place on a profile's results (the committed copy ran on `default`).
+# Execute the notebook in place on a profile's results (the committed copy carries no outputs: they would
+# go stale with every rerun of the study).
 notebook-run: $(STAMP)
 	cd notebooks && $(abspath $(BIN))/jupyter-execute --inplace analysis.ipynb
 
