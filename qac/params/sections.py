@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, create_model
+from pydantic import Field, create_model, model_validator
 
 from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, DropoutProbability, Fraction,
                                InsidePath, LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction,
@@ -313,6 +313,86 @@ class ContinuationSection(Section):
     max_passages: PositiveInt | None = Field(
         description="continue the first N passages only (null: all); later passages have no GOR text")
     dtype: DType = Field(description="auto: bf16 on GPU, fp32 on CPU")
+
+
+class LlmGenerator(Section):
+    model: str = Field(description="a Hugging Face causal LM: hub name or local folder, or tiny:<tokenizer> / "
+                                   "tiny-llama:<tokenizer> (a random 2-layer GPT-2 / Llama built from a config, tests)")
+    revision: str | None = Field(description="the hub revision loaded (a commit hash pins it); null: a local folder "
+                                             "or tiny model")
+    gguf_file: str | None = Field(default=None, description="a GGUF file of the model folder to load (needs the gguf "
+                                                            "package)")
+    chat: bool = Field(default=False, description="wrap each prompt in the tokenizer's chat template as the user's "
+                                                  "turn (instruct models)")
+
+
+class LlmGenerationSection(Section):
+    query_types: Annotated[list[PlainName], Distinct] = Field(
+        min_length=1, description="query types in candidate order: candidate j is of type query_types[j % n]")
+    templates: dict[PlainName, str] = Field(
+        description="query type -> prompt template with {passage} and optionally {examples} (the few-shot block; "
+                    "a template without it is zero-shot)")
+    example_template: str = Field(description="one few-shot example, with {passage} and {query}")
+    shots: NonNegativeInt = Field(description="k few-shot examples drawn (with the seed) from the training queries "
+                                              "of train_dataset and their relevant documents; 0: zero-shot")
+    passage_tokens: PositiveInt = Field(description="the prompted passage is cut to this many of the LM's tokens")
+    example_tokens: PositiveInt = Field(description="each example's passage is cut to this many tokens")
+    queries_per_passage: PositiveInt = Field(description="candidates generated per passage")
+    top_p: TopP
+    top_k: TopK
+    temperature: PositiveFloat = Field(description="logits divided by it before top-k/top-p")
+    repeat_penalty: NonNegativeFloat = Field(description="subtracted from the logits of tokens a candidate already "
+                                                         "emitted")
+    min_new_tokens: NonNegativeInt = Field(description="tokens before a query may end (end of sequence or a line "
+                                                       "break)")
+    max_new_tokens: PositiveInt = Field(description="longest generated query, in tokens")
+    batch_size: PositiveInt = Field(description="passages per generation batch (part of the chunks' fingerprint)")
+    chunk_size: ChunkSize
+    max_passages: PositiveInt | None = Field(description="generate for the first N passages only (null: all)")
+    drop_duplicates: bool = Field(description="drop a candidate that repeats an earlier one of its passage")
+    drop_empty: bool = Field(description="drop empty candidates")
+    dtype: DType = Field(description="auto: bf16 on GPU, fp32 on CPU")
+    sync_every: PositiveInt = Field(description="decoding steps between the host's reads of the device")
+    decode: Literal["auto", "cache", "static"] = Field(
+        description="cache (a growing dynamic cache, the CPU reference) or static (a cache and mask of fixed shape "
+                    "allocated once per batch); auto: static on GPU")
+
+
+class LlmFilterSection(Section):
+    max_copied_share: Fraction = Field(description="drop a query whose longest run of words copied from its passage "
+                                                   "is over this share of its words (1.0: keep copies)")
+    round_trip: bool = Field(description="keep a query only if round_trip_retriever ranks its passage in the top "
+                                         "round_trip_depth (Promptagator)")
+    round_trip_retriever: Literal["bm25", "encoder"] = Field(
+        description="bm25 (bm25s over the passages) or encoder (pretrain.common.init, mean-pooled cosine)")
+    round_trip_depth: PositiveInt = Field(description="k of the round trip")
+    relevance: bool = Field(description="keep the best-scored keep_share of the queries (Doc2Query--)")
+    relevance_scorer: Literal["bm25", "encoder"] = Field(description="the score of a query against its own passage")
+    keep_share: Fraction = Field(description="share of the queries the relevance filter keeps")
+    judge_passages: NonNegativeInt = Field(
+        description="passages on which Table 5's automatic judge compares the first query before and after "
+                    "filtering (0: skip)")
+
+
+LlmVariant = create_model(
+    "LlmVariant", __base__=PretrainVariant,
+    generator=(PlainName, Field(description="the llm_queries.generators entry whose queries are the context")),
+    filtered=(bool, Field(default=True, description="read the filtered queries (false: as generated)")),
+)
+
+
+class LlmQueriesSection(Section):
+    generators: dict[PlainName, LlmGenerator] = Field(
+        description="the switch: name -> causal LM whose queries stages generate_llm_queries@<name> and "
+                    "filter_llm_queries@<name> write; {} (the committed profiles): none")
+    generation: LlmGenerationSection = Field(description="prompts and sampling of every generator")
+    filter: LlmFilterSection = Field(description="which filters choose among the generated queries, and their "
+                                                 "thresholds")
+    variants: dict[PlainName, LlmVariant] = Field(
+        default_factory=dict,
+        description="pre-training variants on these queries (a pretrain.variants entry plus generator and "
+                    "filtered); they run as stages pretrain_llm, finetune_llm, evaluate_llm and read as "
+                    "pretrain.variants entries everywhere else")
 
 
 class FinetuneSection(Section):
@@ -646,6 +726,9 @@ class Params(Section):
     pretrain: PretrainSection = Field(description="pre-training (stage pretrain@<variant>)")
     continuation: ContinuationSection = Field(
         description="causal-LM continuations of passages for MASTER's GOR decoder (stage generate_continuations)")
+    llm_queries: LlmQueriesSection = Field(
+        description="queries from prompted causal LMs, filtered, and the variants pre-trained on them "
+                    "(stages generate_llm_queries, filter_llm_queries, pretrain_llm)")
     finetune: FinetuneSection = Field(description="two-stage fine-tuning of the retrievers (stage finetune@<variant>)")
     bm25: Bm25Section = Field(description="BM25 negatives and baseline (bm25s, Lucene scoring)")
     evaluate: EvaluateSection = Field(description="retrieval and metrics (stage evaluate@<variant>)")
@@ -663,3 +746,22 @@ class Params(Section):
     check: CheckSection = Field(description="expected-score check (`qac check`)")
     hpo: HpoSection = Field(description="hyper-parameter search (`qac hpo`, docs/hpo.md)")
     cluster: ClusterSection = Field(description="cluster launch (`qac profile plan NAME --slurm DIR`, docs/cluster.md)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llm_variants_read_as_variants(cls, data: Any) -> Any:
+        # An LLM-query variant is a pre-training variant whose queries come from elsewhere: every reader of
+        # pretrain.variants (fine-tuning, evaluation, naming, tables) sees it there. It is declared apart so
+        # that DVC runs its pre-training as a stage of its own, with the LLM queries as its input.
+        if not isinstance(data, dict) or not isinstance(data.get("llm_queries"), dict):
+            return data
+        extra = data["llm_queries"].get("variants") or {}
+        pretrain = data.get("pretrain")
+        if not isinstance(extra, dict) or not extra or not isinstance(pretrain, dict):
+            return data
+        variants = dict(pretrain.get("variants") or {})
+        for name, spec in extra.items():
+            if name in variants:
+                raise ValueError(f"llm_queries.variants.{name}: a pretrain.variants entry has that name already")
+            variants[name] = {key: value for key, value in (spec or {}).items() if key not in ("generator", "filtered")}
+        return {**data, "pretrain": {**pretrain, "variants": variants}}

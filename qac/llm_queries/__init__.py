@@ -1,0 +1,1 @@
+"""Queries from prompted causal language models, and filters that choose among generated queries."""
