@@ -61,6 +61,11 @@ def setup_console(verbose: bool = False) -> bool:
     where it is imported later.
     """
     verbose = verbose_requested(verbose)
+    # MLflow prints each run's link on stdout, written with the tracking URL: its password too, if it has one.
+    from qac.redaction import split_credentials
+
+    if not verbose or split_credentials(os.environ.get("MLFLOW_TRACKING_URI", ""))[1] is not None:
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     if verbose:
         os.environ[VERBOSE_ENV] = "1"
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -316,8 +321,10 @@ def environment_error_message(error: BaseException) -> str | None:
         from qac.redaction import redact_url
         from qac.tracking.store import tracking_uri
 
+        from qac.redaction import redact_text
+
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        reason = textwrap.shorten(reason, 300, placeholder=" ...")
+        reason = textwrap.shorten(redact_text(reason, tracking_uri()), 300, placeholder=" ...")
         return (f"the tracking store failed ({type(error).__name__}: {reason}): the MLflow store "
                 f"(MLFLOW_TRACKING_URI, else mlflow.db; here {redact_url(tracking_uri())}) or a study's database "
                 "(hpo.storage). Outputs are written "
@@ -365,6 +372,15 @@ def _silence_stdout() -> None:
         pass
 
 
+def redacted_traceback(kind, error, trace) -> None:
+    """Print a program error's traceback as Python does, without the credentials of any URL or the
+    environment's secrets (:func:`qac.redaction.redact_text`): a traceback is pasted into issues."""
+    from qac.redaction import redact_text
+
+    sys.stderr.write(redact_text("".join(traceback.format_exception(kind, error, trace))))
+    sys.stderr.flush()
+
+
 def call_main(main: Callable[..., int | None], argv: list[str] | None = None, prog: str | None = None) -> int:
     """What :func:`run_main` does, returning the exit status instead of exiting (for tests and wrappers).
 
@@ -373,6 +389,7 @@ def call_main(main: Callable[..., int | None], argv: list[str] | None = None, pr
     ``QAC_VERBOSE=1`` adds the traceback. Any other exception is a program error and keeps its traceback.
     """
     _tolerant_streams()
+    sys.excepthook = redacted_traceback
     with sigterm_as_interrupt():
         try:
             return int(main(argv) or 0) if argv is not None else int(main() or 0)
@@ -388,9 +405,11 @@ def call_main(main: Callable[..., int | None], argv: list[str] | None = None, pr
                 status = interrupted_status(error) if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT
             if message is None:
                 raise
+            from qac.redaction import redact_text
+
             arguments = sys.argv[1:] if argv is None else argv
             if verbose_requested("-v" in arguments or "--verbose" in arguments):
-                traceback.print_exc()
+                print(redact_text(traceback.format_exc()), end="", file=sys.stderr)
             name = prog or os.path.basename(sys.argv[0] or "qac")
-            print(f"{name}: error: {message}", file=sys.stderr, flush=True)
+            print(f"{name}: error: {redact_text(message)}", file=sys.stderr, flush=True)
             return status

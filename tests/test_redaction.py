@@ -100,3 +100,21 @@ def test_checked_parameters_are_redacted_as_plain_data():
     redacted = redact_values(params)
     assert redacted["hpo"]["storage"] == "postgresql://***@db:5432/optuna"
     assert "s3cret" not in repr(redacted) and redacted["finetune"] == smoke.finetune.to_dict()
+
+
+def test_credentials_are_split_from_the_address_and_unquoted():
+    from qac.redaction import split_credentials
+
+    assert split_credentials("https://u:p%40ss%2F@host:8443/x?y=1") == ("https://host:8443/x?y=1", "u", "p@ss/")
+    assert split_credentials("http://tok3n-only@host/") == ("http://host/", "tok3n-only", None)
+    assert split_credentials("sqlite:///mlflow.db") == ("sqlite:///mlflow.db", None, None)
+
+
+def test_a_secret_quoted_without_its_url_is_redacted_too(monkeypatch):
+    from qac.redaction import redact_text
+
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "env-s3cret")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")     # not a secret: its name only contains TOKEN
+    text = "nonnumeric port: 'pw%2F12@host'; login env-s3cret refused; parallelism false"
+    assert redact_text(text, "https://user:pw%2F12@host/a.zip") == \
+        "nonnumeric port: '***@host'; login *** refused; parallelism false"

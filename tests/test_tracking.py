@@ -1,15 +1,9 @@
 """Stage runs: names, tags, nesting, input hashes; SQLite store and a real tracking server."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import mlflow
 import pytest
+from mlflow_stores import tracking_server
 
 from qac.io import path_md5
 from qac.params import validate_params
@@ -60,37 +54,10 @@ def test_stage_runs_in_sqlite_store(tmp_path, mlflow_store, monkeypatch):
     assert (tmp_path / "mlflow.db").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture()
 def mlflow_server(tmp_path):
-    port = _free_port()
-    mlflow_bin = Path(sys.executable).parent / "mlflow"
-    process = subprocess.Popen(
-        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                if process.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("mlflow server did not start")
-                time.sleep(0.5)
+    with tracking_server(tmp_path) as url:
         yield url
-    finally:
-        os.killpg(process.pid, 9)
-        process.wait()
 
 
 def test_stage_runs_against_a_tracking_server(tmp_path, mlflow_server, monkeypatch):

@@ -24,12 +24,14 @@ from qac.data.textfile import QrelsCollector, check_new_id, require_rows, requir
 def _load(name: str, config: str | None = None, split: str | None = None):
     import datasets
 
+    from qac.redaction import redact_text    # a hub address (HF_ENDPOINT) or token quoted by the error stays out
+
     try:
         return datasets.load_dataset(name, config, split=split)
     except Exception as error:  # offline, unknown repository, missing split: all say the same to the user
         what = f"{name}" + (f" ({config})" if config else "") + (f" split {split}" if split else "")
         raise DatasetUnavailableError(
-            f"cannot load the Hugging Face dataset {what}: {type(error).__name__}: {error}. "
+            f"cannot load the Hugging Face dataset {what}: {type(error).__name__}: {redact_text(str(error))}. "
             "Is the hub reachable (HF_HUB_OFFLINE unset, network available)? "
             "Otherwise put the dataset in the data mirror (QAC_DATA_MIRROR)."
         ) from error

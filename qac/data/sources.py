@@ -48,6 +48,7 @@ mirror's ``trec-msmarco/`` folder).
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -67,6 +68,7 @@ from qac.data.errors import DataFormatError, DatasetUnavailableError
 from qac.data.msmarco import stream_tsv_corpus
 from qac.data.trec import read_topics, read_trec_qrels
 from qac.io import atomic_path
+from qac.redaction import basic_authorization, redact_text, redact_url, split_credentials
 
 if TYPE_CHECKING:
     from qac.params.sections import DatasetEntry, Params, PrepareSection
@@ -207,17 +209,37 @@ def _unusable(directory: Path, alternatives: list[tuple[str, ...]]) -> list[str]
     return reasons
 
 
+def _open_url(url: str, method: str = "GET"):
+    """``urlopen`` of ``url``, whose ``user:password@`` (if any) is sent as HTTP Basic authorization.
+
+    Python's HTTP client takes ``user:password@host`` for a host and a port ("nonnumeric port"), so the
+    address is dialled without them. The header is not sent on to where a redirect points: another
+    host never sees the credentials.
+    """
+    bare, user, password = split_credentials(url)
+    request = urllib.request.Request(bare, method=method)
+    authorization = basic_authorization(user, password)
+    if authorization:
+        request.add_unredirected_header("Authorization", authorization)
+    return urllib.request.urlopen(request, timeout=URL_TIMEOUT_S)
+
+
 def _check_url(url: str) -> None:
-    """Raise ``OSError`` unless ``url`` answers (HEAD, or GET where HEAD is refused)."""
-    request = urllib.request.Request(url, method="HEAD")
+    """Raise ``OSError`` (or ``http.client.HTTPException``) unless ``url`` answers (HEAD, or GET where HEAD
+    is refused)."""
     try:
-        with urllib.request.urlopen(request, timeout=URL_TIMEOUT_S):
+        with _open_url(url, method="HEAD"):
             return
     except urllib.error.HTTPError as error:
         if error.code not in (403, 405, 501):
             raise
-    with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S):
+    with _open_url(url):
         return
+
+
+def _failure(error: BaseException, url: str) -> str:
+    """``error`` in words without the credentials of ``url`` (an HTTP status, a refused connection)."""
+    return redact_text(str(error) or type(error).__name__, url)
 
 
 def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
@@ -244,7 +266,7 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
         tried.append(f"{mirror_root} (no mirror folder is declared for it)")
     cached = Path(downloads) / spec.name
     if spec.format != "hf" and _cache_is_current(cached, spec) and not _unusable(cached, spec.corpus_files()):
-        return Source("download", cached, spec.url or f"cache:{spec.name}")
+        return Source("download", cached, redact_url(spec.url) if spec.url else f"cache:{spec.name}")
     if spec.format == "hf":
         from qac.data.hub import check_hub_dataset
 
@@ -257,9 +279,10 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
         raise DatasetUnavailableError(unavailable_message(spec, tried, cached, None))
     try:
         _check_url(spec.url)
-    except (OSError, ValueError) as error:
-        raise DatasetUnavailableError(unavailable_message(spec, tried, cached, f"failed: {error}")) from None
-    return Source("download", cached, spec.url)
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        raise DatasetUnavailableError(unavailable_message(spec, tried, cached,
+                                                          f"failed: {_failure(error, spec.url)}")) from None
+    return Source("download", cached, redact_url(spec.url))
 
 
 def unavailable_message(spec: DatasetSpec, tried: list[str], cached: Path, url_problem: str | None) -> str:
@@ -267,7 +290,7 @@ def unavailable_message(spec: DatasetSpec, tried: list[str], cached: Path, url_p
     if spec.format == "hf":
         remote = f"the Hugging Face dataset {spec.hub} could not be loaded ({url_problem})"
     elif spec.url:
-        remote = f"the download from {spec.url} {url_problem}"
+        remote = f"the download from {redact_url(spec.url)} {url_problem}"
     else:
         remote = "no public URL is declared for it (params: datasets.<name>.url)"
     return (f"dataset {spec.name!r} is not available: the data mirror has no copy at {'; '.join(tried)}, "
@@ -282,7 +305,7 @@ def fetch_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
     source = locate_dataset(spec, mirror, downloads)
     if source.origin == "download" and not _cache_is_current(source.directory, spec):
         if spec.checksum is None:
-            warnings.warn(f"dataset {spec.name!r}: {spec.url} has no pinned checksum (md5 or sha256 in its "
+            warnings.warn(f"dataset {spec.name!r}: {redact_url(spec.url)} has no pinned checksum (md5 or sha256 in its "
                           "datasets entry), so the download cannot be verified; pin the checksum its "
                           "publisher gives", UnverifiedDownloadWarning, stacklevel=2)
         try:
@@ -290,14 +313,15 @@ def fetch_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
                 _download_and_convert(spec, source.directory)
             else:
                 download_and_unpack(spec.url, source.directory, checksum=spec.checksum)
-        except (OSError, ValueError, zipfile.BadZipFile, tarfile.TarError) as error:
+        except (OSError, ValueError, http.client.HTTPException, zipfile.BadZipFile, tarfile.TarError) as error:
             raise DatasetUnavailableError(
-                f"dataset {spec.name!r}: the download from {spec.url} into {source.directory} failed: {error} "
+                f"dataset {spec.name!r}: the download from {redact_url(spec.url)} into {source.directory} failed: "
+                f"{_failure(error, spec.url)} "
                 f"(or set QAC_DATA_MIRROR to a data mirror that holds it)") from None
         unusable = _unusable(source.directory, spec.corpus_files())
         if unusable:
             raise DatasetUnavailableError(
-                f"dataset {spec.name!r}: the archive from {spec.url} is not a dataset: {'; '.join(unusable)} "
+                f"dataset {spec.name!r}: the archive from {redact_url(spec.url)} is not a dataset: {'; '.join(unusable)} "
                 f"(unpacked in {source.directory})")
     return source
 
@@ -344,7 +368,7 @@ def download_and_unpack(url: str, target: str | os.PathLike, checksum: tuple[str
     with atomic_path(target, directory=True) as tmp:
         archive = tmp / file_name
         digest = hashlib.new(checksum[0]) if checksum else None
-        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response, open(archive, "wb") as out:
+        with _open_url(url) as response, open(archive, "wb") as out:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {file_name}") as progress:
                 for chunk in iter(lambda: response.read(1 << 20), b""):
@@ -353,24 +377,24 @@ def download_and_unpack(url: str, target: str | os.PathLike, checksum: tuple[str
                         digest.update(chunk)
                     progress.update(len(chunk))
         if checksum and digest.hexdigest() != checksum[1]:
-            raise ValueError(f"{url}: {checksum[0]} of the download is {digest.hexdigest()}, but "
+            raise ValueError(f"{redact_url(url)}: {checksum[0]} of the download is {digest.hexdigest()}, but "
                              f"{checksum[1]} is pinned; the file is corrupt or was changed at the source "
                              "(the download was discarded)")
         if file_name.endswith(".zip"):
             unpacked = tmp / ".unpacked"
             with zipfile.ZipFile(archive) as bundle:
-                _refuse_escaping_members(url, [(member, None) for member in bundle.namelist()])
+                _refuse_escaping_members(redact_url(url), [(member, None) for member in bundle.namelist()])
                 bundle.extractall(unpacked)
             archive.unlink()
             _move_contents(unpacked, tmp)
         elif file_name.endswith((".tar.gz", ".tgz", ".tar")):
             unpacked = tmp / ".unpacked"
             with tarfile.open(archive) as bundle:
-                _extract_tar(bundle, unpacked, url)
+                _extract_tar(bundle, unpacked, redact_url(url))
             archive.unlink()
             _move_contents(unpacked, tmp)
         (tmp / DOWNLOAD_RECORD).write_text(
-            json.dumps({"url": url, "checksum": list(checksum) if checksum else None}) + "\n", encoding="utf-8")
+            json.dumps({"url": redact_url(url), "checksum": list(checksum) if checksum else None}) + "\n", encoding="utf-8")
 
 
 def _refuse_escaping_members(url: str, members: list[tuple[str, str | None]]) -> None:
@@ -407,13 +431,14 @@ def download_file(url: str, md5: str | None, cache: Path, name: str, owner: str,
     """
     checksum = ("md5", md5) if md5 else None
     if checksum is None:
-        warnings.warn(f"{owner}: {url} has no pinned checksum ({md5_key})", warning, stacklevel=3)
+        warnings.warn(f"{owner}: {redact_url(url)} has no pinned checksum ({md5_key})", warning, stacklevel=3)
     try:
         download_and_unpack(url, cache, checksum=checksum)
-    except (OSError, ValueError, zipfile.BadZipFile, tarfile.TarError) as error:
-        raise DatasetUnavailableError(f"{owner}: the download {what}from {url} into {cache} failed: {error}") from None
+    except (OSError, ValueError, http.client.HTTPException, zipfile.BadZipFile, tarfile.TarError) as error:
+        raise DatasetUnavailableError(f"{owner}: the download {what}from {redact_url(url)} into {cache} failed: "
+                                      f"{_failure(error, url)}") from None
     if not (cache / name).is_file():
-        raise DatasetUnavailableError(f"{owner}: {url} did not give {name} in {cache}")
+        raise DatasetUnavailableError(f"{owner}: {redact_url(url)} did not give {name} in {cache}")
     return cache / name
 
 

@@ -41,10 +41,13 @@ _COLUMNS = {
 
 
 def log_stage_config(params: Params) -> None:
-    """Log the resolved parameters to the active run as ``config/params.yaml``."""
+    """Log the resolved parameters to the active run as ``config/params.yaml``, credentials redacted (a
+    dataset's URL, a search's database)."""
     import mlflow
 
-    mlflow.log_dict(_plain(params), CONFIG_ARTIFACT)
+    from qac.redaction import redact_values
+
+    mlflow.log_dict(redact_values(_plain(params)), CONFIG_ARTIFACT)
 
 
 def loaded_code() -> dict[str, str]:

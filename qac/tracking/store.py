@@ -6,12 +6,14 @@ cost the stage seconds and one paragraph, not MLflow's retries (minutes,
 against ``http://127.0.0.1:9``) and a traceback. :func:`store_problem` tries
 the store once with short timeouts and no retries:
 
-- a tracking server (``http(s)://``): one request to its REST API;
+- a tracking server (``http(s)://``): one request to its REST API, with the user and password the
+  URL carries (or MLFLOW_TRACKING_USERNAME / PASSWORD, or TOKEN) sent as MLflow's client sends them;
 - a SQLite store (``sqlite:///mlflow.db``): opened read-only and its tables
   listed, which a corrupted or foreign file fails (``sqlite3.DatabaseError``);
   a file that does not exist yet is fine (the first run creates it); a file
   another process keeps locked for longer than the probe waits (a transaction
-  left open) is a problem too, where MLflow would wait 20 s on every call;
+  left open) is a problem too, where MLflow would wait 20 s on every call; and a table is created and
+  rolled back, so a store that reads but cannot take writes is found now, not at the stage's first write;
 - a local folder (``file:`` or a path): it must be a folder, or creatable;
 - a database (``postgresql://``, ``mysql://``, ``mssql://``, with or without ``+driver``): one connection
   with a short connect timeout, which a missing driver or an unreachable server fails.
@@ -59,28 +61,56 @@ def _shown(uri: str) -> str:
 
 
 def _server_problem(uri: str) -> str | None:
+    import http.client
     import urllib.error
     import urllib.request
 
-    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+    from qac.redaction import redact_text
+
+    url, user, password = _server_credentials(uri)
+    request = urllib.request.Request(url.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1",
+                                     method="GET")
+    if _authorization(user, password):
+        request.add_header("Authorization", _authorization(user, password))
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=_timeout()):
+        with urllib.request.urlopen(request, timeout=_timeout()):
             return None
     except urllib.error.HTTPError as error:
         if error.code in (401, 403):
             return f"refuses access (HTTP {error.code}: set MLFLOW_TRACKING_USERNAME/PASSWORD or TOKEN)"
         return (f"answers HTTP {error.code} to MLflow's REST API ({error.reason}): not an MLflow tracking server, "
                 "or a broken one")
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
-        return f"cannot be reached ({reason})"
+        return f"cannot be reached ({redact_text(str(reason), uri)})"
+
+
+def _server_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """The server's address without credentials, and the user and password MLflow's client sends:
+    those written in the URL, else MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD."""
+    from qac.redaction import split_credentials
+
+    url, user, password = split_credentials(uri)
+    if user is None:
+        user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    return url, user, password
+
+
+def _authorization(user: str | None, password: str | None) -> str | None:
+    """The header MLflow's client sends: Basic for a user, else Bearer for MLFLOW_TRACKING_TOKEN."""
+    from qac.redaction import basic_authorization
+
+    if user:
+        return basic_authorization(user, password)
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    return f"Bearer {token}" if token else None
 
 
 def _sqlite_problem(uri: str) -> str | None:
     # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db (the part after the third slash).
     path = Path(uri.split("://", 1)[-1][1:].split("?", 1)[0])
     if not path.exists():
-        return None     # the first run creates it
+        return _new_sqlite_problem(path)     # the first run creates it
     if path.is_dir():
         return f"is a folder, not a SQLite file ({path})"
     try:
@@ -99,6 +129,52 @@ def _sqlite_problem(uri: str) -> str | None:
                 f"(mv {path} {path}.broken) and the next run starts a new store")
     if tables and "runs" not in tables:
         return f"is a SQLite database but not an MLflow store: {path} (it has no runs table)"
+    return _sqlite_write_problem(path)
+
+
+def _sqlite_write_problem(path: Path) -> str | None:
+    """Why the SQLite store at ``path`` cannot take writes, or None: a table created and rolled back.
+
+    A store that reads but cannot be written (a read-only file, folder or mount, an immutable file)
+    would fail at the stage's first write, after its work; the rollback leaves the file as it was. A
+    real write is tried because permission bits say nothing to root, whom only the mount or the
+    immutable flag stops.
+    """
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=_timeout(),
+                                     isolation_level=None)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("CREATE TABLE qac_write_probe (x)")
+            connection.execute("ROLLBACK")
+        finally:
+            connection.close()
+    except sqlite3.OperationalError as error:
+        if is_locked_error(error):
+            return (f"is locked: another process has held {path} for longer than {_timeout():g} s (a transaction "
+                    "left open, or a long write); the lock ends when that process commits or ends")
+        return (f"cannot take writes: {path} can be read but not written ({error}; a read-only file, folder or "
+                "mount, or an immutable file); make the file and its folder writable, or point "
+                "MLFLOW_TRACKING_URI at a store that is")
+    return None
+
+
+def _new_sqlite_problem(path: Path) -> str | None:
+    """Why a SQLite store cannot be created at ``path`` (which does not exist yet), or None: MLflow creates
+    the file and any folders above it, so the nearest folder that exists must take a new file."""
+    import tempfile
+
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"cannot be created: {folder} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return (f"cannot be created: no file can be written in {folder} ({error.strerror}); make the folder "
+                "writable, or point MLFLOW_TRACKING_URI at a store that is")
     return None
 
 
@@ -125,6 +201,8 @@ def database_problem(uri: str) -> str | None:
     traceback. Used for MLflow's database stores and for a search's database (``hpo.storage``)."""
     import sqlalchemy
 
+    from qac.redaction import redact_text
+
     dialect = urlsplit(uri).scheme.lower().split("+", 1)[0]
     argument = _CONNECT_TIMEOUT_ARGUMENT.get(dialect)
     connect_args = {argument: max(1, round(_timeout()))} if argument else {}
@@ -134,16 +212,17 @@ def database_problem(uri: str) -> str | None:
         return (f"needs the database driver {error.name or error}, which is not installed here (install it, or "
                 f"name an installed driver in the URL: {dialect}+<driver>://, such as postgresql+psycopg2://)")
     except (sqlalchemy.exc.ArgumentError, ValueError) as error:
-        return f"is not a database URL SQLAlchemy can use ({error})"
+        return f"is not a database URL SQLAlchemy can use ({redact_text(str(error), uri)})"
     try:
         with engine.connect() as connection:
             connection.execute(sqlalchemy.text("SELECT 1"))
     except sqlalchemy.exc.DBAPIError as error:
         # the driver's first line (host, port and why), never the URL with its password
         reason = str(getattr(error, "orig", None) or error).strip().splitlines()
-        return f"cannot be reached ({reason[0] if reason else type(error).__name__})"
+        return f"cannot be reached ({redact_text(reason[0], uri) if reason else type(error).__name__})"
     except Exception as error:      # a driver's own error type outside DBAPI's (an unsupported option, ...)
-        return f"cannot be opened ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        reason = redact_text(str(error).splitlines()[0], uri) if str(error) else ""
+        return f"cannot be opened ({type(error).__name__}: {reason})"
     finally:
         engine.dispose()
     return None
@@ -283,6 +362,10 @@ def store_failed(error: BaseException, what: str = "this stage", uri: str | None
         _answers[uri] = "is locked by another process"
     if uri not in _printed:
         _printed.add(uri)
+        from qac.redaction import redact_text
+
+        # MLflow's message quotes the request's URL, credentials and all
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = redact_text(reason, uri)
         print(unavailable_message(f"failed ({type(error).__name__}: {reason[:300]})", uri, what),
               file=sys.stderr, flush=True)
