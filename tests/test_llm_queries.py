@@ -139,7 +139,11 @@ def make_project(root: Path, n_passages: int = 10, **generation) -> Path:
                                                     chunk_size=3, passage_tokens=24), **generation)
     data = root / "data" / "smoke"
     data.mkdir(parents=True)
-    write_passages(data / "passages.arrow", passage_records(n_passages))
+    from qac.models.loading import load_tokenizer
+
+    # With token ids, as split_passages writes them: the queries get theirs from the same tokenizer.
+    write_passages(data / "passages.arrow", passage_records(n_passages), tokenizer=load_tokenizer("minilm"),
+                   tokenizer_name="minilm")
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     return root / "params.yaml"
 
@@ -223,3 +227,38 @@ def test_filters_run_in_order_and_report_each_kept_share():
     survivors = {"why do reefs bleach", "household tax policy", "how do neurons encode timing"}
     assert all(set(texts) <= survivors for texts in kept) and sum(map(len, kept)) == 2
     assert figures["passages_without_query"] == 3 - sum(1 for texts in kept if texts)
+
+
+def test_the_llm_variant_runs_from_generation_through_filtering_to_pre_training(tmp_path, monkeypatch):
+    """The switch on, end to end with a tiny GPT-2: queries, the filter's kept shares, and a pre-training
+    variant on those queries that every reader of pretrain.variants sees."""
+    from qac.params import load_params
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store(tmp_path / "mlflow.db"))
+    params_path = make_project(tmp_path)
+    params = yaml.safe_load(params_path.read_text())
+    params["llm_queries"]["filter"].update(judge_passages=0, round_trip_depth=3)
+    params["llm_queries"]["variants"] = {"cocondenser-llm": {"method": "cocondenser", "context_type": "query",
+                                                             "query_count": 3, "generator": "tiny", "filtered": False}}
+    params_path.write_text(yaml.safe_dump(params), encoding="utf-8")
+    raw = run_generation(params_path, monkeypatch)
+    run_stage_main("filter_llm_queries", params_path, monkeypatch, "--generator", "tiny")
+    figures = json.loads((raw.parent / "metrics" / "filter.json").read_text())
+    before = sum(len(r["queries"]) for r in arrow_records(raw.read_bytes()))
+    after = sum(len(r["queries"]) for r in arrow_records((raw.parent / "filtered.arrow").read_bytes()))
+    assert figures["queries_before"] == before and figures["queries_after"] == after
+    assert figures["kept_share"] == pytest.approx(after / before)
+    assert {"kept_share/copies", "kept_share/round_trip"} <= set(figures)
+
+    assert "cocondenser-llm" in load_params(params_path).pretrain.variants      # a variant for every reader
+    run_stage_main_none("pretrain_llm", params_path, monkeypatch, "--variant", "cocondenser-llm")
+    encoder = params_path.parent / "data" / "smoke" / "pretrain" / "cocondenser-llm" / "encoder"
+    assert (encoder / "config.json").is_file()
+
+
+def run_stage_main_none(name: str, params_path: Path, monkeypatch, *args: str) -> None:
+    """Run a stage whose ``main`` returns nothing (pretrain's shape)."""
+    from stages import load_stage
+
+    monkeypatch.setenv("QAC_PARAMS", str(params_path))
+    load_stage(name).main(list(args))

@@ -65,7 +65,8 @@ def _leaf_keys(mapping: dict, prefix: str = ""):
     for key, value in mapping.items():
         dotted = f"{prefix}{key}"
         yield dotted
-        if isinstance(value, dict) and key not in ("datasets", "variants", "space", "kind_prefixes", "stages"):
+        if isinstance(value, dict) and key not in ("datasets", "variants", "space", "kind_prefixes", "stages",
+                                                         "templates", "generators"):
             yield from _leaf_keys(value, dotted + ".")
 
 
