@@ -7,6 +7,12 @@ sign with probability 1/2; the p-value is the share of sign assignments whose
 mean difference is at least as far from zero as the observed one. It makes no
 normality assumption (per-query RR and nDCG are far from normal). The paired
 t-test is provided for comparison with papers that use it.
+
+Beside each p-value: a **paired bootstrap confidence interval** of the mean
+difference (queries resampled with replacement, the percentile interval), and,
+over the tests of one table, **Holm's step-down correction** (it controls the
+family-wise error rate under any dependence between the tests, which share
+queries and systems).
 """
 
 from __future__ import annotations
@@ -96,21 +102,63 @@ def minimum_detectable_effect(differences: list[float]) -> float | None:
     return _MDE_Z * sd / math.sqrt(n) if sd > _SAME * scale else None
 
 
+def paired_confidence_interval(differences, level: float = 0.95, resamples: int = 10_000,
+                               seed: int = 0, chunk: int = 1_000) -> tuple[float, float] | None:
+    """The percentile bootstrap interval of the mean of per-query ``differences``; None below two queries.
+
+    Each resample draws ``len(differences)`` queries with replacement (the paired design: a query's
+    two values stay together); the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2``
+    quantiles of the resampled means. All differences equal give the point ``(d, d)``.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    values = np.asarray(differences, dtype=np.float64)
+    if len(values) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples, dtype=np.float64)
+    for start in range(0, resamples, chunk):
+        n = min(chunk, resamples - start)
+        means[start:start + n] = values[rng.integers(0, len(values), size=(n, len(values)))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def holm_adjust(p_values: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values, in the input order.
+
+    With the ``m`` p-values sorted ascending, the ``i``-th (from 0) becomes ``min(1, (m - i) * p)``,
+    made non-decreasing along the order; a test is rejected at level alpha when its adjusted
+    value is at most alpha, which keeps the chance of any false rejection among the ``m`` at most alpha.
+    """
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for position, index in enumerate(order):
+        running = max(running, min(1.0, (m - position) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
 @dataclass(frozen=True)
 class Comparison:
-    """A paired test of two systems over the queries both were evaluated on."""
+    """A paired test of two systems over the queries both were evaluated on; ``ci`` is the 95%
+    bootstrap interval of the mean difference (:func:`paired_confidence_interval`)."""
 
     p_value: float | None
     n_queries: int
     mde: float | None
     note: str | None
+    ci: tuple[float, float] | None = None
 
 
 def compare_paired(with_values: Mapping[str, float], without_values: Mapping[str, float],
                    permutations: int = 10000, seed: int = 0) -> Comparison:
-    """Randomization-test p-value and MDE (in the values' unit) of ``with - without`` per query.
+    """Randomization-test p-value, MDE and 95% bootstrap interval (in the values' unit) of
+    ``with - without`` per query.
 
-    The test is :func:`randomization_test`.
+    The test is :func:`randomization_test`; the interval resamples ``permutations`` times with ``seed``.
     Queries present on one side only are left out, and the note says how many.
     """
     shared = sorted(set(with_values) & set(without_values))
@@ -122,5 +170,6 @@ def compare_paired(with_values: Mapping[str, float], without_values: Mapping[str
         return Comparison(None, len(shared), None, "fewer than 2 shared queries: no test")
     p_value = randomization_test({qid: with_values[qid] for qid in shared},
                                  {qid: without_values[qid] for qid in shared}, trials=permutations, seed=seed)
-    mde = minimum_detectable_effect([with_values[qid] - without_values[qid] for qid in shared])
-    return Comparison(p_value, len(shared), mde, note)
+    differences = [with_values[qid] - without_values[qid] for qid in shared]
+    ci = paired_confidence_interval(differences, resamples=permutations, seed=seed)
+    return Comparison(p_value, len(shared), minimum_detectable_effect(differences), note, ci)

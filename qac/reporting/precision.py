@@ -58,7 +58,9 @@ def rounded_cell(table: Table, column: str, cell: Cell) -> Cell:
     return dataclasses.replace(
         cell, value=rounded(cell.value, value_places), mde=rounded(cell.mde, decimals(table, column, True)),
         p_value=rounded_p(cell.p_value), std_error=rounded(cell.std_error, places + DIFFERENCE_EXTRA),
-        published=rounded(cell.published, places), cited=rounded(cell.cited, places))
+        published=rounded(cell.published, places), cited=rounded(cell.cited, places),
+        p_holm=rounded_p(cell.p_holm), ci=None if cell.ci is None else
+        tuple(rounded(bound, decimals(table, column, True)) for bound in cell.ci))
 
 
 def rounded_table(table: Table) -> Table:

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from qac.params.sections import Params
 
 CSV_FIELDS = ["table", "row", "column", "kind", "ours", "paper", "unit", "p_value", "mde", "n_queries", "source",
-              "compared_source", "metric", "paper_row", "published", "cited", "seeds", "recipe", "note"]
+              "compared_source", "metric", "paper_row", "published", "cited", "seeds", "recipe", "note",
+              "p_holm", "ci_low", "ci_high"]
 # The MLflow runs behind the cells: bookkeeping, kept out of the tracked report (see runs_csv).
 RUN_FIELDS = ["table", "row", "column", "run_id", "git_commit", "compared_run_id", "compared_git_commit"]
 
@@ -166,6 +167,21 @@ def _p_text(p: float) -> str:
     return f"p={p:.2g}" if p >= 0.001 else "p<0.001"
 
 
+def _holm_text(cell: Cell) -> str:
+    """Holm's adjusted p beside the test's own (qac.reporting.reviewer_statistics)."""
+    if cell.p_holm is None:
+        return ""
+    return f", p_holm={cell.p_holm:.2g}" if cell.p_holm >= 0.001 else ", p_holm<0.001"
+
+
+def _ci_text(table: Table, column: str, cell: Cell) -> str:
+    """The Δ's 95% paired bootstrap interval, at the Δ's precision."""
+    if cell.ci is None:
+        return ""
+    low, high = (_number(bound, table, column, signed=True, difference=True) for bound in cell.ci)
+    return f"; 95% CI [{low}, {high}]"
+
+
 def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None) -> str:
     """``ours / paper`` for display; difference cells carry the p-value."""
     if cell.text is not None:
@@ -179,7 +195,7 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
                      f"({len(cell.seed_values)} seeds)")
         if cell.difference and cell.p_value is not None:
             mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column, difference=True)}"
-            ours += f" ({_p_text(cell.p_value)}{mde})"
+            ours += f" ({_p_text(cell.p_value)}{_holm_text(cell)}{mde}{_ci_text(table, column, cell)})"
     theirs = "–" if cell.paper is None else _number(cell.paper, table, column, signed=cell.difference)
     if cell.paper is None and cell.published is not None:
         theirs = f"{_number(cell.published, table, column)} published"
@@ -264,6 +280,9 @@ def to_csv(table: Table) -> str:
                 "unit": "count" if column in table.count_columns else table.unit,
                 "p_value": "" if cell.p_value is None else repr(cell.p_value),
                 "mde": "" if cell.mde is None else repr(float(cell.mde)),
+                "p_holm": "" if cell.p_holm is None else repr(cell.p_holm),
+                "ci_low": "" if cell.ci is None else repr(float(cell.ci[0])),
+                "ci_high": "" if cell.ci is None else repr(float(cell.ci[1])),
                 "n_queries": "" if cell.n_queries is None else cell.n_queries,
                 "source": cell.source or "", "compared_source": cell.compared_source or "",
                 "metric": cell.metric or "", "paper_row": table.paper_rows.get(row, ""),

@@ -100,6 +100,8 @@ class Cell:
     cited: float | None = None   # a published figure of another configuration: shown beside ours, never compared
     seed_values: list[float] | None = None   # our value of each seed, where the variant ran several (table unit)
     std_error: float | None = None   # sampling error of ``value``: sd of the per-query values / sqrt(n), table unit
+    ci: tuple[float, float] | None = None   # 95% paired bootstrap interval of a difference, table unit
+    p_holm: float | None = None   # ``p_value`` after Holm's correction over the table's tests (reviewer_statistics)
 
 
 @dataclass
@@ -287,6 +289,7 @@ def difference_cell(ctx: TableContext, with_source: Source | None, without_sourc
     if seeds_with and seeds_without and len(seeds_with) == len(seeds_without):
         cell.seed_values = [(a - b) * scale for a, b in zip(seeds_with, seeds_without)]
     cell.mde = None if result.mde is None else result.mde * scale
+    cell.ci = None if result.ci is None else (result.ci[0] * scale, result.ci[1] * scale)
     return cell
 
 
@@ -814,6 +817,12 @@ def table5_annotation(ctx: TableContext) -> Table:
 
 def build_tables(study: Study, params: Params) -> list[Table]:
     """Tables 1-5 for the profile in ``params`` from the outputs in ``study``."""
+    from qac.reporting.reviewer_statistics import add_judged_note, correct_within_table
+
     ctx = TableContext.from_params(study, params)
-    return [table1_in_domain(ctx), table2_zero_shot(ctx), table3_query_count(ctx),
-            table4_mixed_context(ctx), table5_annotation(ctx)]
+    tables = [table1_in_domain(ctx), table2_zero_shot(ctx), table3_query_count(ctx),
+              table4_mixed_context(ctx), table5_annotation(ctx)]
+    add_judged_note(tables[0], ctx)
+    for table in tables:
+        correct_within_table(table)
+    return tables
