@@ -163,7 +163,10 @@ def write_study(root: Path) -> Path:
     _json(annotation / "summary.json", {
         "labels": "automatic judge: test labels", "label_source": "judge", "documents": 4,
         "shares": {"passage-passage": {"pairs": 4, "high": 1, "share": 0.25},
-                   "passage-query": {"pairs": 4, "high": 3, "share": 0.75}}})
+                   "passage-query": {"pairs": 4, "high": 3, "share": 0.75}},
+        "judge": {"model": "tiny:minilm", "pooling": "mean", "similarity": "cosine", "max_length": 256,
+                  "threshold": 0.968, "accuracy": 0.59, "f1": 0.41, "positives": 50, "negatives": 50,
+                  "source": "scifact train qrels"}})
     _record(annotation, "annotation/table5")
     _json(data / "metrics" / "query_generator.json", GENERATOR_METRICS)
     _json(data / "metrics" / "queries.json", QUERIES_METRICS)

@@ -171,6 +171,31 @@ def test_the_header_says_what_an_mde_is_and_never_that_a_delta_below_it_is_noise
     assert f"a Δ below its MDE can still have p < {ALPHA:g}" in differences
 
 
+def _our_decimals(cell: str) -> list[int]:
+    """Decimals of each number of ours in a Markdown cell (``ours / paper``): the value, its seed spread, its MDE."""
+    import re
+
+    ours = cell.split(" / ")[0]
+    numbers = re.findall(r"^[+-]?\d+\.(\d+)", ours) + re.findall(r"±(?:\d+)\.(\d+)", ours)
+    numbers += re.findall(r"MDE (?:\d+)\.(\d+)", ours)
+    return [len(digits) for digits in numbers]
+
+
+def test_a_row_prints_its_values_and_their_differences_at_one_precision(tmp_path):
+    data = write_study(tmp_path / "data")
+    text = (write_report(PARAMS, tmp_path / "out", data).directory / "tables.md").read_text(encoding="utf-8")
+    mixed = 0
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith("| row |"):
+            continue
+        cells = line.strip("|").split(" | ")[1:]
+        places = [places for cell in cells for places in _our_decimals(cell.strip())]
+        assert len(set(places)) <= 1, line
+        mixed += any(cell.strip().startswith(("+", "-")) for cell in cells) and any(
+            cell.strip()[:1].isdigit() for cell in cells)
+    assert mixed >= 2          # Table 2's dataset rows and Table 3's rows hold values beside their Δ
+
+
 def test_counts_agree_with_their_nouns(tmp_path):
     data = write_study(tmp_path / "data")
     params = study_params(zero_shot=["nfcorpus"])

@@ -32,6 +32,8 @@ def tables(data):
 
 
 def test_table1_cells_hold_our_value_the_papers_the_file_and_the_run(tables):
+    from qac.reporting.render import cell_text
+
     table = tables["table1"]
     cell = table.cell("coCondenser+QaC (C=5), retriever 1", RR)
     assert cell.value == pytest.approx(40.0)           # mean RR@10 0.40, in percent
@@ -41,10 +43,14 @@ def test_table1_cells_hold_our_value_the_papers_the_file_and_the_run(tables):
     assert cell.n_queries == 4
     assert table.paper_rows["coCondenser+QaC (C=5), retriever 1"] == "coCondenser+QaC 120k retriever1"
     bm25 = table.cell("BM25", HIT50)
-    # The paper's BM25 is Anserini's (k1 0.82, b 0.68, title-less); the fixture's is not: cited beside, not compared.
-    assert (bm25.value, bm25.paper, bm25.cited, bm25.run_id) == (pytest.approx(50.0), None, 59.2,
+    # The paper's BM25 is Anserini's (k1 0.82, b 0.68, title-less); the fixture's is not: cited, not compared,
+    # and only beside a column on the paper's own data: its 59.2 is MS MARCO dev's, this column SciFact's.
+    assert (bm25.value, bm25.paper, bm25.cited, bm25.run_id) == (pytest.approx(50.0), None, None,
                                                                  run_id("baseline/bm25"))
-    assert any(note.startswith("BM25: the paper's BM25 is Anserini's (k1 0.82, b 0.68") for note in table.notes)
+    (note,) = [note for note in table.notes if note.startswith("BM25: the paper's BM25 is Anserini's (k1 0.82, b 0.68")]
+    assert note.endswith("its figures are of MS MARCO (dev, TREC DL 2019 and 2020) and cited only beside a column "
+                         "of ours on that data and its whole corpus: none in this profile.")
+    assert cell_text(table, HIT50, bm25) == "50.0 / –"
     assert bm25.source == "bm25/runs/scifact/test.per_query.json"
     untuned = table.cell("start encoder, not fine-tuned", RR)
     assert untuned.value == pytest.approx(5.0) and untuned.run_id == run_id("eval/untuned/none")
@@ -77,6 +83,18 @@ def test_table1_difference_has_the_p_value_and_the_minimum_detectable_effect(tab
     assert r2.mde == pytest.approx(100 * Z * math.sqrt(0.04 / 3) / 2)
 
 
+def test_a_cited_figure_stands_only_beside_a_column_on_the_papers_own_data():
+    from qac.params import load_params, profile_params_path
+    from qac.reporting.paper import same_data
+
+    paper_profile = load_params(profile_params_path("paper"))
+    assert same_data(paper_profile, "msmarco-passage", "dev", "mrr@10")
+    assert same_data(paper_profile, "msmarco-passage", "dl19", "ndcg@10_dl19")
+    assert not same_data(paper_profile, "msmarco-passage", "dev", "ndcg@10_dl19")     # another split
+    assert not same_data(PARAMS, "scifact", "test", "mrr@10")                         # another dataset
+    assert not same_data(PARAMS, "scifact", "test", None)
+
+
 def test_minimum_detectable_effect_by_hand():
     from qac.evaluation.significance import minimum_detectable_effect
 
@@ -92,7 +110,7 @@ def test_cells_that_cannot_be_produced_say_why(tables):
     table = tables["table1"]
     missing_column = table.cell("BM25", DL20)
     assert missing_column.value is None and missing_column.note == "TREC DL 2020: not in the smoke profile"
-    assert (missing_column.paper, missing_column.cited) == (None, 47.7)
+    assert (missing_column.paper, missing_column.cited) == (None, None)   # the paper's 47.7 is TREC DL 2020's
     missing_run = table.cell("CoT-MAE+QaC (C=5), retriever 2", RR)
     assert missing_run.value is None and "no evaluation output" in missing_run.note
     diff = table.cell("Δ CoT-MAE query − passage context, retriever 2", RR)
@@ -249,6 +267,33 @@ def test_table5_annotation(tables):
     assert diff.value == pytest.approx(50.0) and diff.p_value == pytest.approx(0.5, abs=0.03)
     # sd of (0, 1, 1, 0) = sqrt(1 / 3); MDE = Z * sd / 2, in percent.
     assert diff.mde == pytest.approx(100 * Z * math.sqrt(1 / 3) / 2)
+    assert (diff.paper, diff.cited) == (None, pytest.approx(21.0))    # the paper's Δ is of human labels too
+
+
+@pytest.mark.parametrize("accuracy, f1, finding", [(0.59, 0.41, False), (0.92, 0.91, True)])
+def test_table5_shows_the_judges_delta_with_its_calibration_and_no_test_when_it_is_poor(tmp_path, accuracy, f1,
+                                                                                          finding):
+    from qac.reporting.lineage import load_study
+    from qac.reporting.render import cell_text
+    from qac.reporting.tables import build_tables
+
+    data = write_study(tmp_path)
+    summary_path = data / "annotation" / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    summary["judge"].update(accuracy=accuracy, f1=f1)
+    summary_path.write_text(json.dumps(summary), encoding="utf-8")
+    table = {t.key: t for t in build_tables(load_study(PARAMS, data), PARAMS)}["table5"]
+    row = "Δ passage-query − passage-passage"
+    calibration = table.cell(row, "labels").text
+    assert calibration == (f"automatic judge's calibration: accuracy {accuracy:.1%}, F1 {f1:.2f} "
+                           "(50 relevant vs 50 random pairs of scifact train qrels)")
+    shown = cell_text(table, "high correlation %", table.cell(row, "high correlation %"), row=row)
+    if finding:
+        assert shown.startswith("+50.00 (p=") and "MDE" in shown
+    else:
+        assert shown == f"+50.00 (no finding: judge accuracy {accuracy:.1%}, F1 {f1:.2f}, below 80%) / +21.0 cited"
+        assert any(note.startswith(row) and "no finding" in note for note in table.notes)
+    assert shown.endswith("/ +21.0 cited")
 
 
 def test_p_values_are_the_evaluation_packages_randomization_test(tables):

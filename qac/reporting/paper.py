@@ -69,6 +69,31 @@ CITED_WHY = {
 PAPER_BM25 = {"k1": 0.82, "b": 0.68, "in_domain_title": False, "tokenizer": "lucene", "stopwords": "lucene",
               "stemmer": "porter"}
 
+# The data of each column of the paper's Table 1: MS MARCO's passage collection (dataset format
+# msmarco-passage) and its split, with the name a note gives it. A figure cited beside ours (another
+# configuration) stands only in a column of ours on the same data, so a SciFact figure never sits beside an
+# MS MARCO one.
+PAPER_COLUMN_DATA = {"mrr@10": ("msmarco-passage", "dev", "MS MARCO dev"),
+                     "r@50": ("msmarco-passage", "dev", "MS MARCO dev"),
+                     "r@1k": ("msmarco-passage", "dev", "MS MARCO dev"),
+                     "ndcg@10_dl19": ("msmarco-passage", "dl19", "TREC DL 2019"),
+                     "ndcg@10_dl20": ("msmarco-passage", "dl20", "TREC DL 2020")}
+
+
+def paper_column_data(paper_column: str | None) -> str | None:
+    """The name of the data a column of the paper's Table 1 was measured on (``MS MARCO dev``), or None."""
+    return PAPER_COLUMN_DATA[paper_column][2] if paper_column in PAPER_COLUMN_DATA else None
+
+
+def same_data(params: Params, dataset: str | None, split: str | None, paper_column: str | None) -> bool:
+    """Whether our ``dataset``/``split`` is the data of the paper's Table 1 column ``paper_column``."""
+    if paper_column not in PAPER_COLUMN_DATA or dataset is None:
+        return False
+    spec = params.datasets.get(dataset)
+    data_format, paper_split, _ = PAPER_COLUMN_DATA[paper_column]
+    return spec is not None and spec.format == data_format and split == paper_split
+
+
 # Table 2: method -> (column without query context, column with it).
 _TABLE2_COLUMNS = {"cocondenser": ("coCondenser_wo", "coCondenser_w"), "cotmae": ("CoT-MAE_wo", "CoT-MAE_w")}
 

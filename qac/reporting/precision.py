@@ -11,6 +11,10 @@ rounded numbers.
 - a difference Δ and its MDE: one digit more than the values (``-0.06 (p=0.26;
   MDE 0.14)``, not ``-0.1 ... MDE 0.1``, which would read as a difference at
   its MDE); a difference that rounds to zero prints ``0.00``, without a sign;
+- one precision per row: a row that prints a finer number of ours (a Δ, an
+  MDE, a spread across seeds) prints its values at that precision too, so a
+  value and its Δ (Tables 2 and 3) or its seed spread never differ in digits
+  within a row; the paper's figures stay as the paper printed them;
 - a p-value: two significant digits (as printed: ``p=0.26``, ``p<0.001``);
 - a pre-training loss, drawn and written for DVC plots: 0.001.
 """
@@ -30,11 +34,20 @@ P_DIGITS = 2             # significant digits of a p-value
 LOSS_DECIMALS = 3        # a pre-training loss in the figures and plot data (never printed as a number)
 
 
-def decimals(table: Table, column: str, difference: bool = False) -> int:
-    """Decimals of a number in ``column`` of ``table`` (a count: 0; a difference or MDE: one more)."""
+def fine_row(table: Table, row: str | None) -> bool:
+    """Whether ``row`` prints a number of ours finer than a value: a Δ (and its MDE) or a spread across seeds."""
+    return row is not None and any(
+        name == row and cell.value is not None and (cell.difference or bool(cell.seed_values))
+        for (name, _), cell in table.cells.items())
+
+
+def decimals(table: Table, column: str, difference: bool = False, row: str | None = None) -> int:
+    """Decimals of a number of ours in ``column`` of ``table`` (a count: 0; a difference or MDE: one more,
+    and so a value in a row that prints one: :func:`fine_row`)."""
     if column in table.count_columns:
         return 0
-    return VALUE_DECIMALS.get(table.unit, DEFAULT_DECIMALS) + (DIFFERENCE_EXTRA if difference else 0)
+    finer = difference or fine_row(table, row)
+    return VALUE_DECIMALS.get(table.unit, DEFAULT_DECIMALS) + (DIFFERENCE_EXTRA if finer else 0)
 
 
 def rounded(value: float | None, places: int) -> float | None:
@@ -51,9 +64,9 @@ def rounded_p(p: float | None) -> float | None:
     return float(f"{p:.{P_DIGITS}g}")
 
 
-def rounded_cell(table: Table, column: str, cell: Cell) -> Cell:
-    """The cell with every number at its printed precision (texts, sources and notes as they are)."""
-    value_places = decimals(table, column, cell.difference)
+def rounded_cell(table: Table, column: str, cell: Cell, row: str | None = None) -> Cell:
+    """The cell of ``row`` with every number at its printed precision (texts, sources and notes as they are)."""
+    value_places = decimals(table, column, cell.difference, row)
     places = decimals(table, column)
     return dataclasses.replace(
         cell, value=rounded(cell.value, value_places), mde=rounded(cell.mde, decimals(table, column, True)),
@@ -64,7 +77,7 @@ def rounded_cell(table: Table, column: str, cell: Cell) -> Cell:
 
 
 def rounded_table(table: Table) -> Table:
-    cells = {(row, column): rounded_cell(table, column, cell) for (row, column), cell in table.cells.items()}
+    cells = {(row, column): rounded_cell(table, column, cell, row) for (row, column), cell in table.cells.items()}
     baselines = {method: {column: rounded(value, decimals(table, column)) for column, value in columns.items()}
                  for method, columns in table.baselines.items()}
     return dataclasses.replace(table, cells=cells, baselines=baselines)

@@ -154,10 +154,12 @@ def header_block(params: Params, study: Study, tables: Iterable[Table]) -> list[
 
 # ---------------------------------------------------------------- cell text
 
-def _number(value: float, table: Table, column: str, signed: bool = False, difference: bool = False) -> str:
+def _number(value: float, table: Table, column: str, signed: bool = False, difference: bool = False,
+            row: str | None = None) -> str:
     """``value`` at its printed precision (:mod:`qac.reporting.precision`); ``signed``: ``+`` or ``-``, none
-    on a difference that rounds to zero; ``difference``: a Δ or MDE of ours, one digit finer than values."""
-    text = f"{value:.{decimals(table, column, difference)}f}"
+    on a difference that rounds to zero; ``difference``: a Δ or MDE of ours, one digit finer than values;
+    ``row``: a value of ours in that row, as fine as the row's finest number of ours."""
+    text = f"{value:.{decimals(table, column, difference, row)}f}"
     if float(text) == 0:
         return text.lstrip("-")      # no sign on a zero: "-0.0" would claim a direction
     return ("+" + text if value > 0 else text) if signed else text
@@ -182,25 +184,28 @@ def _ci_text(table: Table, column: str, cell: Cell) -> str:
     return f"; 95% CI [{low}, {high}]"
 
 
-def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None) -> str:
-    """``ours / paper`` for display; difference cells carry the p-value."""
+def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None, row: str | None = None) -> str:
+    """``ours / paper`` for display; difference cells carry the p-value, or the caveat that makes them no
+    finding; ``row``: the cell's row, whose finest number of ours sets the precision of its values."""
     if cell.text is not None:
         return cell.text
     if cell.value is None:
         ours = f"n/a [{footnote}]" if footnote else "n/a"
     else:
-        ours = _number(cell.value, table, column, signed=cell.difference, difference=cell.difference)
+        ours = _number(cell.value, table, column, signed=cell.difference, difference=cell.difference, row=row)
         if cell.seed_values:   # the spread across seeds (sample sd), as precise as a difference
             ours += (f" ±{_number(seed_spread(cell.seed_values), table, column, difference=True)} "
                      f"({len(cell.seed_values)} seeds)")
-        if cell.difference and cell.p_value is not None:
+        if cell.caveat:        # no test printed beside a number that is no finding
+            ours += f" ({cell.caveat})"
+        elif cell.difference and cell.p_value is not None:
             mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column, difference=True)}"
             ours += f" ({_p_text(cell.p_value)}{_holm_text(cell)}{mde}{_ci_text(table, column, cell)})"
     theirs = "–" if cell.paper is None else _number(cell.paper, table, column, signed=cell.difference)
     if cell.paper is None and cell.published is not None:
         theirs = f"{_number(cell.published, table, column)} published"
     if cell.paper is None and cell.cited is not None:
-        theirs = f"{_number(cell.cited, table, column)} cited"
+        theirs = f"{_number(cell.cited, table, column, signed=cell.difference)} cited"
     return f"{ours} / {theirs}"
 
 
@@ -225,7 +230,7 @@ def _grid(table: Table) -> tuple[list[list[str]], list[str]]:
                 continue
             cell = table.cells[(row, column)]
             footnote = _footnote(cell, notes)
-            line.append(cell_text(table, column, cell, footnote))
+            line.append(cell_text(table, column, cell, footnote, row))
         grid.append(line)
     return grid, notes
 
@@ -290,7 +295,7 @@ def to_csv(table: Table) -> str:
                 "cited": "" if cell.cited is None else repr(float(cell.cited)),
                 "seeds": ";".join(repr(float(v)) for v in cell.seed_values or ()),
                 "recipe": cell.recipe or "",
-                "note": cell.text if cell.text is not None else (cell.note or ""),
+                "note": cell.text if cell.text is not None else "; ".join(filter(None, [cell.caveat, cell.note])),
             })
     return buffer.getvalue()
 
@@ -304,23 +309,27 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_ESCAPES.get(char, char) for char in text)
 
 
-def _latex_cell(table: Table, column: str, cell: Cell, footnote: int | None) -> str:
-    """A compact cell: ``ours / paper``; a difference marked ``*`` when p < alpha (details in the CSV)."""
+def _latex_cell(table: Table, column: str, cell: Cell, footnote: int | None, row: str | None = None) -> str:
+    """A compact cell: ``ours / paper``; a difference marked ``*`` when p < alpha, a dagger when it is no
+    finding (its caveat below the table); details in the CSV."""
     if cell.text is not None:
         return latex_escape(cell.text)
     if cell.value is None:
         ours = f"n/a\\textsuperscript{{{footnote}}}" if footnote else "n/a"
     else:
-        ours = latex_escape(_number(cell.value, table, column, signed=cell.difference, difference=cell.difference))
+        ours = latex_escape(_number(cell.value, table, column, signed=cell.difference, difference=cell.difference,
+                                    row=row))
         if cell.seed_values:
             ours += r"$\pm$" + latex_escape(_number(seed_spread(cell.seed_values), table, column, difference=True))
-        if cell.difference and cell.p_value is not None and cell.p_value < ALPHA:
+        if cell.caveat:
+            ours += r"$^{\dagger}$"
+        elif cell.difference and cell.p_value is not None and cell.p_value < ALPHA:
             ours += "$^{*}$"
     theirs = "--" if cell.paper is None else latex_escape(_number(cell.paper, table, column, signed=cell.difference))
     if cell.paper is None and cell.published is not None:
         theirs = latex_escape(_number(cell.published, table, column)) + " (pub.)"
     if cell.paper is None and cell.cited is not None:
-        theirs = latex_escape(_number(cell.cited, table, column)) + " (cited)"
+        theirs = latex_escape(_number(cell.cited, table, column, signed=cell.difference)) + " (cited)"
     return f"{ours} / {theirs}"
 
 
@@ -346,7 +355,7 @@ def to_latex(table: Table, header: list[tuple[str, str]] | None = None) -> str:
                     long_texts.append(cell.text)
                 line.append(f"see note {chr(ord('a') + long_texts.index(cell.text))}")
                 continue
-            line.append(_latex_cell(table, column, cell, footnote))
+            line.append(_latex_cell(table, column, cell, footnote, row))
         rows.append(line)
     heads = ["" ] + [latex_escape(table.short_columns.get(column, column)) for column in table.columns]
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
@@ -361,6 +370,8 @@ def to_latex(table: Table, header: list[tuple[str, str]] | None = None) -> str:
     if any(cell.difference and cell.p_value is not None for cell in table.cells.values()):
         below.append(f"$\\Delta$: with minus without query context; $^{{*}}$ p $<$ {ALPHA:g} "
                      "(paired randomization test over queries)")
+    caveats = dict.fromkeys((row, cell.caveat) for (row, _), cell in table.cells.items() if cell.caveat)
+    below += [f"$^{{\\dagger}}${latex_escape(row)}: {latex_escape(caveat)}" for row, caveat in caveats]
     below += [f"\\textsuperscript{{{number}}}{latex_escape(note)}" for number, note in enumerate(notes, start=1)]
     below += [f"({chr(ord('a') + index)}) {latex_escape(text)}" for index, text in enumerate(long_texts)]
     below += [latex_escape(note) for note in table.notes]

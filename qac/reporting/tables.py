@@ -92,6 +92,7 @@ class Cell:
     compared_run_id: str | None = None
     n_queries: int | None = None
     text: str | None = None  # a cell that holds words, not a number (Table 5's label source)
+    caveat: str | None = None  # why the number is no finding (a poorly calibrated judge): printed instead of its test
     source: str | None = None
     compared_source: str | None = None
     mde: float | None = None
@@ -304,12 +305,39 @@ def _in_domain_cells(ctx: TableContext, table: Table, row: str, source: Source |
         table.put(row, column.header, cell, paper_row)
 
 
-def _cite_row(table: Table, row: str, why: str) -> None:
-    """Turn a row's paper values into cited ones (shown beside ours, never compared) and say why in a note."""
+def _cite_row(ctx: TableContext, table: Table, row: str, why: str) -> None:
+    """Turn a row's paper values into cited ones (shown beside ours, never compared), keep those of like data
+    only (:func:`_cite_like_for_like`) and say why in a note."""
     for (name, _), cell in table.cells.items():
         if name == row and cell.paper is not None:
             cell.cited, cell.paper = cell.paper, None
-    table.notes.append(f"{row}: {why}.")
+    kept = _cite_like_for_like(ctx, table, row)
+    table.notes.append(f"{row}: {why}; {_cited_where(kept)}.")
+
+
+def _cite_like_for_like(ctx: TableContext, table: Table, row: str) -> list[str]:
+    """Drop the row's cited figures from every column of ours that is not on the paper column's own data and
+    whole corpus: a figure cited there would read as one of that data (an MS MARCO figure beside SciFact's).
+    Returns the names of the data whose figures stay (``MS MARCO dev``)."""
+    kept = []
+    for column in ctx.columns:
+        cell = table.cells.get((row, column.header))
+        if cell is None or cell.cited is None:
+            continue
+        if (paper.same_data(ctx.params, column.dataset, column.split, column.paper)
+                and corpus_cut(ctx.params, column.dataset) is None):
+            kept.append(paper.paper_column_data(column.paper))
+        else:
+            cell.cited = None
+    return list(dict.fromkeys(kept))
+
+
+def _cited_where(kept: list[str]) -> str:
+    """Where a row's cited figures stand: the data they are of, or why none is shown."""
+    if kept:
+        return f"cited beside our columns on the same data only ({', '.join(kept)}, whole corpus)"
+    return ("its figures are of MS MARCO (dev, TREC DL 2019 and 2020) and cited only beside a column of ours on "
+            "that data and its whole corpus: none in this profile")
 
 
 def _missing_row(ctx: TableContext, table: Table, row: str, reason: str, paper_of, paper_row: str | None) -> None:
@@ -434,7 +462,7 @@ def table1_in_domain(ctx: TableContext) -> Table:
                      paper.table1_paper_row("bm25", None, "bm25"))
     bm25_cited = paper.bm25_like_for_like(ctx.params)
     if bm25_cited:
-        _cite_row(table, "BM25", bm25_cited)
+        _cite_row(ctx, table, "BM25", bm25_cited)
     untuned = ctx.study.baseline("untuned")
     if untuned is not None:
         _untuned_row(ctx, table, untuned)
@@ -472,7 +500,8 @@ def table1_in_domain(ctx: TableContext) -> Table:
                     for column in ctx.columns:
                         cell = table.cell(_retriever_row(variant, retriever), column.header)
                         cell.cited = paper.table1_cited_value(method, context, retriever, column.paper)
-                    table.paper_rows[_retriever_row(variant, retriever)] = f"cited: {cited_row}"
+                    if _cite_like_for_like(ctx, table, _retriever_row(variant, retriever)):
+                        table.paper_rows[_retriever_row(variant, retriever)] = f"cited: {cited_row}"
             if passage is None or query is None:
                 continue
             row = f"Δ {paper.METHOD_NAMES[method]} query − passage context, {RETRIEVER_LABELS[retriever]}"
@@ -487,7 +516,8 @@ def table1_in_domain(ctx: TableContext) -> Table:
         "trained with the same recipe as its QaC rows; its QaC rows equal its Table 3 rows for C=5. "
         "MASTER's figures (its own paper, without distillation: MRR@10 38.3 retriever 1, 40.4 and R@1k 98.8 "
         "retriever 2) come from SimLM's fine-tuning pipeline, not this recipe: shown as cited beside our "
-        "passage-context MASTER rows, never compared; the paper has no MASTER QaC row. "
+        "passage-context MASTER rows in columns on MS MARCO dev with its whole corpus, never compared; the paper "
+        "has no MASTER QaC row. "
         f"Our QaC rows use C = {query_counts or 'n/a'} (tables.main_query_count); a row of another C than "
         "the paper's is not compared with it.")
     if "beir" not in retrievers:
@@ -789,7 +819,8 @@ def table5_annotation(ctx: TableContext) -> Table:
                                       source=source, metric=study_annotation.count_metric(kind), note=note))
         table.put(kind, "labels", Cell(run_id=run_id, text=labels, note=note, source=source))
     row = "Δ passage-query − passage-passage"
-    diff = Cell(difference=True, paper=round(paper.table5_value("passage-query") - paper.table5_value("passage-passage"), 6))
+    paper_diff = round(paper.table5_value("passage-query") - paper.table5_value("passage-passage"), 6)
+    diff = Cell(difference=True, paper=paper_diff if human else None, cited=None if human else paper_diff)
     if found is not None:
         values = [table.cell(kind, "high correlation %").value for kind in study_annotation.PAIR_KINDS]
         diff.run_id = diff.compared_run_id = run_id
@@ -807,12 +838,41 @@ def table5_annotation(ctx: TableContext) -> Table:
     else:
         diff.note = "no annotation/summary.json: run the annotation stage"
     table.put(row, "high correlation %", diff)
+    if found is not None and not human:
+        _judge_calibration(table, row, found.summary.get("judge") or {})
     if labels:
         table.notes.append(f"Labels: {labels}. Paper: 3 human votes per pair (6 annotators in two groups), majority label.")
     if not human:
         table.notes.append(f"{paper.CITED_WHY['table5']}; ours are not human labels: the paper's are shown beside "
                            "(cited), not compared.")
     return table
+
+
+# A judge's labels carry a finding only when it tells pairs apart well. Its calibration set is balanced
+# (relevant vs random pairs), where accuracy a shrinks a true difference of shares to (2a - 1) of its size
+# (Youden's J) before noise: below 80% the Δ of its labels is under 60% of the pairs' own and says more
+# about the judge than about the pairs. A judgement, stated here so that every report applies the same one.
+JUDGE_MIN_ACCURACY = 0.8
+
+
+def _judge_calibration(table: Table, row: str, judge: dict[str, Any]) -> None:
+    """The automatic judge's calibration beside its Δ; a Δ of a poorly calibrated judge's labels is no finding."""
+    cell = table.cell(row, "high correlation %")
+    accuracy, f1 = judge.get("accuracy"), judge.get("f1")
+    if accuracy is None or f1 is None:
+        cell.caveat = "no finding: the judge's calibration is not recorded"
+        table.put(row, "labels", Cell(text="automatic judge, calibration not recorded"))
+        return
+    pairs = f"{judge.get('positives', '?')} relevant vs {judge.get('negatives', '?')} random pairs"
+    where = f" of {judge['source']}" if judge.get("source") else ""
+    table.put(row, "labels", Cell(text=f"automatic judge's calibration: accuracy {accuracy:.1%}, F1 {f1:.2f} "
+                                       f"({pairs}{where})"))
+    if accuracy < JUDGE_MIN_ACCURACY:
+        cell.caveat = (f"no finding: judge accuracy {accuracy:.1%}, F1 {f1:.2f}, below "
+                       f"{JUDGE_MIN_ACCURACY:.0%}")
+        table.notes.append(f"{row}: the automatic judge separates relevant from random pairs with accuracy "
+                           f"{accuracy:.1%} (F1 {f1:.2f}) on its calibration pairs, below {JUDGE_MIN_ACCURACY:.0%}: "
+                           "its labels' Δ is shown without a test and is no finding about the pairs.")
 
 
 def build_tables(study: Study, params: Params) -> list[Table]:
