@@ -2,7 +2,8 @@
 
 - ``query_count.png``: Table 3's retriever-1 measures against the number C of
   generated queries per passage, one line per method, the passage-context retriever as
-  a horizontal line and the paper's values as a dashed line;
+  a horizontal line and the paper's values as a dashed line, on our axis where they
+  fit its scale, else on a right axis of their own (the y axis scales to ours);
 - ``zero_shot.png``: Table 2's per-dataset nDCG@10 without and with query
   context, the paper's value marked on each bar it has one for;
 - ``pretrain_loss.png``: each variant's pre-training loss per step
