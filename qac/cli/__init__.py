@@ -33,6 +33,7 @@ SUBCOMMANDS = {
     "runs": "qac.cli.runs_command",
     "repro": "qac.cli.repro_command",
     "metrics": "qac.cli.metrics_command",
+    "export": "qac.cli.export_command",
 }
 
 

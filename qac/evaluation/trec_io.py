@@ -2,7 +2,9 @@
 
 Formats (whitespace separated unless noted):
 
-* TREC run: ``qid Q0 docid rank score tag``; ranks are ignored on reading (trec_eval
+* TREC run: ``qid Q0 docid rank score tag``, optionally after an ``ir_metadata`` block
+  (PRIMAD facts in YAML between ``# ir_metadata.start`` and ``# ir_metadata.end``, each
+  line behind ``# ``; :func:`read_ir_metadata`); ranks are ignored on reading (trec_eval
   ranks by score; a rank must still be a number, ``2`` or ``2.0``), written as 1..n in
   trec_eval order. As trec_eval, fields after the tag are ignored and a line whose first
   word starts with ``#`` is a comment.
@@ -63,8 +65,36 @@ def read_run(path: str | os.PathLike) -> dict[str, dict[str, float]]:
     return run
 
 
-def write_run(path: str | os.PathLike, run: Mapping[str, Mapping[str, float]], tag: str = "qac") -> None:
-    """Write ``run`` as a TREC run file, atomically, ranks in trec_eval order.
+IR_METADATA_START, IR_METADATA_END = "# ir_metadata.start", "# ir_metadata.end"
+
+
+def ir_metadata_block(metadata: Mapping) -> str:
+    """``metadata`` as the ir_metadata header of a run file: YAML, every line behind ``# ``."""
+    import yaml
+
+    body = yaml.safe_dump(dict(metadata), sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return "\n".join([IR_METADATA_START, *(f"# {line}" for line in body.splitlines()), IR_METADATA_END]) + "\n"
+
+
+def read_ir_metadata(path: str | os.PathLike) -> dict | None:
+    """The ir_metadata block at the head of a run file, as a dict; None without one."""
+    import yaml
+
+    lines = []
+    with open(path, encoding="utf-8") as handle:
+        if handle.readline().rstrip("\n") != IR_METADATA_START:
+            return None
+        for line in handle:
+            if line.rstrip("\n") == IR_METADATA_END:
+                return yaml.safe_load("\n".join(lines)) or {}
+            lines.append(line.rstrip("\n")[2:])
+    raise DataFormatError(path, None, None, f"an ir_metadata block without its {IR_METADATA_END!r} line")
+
+
+def write_run(path: str | os.PathLike, run: Mapping[str, Mapping[str, float]], tag: str = "qac",
+              metadata: Mapping | None = None) -> None:
+    """Write ``run`` as a TREC run file, atomically, ranks in trec_eval order; ``metadata`` (PRIMAD facts)
+    goes first as an ir_metadata block.
 
     Scores are written with ``repr`` so that reading the file back gives exactly
     the same ranking (rounding could create ties that were not there). An id
@@ -78,6 +108,8 @@ def write_run(path: str | os.PathLike, run: Mapping[str, Mapping[str, float]], t
         for doc_id in docs:
             check_id(str(doc_id), "docid", path, None)
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        if metadata:
+            handle.write(ir_metadata_block(metadata))
         for qid, docs in run.items():
             for rank, doc_id in enumerate(trec_order(docs), start=1):
                 handle.write(f"{qid} Q0 {doc_id} {rank} {float(docs[doc_id])!r} {tag}\n")
