@@ -1,4 +1,10 @@
-"""End the MLflow runs that killed stages left RUNNING (``qac runs sweep``).
+"""MLflow runs: end those that killed stages left RUNNING (``sweep``); show how two runs differ (``diff``).
+
+``qac runs diff A B`` takes two MLflow run ids, or two outputs of a profile
+(``finetune/<variant>/r1``, the path under data/<profile>/ whose run record
+names the run), and prints only what differs in parameters, code, data hashes
+and environment, then the metrics with the paired test of each evaluation
+metric (qac.reporting.run_diff); ``--json`` for scripts.
 
 A stage killed with SIGKILL cannot end its own run. Every stage ends such runs
 when it opens its own (qac.tracking.interrupted), but when DVC restores every
@@ -12,11 +18,21 @@ Without an MLflow store there is nothing to sweep, and none is created.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     commands.add_parser("sweep", help="end as KILLED the RUNNING runs of this host whose process is gone")
+    diff = commands.add_parser("diff", help="what differs between two runs, and whether a metric's difference "
+                                            "is more than the noise of the queries")
+    diff.add_argument("a", help="an MLflow run id, or an output of the profile (finetune/<variant>/r1)")
+    diff.add_argument("b", help="the other run, given the same way")
+    diff.add_argument("--data", default=None, help="the profile's DVC outputs, for outputs given by path "
+                                                    "(default: data/<profile> of the params)")
+    diff.add_argument("--params", default=None, help="params file (default: as every command reads it)")
+    diff.add_argument("--json", action="store_true", help="print the differences as JSON")
+    diff.add_argument("--width", type=int, default=120, help="the widest line printed (default 120)")
 
 
 def sweep_store(uri: str | None = None) -> list[str]:
@@ -42,10 +58,49 @@ def sweep_store(uri: str | None = None) -> list[str]:
     return sweep_orphaned_runs(client, experiments) if experiments else []
 
 
+def resolve_run(name: str, data: Path | None) -> tuple[str, str | None]:
+    """``(run id, tracking URI or None)`` of a run id, or of an output whose run record names its run."""
+    import re
+
+    from qac.errors import UserError
+    from qac.reporting.lineage import read_record
+
+    if re.fullmatch(r"[0-9a-f]{32}", name):
+        return name, None
+    if data is not None:
+        record = read_record(data, data / name)
+        if record and record.get("run_id"):
+            return record["run_id"], record.get("tracking_uri")
+    raise UserError(f"{name!r} is neither an MLflow run id (32 hex digits) nor an output of the profile with a "
+                    f"run record under {data}/.runs/ (such as finetune/<variant>/r1)")
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    import json
+
+    import mlflow
+
+    from qac.reporting.run_diff import diff_runs, format_diff
+    from qac.tracking import tracking_uri
+
+    data = Path(args.data) if args.data else None
+    if data is None and not all(len(name) == 32 for name in (args.a, args.b)):
+        from qac.config import profile_dir
+        from qac.params import load_params
+
+        data = profile_dir(load_params(args.params))
+    (run_a, uri), (run_b, _) = resolve_run(args.a, data), resolve_run(args.b, data)
+    diff = diff_runs(mlflow.MlflowClient(uri or tracking_uri()), run_a, run_b)
+    print(json.dumps(diff.as_dict(), indent=2) if args.json else format_diff(diff, args.width), end="")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from qac.console import setup_console
 
     setup_console(False)
+    if args.action == "diff":
+        return run_diff(args)
     swept = sweep_store()
     print(f"runs: {len(swept)} orphaned run(s) ended as KILLED" if swept else "runs: no orphaned runs")
     return 0
