@@ -72,6 +72,13 @@ class Rates:
     grad_cache_ratio: float | None = None
     encode: float | None = None                                               # passages/s at 144 tokens
     generation: float | None = None                                           # passages/s, 20 queries each
+    measured_at: dict[str, str] = field(default_factory=dict)                 # section -> when it was measured
+
+    def figure(self, *sections: str) -> str:
+        """The device and date of the figures of ``sections`` a row's rate comes from: one benchmark file can
+        merge runs of several days, so each row names its own."""
+        when = " and ".join(f"{section} {self.measured_at.get(section, self.date)}" for section in sections)
+        return f"{'' if self.measured else 'not measured: '}{self.device}, {when}"
 
     @classmethod
     def from_figures(cls, data: Mapping[str, Any], source: str) -> "Rates":
@@ -81,6 +88,7 @@ class Rates:
         dry = bool(data.get("dry_run"))
         rates = cls(device=data["device"], date=data["date"], measured=not dry,
                     source=f"a dry run's figures ({source}), not a GPU's" if dry else source)
+        rates.measured_at = {name: section.get("measured", rates.date) for name, section in sections.items()}
         pretrain = sections.get("pretrain", {})
         for row in pretrain.get("rows", []):
             # the rows at the section's batch (a row at another batch shows how the rate scales)
@@ -156,10 +164,12 @@ def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
             rate, how = pair_rate(rates, variant)
         except KeyError as missing:
             rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": "no figure",
-                         "basis": f"the figures have no rate for {missing.args[0]}", "hours": None})
+                         "basis": f"the figures have no rate for {missing.args[0]}", "hours": None, "figures": "none"})
             continue
+        cached = variant["grad_cache_chunk"] and variant["method"] == "cocondenser" and rates.grad_cache_ratio
         rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": f"{rate:,.0f} pairs/s",
-                     "basis": how, "hours": pairs / rate / 3600})
+                     "basis": how, "hours": pairs / rate / 3600,
+                     "figures": rates.figure("pretrain", "grad_cache") if cached else rates.figure("pretrain")})
     finetune = params.finetune
     if rates.encode:
         per_query = finetune.train_n_passages + QUERY_TOKENS / ENCODED_TOKENS   # passage-equivalents
@@ -170,11 +180,12 @@ def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
             rows.append({"stage": "finetune (r1 and r2)", "variant": name,
                          "work": f"{epochs} epochs x {r1_queries:,} queries (r1) and {MSMARCO_TRAIN_QUERIES:,} (r2)",
                          "rate": f"{rates.encode:,.0f} passages/s", "basis": "3 x the encoding rate's forward",
-                         "hours": passes / rates.encode / 3600})
+                         "hours": passes / rates.encode / 3600, "figures": rates.figure("encoding")})
         encodings = 2 * len(variants)
         rows.append({"stage": "encode MS MARCO (r1: mining and evaluation, r2: evaluation)", "variant": "all",
                      "work": f"{encodings} x {MSMARCO_PASSAGES:,} passages", "rate": f"{rates.encode:,.0f} passages/s",
-                     "basis": "encoding rate", "hours": encodings * MSMARCO_PASSAGES / rates.encode / 3600})
+                     "basis": "encoding rate", "hours": encodings * MSMARCO_PASSAGES / rates.encode / 3600,
+                     "figures": rates.figure("encoding")})
         evaluate = params.evaluate
         zero_shot = evaluate.zero_shot_variants
         zero_shot = len(variants) if zero_shot is None else len(zero_shot)
@@ -190,7 +201,7 @@ def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
                          "rate": f"{rates.encode:,.0f} passages/s",
                          "basis": f"3 x the encoding rate's forward, passages at {beir.passage_max_len} tokens "
                                   f"(x{length:.2f})",
-                         "hours": zero_shot * passes / rates.encode / 3600})
+                         "hours": zero_shot * passes / rates.encode / 3600, "figures": rates.figure("encoding")})
         if zero_shot:
             count = zero_shot * (1 if beir else retrievers)
             length = beir.passage_max_len / ENCODED_TOKENS if beir else 1.0
@@ -199,11 +210,13 @@ def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
                          "rate": f"{rates.encode:,.0f} passages/s",
                          "basis": f"encoding rate, {beir.passage_max_len} tokens (x{length:.2f})" if beir
                          else "encoding rate",
-                         "hours": count * length * BEIR_UNION_DOCUMENTS / rates.encode / 3600})
+                         "hours": count * length * BEIR_UNION_DOCUMENTS / rates.encode / 3600,
+                         "figures": rates.figure("encoding")})
     rows.append({"stage": "generate queries", "variant": "per million split passages",
                  "work": "1,000,000 passages", "rate": f"{rates.generation:,.1f} passages/s" if rates.generation
                  else "no figure", "basis": "query generation, 20 queries of up to 64 tokens",
-                 "hours": 1e6 / rates.generation / 3600 if rates.generation else None})
+                 "hours": 1e6 / rates.generation / 3600 if rates.generation else None,
+                 "figures": rates.figure("generation") if rates.generation else "none"})
     return rows
 
 
@@ -218,7 +231,7 @@ def cost_text(params: Params, rates: Rates) -> str:
         head = f"GPU-hours on one {rates.device}: NOT measured, {rates.source}."
     head = f"profile {params.profile}: {head}"
     table = markdown_table([{**row, "hours": f"{row['hours']:,.1f}" if row["hours"] is not None else "n/a"}
-                            for row in rows], ["stage", "variant", "work", "rate", "basis", "hours"])
+                            for row in rows], ["stage", "variant", "work", "rate", "basis", "hours", "figures"])
     return f"{head}\n\n{table}\n\nTotal (query generation apart): {known:,.0f} GPU-hours."
 
 

@@ -126,3 +126,21 @@ def test_rates_come_from_the_sections_batch_and_a_section_stopped_at_its_cap():
     rates = Rates.from_figures(data, "f.json")
     assert rates.pretrain[("cocondenser", "passage")] == 1800.0
     assert rates.pretrain[("master", "passage")] == 700.0
+
+
+def test_each_row_names_the_device_and_date_of_the_figures_it_uses():
+    """A benchmark file can merge runs of several days: each row names the section its rate was measured in."""
+    data = figures()
+    data["date"] = "2026-11-26 07:10 UTC and 2026-11-27 09:00 UTC"
+    data["sections"]["generation"]["measured"] = "2026-11-27 09:00 UTC"
+    for name in ("pretrain", "grad_cache", "encoding"):
+        data["sections"][name]["measured"] = "2026-11-26 07:10 UTC"
+    costs = {(row["stage"], row["variant"]): row for row in stage_costs(paper_params(), Rates.from_figures(data, "f"))}
+    device = "NVIDIA H100 80GB HBM3"
+    assert costs[("pretrain", "cotmae-passage")]["figures"] == f"{device}, pretrain 2026-11-26 07:10 UTC"
+    assert costs[("pretrain", "cocondenser-passage")]["figures"] == (
+        f"{device}, pretrain 2026-11-26 07:10 UTC and grad_cache 2026-11-26 07:10 UTC")
+    assert costs[("generate queries", "per million split passages")]["figures"] == f"{device}, generation 2026-11-27 09:00 UTC"
+    assert all(row["figures"].startswith(device) for row in costs.values())
+    fallback = stage_costs(paper_params(), Rates.fallback())
+    assert all(row["figures"].startswith("not measured: H100 (assumed)") or row["figures"] == "none" for row in fallback)
