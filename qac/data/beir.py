@@ -58,8 +58,10 @@ def read_corpus_jsonl(path: str | os.PathLike, *, min_text_chars: int = 1,
             for document in iter_corpus_jsonl(path, min_text_chars=min_text_chars, skipped=skipped)}
 
 
-def read_queries_jsonl(path: str | os.PathLike) -> Queries:
-    """Queries of a BEIR ``queries.jsonl``; an empty query is an error (it would be evaluated)."""
+def read_queries_jsonl(path: str | os.PathLike, *, required: bool = True) -> Queries:
+    """Queries of a BEIR ``queries.jsonl``; an empty query is an error (it would be evaluated), and so is a
+    file without queries where ``required`` (a collection with no judged split, such as the prepared MS MARCO
+    documents of pre-training, has none)."""
     queries: Queries = {}
     seen: dict[str, int] = {}
     for line, record in iter_json_objects(path):
@@ -69,7 +71,8 @@ def read_queries_jsonl(path: str | os.PathLike) -> Queries:
         if not text:
             raise DataFormatError(path, line, "text", "empty query")
         queries[qid] = text
-    require_rows(len(queries), path, "queries")
+    if required:
+        require_rows(len(queries), path, "queries")
     return queries
 
 
@@ -99,10 +102,10 @@ def read_qrels_tsv(path: str | os.PathLike, *, skipped: Counter | None = None) -
 def read_beir(directory: str | os.PathLike, splits: Iterable[str], *, name: str | None = None,
               min_text_chars: int = 1, skipped: Counter | None = None) -> Dataset:
     """A BEIR dataset folder with the qrels of ``splits`` (each ``qrels/<split>.tsv`` must exist)."""
-    directory = Path(directory)
+    directory, splits = Path(directory), list(splits)
     skipped = Counter() if skipped is None else skipped
     corpus = read_corpus_jsonl(directory / "corpus.jsonl", min_text_chars=min_text_chars, skipped=skipped)
-    queries = read_queries_jsonl(directory / "queries.jsonl")
+    queries = read_queries_jsonl(directory / "queries.jsonl", required=bool(splits))
     qrels = {split: read_qrels_tsv(directory / "qrels" / f"{split}.tsv", skipped=skipped) for split in splits}
     return Dataset(name=name or directory.name, corpus=corpus, queries=queries, qrels=qrels,
                    meta={"skipped": dict(skipped)})
