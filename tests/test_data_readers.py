@@ -134,3 +134,18 @@ def test_dataset_helpers():
 def test_corpus_reader_skips_nothing_that_has_text(tmp_path):
     path = write_lines(tmp_path / "c.jsonl", jsonl([{"_id": "a", "title": "Only a title", "text": ""}]))
     assert read_corpus_jsonl(path)["a"].full_text == "Only a title"
+
+
+def test_a_collection_without_judged_splits_reads_without_queries(tmp_path):
+    """The prepared MS MARCO documents (pre-training's corpus, splits: []) have an empty queries.jsonl; a dataset
+    with a judged split and no queries is still refused."""
+    from qac.data.errors import DataFormatError
+
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "D1", "title": "t", "text": "a passage"}\n', encoding="utf-8")
+    (tmp_path / "queries.jsonl").write_text("", encoding="utf-8")
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tD1\t1\n", encoding="utf-8")
+    dataset = read_beir(tmp_path, [])
+    assert list(dataset.corpus) == ["D1"] and dataset.queries == {} and dataset.qrels == {}
+    with pytest.raises(DataFormatError, match="no queries"):
+        read_beir(tmp_path, ["test"])
