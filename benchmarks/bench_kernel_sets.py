@@ -1,7 +1,7 @@
 """What another machine changes: a profile run from fresh clones under each CPU kernel set this machine offers.
 
     python benchmarks/bench_kernel_sets.py run --profile smoke [--kernels native,avx2,default] [--keep DIR]
-    python benchmarks/bench_kernel_sets.py judge --profile smoke --runs DIR [--expected FILE]
+    python benchmarks/bench_kernel_sets.py judge --profile smoke --runs DIR [--expected FILE] [--report FILE]
 
 ``run`` clones the committed tree once per kernel set into a folder beside the
 project (so that ``../shared`` is found as from the project), runs ``make
@@ -112,6 +112,7 @@ def judge(args: argparse.Namespace) -> int:
     runs = sorted(Path(args.runs).glob("*.yaml"))
     if not runs:
         sys.exit(f"bench_kernel_sets: no recorded runs under {args.runs}")
+    report = Path(args.report).resolve() if args.report else None
     os.chdir(REPO)
     from qac.params import load_params
 
@@ -135,7 +136,7 @@ def judge(args: argparse.Namespace) -> int:
     body = (f"## Reruns under other kernel sets: {args.profile} profile\n\nMeasured on {machine_summary()}; "
             f"judged against {expected_path.as_posix()} (`benchmarks/bench_kernel_sets.py`). A run left out of "
             "the measured basis is judged by the spread of the others alone.\n\n" + markdown_table(rows))
-    write_section(f"kernel_sets_{args.profile}", body)
+    write_section(f"kernel_sets_{args.profile}", body, *([report] if report else []))
     print(markdown_table(rows))
     return 0
 
@@ -151,6 +152,7 @@ def main() -> int:
     judge_parser.add_argument("--profile", choices=sorted(TARGETS), default="smoke")
     judge_parser.add_argument("--runs", required=True)
     judge_parser.add_argument("--expected", default=None)
+    judge_parser.add_argument("--report", default=None, help="the report file (default: reports/benchmarks.md)")
     args = parser.parse_args()
     return run(args) if args.command == "run" else judge(args)
 

@@ -19,7 +19,8 @@ PACKAGE = REPO / "qac"
 LAYERS = (
     "errors", "exiting", "threads", "launcher", "names", "redaction", "io", "timeouts", "distributed", "accelerators", "benchmarking", "model_specs",
     "params", "config", "pipeline_plan", "parallel_repro", "deviations", "cluster", "gpu_cost",
-    "tracking", "console", "data", "models", "evaluation", "retrieval", "environment", "train", "stages", "reference", "reporting", "querygen",
+    "tracking", "console", "data", "models", "evaluation", "retrieval", "environment", "train", "reference", "reporting", "querygen",
+    "llm_queries", "stages",
     "hpo",
     "cli",
 )

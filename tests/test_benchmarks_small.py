@@ -26,6 +26,9 @@ SMALL_MODES = {
     "bench_retrieval.py": (["--small", "--report", "{report}"], ["retrieval"]),
     "bench_scale.py": (["--small", "--work", "{work}"], []),
     "bench_split.py": (["--small", "--report", "{report}"], ["split"]),
+    # `run` is make smoke per kernel set (minutes each); its judge reads the committed records.
+    "bench_kernel_sets.py": (["judge", "--profile", "smoke", "--runs", str(REPO / "reports" / "kernel_sets" / "smoke"),
+                              "--report", "{report}"], ["kernel_sets_smoke"]),
 }
 ELSEWHERE = {"bench_gpu.py": "tests/test_bench_gpu.py runs its --dry-run in a bare clone",
              "bench_stages.py": "tests/test_bench_stages.py runs its reading of a recorded `dvc repro` log "

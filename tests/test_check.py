@@ -59,8 +59,9 @@ def test_recorded_values_pass_and_every_cell_is_printed(project, capsys):
     cells = [line for line in lines if line.startswith(("OK   ", "OUT  ", "FAIL "))]
     assert len(cells) == len(document["cells"]) and all(line.startswith("OK   ") for line in cells)
     assert summary_of(lines) == (f"check: reproduced (same bytes): {len(document['cells'])} of "
-                                 f"{len(document['cells'])} cells within tolerance, 0 outside (a faithful rerun may "
-                                 "miss 3), 0 missing (expected/smoke.yaml)")
+                                 f"{len(document['cells'])} cells within tolerance; trained cells outside 0 (a "
+                                 "faithful rerun may miss 3), counts and deterministic rows outside 0, missing 0 "
+                                 "(expected/smoke.yaml)")
     assert lines[-1] == "check: every output has the recorded bytes: nothing to do."
     claims = [line for line in lines if line.startswith("CLAIM ")]
     assert len(claims) == 10 and lines[lines.index(summary_of(lines)) - 1].startswith("claims: ")
@@ -108,9 +109,10 @@ def test_a_cell_moved_outside_its_tolerance_fails(project, capsys):
         f"OUT  table4 | coCondenser+QaC (C=5) | retriever 1 {RR}: 100 (expected 40 ± 50){basis}",
         f"OUT  table4 | coCondenser+QaC (C=5) | retriever 1 {HIT50}: 0 (expected 75 ± 50){basis}"]
     assert summary_of(lines).startswith("check: NOT reproduced (differs): ")
-    assert ", 6 outside (a faithful rerun may miss 3), 0 missing" in summary_of(lines)
-    assert lines[-1].startswith("check: 6 cells outside their bands (a faithful rerun on another machine misses at "
-                                "most 3): more than another machine moves them.")
+    assert "; trained cells outside 6 (a faithful rerun may miss 3), counts and deterministic rows outside 0, " \
+           "missing 0" in summary_of(lines)
+    assert lines[-1].startswith("check: 6 trained cells outside their bands (a faithful rerun on another machine "
+                                "misses at most 3): more than another machine moves them.")
     assert "`dvc status profiles/smoke/dvc.yaml`" in lines[-1]
 
 
@@ -138,7 +140,8 @@ def test_a_missing_cell_fails(project, capsys):
     out = capsys.readouterr().out
     assert "FAIL table1 | CoT-MAE passage context, retriever 2 | " + RR + ": missing (no evaluation output" in out
     # Table 1's RR@10 and R@50 of that retriever, and Table 4's retriever 2 RR@10: no miss is allowed for them
-    assert ", 0 outside (a faithful rerun may miss 3), 3 missing" in summary_of(out.splitlines())
+    assert "outside 0 (a faithful rerun may miss 3), counts and deterministic rows outside 0, missing 3" in \
+        summary_of(out.splitlines())
     assert summary_of(out.splitlines()).startswith("check: NOT reproduced (differs)")
 
 

@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,7 +88,11 @@ def test_two_process_training_matches_single_process(tiny_bert_dir, tmp_path):
     single = json.loads((tmp_path / "single.json").read_text())
     ddp = json.loads((tmp_path / "ddp.json").read_text())
     assert len(single) == len(ddp) == 4  # 8 queries / batch 4 x 2 epochs
-    assert ddp == pytest.approx(single, abs=1e-5)
+    # The two ranks' gradients are averaged by an all-reduce, the single process sums one batch: the same
+    # float32 sums in another order (float32's epsilon relative each), carried through every update. A few
+    # hundred epsilons per step bounds that; a rank training on other data moves the losses by far more.
+    steps = len(single)
+    assert ddp == pytest.approx(single, rel=256 * steps * float(np.finfo(np.float32).eps))
 
     single_grads = torch.load(tmp_path / "single.json.grad.pt")
     ddp_grads = torch.load(tmp_path / "ddp.json.grad.pt")

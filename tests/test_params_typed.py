@@ -20,6 +20,7 @@ SETTINGS_CLASSES = {
     "qac.querygen.generate": "SamplingSettings", "qac.querygen.train_generator": "TrainSettings",
     "qac.querygen.continuation": "ContinuationSettings", "qac.retrieval.bm25": "BM25Settings",
     "qac.retrieval.dense": "DenseSettings", "qac.data.splitting": "SplitSettings", "qac.hpo.study": "HpoSettings",
+    "qac.llm_queries.causal_lm": "CausalSettings", "qac.llm_queries.filtering": "FilterSettings",
 }
 
 

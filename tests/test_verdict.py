@@ -376,3 +376,23 @@ def test_machine_values_must_match_the_machine_runs(project, capsys):
         read_document(path)
     assert str(error.value).startswith(f"{path}:4: cells[0]: field 'machine_values' must list one number (or null) "
                                        "per entry of machine_runs (1)")
+
+
+# ---------------------------------------------------------------- the recorded runs under other kernel sets
+KERNEL_SET_RUNS = sorted((Path(__file__).resolve().parent.parent / "reports" / "kernel_sets" / "smoke").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", KERNEL_SET_RUNS, ids=[path.stem for path in KERNEL_SET_RUNS])
+def test_each_recorded_kernel_set_run_passes_the_committed_check_with_itself_left_out(path):
+    """The smoke profile's runs on other CPUs and kernel sets (benchmarks/bench_kernel_sets.py) are the
+    rerun check's measured basis; each must also pass when the basis no longer holds it, else the basis
+    only vouches for the runs it was measured on."""
+    from qac.params import load_params
+    from qac.reporting import check
+
+    repo = path.parents[3]
+    document = check.read_document(repo / load_params(repo / "profiles" / "smoke" / "params.yaml").check.expected)
+    run = check.read_machine_run(path)
+    verdict = check.judge_machine_run(check.leave_out(document, run), run)
+    assert verdict.outcome in (check.SAME_BYTES, check.MACHINE_NOISE), (verdict.outcome, verdict.outside)
+    assert verdict.cells == len(document.cells)

@@ -126,8 +126,10 @@ class Outcome:
 
     @property
     def strict(self) -> bool:
-        """A count, or a cell without a value: no miss is allowed for it."""
-        return self.expected.unit == COUNT or self.ours is None or self.tolerance is None
+        """No miss is allowed for a count, a cell without a value, or a deterministic row (BM25, a published
+        checkpoint, the untuned encoder): no training run stands behind it, so its band is all it may move."""
+        return (self.expected.unit == COUNT or self.ours is None or self.tolerance is None
+                or deterministic_row(self.expected.row))
 
     @property
     def verdict(self) -> str:
@@ -139,7 +141,7 @@ class Outcome:
             return f"FAIL {_where(e)}: missing ({self.why or 'no value'}); expected {e.value:.4g}"
         if self.tolerance is None:
             return f"FAIL {_where(e)}: {self.ours:.4g}, but the number of queries is unknown: no tolerance"
-        status = "OK  " if self.ok else ("FAIL" if e.unit == COUNT else "OUT ")
+        status = "OK  " if self.ok else ("FAIL" if self.strict else "OUT ")
         basis = f"; basis: {self.basis} ({self.how})" if self.how and not self.ok else ""
         return f"{status} {_where(e)}: {self.ours:.4g} (expected {e.value:.4g} ± {self.tolerance:.3g}){basis}"
 
@@ -563,8 +565,10 @@ def summary_line(outcomes: Sequence[Outcome], path: str | os.PathLike, verdict: 
     verdict = verdict or rerun_verdict(outcomes, None)
     passed = sum(outcome.ok for outcome in outcomes)
     label = f"reproduced ({verdict.outcome})" if verdict.ok else "NOT reproduced (differs)"
-    return (f"check: {label}: {passed} of {len(outcomes)} cells within tolerance, {verdict.outside} outside "
-            f"(a faithful rerun may miss {verdict.allowed}), {verdict.missing} missing ({Path(path).as_posix()})")
+    strict = verdict.strict_failures - verdict.missing
+    return (f"check: {label}: {passed} of {len(outcomes)} cells within tolerance; trained cells outside "
+            f"{verdict.outside} (a faithful rerun may miss {verdict.allowed}), counts and deterministic rows outside "
+            f"{strict}, missing {verdict.missing} ({Path(path).as_posix()})")
 
 
 def _machine(environment: Mapping[str, Any]) -> str:
@@ -596,8 +600,10 @@ def rerun_advice(verdict: RerunVerdict, document: ExpectedDocument, environment:
                 f"within what other machines were measured to move them. Recorded on {recorded}; this run on {here}. "
                 f"{why}The tracked report and lock now hold this machine's numbers: keep the recorded ones with "
                 f"`git checkout -- reports/{profile} profiles/{profile}/dvc.lock`.")
-    return (f"check: {verdict.outside} cells outside their bands (a faithful rerun on another machine misses at most "
-            f"{verdict.allowed}){f', {verdict.strict_failures} counts or missing cells' if verdict.strict_failures else ''}"
+    strict = (f"; {verdict.strict_failures} cells that may not miss (counts, deterministic rows, missing cells) "
+              "fail" if verdict.strict_failures else "")
+    return (f"check: {verdict.outside} trained cells outside their bands (a faithful rerun on another machine misses "
+            f"at most {verdict.allowed}){strict}"
             f": more than another machine moves them. Recorded on {recorded}; this run on {here}. A change of code, "
             f"data or parameters is the likely cause: `dvc status profiles/{profile}/dvc.yaml` and `git diff` show "
             "what changed; record a new baseline only after a run you trust (`qac check --record`).")
