@@ -17,27 +17,6 @@ from qac.names import (INSIDE_PATH_RULE, OUTPUT_FOLDER_RULE, PLAIN_NAME_RULE, is
                        is_plain_name)
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]          # [0, 1]
-OpenFraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]      # (0, 1)
-DropoutProbability = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # [0, 1)
-LearningRate = NonNegativeFloat
-# Optimizer steps of one run: a billion is years of any device's time, so a larger count is a typo (an extra
-# zero or two), refused before the run starts rather than found out after days.
-StepCount = Annotated[int, Field(ge=1, le=1_000_000_000)]
-
-# Keys that mean the same in every section holding them: type, range and description declared once.
-PeakLearningRate = Annotated[LearningRate, Field(description="peak learning rate")]
-WarmupRatio = Annotated[Fraction, Field(description="share of the steps with a rising learning rate")]
-WeightDecay = Annotated[NonNegativeFloat, Field(description="AdamW weight decay")]
-ContrastiveTemperature = Annotated[PositiveFloat, Field(description="contrastive softmax temperature")]
-TopK = Annotated[NonNegativeInt, Field(description="sample among the k likeliest tokens (0: no top-k cut)")]
-TopP = Annotated[Annotated[float, Field(gt=0, le=1)], Field(description="nucleus sampling mass")]
-
-
 def _checked(test: Callable[[Any], bool], rule: str) -> AfterValidator:
     """A validator that refuses a value ``test`` rejects, with ``rule`` (what is expected) as the reason."""
     def check(value: Any) -> Any:
@@ -46,6 +25,67 @@ def _checked(test: Callable[[Any], bool], rule: str) -> AfterValidator:
         return value
 
     return AfterValidator(check)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]          # [0, 1]
+OpenFraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]      # (0, 1)
+DropoutProbability = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # [0, 1)
+# A learning rate above 1 moves AdamW's every weight by about its own size or more at each step (BERT's
+# weights are ~0.02 across): nothing trains, and 1e308 overflows the optimizer's float32 state at step one.
+MAX_LEARNING_RATE = 1.0
+LEARNING_RATE_RULE = (f"a learning rate of at most {MAX_LEARNING_RATE:g}: AdamW moves every weight by about "
+                      "the rate at each step, so a larger one throws the weights out of any trained range")
+
+
+def _trainable_rate(value: float) -> bool:
+    return value <= MAX_LEARNING_RATE
+
+
+LearningRate = Annotated[NonNegativeFloat, _checked(_trainable_rate, LEARNING_RATE_RULE)]
+# Optimizer steps of one run: a billion is years of any device's time, so a larger count is a typo (an extra
+# zero or two), refused before the run starts rather than found out after days.
+StepCount = Annotated[int, Field(ge=1, le=1_000_000_000)]
+
+# Keys that mean the same in every section holding them: type, range and description declared once.
+PeakLearningRate = Annotated[LearningRate, Field(
+    description=f"peak learning rate; at most {MAX_LEARNING_RATE:g}, as a larger step of AdamW moves every weight by "
+                "more than its own size")]
+WarmupRatio = Annotated[Fraction, Field(description="share of the steps with a rising learning rate")]
+WeightDecay = Annotated[NonNegativeFloat, Field(description="AdamW weight decay")]
+# Scores are divided by a temperature before the softmax. Dot products of BERT-sized vectors reach about 1e3
+# and cosines 1, so 1 / 1e-4 keeps the logits near 1e7, far inside the range of bf16 and fp32 (3.4e38); a
+# temperature like 1e-320 (a subnormal, whose inverse is infinite) makes every loss NaN from the first step.
+MIN_TEMPERATURE = 1e-4
+TEMPERATURE_RULE = (f"a temperature of at least {MIN_TEMPERATURE:g}: the scores are divided by it, and a smaller "
+                    "one takes the logits out of the float range of bf16 and fp32, so every loss is NaN")
+
+
+def _at_least_min_temperature(value: float) -> bool:
+    return value >= MIN_TEMPERATURE
+
+
+Temperature = Annotated[PositiveFloat, _checked(_at_least_min_temperature, TEMPERATURE_RULE)]
+ContrastiveTemperature = Annotated[Temperature, Field(
+    description=f"contrastive softmax temperature; at least {MIN_TEMPERATURE:g}, as the scores (dot products "
+                "up to ~1e3, cosines up to 1) are divided by it and 1 / temperature must keep the logits inside "
+                "the float range of bf16 and fp32")]
+# Logits of a language model divided by it before sampling: the same bound keeps them finite.
+SamplingTemperature = Temperature
+SCALE_RULE = (f"a scale of at most {1 / MIN_TEMPERATURE:g}: the scale is an inverse temperature, and a larger one "
+              "takes the logits out of the float range of bf16 and fp32, so every loss is NaN")
+
+
+def _at_most_max_scale(value: float) -> bool:
+    return value * MIN_TEMPERATURE <= 1
+
+
+InverseTemperature = Annotated[PositiveFloat, _checked(_at_most_max_scale, SCALE_RULE)]
+TopK = Annotated[NonNegativeInt, Field(description="sample among the k likeliest tokens (0: no top-k cut)")]
+TopP = Annotated[Annotated[float, Field(gt=0, le=1)], Field(description="nucleus sampling mass")]
 
 
 def _each_once(value: list) -> list:

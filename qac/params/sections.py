@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, create_model, model_validator
 
 from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, DropoutProbability, Fraction,
-                               InsidePath, LearningRate, NonNegativeFloat, NonNegativeInt, OpenFraction,
-                               OutputFolder, PeakLearningRate, PlainName, PositiveFloat, PositiveInt, ScriptPath,
-                               Section, Seed, SeedList, SlurmMemory, SlurmName, SlurmNames, SlurmTime, StepCount, TopK,
-                               TopP, WarmupRatio, WeightDecay)
+                               InsidePath, InverseTemperature, LearningRate, NonNegativeFloat, NonNegativeInt,
+                               OpenFraction, OutputFolder, PeakLearningRate, PlainName, PositiveFloat, PositiveInt,
+                               SamplingTemperature, ScriptPath, Section, Seed, SeedList, SlurmMemory, SlurmName,
+                               SlurmNames, SlurmTime, StepCount, TopK, TopP, WarmupRatio, WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
                                    PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
@@ -157,7 +157,7 @@ class QuerygenSection(Section):
     prefix: str = Field(description="input prefix of the generator (its query task)")
     repeat_penalty: NonNegativeFloat = Field(
         description="subtracted from the logits of tokens a candidate already emitted (0: the paper's sampling)")
-    temperature: PositiveFloat = Field(
+    temperature: SamplingTemperature = Field(
         description="logits divided by it before top-k/top-p (1: the paper's sampling)")
     min_new_tokens: NonNegativeInt = Field(
         description="tokens sampled before end of sequence may be (0: the paper's sampling)")
@@ -307,7 +307,7 @@ class ContinuationSection(Section):
     max_new_tokens: PositiveInt = Field(description="tokens sampled per continuation")
     top_k: TopK
     top_p: TopP
-    temperature: PositiveFloat = Field(description="logits divided by it before top-k/top-p")
+    temperature: SamplingTemperature = Field(description="logits divided by it before top-k/top-p")
     batch_size: PositiveInt = Field(description="passages per decoding batch")
     chunk_size: ChunkSize
     max_passages: PositiveInt | None = Field(
@@ -340,7 +340,7 @@ class LlmGenerationSection(Section):
     queries_per_passage: PositiveInt = Field(description="candidates generated per passage")
     top_p: TopP
     top_k: TopK
-    temperature: PositiveFloat = Field(description="logits divided by it before top-k/top-p")
+    temperature: SamplingTemperature = Field(description="logits divided by it before top-k/top-p")
     repeat_penalty: NonNegativeFloat = Field(description="subtracted from the logits of tokens a candidate already "
                                                          "emitted")
     min_new_tokens: NonNegativeInt = Field(description="tokens before a query may end (end of sequence or a line "
@@ -551,7 +551,9 @@ class BeirRetrieverSection(Section):
     loss: ZeroShotLoss = Field(
         description="cosine_mnrl: MultipleNegativesRankingLoss over cosines times scale (train_msmarco_v3.py); "
                     "dot_infonce: InfoNCE over dot products divided by 1 / scale (Tevatron, scale 1)")
-    scale: PositiveFloat = Field(description="similarity scale, the inverse temperature (MNRL: 20)")
+    scale: InverseTemperature = Field(
+        description="similarity scale, the inverse temperature (MNRL: 20); at most 1e4, the inverse of the least "
+                    "temperature (pretrain.common.temperature)")
     batch_size: PositiveInt = Field(description="queries per step, each with its positive and negatives "
                                                 "(train_msmarco_v3.py: 75)")
     train_n_passages: Annotated[int, Field(ge=2)] = Field(
