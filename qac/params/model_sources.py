@@ -24,6 +24,8 @@ def model_keys(params: Params) -> list[tuple[str, str]]:
     for name, variant in params.pretrain.variants.items():
         if "init" in variant.model_fields_set and variant.init is not None:
             keys.append((f"pretrain.variants.{name}.init", variant.init))
+    keys += [(f"llm_queries.generators.{name}.model", entry.model)
+             for name, entry in params.llm_queries.generators.items()]
     keys += [(f"reference_retrievers.{index}", spec) for index, spec in enumerate(params.reference_retrievers)]
     return keys
 

