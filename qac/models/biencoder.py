@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qac.data.streams import is_stream
+from qac.models import unpadded
 from qac.models.encoding import (POOLINGS, Encoding, encoder_arguments, loading_arguments, read_encoding,
                                  write_encoding)
 from qac.models.losses import gather_with_grad
@@ -110,6 +112,9 @@ class BiEncoder(nn.Module):
                         passage_max_len=passage_max_len, title_separator=title_separator)
 
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if is_stream(batch):      # a token stream (finetune.unpadded): a BERT encoder on [T, H]
+            pooled = unpadded.pool(unpadded.encode(self.encoder, batch)[0], batch, self.pooling)
+            return F.normalize(pooled, p=2, dim=-1) if self.normalize else pooled
         output = self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                               **({"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {}))
         pooled = pool(output.last_hidden_state, batch["attention_mask"], self.pooling)

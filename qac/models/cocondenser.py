@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from qac.data.streams import is_stream
+from qac.models import unpadded
 from qac.models.backbone import (PretrainingModel, PretrainOutput, encoder_with_layer, load_backbone, new_layers,
                                  padding_mask, run_layers)
 from qac.models.losses import LossTerm, PairContrastiveLoss, masked_lm_sum, mean_over_processes
@@ -84,7 +86,9 @@ class CoCondenser(PretrainingModel):
                 "temperature": self.contrastive.temperature, "mlm_probability": self.mlm_probability}
 
     def encode_side(self, side: dict[str, torch.Tensor]) -> SideOutput:
-        """Encoder and condenser head over one side (or a chunk of it)."""
+        """Encoder and condenser head over one side (or a chunk of it), padded or a token stream."""
+        if is_stream(side):
+            return self.encode_stream(side)
         last, skipped = encoder_with_layer(self.bert, side["input_ids"], side["attention_mask"], self.skip_from)
         mlm_sum, masked = masked_lm_sum(self.lm_head, last, side, self.full_vocab_logits)
         head_input = torch.cat([last[:, :1], skipped[:, 1:]], dim=1)
@@ -92,12 +96,24 @@ class CoCondenser(PretrainingModel):
         head_sum, _ = masked_lm_sum(self.lm_head, head_output, side, self.full_vocab_logits)
         return SideOutput(cls=last[:, 0], mlm_sum=mlm_sum, head_mlm_sum=head_sum, masked=masked)
 
+    def encode_stream(self, side: dict) -> SideOutput:
+        """:meth:`encode_side` on a token stream: ``[T, H]`` states, each sequence's [CLS] at its start."""
+        last, skipped = unpadded.encode(self.bert, side, self.skip_from)
+        mlm_sum, masked = masked_lm_sum(self.lm_head, last, side, self.full_vocab_logits)
+        head_input = torch.where((side["position_ids"] == 0)[:, None], last, skipped)
+        head_output = unpadded.run_bert_layers(self.head, head_input, unpadded.Stream.of(side))
+        head_sum, _ = masked_lm_sum(self.lm_head, head_output, side, self.full_vocab_logits)
+        return SideOutput(cls=unpadded.cls_vectors(last, side), mlm_sum=mlm_sum, head_mlm_sum=head_sum,
+                          masked=masked)
+
     def represent(self, side: dict[str, torch.Tensor]) -> torch.Tensor:
         """The [CLS] vectors of a side alone: what the contrastive loss reads (gradient caching's first pass).
 
         The encoder draws its dropout masks first in :meth:`encode_side` too, so
         from the same generator state both give the same vectors.
         """
+        if is_stream(side):
+            return unpadded.cls_vectors(unpadded.encode(self.bert, side)[0], side)
         last, _ = encoder_with_layer(self.bert, side["input_ids"], side["attention_mask"], self.skip_from)
         return last[:, 0]
 

@@ -32,6 +32,8 @@ import torch
 from torch import nn
 
 from qac.data.masking import IGNORE_INDEX
+from qac.data.streams import is_stream
+from qac.models import unpadded
 from qac.models.backbone import (PretrainingModel, PretrainOutput, additive_mask, encoder_mask, load_backbone,
                                  new_layers, padding_mask, run_layers)
 from qac.models.losses import dense_lm_sum, masked_lm_sum, mean_over_processes
@@ -161,6 +163,8 @@ class CoTMAE(PretrainingModel):
     def decoder_states(self, cls_vector: torch.Tensor,
                        context: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder output states over ``[CLS] + context`` and the label of each position."""
+        if is_stream(context):
+            return self.stream_decoder_states(cls_vector, context)
         embeddings = self.bert.embeddings(input_ids=context["input_ids"])
         hidden = torch.cat([cls_vector[:, None, :].to(embeddings.dtype), embeddings[:, 1:]], dim=1)
         if self.decoder_kind == "paper":
@@ -169,12 +173,32 @@ class CoTMAE(PretrainingModel):
         labels = next_token_labels(context["input_ids"], context["attention_mask"])
         return self.decoder(hidden, mask), labels
 
-    def forward(self, batch: dict) -> PretrainOutput:
-        anchor = batch["anchor"]
+    def stream_decoder_states(self, cls_vector: torch.Tensor, context: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`decoder_states` on a token stream: each context's start holds its anchor's [CLS] vector."""
+        hidden = unpadded.with_cls(unpadded.embed(self.bert, context), context, cls_vector)
+        stream = unpadded.Stream.of(context)
+        if self.decoder_kind == "paper":
+            return unpadded.run_bert_layers(self.decoder, hidden, stream), context["labels"]
+        decoder = self.decoder
+        hidden = decoder.drop(hidden)
+        for block in decoder.h:
+            hidden = unpadded.gpt2_block(block, hidden, stream, self.attention_window)
+        return decoder.ln_f(hidden), unpadded.next_token_labels(context)
+
+    def encode_anchor(self, anchor: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's last states of the anchor side and its [CLS] vectors."""
+        if is_stream(anchor):
+            encoded = unpadded.encode(self.bert, anchor)[0]
+            return encoded, unpadded.cls_vectors(encoded, anchor)
         encoded = self.bert(input_ids=anchor["input_ids"],
                             attention_mask=encoder_mask(self.bert, anchor["attention_mask"])).last_hidden_state
+        return encoded, encoded[:, 0]
+
+    def forward(self, batch: dict) -> PretrainOutput:
+        anchor = batch["anchor"]
+        encoded, cls_vector = self.encode_anchor(anchor)
         mlm = mean_over_processes(*masked_lm_sum(self.lm_head, encoded, anchor, self.full_vocab_logits))
-        decoder = mean_over_processes(*self.decode(encoded[:, 0], batch["context"]))
+        decoder = mean_over_processes(*self.decode(cls_vector, batch["context"]))
         loss = mlm.backward + self.decoder_weight * decoder.backward
         parts = {"loss": mlm.value + self.decoder_weight * decoder.value, "mlm": mlm.value, "decoder": decoder.value}
         return PretrainOutput(loss=loss, parts=parts)

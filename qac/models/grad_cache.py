@@ -35,6 +35,7 @@ from typing import Callable
 
 import torch
 
+from qac.data.streams import is_stream, stream_chunks
 from qac.distributed import autocast_context
 from qac.models.losses import all_reduce_sum, at_least_fp32, process_group
 
@@ -86,6 +87,25 @@ def rows_per_chunk(batch: dict, chunk_size: int) -> dict[str, int]:
     return {side: max(1, tokens // max(1, batch[side]["input_ids"].shape[1])) for side in ("anchor", "context")}
 
 
+def side_chunks(batch: dict, chunk_size: int) -> dict[str, list[dict]]:
+    """Each side of ``batch`` cut into chunks of about ``chunk_size`` anchors' tokens.
+
+    Padded sides by rows (:func:`rows_per_chunk`); token streams by their
+    tokens, whole sequences to a chunk, up to ``chunk_size`` times the longest
+    anchor (the host layout says where to cut: qac.data.streams.stream_chunks).
+    """
+    if is_stream(batch["anchor"]):
+        tokens = chunk_size * batch["anchor"]["layout"].max_seqlen
+        return {side: stream_chunks(batch[side], tokens) for side in ("anchor", "context")}
+    rows = rows_per_chunk(batch, chunk_size)
+    return {side: split_side(batch[side], rows[side]) for side in ("anchor", "context")}
+
+
+def chunk_rows(chunk: dict) -> int:
+    """Sequences in a chunk (a shape, known on the host)."""
+    return chunk["cls_positions"].shape[0] if is_stream(chunk) else chunk["input_ids"].shape[0]
+
+
 class GradCachedStep:
     """:class:`FullBatchStep` for coCondenser with the contrastive loss computed by gradient caching."""
 
@@ -104,8 +124,9 @@ class GradCachedStep:
         self.autocast_dtype = autocast_dtype
 
     def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, torch.Tensor]:
-        rows = rows_per_chunk(batch, self.chunk_size)
-        chunks = [(side, chunk) for side in ("anchor", "context") for chunk in split_side(batch[side], rows[side])]
+        sides = side_chunks(batch, self.chunk_size)
+        chunks = [(side, chunk) for side in ("anchor", "context") for chunk in sides[side]]
+        rows = {side: [chunk_rows(chunk) for chunk in sides[side]] for side in sides}
 
         # 1. [CLS] vectors of every chunk from the encoder alone, no activations kept.
         states, vectors = [], {"anchor": [], "context": []}

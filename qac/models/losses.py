@@ -88,9 +88,12 @@ def masked_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor, side: Mapping[
     else:
         targets = masked_targets(side["labels"].cpu())
         positions, labels = (targets[name].to(hidden.device) for name in ("mlm_positions", "mlm_labels"))
-    rows, length = hidden.shape[:2]
-    flat = (positions + torch.arange(rows, device=positions.device)[:, None] * length).flatten()
-    logits = lm_head(hidden.flatten(0, 1).index_select(0, flat))
+    if hidden.dim() == 2:       # a token stream (qac.data.streams): positions index its tokens
+        flat = positions
+    else:
+        rows, length = hidden.shape[:2]
+        flat = (positions + torch.arange(rows, device=positions.device)[:, None] * length).flatten()
+    logits = lm_head(hidden.flatten(0, -2).index_select(0, flat))
     labels = labels.flatten()
     loss = F.cross_entropy(at_least_fp32(logits), labels, ignore_index=IGNORE_INDEX, reduction="sum")
     return loss, (labels != IGNORE_INDEX).sum()
@@ -105,7 +108,7 @@ def dense_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor,
     projecting every position.
     """
     logits = lm_head(hidden)
-    loss = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), labels.flatten(), ignore_index=IGNORE_INDEX,
+    loss = F.cross_entropy(at_least_fp32(logits.flatten(0, -2)), labels.flatten(), ignore_index=IGNORE_INDEX,
                            reduction="sum")
     return loss, (labels != IGNORE_INDEX).sum()
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from qac.data.streams import is_stream
+from qac.models import unpadded
 from qac.models.backbone import PretrainingModel, PretrainOutput, encoder_mask, load_backbone, new_layers, run_layers
 from qac.models.losses import masked_lm_sum, mean_over_processes
 from qac.params.vocabulary import MASTER_TASKS
@@ -86,6 +88,9 @@ class Master(PretrainingModel):
 
     def decoder_states(self, task: str, cls_vector: torch.Tensor, side: dict[str, torch.Tensor]) -> torch.Tensor:
         """Decoder ``task``'s output states over ``[encoder CLS] + its masked text``."""
+        if is_stream(side):
+            hidden = unpadded.with_cls(unpadded.embed(self.bert, side), side, cls_vector)
+            return unpadded.run_bert_layers(self.decoders[task], hidden, unpadded.Stream.of(side))
         embeddings = self.bert.embeddings(input_ids=side["input_ids"])
         hidden = torch.cat([cls_vector[:, None, :].to(embeddings.dtype), embeddings[:, 1:]], dim=1)
         return run_layers(self.decoders[task], hidden, bool_padding_mask(side["attention_mask"]))
@@ -97,13 +102,18 @@ class Master(PretrainingModel):
 
     def forward(self, batch: dict) -> PretrainOutput:
         anchor = batch["anchor"]
-        encoded = self.bert(input_ids=anchor["input_ids"],
-                            attention_mask=encoder_mask(self.bert, anchor["attention_mask"])).last_hidden_state
+        if is_stream(anchor):
+            encoded = unpadded.encode(self.bert, anchor)[0]
+            cls_vector = unpadded.cls_vectors(encoded, anchor)
+        else:
+            encoded = self.bert(input_ids=anchor["input_ids"],
+                                attention_mask=encoder_mask(self.bert, anchor["attention_mask"])).last_hidden_state
+            cls_vector = encoded[:, 0]
         mlm = mean_over_processes(*masked_lm_sum(self.lm_head, encoded, anchor, self.full_vocab_logits))
         loss, total = mlm.backward, mlm.value
         parts = {"mlm": mlm.value}
         for task in self.tasks:
-            term = mean_over_processes(*self.decode(task, encoded[:, 0], batch[task]))
+            term = mean_over_processes(*self.decode(task, cls_vector, batch[task]))
             loss = loss + self.weights[task] * term.backward
             total = total + self.weights[task] * term.value
             parts[task] = term.value

@@ -1,0 +1,167 @@
+"""The models' layers on a token stream (qac.data.streams): ``[T, H]`` states, variable-length attention.
+
+The Hugging Face modules (BERT's embeddings and layers, GPT-2's blocks) hold
+the weights and compute everything that acts token by token (products,
+LayerNorm, GELU, dropout), which does not care whether tokens are laid out
+``[B, L]`` or ``[T]``; only attention must keep each sequence to itself. It
+runs by one of three kernels, the same mathematics:
+
+- ``varlen``: FlashAttention over ``cu_seqlens`` (``torch.nn.attention.varlen``,
+  CUDA; no dropout, so used where attention dropout is 0), also what a FLOP
+  count on the meta device runs;
+- ``jagged``: SDPA on a nested (jagged) tensor, one sequence per component
+  (CUDA's fused kernels with dropout; the CPU too);
+- ``mask``: SDPA over the whole stream with a block-diagonal "same sequence"
+  mask, ``[T, T]``: the CPU path of the test suite (its memory grows with
+  ``T^2``, fine for the suite's batches, not for a GPU step). The release
+  decoder's window (``[CLS]`` plus the last ``window`` tokens) always runs here.
+
+``ATTENTION`` chooses (``auto``: varlen on CUDA without attention dropout,
+jagged on CUDA with it, varlen on the meta device, mask on the CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from qac.data.masking import IGNORE_INDEX
+
+KERNELS = ("auto", "varlen", "jagged", "mask")
+ATTENTION = "auto"
+
+
+@dataclass
+class Stream:
+    """The device tensors attention needs of a stream, and its longest sequence (from the host layout)."""
+
+    sequence_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+
+    @classmethod
+    def of(cls, side: Mapping[str, Any]) -> "Stream":
+        return cls(side["sequence_ids"], side["position_ids"], side["cu_seqlens"], side["layout"].max_seqlen)
+
+    def kernel(self, device: torch.device, dropout: float) -> str:
+        if ATTENTION != "auto":
+            return ATTENTION
+        if device.type == "meta":
+            return "varlen"
+        if device.type == "cuda":
+            return "jagged" if dropout else "varlen"
+        return "mask"
+
+    def allowed(self, window: int | None = None) -> torch.Tensor:
+        """``[T, T]`` "may attend": the same sequence (and, with ``window``, [CLS] or the last ``window`` tokens)."""
+        allowed = self.sequence_ids[:, None] == self.sequence_ids[None, :]
+        if window is not None:
+            index = torch.arange(len(self.sequence_ids), device=self.sequence_ids.device)
+            recent = (index[None, :] <= index[:, None]) & (index[None, :] > index[:, None] - window)
+            allowed = allowed & ((self.position_ids == 0)[None, :] | recent)
+        return allowed
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float, scale: float,
+               window: int | None = None) -> torch.Tensor:
+        """Attention of ``[T, heads, D]`` queries, keys and values within each sequence; ``[T, heads, D]``."""
+        kernel = "mask" if window is not None else self.kernel(query.device, dropout)
+        if kernel == "varlen":
+            from torch.nn.attention.varlen import varlen_attn
+
+            return varlen_attn(query, key, value, self.cu_seqlens, self.cu_seqlens, self.max_seqlen,
+                               self.max_seqlen, scale=scale)
+        if kernel == "jagged":
+            def nested(tensor):
+                return torch.nested.nested_tensor_from_jagged(tensor, offsets=self.cu_seqlens.long(),
+                                                              max_seqlen=self.max_seqlen).transpose(1, 2)
+
+            output = F.scaled_dot_product_attention(nested(query), nested(key), nested(value), dropout_p=dropout,
+                                                    scale=scale)
+            return output.transpose(1, 2).values()
+        output = F.scaled_dot_product_attention(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1),
+                                                attn_mask=self.allowed(window)[None], dropout_p=dropout, scale=scale)
+        return output.transpose(0, 1)
+
+
+def embed(bert, side: Mapping[str, Any]) -> torch.Tensor:
+    """BERT's embeddings of a stream's tokens at their own positions, ``[T, H]``."""
+    ids = side["input_ids"][None]
+    types = side.get("token_type_ids")
+    return bert.embeddings(input_ids=ids, position_ids=side["position_ids"][None],
+                           token_type_ids=torch.zeros_like(ids) if types is None else types[None])[0]
+
+
+def bert_layer(layer, hidden: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """A Hugging Face ``BertLayer`` (post-LayerNorm) on ``[T, H]`` states."""
+    attention = layer.attention.self
+    shape = (hidden.shape[0], attention.num_attention_heads, attention.attention_head_size)
+    query, key, value = (project(hidden).view(shape) for project in (attention.query, attention.key, attention.value))
+    dropout = attention.dropout.p if attention.training else 0.0
+    context = stream.attend(query, key, value, dropout, attention.scaling)
+    hidden = layer.attention.output(context.flatten(1), hidden)
+    return layer.output(layer.intermediate(hidden), hidden)
+
+
+def run_bert_layers(layers, hidden: torch.Tensor, stream: Stream) -> torch.Tensor:
+    for layer in layers:
+        hidden = bert_layer(layer, hidden, stream)
+    return hidden
+
+
+def encode(bert, side: Mapping[str, Any], keep_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``bert``'s last states of a stream and those after layer ``keep_layer`` (0: the embeddings), ``[T, H]``."""
+    stream = Stream.of(side)
+    hidden = embed(bert, side)
+    kept = hidden
+    for index, layer in enumerate(bert.encoder.layer, start=1):
+        hidden = bert_layer(layer, hidden, stream)
+        if index == keep_layer:
+            kept = hidden
+    return hidden, kept
+
+
+def cls_vectors(hidden: torch.Tensor, side: Mapping[str, Any]) -> torch.Tensor:
+    """``[B, H]``: each sequence's state at its start ([CLS])."""
+    return hidden.index_select(0, side["cls_positions"])
+
+
+def with_cls(hidden: torch.Tensor, side: Mapping[str, Any], vectors: torch.Tensor) -> torch.Tensor:
+    """``hidden`` with each sequence's first state replaced by its row of ``vectors`` (a decoder's input)."""
+    return hidden.index_copy(0, side["cls_positions"], vectors.to(hidden.dtype))
+
+
+def gpt2_block(block, hidden: torch.Tensor, stream: Stream, window: int) -> torch.Tensor:
+    """A Hugging Face ``GPT2Block`` (pre-LayerNorm) on ``[T, H]`` states under the release decoder's window."""
+    attention = block.attn
+    shape = (hidden.shape[0], attention.num_heads, attention.head_dim)
+    query, key, value = (part.reshape(shape) for part in
+                         attention.c_attn(block.ln_1(hidden)).split(attention.split_size, dim=-1))
+    dropout = attention.attn_dropout.p if attention.training else 0.0
+    context = stream.attend(query, key, value, dropout, getattr(attention, "scaling", attention.head_dim ** -0.5),
+                            window=window)
+    hidden = hidden + attention.resid_dropout(attention.c_proj(context.flatten(1)))
+    return hidden + block.mlp(block.ln_2(hidden))
+
+
+def next_token_labels(side: Mapping[str, Any]) -> torch.Tensor:
+    """``[T]``: the next token of the same sequence, ``-100`` at each sequence's last token."""
+    ids, sequence = side["input_ids"], side["sequence_ids"]
+    following = torch.cat([ids[1:], ids[:1]])
+    same = torch.cat([sequence[1:] == sequence[:-1], sequence[:1] != sequence[:1]])
+    return torch.where(same, following, torch.full_like(ids, IGNORE_INDEX))
+
+
+def pool(hidden: torch.Tensor, side: Mapping[str, Any], mode: str) -> torch.Tensor:
+    """A retriever's vector per sequence: [CLS] (``cls``) or the mean of its tokens (``mean``)."""
+    if mode == "cls":
+        return cls_vectors(hidden, side)
+    if mode != "mean":
+        raise ValueError(f"unknown pooling {mode!r}")
+    offsets = side["cu_seqlens"]
+    lengths = (offsets[1:] - offsets[:-1]).clamp(min=1).to(hidden.dtype)
+    total = hidden.new_zeros(len(lengths), hidden.shape[1]).index_add(0, side["sequence_ids"], hidden)
+    return total / lengths[:, None]

@@ -1,0 +1,227 @@
+"""Unpadded training: a batch side as one token stream gives the padded side's losses and gradients.
+
+The stream holds the same tokens, masks and labels as the padded side
+(qac.data.streams), and the models compute on it what they compute on the
+padded side without the padding (qac.models.unpadded). In float64 with no
+dropout both layouts compute the same function, so the losses and every
+parameter's gradient agree to float64 rounding: sums of the same terms in
+another order, through the same layers. The bound is ``C * eps64 * scale``,
+``scale`` a loss's value or the largest gradient entry of the model,
+``C = 2**14`` (3.6e-12 of the scale): the embeddings' gradients sum a term
+for every token of the batch with cancellation, and measure up to about 2,800
+eps here; a wrong layout (a token attending to another sequence) moves
+gradients by 1e-3 of their scale or more, about 1e12 eps, and the leak test
+below checks that such an error is caught.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from qac.data.context_pairs import Pair, PairCollator
+from qac.data.master import MasterCollator, MasterPair, WordWeights
+from qac.data.masking import IGNORE_INDEX
+from qac.data.streams import UnpaddedCollator, stream_chunks, token_stream
+from qac.models import unpadded
+from qac.models.grad_cache import FullBatchStep, GradCachedStep
+
+CPU = torch.device("cpu")
+EPS = torch.finfo(torch.float64).eps
+C = 2 ** 14
+METHODS = ["cocondenser", "cotmae-paper", "cotmae-release", "master"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from qac.models.loading import load_tokenizer
+
+    return load_tokenizer("minilm")
+
+
+def pairs(n=6):
+    return [Pair(i, f"the protein {i} binds the receptor of the cell membrane in study {i} " * (1 + i % 3),
+                 f"what binds receptor {i}" + " of the cell" * (i % 2), "query") for i in range(n)]
+
+
+def master_pairs(n=4):
+    return [MasterPair(i, f"the protein {i} binds the receptor of the cell membrane in study {i} " * (1 + i % 2),
+                       f"the membrane of cell {i} grows", "passage", row=i,
+                       queries=(f"what binds receptor {i}", "which protein binds"),
+                       continuation=f"and then the cell {i} divided twice" if i % 2 else "")
+            for i in range(n)]
+
+
+_BUILT: dict[str, torch.nn.Module] = {}
+
+
+def build(method: str) -> torch.nn.Module:
+    """A float64 tiny model of ``method`` without dropout (a fresh copy each call)."""
+    from qac.models.cocondenser import CoCondenser
+    from qac.models.cotmae import CoTMAE
+    from qac.models.master import Master
+
+    if method not in _BUILT:
+        if method == "cocondenser":
+            model = CoCondenser.from_spec("tiny:minilm", seed=0, dropout=0.0, n_head_layers=1, skip_from=1)
+        elif method == "master":
+            model = Master.from_spec("tiny:minilm", seed=0, dropout=0.0)
+        else:
+            model = CoTMAE.from_spec("tiny:minilm", seed=0, dropout=0.0, decoder=method.split("-")[1])
+        _BUILT[method] = model.double()
+    return copy.deepcopy(_BUILT[method]).train()
+
+
+def collator(method: str, tokenizer, multiple: int = 8):
+    model = build(method)
+    if method == "master":
+        weights = WordWeights(passages=1000, document_frequency={"the": 1000, "of": 1000, "receptor": 1})
+        return MasterCollator(tokenizer, 48, 16, *model.mask_ratios, seed=7, word_weights=weights,
+                              pad_to_multiple_of=multiple), master_pairs()
+    return PairCollator(tokenizer, 48, 16, *model.mask_ratios, seed=0, pad_to_multiple_of=multiple), pairs()
+
+
+def batches(method: str, tokenizer) -> tuple[dict, dict]:
+    """The padded batch and the same batch as token streams (the unpadded collator's)."""
+    padded_collator, examples = collator(method, tokenizer)
+    return padded_collator(examples, 3), UnpaddedCollator(padded_collator, 8)(examples, 3)
+
+
+def gradients(model) -> dict[str, torch.Tensor]:
+    return {name: parameter.grad.clone() for name, parameter in model.named_parameters()
+            if parameter.grad is not None}
+
+
+def run(model, step_class, batch, *args) -> tuple[dict, dict]:
+    parts = step_class(model, *args, CPU).forward_backward(batch) if args else \
+        step_class(model, CPU).forward_backward(batch)
+    return {name: float(value) for name, value in parts.items()}, gradients(model)
+
+
+def assert_close(padded: dict, unpadded_: dict, what: str) -> None:
+    """Each loss within ``C`` eps of its value; each gradient within ``C`` eps of the largest gradient entry
+    (a gradient that is exactly zero, such as a key bias's, is rounding against that scale)."""
+    assert padded.keys() == unpadded_.keys(), what
+    if all(isinstance(value, torch.Tensor) for value in padded.values()):
+        scale = max(float(value.abs().max()) for value in padded.values())
+        for name, value in padded.items():
+            difference = float((value - unpadded_[name]).abs().max())
+            RATIOS.append((difference / (EPS * scale), what, name))
+            assert difference <= C * EPS * scale, (what, name, difference, scale)
+        return
+    for name, value in padded.items():
+        difference = abs(value - unpadded_[name])
+        RATIOS.append((difference / (EPS * abs(value)), what, name))
+        assert difference <= C * EPS * abs(value), (what, name, difference, value)
+
+
+RATIOS: list[tuple] = []        # (difference in eps of its scale, what, name), printed with -s -n0
+
+
+def teardown_module():
+    if RATIOS:
+        print(f"\nlargest differences (eps of their scale) of {len(RATIOS)}:", sorted(RATIOS, reverse=True)[:3])
+
+
+def test_a_stream_holds_the_padded_sides_tokens_and_targets(tokenizer):
+    padded, streams = batches("cocondenser", tokenizer)
+    for name, side in padded.items():
+        stream = streams[name]
+        mask = side["attention_mask"].bool()
+        lengths = mask.sum(dim=1)
+        assert torch.equal(stream["input_ids"], side["input_ids"][mask])
+        assert torch.equal(stream["labels"], side["labels"][mask])
+        assert stream["cu_seqlens"].tolist() == [0] + lengths.cumsum(0).tolist()
+        assert stream["layout"].lengths == tuple(lengths.tolist())
+        # each sequence starts at position 0 with [CLS]
+        assert (stream["position_ids"][stream["cls_positions"]] == 0).all()
+        assert (stream["input_ids"][stream["cls_positions"]] == tokenizer.cls_token_id).all()
+        labelled = stream["labels"][stream["labels"] != IGNORE_INDEX]
+        count = len(labelled)
+        assert torch.equal(stream["mlm_labels"][:count], labelled)
+        assert (stream["mlm_labels"][count:] == IGNORE_INDEX).all() and len(stream["mlm_labels"]) % 8 == 0
+        assert torch.equal(stream["labels"][stream["mlm_positions"][:count]], labelled)
+        assert stream["input_ids"].numel() == int(mask.sum()) < mask.numel()     # padding is gone
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_unpadded_step_gives_the_padded_losses_and_gradients(tokenizer, method):
+    padded, streams = batches(method, tokenizer)
+    assert_close(*[run(build(method), FullBatchStep, batch)[0] for batch in (padded, streams)], method)
+    padded_parts, padded_grads = run(build(method), FullBatchStep, padded)
+    stream_parts, stream_grads = run(build(method), FullBatchStep, streams)
+    assert_close(padded_parts, stream_parts, method)
+    assert_close(padded_grads, stream_grads, method)
+
+
+def test_gradient_cached_unpadded_step_gives_the_full_batch_padded_gradients(tokenizer):
+    """Chunks of a stream cut by tokens, the cached [CLS] gradients replayed: the padded full batch's step."""
+    padded, streams = batches("cocondenser", tokenizer)
+    reference = run(build("cocondenser"), FullBatchStep, padded)
+    assert len(stream_chunks(streams["anchor"], 2 * streams["anchor"]["layout"].max_seqlen)) > 1
+    for chunk in (1, 2, 64):
+        cached = run(build("cocondenser"), GradCachedStep, streams, chunk)
+        assert_close(reference[0], cached[0], f"chunk {chunk}")
+        assert_close(reference[1], cached[1], f"chunk {chunk}")
+
+
+def test_stream_chunks_are_whole_sequences_within_the_budget(tokenizer):
+    _, streams = batches("cocondenser", tokenizer)
+    side = streams["anchor"]
+    budget = 2 * side["layout"].max_seqlen
+    chunks = stream_chunks(side, budget)
+    assert sum(len(chunk["layout"].lengths) for chunk in chunks) == len(side["layout"].lengths)
+    assert all(chunk["input_ids"].numel() <= budget for chunk in chunks)
+    assert torch.equal(torch.cat([chunk["input_ids"] for chunk in chunks]), side["input_ids"])
+    labelled = torch.cat([chunk["mlm_labels"][chunk["mlm_labels"] != IGNORE_INDEX] for chunk in chunks])
+    assert torch.equal(labelled, side["labels"][side["labels"] != IGNORE_INDEX])
+    for chunk in chunks:
+        assert (chunk["position_ids"][chunk["cls_positions"]] == 0).all()
+        assert chunk["cu_seqlens"][0] == 0 and chunk["cu_seqlens"][-1] == chunk["input_ids"].numel()
+
+
+def test_the_jagged_kernel_gives_the_masked_kernels_result(tokenizer, monkeypatch):
+    """SDPA on nested tensors (the GPU path with dropout) and the block-diagonal mask: one function."""
+    _, streams = batches("cocondenser", tokenizer)
+    results = {}
+    for kernel in ("mask", "jagged"):
+        monkeypatch.setattr(unpadded, "ATTENTION", kernel)
+        results[kernel] = run(build("cocondenser"), FullBatchStep, streams)
+    assert_close(results["mask"][0], results["jagged"][0], "losses")
+    assert_close(results["mask"][1], results["jagged"][1], "gradients")
+
+
+def test_a_token_attending_across_sequences_is_caught(tokenizer, monkeypatch):
+    """The tolerance is tight enough to see attention leak from one sequence into the next."""
+    padded, streams = batches("cocondenser", tokenizer)
+    reference = run(build("cocondenser"), FullBatchStep, padded)[0]
+    monkeypatch.setattr(unpadded.Stream, "allowed",
+                        lambda self, window=None: torch.ones(len(self.sequence_ids), len(self.sequence_ids),
+                                                             dtype=torch.bool))
+    leaking = run(build("cocondenser"), FullBatchStep, streams)[0]
+    measured = len(RATIOS)
+    with pytest.raises(AssertionError):
+        assert_close(reference, leaking, "leak")
+    del RATIOS[measured:]
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_unpadded_fine_tuning_gives_the_padded_loss_and_gradients(tokenizer, pooling):
+    from qac.models.biencoder import BiEncoder
+    from qac.models.loading import load_model
+
+    queries = tokenizer([f"what binds receptor {i}" + " of the cell" * i for i in range(3)], padding=True,
+                        return_tensors="pt")
+    passages = tokenizer([f"the protein {i} binds the receptor " * (1 + i % 3) for i in range(6)], padding=True,
+                         return_tensors="pt")
+    encoder = load_model("tiny:minilm", seed=0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).double()
+    results = []
+    for layout in (dict, token_stream):
+        model = BiEncoder(copy.deepcopy(encoder), pooling=pooling).train()
+        loss = model(layout(queries), layout(passages))
+        loss.backward()
+        results.append(({"loss": float(loss)}, gradients(model)))
+    assert_close(results[0][0], results[1][0], "loss")
+    assert_close(results[0][1], results[1][1], "gradients")
