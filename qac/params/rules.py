@@ -6,6 +6,8 @@ import difflib
 from typing import Any
 
 from qac.params.errors import Problem
+from qac.params.measures import Measure
+from qac.params.search_space import SpaceError, check_space_against_params, parse_space
 from qac.params.sections import ClusterResources, Params
 
 
@@ -242,8 +244,6 @@ def cluster_resources(params: Params) -> list[Problem]:
 
 def measures_and_columns(params: Params) -> list[Problem]:
     """Measures parse; the in-domain columns name declared datasets, splits and computed measures."""
-    from qac.evaluation.metrics import Measure
-
     problems: list[Problem] = []
     measures = set()
     for index, name in enumerate(params.evaluate.metrics):
@@ -292,10 +292,7 @@ def generation_rules(params: Params) -> list[Problem]:
 
 
 def search_space(params: Params) -> list[Problem]:
-    """The search space follows docs/hpo.md (qac.hpo.space holds its rules); the study's measure parses."""
-    from qac.evaluation.metrics import Measure
-    from qac.hpo.space import SpaceError, check_space_against_params, parse_space
-
+    """The search space follows docs/hpo.md (qac.params.search_space holds its rules); the study's measure parses."""
     problems: list[Problem] = []
     raw_space = {key: (None if entry is None else entry.model_dump(exclude_unset=True))
                  for key, entry in params.hpo.space.items()}
