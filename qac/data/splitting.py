@@ -413,7 +413,7 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(tokenizer_spec: str, punkt_dir: str, settings: SplitSettings, batched: bool) -> None:
     from qac.data.punkt import load_sentence_splitter
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
 
     _WORKER.update(splitter=load_sentence_splitter(punkt_dir), settings=settings,
                    counter=TokenCounter(load_tokenizer(tokenizer_spec), batched=batched))
@@ -536,7 +536,7 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
             stats.add(split)
             yield from split.passages
 
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
 
     write_passages(passages_path, records(), tokenizer=load_tokenizer(tokenizer_spec), tokenizer_name=tokenizer_spec)
     return stats, punkt_model

@@ -234,7 +234,7 @@ def run_trial(params: Params, out_dir: Path) -> dict[str, Any]:
     from qac.hpo.study import HpoSettings
     from qac.io import write_json
     from qac.models.factory import input_files
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
     from qac.train.finetune import FinetuneSettings, start_retriever, train_biencoder
     from qac.train.groups import GroupSampler, read_negatives, retriever1_queries, training_queries
     from qac.train.pretrain import PretrainSettings, pretrain

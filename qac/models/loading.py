@@ -14,59 +14,15 @@ The tokenizer always comes from ``<name>``.
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
-from pathlib import Path
+# The spec's grammar and the tokenizer live on the data floor, where the split stage tokenises the corpus;
+# imported here under their old names so that a spec loads one way for every stage.
+from qac.data.tokenizer import ModelSpec, load_tokenizer
+from qac.data.tokenizer import named_load_errors as _loading
 
-from qac.errors import UserError
-from qac.model_specs import resolve_model_name
-
-try:
-    from safetensors import SafetensorError
-except ImportError:         # an older safetensors: its errors are then among the other types caught
-    class SafetensorError(Exception):
-        pass
+__all__ = ["TINY_BERT", "ModelSpec", "load_config", "load_model", "load_tokenizer"]
 
 TINY_BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                  max_position_embeddings=512)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    source: str          # what from_pretrained receives (path or hub name)
-    init: str            # "pretrained" | "scratch" | "tiny"
-
-    @classmethod
-    def parse(cls, spec: str) -> "ModelSpec":
-        init, _, name = spec.partition(":") if ":" in spec and spec.split(":", 1)[0] in ("scratch", "tiny") else ("pretrained", "", spec)
-        return cls(source=resolve_model_name(name), init=init)
-
-
-@contextlib.contextmanager
-def _loading(source: str, what: str):
-    """A folder that cannot be read as ``what`` is named as the damaged stage output it usually is (a
-    truncated weights file, an unfinished config.json), with the stage that rebuilds it, in one paragraph."""
-    try:
-        yield
-    except (OSError, ValueError, RuntimeError, EOFError, SafetensorError) as error:
-        folder = Path(source)
-        if isinstance(error, (PermissionError, UserError)) or not folder.is_dir():
-            raise       # not a damaged folder: no permission, a hub name, or a message already made for people
-        from qac.data.errors import DataFormatError
-
-        text = str(error).strip()
-        reason = text.splitlines()[0][:300] if text else ""
-        raise DataFormatError(folder, None, None,
-                              f"cannot be loaded as {what} ({type(error).__name__}: {reason}): the folder is "
-                              "incomplete or damaged") from error
-
-
-def load_tokenizer(spec: str):
-    from transformers import AutoTokenizer
-
-    source = ModelSpec.parse(spec).source
-    with _loading(source, "a tokenizer"):
-        return AutoTokenizer.from_pretrained(source)
 
 
 def load_config(spec: str, **overrides):

@@ -59,7 +59,7 @@ def tiny_causal_lm(tokenizer_spec: str, seed: int = 0):
     """``(GPT2LMHeadModel, tokenizer)``: a 2-layer 64-wide GPT-2 with random weights and ``tokenizer_spec``'s vocabulary."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_spec)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id

@@ -80,7 +80,7 @@ def judge_figures(params: Params, data, heldout, model, tokenizer, sampling, dty
     from qac.data.prepared import load_prepared
     from qac.data.punkt import load_sentence_splitter
     from qac.data.splitting import SplitSettings, TokenCounter, split_documents
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
     from qac.querygen.quality import judge_anchors, judge_shares
     from qac.evaluation.annotation import EncoderCosineJudge, calibration_pairs
     from qac.retrieval import document_text
@@ -144,7 +144,7 @@ def make_query_generator(params: Params) -> list[str]:
 
     pairs = build_pairs(datasets_dir, train_dataset, corpora, section.use_titles)
     if section.evidence_windows:
-        from qac.models.loading import load_tokenizer
+        from qac.data.tokenizer import load_tokenizer
 
         pairs = evidence_sources(pairs, datasets_dir, train_dataset, load_tokenizer(spec), settings)
     train_pairs, heldout = split_heldout(pairs, section.heldout_fraction, section.max_heldout, seed)

@@ -218,7 +218,7 @@ def passages_tokenizer(passages_path: str | os.PathLike):
     """``(tokenizer, spec)`` that made the token ids of ``passages.arrow`` (None, None when it holds none):
     queries get their ids from the same tokenizer, so pairs are of one vocabulary."""
     from qac.data.tokens import TokenizerStamp
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
 
     stamp = TokenizerStamp.from_schema(open_mapped(passages_path, PASSAGES_SCHEMA).table.schema)
     if stamp is None:

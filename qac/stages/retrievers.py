@@ -198,7 +198,7 @@ def evaluate_variant(params: Params, variant: str) -> EvaluationOutcome:
     from qac.distributed import init_distributed
     from qac.io import atomic_path, write_json
     from qac.models.biencoder import BiEncoder
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
     from qac.tracking.lifecycle import Upstream, reopened_stage, tracked_stage
     from qac.tracking.naming import variant_description, variant_run_name
 

@@ -405,7 +405,7 @@ def local_step_flops(replica, batch) -> None:
 def start_retriever(start: str | Path, settings: FinetuneSettings) -> tuple[BiEncoder, Any]:
     """``(BiEncoder, tokenizer)`` of the encoder at ``start``, set up as ``settings`` train it (pooling,
     temperature, unit-length vectors for cosine similarity)."""
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(start))
     model = BiEncoder.from_pretrained(start, pooling=settings.pooling, temperature=settings.temperature,

@@ -273,7 +273,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     from qac.data.context_pairs import load_pair_corpus
     from qac.distributed import autocast_dtype as pick_autocast, init_distributed, require_even_split
     from qac.models.factory import build_batches, build_pretraining_model
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
     from qac.models.losses import all_reduce_sum
     from qac.train.checkpoint import DamagedCheckpoint, load_checkpoint, read_state, save_checkpoint
     from qac.train.optim import build_optimizer

@@ -350,7 +350,7 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
     from qac.data.prepared import load_prepared
     from qac.distributed import barrier, cleanup, init_distributed, require_even_split
     from qac.io import atomic_path, write_jsonl
-    from qac.models.loading import load_tokenizer
+    from qac.data.tokenizer import load_tokenizer
     from qac.retrieval.dense import search_splits
     from qac.tracking.lifecycle import Upstream
     from qac.train.finetune import FinetuneSettings
