@@ -31,6 +31,7 @@ import torch
 from qac.distributed import autocast_context
 from qac.params.vocabulary import GENERATOR_ARCHITECTURES
 from qac.querygen.generator_pairs import Pair
+from qac.train.finite import check_step, suspects_of
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
                                    {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(settings.warmup_ratio * total_steps), total_steps)
     evaluate = bool(validation) and settings.eval_every > 0
+    suspects = suspects_of(settings, lambda field: f"query_generator.{field}")
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)    # dropout
     step, recent, best, best_step, stale, best_state = 0, [], float("inf"), 0, 0, None
@@ -203,12 +205,14 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
                 # labels alone: the model shifts them right behind decoder_start_token_id
                 loss = model(**batch).loss
             loss.backward()
+            # The step's one read of the device (the logged loss): a NaN or infinite loss or gradient stops
+            # the training before the update.
+            recent.append(check_step("query generator", step + 1, loss, model.parameters(), suspects))
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            recent.append(loss.item())
             bar.update()
             bar.set_postfix(loss=f"{recent[-1]:.3f}", refresh=False)
             if log and (step % settings.log_every == 0 or step == total_steps):

@@ -26,6 +26,7 @@ import torch
 
 from qac.errors import UserError
 from qac.models.biencoder import BiEncoder
+from qac.train.finite import check_step, suspects_of
 from qac.train.groups import GroupSampler, TrainingGroup, TrainingQuery
 from qac.train.optim import build_optimizer
 
@@ -211,6 +212,14 @@ def check_whole_batches(n_queries: int, settings: "FinetuneSettings", where: str
 StepCallback = Callable[[int, dict[str, float]], None]
 
 
+def setting_key(section: str, field: str) -> str:
+    """The params key of a :class:`FinetuneSettings` field read from ``section`` (``finetune``, or
+    ``beir_retriever``, whose scale is the inverse temperature)."""
+    if section == "beir_retriever" and field == "temperature":
+        return "beir_retriever.scale (1 / temperature)"
+    return f"{section}.{field}"
+
+
 @dataclass(frozen=True)
 class WorkCheckpoint:
     """Where a retriever's training keeps its work checkpoint (qac.train.checkpoint), how often it saves it,
@@ -256,6 +265,7 @@ def train_biencoder(
     world_size: int = 1,
     on_step: StepCallback | None = None,
     checkpoint: WorkCheckpoint | None = None,
+    section_key: str = "finetune",
 ) -> list[float]:
     """Fine-tune ``model`` in place; returns the global loss of every step.
 
@@ -265,7 +275,8 @@ def train_biencoder(
     (model, optimizer, schedule, loss scale, every process's generator state,
     the losses so far); a run that finds one of its own fingerprint continues
     from it, first replaying its logged steps to ``on_step``, and computes what
-    the uninterrupted run would have (the batches are a function of the step).
+    the uninterrupted run would have (the batches are a function of the step). ``section_key``: the params
+    section the settings come from (``finetune``, ``beir_retriever``), named when a step is not finite.
     """
     if settings.batch_size % world_size:
         raise ValueError(f"batch_size {settings.batch_size} is not divisible by {world_size} processes")
@@ -326,14 +337,8 @@ def train_biencoder(
     loader = iter(step_loader(remaining, settings.loader_workers, settings.prefetch_batches, device))
     _, peak = peak_flops(device)
     window = ThroughputWindow(peak)
-    pending: list[torch.Tensor] = []     # step losses on the device, read at logging steps
-
-    def read_losses() -> None:
-        # compute_loss scales by W for DDP's averaging
-        losses.extend((torch.stack(pending).double() / world_size).tolist())
-        pending.clear()
-
     step = start
+    stage, suspects = "fine-tune", suspects_of(settings, lambda field: setting_key(section_key, field))
     bar = progress(total=total_steps, initial=start, desc="fine-tune", unit="step", rank=rank)
     for epoch, index in (divmod(done, per_epoch) for done in range(start, total_steps)):
         waited = time.perf_counter()
@@ -350,6 +355,9 @@ def train_biencoder(
             loss = trained(queries, passages)
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
+        # The step's one read of the device: a NaN or infinite loss or gradient stops the run before the
+        # update; the fp16 scaler's infinite gradients are its own signal to skip a step.
+        step_loss = check_step(stage, step + 1, loss, None if scaler.is_enabled() else model.parameters(), suspects)
         if settings.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
         lr = scheduler.get_last_lr()[0]
@@ -360,10 +368,9 @@ def train_biencoder(
         step += 1
         window.steps += 1
         window.pairs += settings.batch_size
-        pending.append(loss.detach())
+        losses.append(step_loss / world_size)       # compute_loss scales by W for DDP's averaging
         bar.update(1)
         if step % settings.log_every == 0 or step == total_steps:
-            read_losses()
             global_loss = losses[-1]
             bar.set_postfix(loss=f"{global_loss:.3f}", refresh=False)
             counts = all_reduce_sum(torch.tensor(window.counts(), dtype=torch.float64, device=device)).tolist()
@@ -374,8 +381,6 @@ def train_biencoder(
                 on_step(step, values)
         if checkpoint is not None and checkpoint.every and step % checkpoint.every == 0 and step < total_steps:
             paused = time.perf_counter()
-            if pending:
-                read_losses()
             save_checkpoint(checkpoint.directory, model=model, optimizer=optimizer, scheduler=scheduler,
                             scaler=scaler, step=step, data_position=step * settings.batch_size,
                             fingerprint=checkpoint.fingerprint, device=device, rank=rank,

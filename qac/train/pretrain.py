@@ -276,6 +276,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     from qac.data.tokenizer import load_tokenizer
     from qac.models.losses import all_reduce_sum
     from qac.train.checkpoint import DamagedCheckpoint, load_checkpoint, read_state, save_checkpoint
+    from qac.train.finite import check_step, suspects_of
     from qac.train.optim import build_optimizer
 
     out_dir, work_dir = Path(out_dir), Path(work_dir)
@@ -364,6 +365,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     from qac.train.flops import META
     from qac.train.throughput import SPEED_KEYS, ThroughputWindow, peak_flops
 
+    suspects = suspects_of(settings, lambda field: f"pretrain.common.{field} (or the variant's)")
     model.train()
     device_name, peak = peak_flops(device)
     window = ThroughputWindow(peak)
@@ -379,6 +381,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
         loaded_step, micro_batches = next(loader)
         window.waiting += time.perf_counter() - waited
         assert loaded_step == step
+        step_loss = torch.zeros((), dtype=torch.float64, device=device)
         for micro, batch in enumerate(micro_batches):
             if window.flops_per_token is None:       # this run's first micro-batch: count a step's FLOPs once
                 window.count_flops(model, batch, lambda replica, meta_batch: build_step(
@@ -391,6 +394,10 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
             # summed on the device: read only at logging steps (a read waits for the device)
             for name, value in parts.items():
                 window_parts[name] = window_parts.get(name, 0.0) + value.double() / accumulation
+            step_loss += parts["loss"].double()
+        # The step's one read of the device: a NaN or infinite loss or gradient stops the run before the
+        # update; the fp16 scaler's infinite gradients are its own signal to skip a step.
+        check_step("pretrain", step + 1, step_loss, None if scaler.is_enabled() else model.parameters(), suspects)
         learning_rate = scheduler.get_last_lr()[0]
         scaler.step(optimizer)
         scaler.update()

@@ -135,7 +135,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
             model, tokenizer, losses = fine_tune_retriever(
                 start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
                 device=dist.device, rank=dist.rank, world_size=dist.world_size,
-                on_step=on_step if dist.is_main else None, checkpoint=checkpoint)
+                on_step=on_step if dist.is_main else None, checkpoint=checkpoint, section_key=section_key)
             if dist.is_main and work is not None:
                 work.save_retriever(name, model, tokenizer, {"losses": losses, "history": history,
                                                              "mlflow_run_id": tracking.run_id}, **encoding)
