@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from qac.config import checked_variant
+from qac.params.variants import variant_settings
+
 if TYPE_CHECKING:
     from qac.params.sections import Params
 
@@ -38,23 +41,21 @@ def variant_description(params: Params, variant: str) -> dict[str, Any]:
     context), ``cotmae_decoder`` only for CoT-MAE. The values equal the
     ``qac.*`` tags, so parameters and tags never disagree.
     """
-    from qac.train.pretrain import PretrainSettings
-
-    settings = PretrainSettings.from_params(params, variant)
-    trained = settings.method != "none"
-    context = settings.context_type if trained else "none"
-    description = {"variant": variant, "method": settings.method, "context_type": context}
+    settings = variant_settings(params, checked_variant(params, variant))
+    trained = settings["method"] != "none"
+    context = settings["context_type"] if trained else "none"
+    description = {"variant": variant, "method": settings["method"], "context_type": context}
     if context in ("query", "mixed"):
-        description["query_count"] = settings.query_count
-    if settings.method == "cotmae":
-        description["cotmae_decoder"] = settings.cotmae_decoder
-    if settings.method == "master":
-        description["master_decoders"] = ",".join(settings.master_decoders)
-    description["seed"] = settings.seed
+        description["query_count"] = settings["query_count"]
+    if settings["method"] == "cotmae":
+        description["cotmae_decoder"] = settings["cotmae_decoder"]
+    if settings["method"] == "master":
+        description["master_decoders"] = ",".join(settings["master_decoders"])
+    description["seed"] = settings["seed"]
     seed_of = params.pretrain.variants[variant].seed_of
     if seed_of:   # a seed copy: the variant it repeats with another seed
         description["seed_of"] = seed_of
-    description["init"] = settings.init
+    description["init"] = settings["init"]
     return description
 
 

@@ -98,13 +98,8 @@ class PretrainSettings:
         (``split.spans``)."""
         from qac.config import checked_variant
 
-        section = params.pretrain
-        spec = section.variants[checked_variant(params, variant)]
-        # The keys the variant sets override common's; a seed copy trains as its variant does, with its own seed.
-        overrides = {key: value for key, value in spec.to_dict().items() if key not in ("seeds", "seed", "seed_of")}
-        return cls.from_mapping({**section.common.to_dict(), **overrides, "context_type": spec.context_type,
-                                 "query_count": spec.query_count,
-                                 "seed": params.seed if spec.seed is None else spec.seed, "spans": params.split.spans})
+        from qac.params.variants import variant_settings
+        return cls.from_mapping(variant_settings(params, checked_variant(params, variant)))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "PretrainSettings":
