@@ -44,6 +44,18 @@ def deep_merge(base: dict, override: dict) -> dict:
     return merged
 
 
+def profile_files(name: str, profiles_dir: Path) -> list[Path]:
+    """The files profile ``name`` is rendered from, its own first: ``<name>.yaml``, its parent's (and so on,
+    :data:`PROFILE_PARENTS`), then ``base.yaml``."""
+    from qac.params.locations import PROFILE_PARENTS
+
+    files, current = [], name
+    while current is not None:
+        files.append(profiles_dir / f"{current}.yaml")
+        current = PROFILE_PARENTS.get(current)
+    return files + [profiles_dir / "base.yaml"]
+
+
 def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """The full parameter set of profile ``name``: base merged with the profile's overrides, checked.
 
@@ -60,16 +72,20 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     profiles_dir = Path(profiles_dir or profiles_root())
     sources = []           # (file, its keys' lines), the profile's first: where a problem is named
     values = []
-    for path in (profiles_dir / f"{name}.yaml", profiles_dir / "base.yaml"):
+    for path in profile_files(name, profiles_dir):
         text, read = read_params_file(path)
         if read is not None and not isinstance(read, dict):
             raise ParamsError(path, [Problem("", f"expected a mapping of parameters, found a "
                                                  f"{type(read).__name__}")])
         sources.append((path, key_lines(text)))
         values.append(read or {})
-    (source, source_lines), (override, base) = sources[0], values
+    (source, source_lines), override = sources[0], values[0]
+    merged = values[-1]
+    for layer in reversed(values[:-1]):       # base first, then each parent, the profile's own file last
+        merged = deep_merge(merged, {key: value for key, value in layer.items() if key != "profile"}
+                            if layer is not override else layer)
     try:
-        params = expand_seeds(deep_merge(base, override))
+        params = expand_seeds(merged)
     except ParamsError as error:        # named at the profile's own file, where a profile's seeds are written
         raise ParamsError(source, error.problems, source_lines) from None
     written = override.get("profile", name) if isinstance(override, dict) else name
@@ -200,7 +216,8 @@ def rendered_params_text(params: dict[str, Any], profiles_dir: str | os.PathLike
     profile_file = Path(profiles_dir or profiles_root()) / f"{name}.yaml"
     introduction = (
         f"# Parameters of profile '{name}', rendered by `qac profile render {name}`\n"
-        f"# from profiles/base.yaml + profiles/{name}.yaml. Change the profile there and\n"
+        f"# from {' + '.join(f'profiles/{path.name}' for path in reversed(profile_files(name, Path('.'))))}. "
+        "Change the profile there and\n"
         "# re-render; edit this file (or `dvc exp run -S`) for a one-off experiment:\n"
         "# a render never replaces a hand-edited file without --force.\n"
     )

@@ -14,7 +14,10 @@ from pathlib import Path
 from qac.names import checked_plain_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-PROFILE_NAMES = ("smoke", "default", "paper")
+PROFILE_NAMES = ("smoke", "default", "paper", "paper-mini")
+# A profile rendered over another one's file rather than over base.yaml alone: paper-mini is the paper
+# profile with only its sizes changed (every stage, switch and code path of the paper's, run by the suite).
+PROFILE_PARENTS = {"paper-mini": "paper"}
 DEFAULT_PROFILE = "default"
 
 

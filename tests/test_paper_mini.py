@@ -1,0 +1,145 @@
+"""The paper profile in miniature: the paper's graph, switches and code paths, run end to end on synthetic data.
+
+profiles/paper-mini.yaml is rendered over profiles/paper.yaml and may change sizes only; its graph must be
+the paper's stage by stage. The study runs `qac repro --jobs 2 paper-mini` in a copy of the repository on the
+mirror tests/paper_mini_mirror.py writes (real formats, tiny random models under the paper's hub names),
+then `qac check` on it, and renders the paper's Slurm jobs from the same graph. About 5 minutes of a 2-core
+machine: 74 stages in about 3.5 minutes with two at once (most of it each stage's start-up), the mirror and
+the check seconds more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qac.config import render_profile
+from qac.pipeline_plan import stage_graph
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(TESTS))
+import paper_mini_mirror  # noqa: E402
+
+# What the miniature may change: sizes (lengths, counts, steps, batches, depths, workers, logging and checkpoint
+# intervals, the tables' permutation count), the run monitor, the cluster's resources and the expected file
+# naming its own profile. A method switch is none of these: it stays the paper's.
+SIZE_KEYS = {"max_len", "query_max_len", "passage_max_len", "corpus_max_len", "judge_max_len", "max_source_len",
+             "max_new_tokens", "workers", "loader_workers", "batch_size", "encode_batch_size", "chunk_size",
+             "steps", "grad_accumulation", "grad_cache_chunk", "checkpoint_every", "log_every", "epochs",
+             "train_n_passages", "bm25_depth", "mine_depth", "official_negatives", "depth", "documents",
+             "calibration_pairs", "quality_max_documents", "permutations", "system_metrics"}
+SIZE_SECTIONS = ("cluster.", "check.expected")
+
+
+def _leaves(value, prefix=""):
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _leaves(item, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], value
+
+
+def test_paper_mini_changes_only_sizes_of_the_paper_profile():
+    paper, mini = dict(_leaves(render_profile("paper"))), dict(_leaves(render_profile("paper-mini")))
+    assert set(mini) == set(paper), sorted(set(mini) ^ set(paper))
+    changed = {key for key in paper if paper[key] != mini[key] and key != "profile"}
+    switches = {key for key in changed if key.rsplit(".", 1)[-1] not in SIZE_KEYS and not key.startswith(SIZE_SECTIONS)}
+    assert not switches, f"profiles/paper-mini.yaml changes more than sizes: {sorted(switches)}"
+    assert changed, "the miniature is the paper profile itself"
+
+
+def test_paper_mini_has_the_paper_graph_stage_by_stage():
+    """Each stage of the paper profile is a stage of the miniature with the same command and upstream stages."""
+    paper = {name: (command, upstream) for name, command, upstream in stage_graph("paper", REPO)}
+    mini = {name: (command.replace("profiles/paper-mini/", "profiles/paper/"), upstream)
+            for name, command, upstream in stage_graph("paper-mini", REPO)}
+    assert list(mini) == list(paper)
+    for name in paper:
+        assert mini[name] == paper[name], name
+
+
+def test_paper_mini_expects_the_papers_cells():
+    def cells(name):
+        return yaml.safe_load((REPO / "profiles" / "expected" / f"{name}.yaml").read_text())["cells"]
+
+    assert cells("paper-mini") == cells("paper")
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def test_the_mirror_is_the_same_bytes_every_time(tmp_path):
+    first = _digests(paper_mini_mirror.build(tmp_path / "a"))
+    assert first == _digests(paper_mini_mirror.build(tmp_path / "b"))
+    for folder in ("msmarco-docs", "msmarco-passage-rocketqa", "trec-msmarco", "msmarco-hard-negatives",
+                   *paper_mini_mirror.BEIR_SETS, *(f"cqadupstack/{forum}" for forum in paper_mini_mirror.FORUMS)):
+        assert any(name.startswith(f"mirror/{folder}/") for name in first), folder
+
+
+def _run(cmd, cwd, env, codes=(0,)):
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode in codes, f"{' '.join(map(str, cmd))}: exit {result.returncode}\n" \
+                                       f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def paper_mini_study(tmp_path_factory, copy_repository):
+    """A copy of the repository in which `qac repro --jobs 2 paper-mini` ran; its folder and environment."""
+    root = tmp_path_factory.mktemp("paper-mini")
+    work = copy_repository(root / "repo")
+    outside = paper_mini_mirror.build(root / "stand-ins", paper_mini_mirror.hub_pins(render_profile("paper")))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(work),
+           "TOKENIZERS_PARALLELISM": "false", **paper_mini_mirror.environment(outside)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=qac", "-c", "user.email=qac@localhost", "commit", "-qm", "study"]):
+        _run(cmd, work, env)
+    repro = _run([str(BIN / "qac"), "repro", "--jobs", "2", "paper-mini"], work, env)
+    return work, env, repro
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)   # the study's repro runs in this test's set-up
+def test_paper_mini_runs_every_stage_of_the_paper_profile(paper_mini_study):
+    work, _, repro = paper_mini_study
+    lock = yaml.safe_load((work / "profiles" / "paper-mini" / "dvc.lock").read_text())
+    assert set(lock["stages"]) == {name for name, _, _ in stage_graph("paper", REPO)}
+    assert "74 stage(s) checked or run" in repro.stdout
+
+
+@pytest.mark.slow
+def test_qac_check_judges_every_published_cell_of_the_miniature(paper_mini_study):
+    """A reproduction check of the paper's 146 cells: tiny random models reproduce none, and say so cell by cell."""
+    work, env, _ = paper_mini_study
+    result = _run([str(BIN / "qac"), "check"], work, {**env, "QAC_PROFILE": "paper-mini"}, codes=(1,))
+    cells = yaml.safe_load((REPO / "profiles" / "expected" / "paper-mini.yaml").read_text())["cells"]
+    verdicts = [line for line in result.stdout.splitlines()
+                if line.startswith(("REPRODUCED", "WITHIN NOISE", "DIFFERS", "MISSING"))]
+    assert len(verdicts) == len(cells)
+    assert not [line for line in verdicts if line.startswith("MISSING")]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "NOT reproduced" in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_the_papers_slurm_jobs_are_the_stages_the_miniature_ran(paper_mini_study, tmp_path):
+    work, env, _ = paper_mini_study
+    jobs = {}
+    for profile in ("paper", "paper-mini"):
+        out = tmp_path / profile
+        _run([str(BIN / "qac"), "profile", "plan", profile, "--slurm", str(out)], work, env)
+        jobs[profile] = sorted(path.name for path in out.glob("*.sbatch") if path.name != "sweep.sbatch")
+    assert jobs["paper"] == jobs["paper-mini"]
+    lock = yaml.safe_load((work / "profiles" / "paper-mini" / "dvc.lock").read_text())
+    assert len(jobs["paper"]) == len(lock["stages"])
