@@ -1,4 +1,4 @@
-"""DVC stage ``reference``: publicly released retrievers evaluated as published (qac/reference.py).
+"""DVC stage ``reference``: publicly released retrievers evaluated as published (qac/stages/reference.py).
 
 For each model spec in ``reference_retrievers`` (a hub name such as
 ``Luyu/co-condenser-marco-retriever``, or a local folder), the encoder is
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     clock = StageClock()
 
     from qac.params import load_params
-    from qac.reference import evaluate_references
+    from qac.stages.reference import evaluate_references
 
     print_summary("reference", *evaluate_references(load_params()), seconds=clock.seconds)
 

@@ -348,7 +348,7 @@ def _missing_row(ctx: TableContext, table: Table, row: str, reason: str, paper_o
 
 def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
     """The start encoder, evaluated the way its model was trained, with its published figures beside ours."""
-    from qac.retrieval.dense import baseline_settings, start_encoder
+    from qac.retrieval.untuned import baseline_settings, start_encoder
 
     spec = start_encoder(ctx.params)
     described = spec is not None and spec in ctx.params.encoders

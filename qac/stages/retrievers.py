@@ -162,7 +162,7 @@ def encoding_of(params: Params, name: str, folder: Path, fine_tuned: Path):
     encoder as its model was trained (``encoders.<spec>``: pooling, normalisation, lengths), else as
     retriever 1 (``fine_tuned``) was fine-tuned."""
     from qac.models.encoding import Encoding, read_encoding
-    from qac.retrieval.dense import start_encoder
+    from qac.retrieval.untuned import start_encoder
 
     declared = read_encoding(fine_tuned if name == "untuned" else folder)
     if declared is None:
