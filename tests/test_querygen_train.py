@@ -468,6 +468,12 @@ def test_stage_saves_a_generator_folder_and_logs_quality(tmp_path, monkeypatch, 
     assert run.data.metrics["pairs/heldout"] == 3   # min(max_heldout 3, 0.5 * 8 pairs)
     assert run.data.metrics["candidates"] == 3 * 2
     assert 0.0 <= run.data.metrics["rougeL"] <= 1.0 and run.data.metrics["rougeL_se"] >= 0.0
+    # What the training cost is the run's (qac.tracking.cost), in no output of the stage.
+    assert run.data.metrics["cost/device_seconds"] > 0 and run.data.metrics["cost/peak_rss_mb"] > 0
+    assert run.data.tags["qac.cost.device"] == "cpu" and "qac.cost.energy" in run.data.tags
+    outputs = [folder, tmp_path / "data" / "smoke" / "metrics", tmp_path / "reports"]
+    assert not [path for where in outputs for path in where.rglob("*")
+                if path.suffix in (".json", ".md", ".csv") and "cost/" in path.read_text(errors="replace")]
     report = (tmp_path / "reports" / "query_generator" / "smoke.md").read_text()
     assert "| BM25 self-retrieval @10, generated queries |" in report
 

@@ -15,7 +15,9 @@ of ours carries:
   when the work inside the ``with`` ends without an error;
 - resume links to a run an interrupted earlier attempt left
   (:meth:`StageTracking.resumes`);
-- model artifacts, only when asked (``--log-models`` or ``mlflow.log_models``).
+- model artifacts, only when asked (``--log-models`` or ``mlflow.log_models``);
+- what the work cost: device-seconds, peak memory and, where readable, energy, measured around the
+  work inside the ``with`` and logged however it ends (:mod:`qac.tracking.cost`).
 
 A finished run is reopened to add to it (evaluation metrics into a fine-tuning
 run) with :func:`reopened_stage`, which yields the same handle.
@@ -212,6 +214,11 @@ class StageTracking:
             write_run_record(self.root, output, self.run_id, **{**self._record, **extra})
 
 
+# Stages whose runs open once the work is done, only to log it: what runs inside is not their cost (the evaluate
+# stage logs its time as eval/seconds).
+OPENED_AFTER_THE_WORK = ("evaluate@",)
+
+
 def _profile_root(params: Params, root: str | os.PathLike | None) -> Path:
     if root is not None:
         return Path(root)
@@ -253,6 +260,25 @@ def _store_run(opened) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def _measured(tracking: StageTracking, measure: bool) -> Iterator[None]:
+    """The work inside measured (:class:`qac.tracking.cost.CostMeter`) and its cost logged into the run,
+    whether it ends or fails."""
+    if not (measure and tracking.active):
+        yield
+        return
+    from qac.tracking.cost import CostMeter
+
+    meter = CostMeter()
+    try:
+        with meter:
+            yield
+    finally:
+        if meter.cost is not None:
+            tracking.log_metrics(meter.cost.metrics())
+            tracking.set_tags(meter.cost.tags())
+
+
+@contextlib.contextmanager
 def tracked_stage(
     params: Params,
     stage: str,
@@ -274,7 +300,8 @@ def tracked_stage(
     when None or when the upstream run is not linked. ``output``: the stage output whose run record
     is written when the work ends without an error (under ``root``, default ``data/<profile>``).
     ``main``: whether this process tracks (rank 0). ``log_models``: the stage's ``--log-models``;
-    ``mlflow.log_models`` in params asks too.
+    ``mlflow.log_models`` in params asks too. The work inside is measured (:mod:`qac.tracking.cost`) unless
+    the stage opens its runs only after its work (:data:`OPENED_AFTER_THE_WORK`).
     """
     root = _profile_root(params, root)
     from qac.tracking.store import usable_store
@@ -296,7 +323,8 @@ def tracked_stage(
                        parent_run_id=parent_run_id)
     with _store_run(opened) as run:
         tracking = StageTracking(run, root=root, log_models=models_requested(params, log_models))
-        yield tracking
+        with _measured(tracking, not stage.startswith(OPENED_AFTER_THE_WORK)):
+            yield tracking
         if output is not None:
             tracking.write_record(output)
 
