@@ -1,6 +1,8 @@
 """What a profile costs on one GPU, stage by stage, from the latest GPU benchmark figures.
 
-``qac profile plan NAME --cost`` prints it before anything runs. The rates are
+``qac profile plan NAME --cost`` prints it before anything runs and, once the
+profile's runs are in the MLflow store, beside what they measured
+(:mod:`qac.reporting.measured_cost`). The rates are
 those ``benchmarks/bench_gpu.py`` measured and ``--publish`` committed as
 ``reports/bench_gpu.json`` (its device and date are printed with them):
 
@@ -220,10 +222,16 @@ def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
     return rows
 
 
-def cost_text(params: Params, rates: Rates) -> str:
+def cost_text(params: Params, rates: Rates, measured=None) -> str:
+    """The projection; ``measured(rows)``, when given, is a column beside it: what the profile's runs measured
+    for each row (:func:`qac.reporting.measured_cost.projection_column`)."""
     from qac.benchmarking import markdown_table
 
     rows = stage_costs(params, rates)
+    columns = ["stage", "variant", "work", "rate", "basis", "hours", "figures"]
+    if measured is not None:
+        rows = [{**row, "measured": text} for row, text in zip(rows, measured(rows))]
+        columns.append("measured")
     known = sum(row["hours"] for row in rows if row["hours"] is not None and row["stage"] != "generate queries")
     if rates.measured:
         head = f"GPU-hours on one {rates.device}, measured {rates.date} ({rates.source})."
@@ -231,13 +239,20 @@ def cost_text(params: Params, rates: Rates) -> str:
         head = f"GPU-hours on one {rates.device}: NOT measured, {rates.source}."
     head = f"profile {params.profile}: {head}"
     table = markdown_table([{**row, "hours": f"{row['hours']:,.1f}" if row["hours"] is not None else "n/a"}
-                            for row in rows], ["stage", "variant", "work", "rate", "basis", "hours", "figures"])
+                            for row in rows], columns)
     return f"{head}\n\n{table}\n\nTotal (query generation apart): {known:,.0f} GPU-hours."
 
 
-def print_cost(name: str, figures: str | Path | None = None) -> int:
+def print_cost(name: str, figures: str | Path | None = None, measured=None) -> int:
+    """Print the projection of profile ``name``; ``measured(params)``, when given, returns the column of
+    measured figures beside it (None: the profile has no runs to show) and a note printed below."""
     from qac.config import render_profile
     from qac.params import validate_params
 
-    print(cost_text(validate_params(render_profile(name)), load_rates(figures)))
+    params = validate_params(render_profile(name))
+    beside = measured(params) if measured is not None else None
+    column, note = beside if beside is not None else (None, None)
+    print(cost_text(params, load_rates(figures), column))
+    if note:
+        print(f"\n{note}")
     return 0

@@ -5,7 +5,8 @@
   qac profile show NAME            # print profiles/NAME/params.yaml
   qac profile plan NAME            # every stage of the profile's pipeline, in run order, with its command
   qac profile plan NAME --cells    # every numeric cell of the paper's Tables 1-5: the run that produces it
-  qac profile plan NAME --cost     # GPU-hours per stage and variant from the latest GPU benchmark figures
+  qac profile plan NAME --cost     # GPU-hours per stage and variant from the latest GPU benchmark figures,
+                                   # beside what the profile's runs in the MLflow store measured
   qac profile plan NAME --slurm DIR  # an sbatch script per stage, chained along the DVC graph (docs/cluster.md)
   qac profile validate [NAME|FILE ...]  # check params files against the schema (all profiles by default)
   qac profile docs [--check]       # write docs/parameters.md from the schema (--check: fail if stale)
@@ -47,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(exit 1 if one is missing)")
     view.add_argument("--cost", action="store_true",
                       help="GPU-hours per stage and variant from the latest GPU benchmark figures "
-                           "(reports/bench_gpu.json; the device and date are printed)")
+                           "(reports/bench_gpu.json; the device and date are printed), beside the device-hours "
+                           "the profile's runs in the MLflow store measured")
     plan.add_argument("--figures", metavar="JSON", help="with --cost: another bench_gpu.json")
     view.add_argument("--slurm", metavar="DIR", help="write one sbatch script per stage, submit.sh (chained along "
                       "the DVC graph) and sweep.sbatch into DIR, an empty folder or one of scripts rendered "
@@ -174,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
         return _slurm(args.name, args.slurm)
     if args.cost:
         from qac.gpu_cost import print_cost
+        from qac.reporting.measured_cost import measured_beside
 
-        return print_cost(args.name, args.figures)
+        return print_cost(args.name, args.figures, measured_beside)
     from qac.pipeline_plan import print_plan
 
     return print_plan(args.name)

@@ -1,10 +1,17 @@
-"""MLflow runs: end those that killed stages left RUNNING (``sweep``); show how two runs differ (``diff``).
+"""MLflow runs: end those that killed stages left RUNNING (``sweep``); show how two runs differ (``diff``);
+what a profile's runs cost (``cost``).
 
 ``qac runs diff A B`` takes two MLflow run ids, or two outputs of a profile
 (``finetune/<variant>/r1``, the path under data/<profile>/ whose run record
 names the run), and prints only what differs in parameters, code, data hashes
 and environment, then the metrics with the paired test of each evaluation
 metric (qac.reporting.run_diff); ``--json`` for scripts.
+
+``qac runs cost PROFILE`` prints the device-seconds, CPU seconds, peak memory
+and energy the profile's runs measured, per stage and per table cell
+(qac.reporting.measured_cost), and writes them to reports/cost/PROFILE.md:
+outside the tables stage's output, as no DVC output holds a figure that
+differs on every run.
 
 A stage killed with SIGKILL cannot end its own run. Every stage ends such runs
 when it opens its own (qac.tracking.interrupted), but when DVC restores every
@@ -20,6 +27,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from qac.params import PROFILE_NAMES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -33,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     diff.add_argument("--params", default=None, help="params file (default: as every command reads it)")
     diff.add_argument("--json", action="store_true", help="print the differences as JSON")
     diff.add_argument("--width", type=int, default=120, help="the widest line printed (default 120)")
+    cost = commands.add_parser("cost", help="what a profile's runs measured (device-seconds, peak memory, energy), "
+                                            "per stage and per table cell; written to reports/cost/PROFILE.md")
+    cost.add_argument("profile", choices=PROFILE_NAMES)
+    cost.add_argument("--out", default=None, help="where to write the report (default: reports/cost/PROFILE.md)")
 
 
 def sweep_store(uri: str | None = None) -> list[str]:
@@ -95,12 +108,36 @@ def run_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_cost(args: argparse.Namespace) -> int:
+    from qac.config import render_profile
+    from qac.errors import UserError
+    from qac.io import atomic_path
+    from qac.params import validate_params
+    from qac.reporting.measured_cost import measured_cost, store_client
+
+    opened = store_client()
+    if opened is None:
+        from qac.tracking import tracking_uri
+        from qac.redaction import redact_url
+
+        raise UserError(f"no usable MLflow store at {redact_url(tracking_uri())}: no run has measured a cost there")
+    text = measured_cost(validate_params(render_profile(args.profile)), *opened).markdown()
+    out = Path(args.out or Path("reports") / "cost" / f"{args.profile}.md")
+    with atomic_path(out) as staging:
+        staging.write_text(text, encoding="utf-8")
+    print(text, end="")
+    print(f"written to {out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from qac.console import setup_console
 
     setup_console(False)
     if args.action == "diff":
         return run_diff(args)
+    if args.action == "cost":
+        return run_cost(args)
     swept = sweep_store()
     print(f"runs: {len(swept)} orphaned run(s) ended as KILLED" if swept else "runs: no orphaned runs")
     return 0
