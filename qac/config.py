@@ -2,7 +2,8 @@
 
 Each profile (smoke, default, paper) is a folder ``profiles/<name>/`` holding
 the three files DVC reads for it: ``params.yaml`` (its parameters),
-``dvc.yaml`` (the study's stages, a copy of ``profiles/pipeline.yaml``) and
+``dvc.yaml`` (the study's stages: ``profiles/pipeline.yaml`` with each stage's code
+dependencies generated from its imports) and
 ``dvc.lock`` (what last ran). ``params.yaml`` is rendered from
 ``profiles/base.yaml`` (the method as the paper defines it) deep-merged with
 ``profiles/<name>.yaml`` (the profile's sizes, data and models) by
@@ -24,6 +25,7 @@ from typing import Any, Mapping
 import yaml
 
 from qac.errors import UserError
+from qac.import_graph import with_code_deps
 from qac.params import PROFILE_NAMES, profiles_root, read_yaml, yaml_dumper
 from qac.params.locations import REPO_ROOT
 
@@ -265,6 +267,12 @@ def params_hand_edited(path: str | os.PathLike) -> bool:
     return _digest(_params_body(read_yaml(text), colons_in_flow=True)) != values   # as those renders wrote it
 
 
+def rendered_pipeline_text(profiles_dir: str | os.PathLike | None = None) -> str:
+    """The text of a profile's ``dvc.yaml``: the pipeline template with each stage's code dependencies
+    generated from the imports of the script it runs (:func:`qac.import_graph.with_code_deps`)."""
+    return with_code_deps((Path(profiles_dir or profiles_root()) / PIPELINE_TEMPLATE).read_text(encoding="utf-8"))
+
+
 class HandEditedParams(RuntimeError):
     """Rendering would overwrite a params file that someone edited."""
 
@@ -275,7 +283,8 @@ def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.
     ``params.yaml`` is left alone when it already holds the render, byte for byte; a file that
     was edited by hand is only replaced with ``force`` (else
     :class:`HandEditedParams`), so an experiment's edits are never thrown away
-    silently. ``dvc.yaml`` is the pipeline template, verbatim.
+    silently. ``dvc.yaml`` is the pipeline template with its stages' code dependencies
+    (:func:`rendered_pipeline_text`).
     """
     profiles_dir = Path(profiles_dir or profiles_root())
     params = render_profile(name, profiles_dir)
@@ -290,7 +299,7 @@ def render_profile_files(name: str, force: bool = False, profiles_dir: str | os.
                 f"profiles/{name}.yaml or profiles/base.yaml, or pass --force to discard it")
         write_params(params, params_file, profiles_dir)
         changed.append(params_file)
-    pipeline = (profiles_dir / PIPELINE_TEMPLATE).read_text(encoding="utf-8")
+    pipeline = rendered_pipeline_text(profiles_dir)
     dvc_file = folder / "dvc.yaml"
     if not dvc_file.exists() or dvc_file.read_text(encoding="utf-8") != pipeline:
         _write_text(dvc_file, pipeline)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qac.config import HandEditedParams, deep_merge, params_hand_edited, render_profile, render_profile_files, rendered_params_text, write_params
+from qac.config import (HandEditedParams, deep_merge, params_hand_edited, render_profile, render_profile_files,
+                        rendered_params_text, rendered_pipeline_text, write_params)
 from qac.params import PROFILE_NAMES, load_params
 from qac.errors import UserError
 from qac.params.errors import ParamsError
@@ -83,12 +84,13 @@ def test_paper_profile_uses_the_papers_settings():
 
 @pytest.mark.parametrize("name", PROFILE_NAMES)
 def test_committed_profile_files_are_current(name):
-    """profiles/NAME/params.yaml is the render of base + overrides, and dvc.yaml the template, verbatim."""
+    """profiles/NAME/params.yaml is the render of base + overrides, and dvc.yaml the template with its code deps."""
     folder = REPO / "profiles" / name
     assert (folder / "params.yaml").read_text() == rendered_params_text(render_profile(name)), (
         f"profiles/{name}/params.yaml is stale or edited: run `qac profile render {name}`")
     assert not params_hand_edited(folder / "params.yaml")
-    assert (folder / "dvc.yaml").read_text() == (REPO / "profiles" / "pipeline.yaml").read_text()
+    assert (folder / "dvc.yaml").read_text() == rendered_pipeline_text(), (
+        f"profiles/{name}/dvc.yaml is stale (code moved, or the template changed): run `qac profile render {name}`")
 
 
 def _profiles_copy(tmp_path):
