@@ -11,6 +11,10 @@ reads from it, values with that measure's real per-query shape:
 - nDCG@10: a continuous value in [0, 1] (a Beta distribution, sd about 0.28
   at mean 0.5, as per-query nDCG@10 spreads on TREC DL and BEIR).
 
+Two systems scored on the same queries are correlated, as real runs are (a
+query hard for one retriever is mostly hard for the other): each query's
+draws mix a stream shared by every file of that query set with the file's
+own stream (a Gaussian copula at correlation ``SHARED_QUERY_CORRELATION``).
 The values are drawn with a fixed seed and then nudged, one query at a time
 within the measure's own support, until their mean is the target to well
 within its printed rounding. The target is the published figure (plus
@@ -36,6 +40,8 @@ QUERY_COUNTS = {"dev": 6980, "dl19": 43, "dl20": 54,
                 "trec-covid": 50, "nfcorpus": 323, "nq": 3452, "hotpotqa": 7405, "fiqa": 648, "arguana": 1406,
                 "webis-touche2020": 49, "cqadupstack": 13145, "quora": 10000, "dbpedia-entity": 400,
                 "scidocs": 1000, "fever": 6666, "climate-fever": 1535, "scifact": 300}
+# Between independent systems (0) and one system scored twice (1): a query's difficulty is mostly shared.
+SHARED_QUERY_CORRELATION = 0.6
 RR_SUPPORT = np.array([0.0] + [1.0 / k for k in range(1, 11)])
 _RANK_WEIGHTS = np.array([1.0 / k for k in range(1, 11)])   # where the first relevant passage sits, given a hit
 
@@ -62,20 +68,42 @@ def _nudge(values: np.ndarray, target: float, support: np.ndarray | None) -> np.
     return values
 
 
-def simulated_values(measure: str, mean: float, n: int, seed: int) -> np.ndarray:
-    """``n`` per-query values of ``measure`` (fraction) with mean ``mean`` and the measure's real spread."""
+def _uniforms(rng: np.random.Generator, shared: np.random.Generator | None, n: int) -> np.ndarray:
+    """``n`` uniforms, each a query's: correlated with every other file's through ``shared``."""
+    from scipy.stats import norm
+
+    own = rng.standard_normal(n)
+    if shared is None:
+        return norm.cdf(own)
+    rho = SHARED_QUERY_CORRELATION
+    return norm.cdf(np.sqrt(rho) * shared.standard_normal(n) + np.sqrt(1 - rho) * own)
+
+
+def simulated_values(measure: str, mean: float, n: int, seed: int, query_set: str | None = None) -> np.ndarray:
+    """``n`` per-query values of ``measure`` (fraction) with mean ``mean`` and the measure's real spread;
+    files of one ``query_set`` share part of each query's draws (None: independent)."""
+    import zlib
+
     rng = np.random.default_rng(seed)
+
+    def uniforms(stream: int) -> np.ndarray:
+        shared = None if query_set is None else np.random.default_rng(
+            [zlib.crc32(f"{query_set}/{measure}".encode()), stream])
+        return _uniforms(rng, shared, n)
+
     if measure == "RR@10":
         conditional = _RANK_WEIGHTS / _RANK_WEIGHTS.sum()
         hit = min(1.0, mean / float(conditional @ (1.0 / np.arange(1, 11))))
-        ranks = rng.choice(np.arange(1, 11), size=n, p=conditional)
-        values = np.where(rng.random(n) < hit, 1.0 / ranks, 0.0)
+        ranks = 1 + np.searchsorted(np.cumsum(conditional), uniforms(0), side="right").clip(0, 9)
+        values = np.where(uniforms(1) < hit, 1.0 / ranks, 0.0)
         return _nudge(values, mean, RR_SUPPORT)
     if measure.startswith("Hit@"):
-        return _nudge((rng.random(n) < mean).astype(float), mean, np.array([0.0, 1.0]))
+        return _nudge((uniforms(0) < mean).astype(float), mean, np.array([0.0, 1.0]))
     if measure == "nDCG@10":
+        from scipy.stats import beta
+
         concentration = 2.0
-        values = rng.beta(max(mean * concentration, 1e-3), max((1 - mean) * concentration, 1e-3), size=n)
+        values = beta.ppf(uniforms(0), max(mean * concentration, 1e-3), max((1 - mean) * concentration, 1e-3))
         return _nudge(values, mean, None)
     raise ValueError(f"no simulated shape for {measure}")
 
@@ -139,7 +167,7 @@ def write_paper_outputs(params: Params, root: Path, shift: Mapping[str, float] |
             target = float(np.clip(target + faithful_deviation(params, measure, split, rng,
                                                                _deterministic_output(output)), 0.0, 1.0))
             targets[(output, measure)] = target
-        values = simulated_values(measure, target, n, seed)
+        values = simulated_values(measure, target, n, seed, query_set=f"{dataset}/{split}")
         files.setdefault(output, {})[measure] = {f"q{i}": float(v) for i, v in enumerate(values)}
     prefix = f"{params.data_dir}/{params.profile}/"
     for output, measures in files.items():

@@ -269,6 +269,35 @@ def test_claim_decisions_follow_the_interval_and_the_scaled_effect():
     assert _decide(no_gain, Comparison("", 2.0, 0.3, 0.0001, 6980)) == CONTRADICTED
 
 
+def test_a_gain_is_called_at_its_holm_adjusted_p_over_every_gain_tested(monkeypatch):
+    """Ten claims at 0.05 each would find one by chance every other run: a gain is confirmed or contradicted
+    only at its Holm-adjusted p over the family; an equivalence claim keeps its own interval."""
+    from qac.reporting import claims as claims_module
+    from qac.reporting.claims import (CONFIRMED, CONTRADICTED, NOT_CONFIRMED, NOT_TESTABLE, Claim, ClaimResult,
+                                      Comparison, System, _decide)
+
+    system = System("cocondenser", "query")
+    gains = [Claim(f"g{i}", "Table 1", "a gain", "gain", system, system, "r1", "mrr@10", effect=0.4, baseline=37.0)
+             for i in range(4)]
+    level = Claim("l", "Table 3", "level", "level", system, system, "r1", "mrr@10", margin=1.0, baseline=37.0)
+    # raw p 0.026 (a loss), 0.004, 0.3, 0.5: Holm gives 0.078, 0.016, 0.6, 0.6
+    comparisons = {"g0": Comparison("", -0.4, 0.18, 0.026, 6980), "g1": Comparison("", 0.6, 0.2, 0.004, 6980),
+                   "g2": Comparison("", 0.05, 0.05, 0.3, 6980), "g3": Comparison("", 0.03, 0.05, 0.5, 6980),
+                   "l": Comparison("", 0.2, 0.3, 0.01, 6980)}
+
+    def judged(claim, ctx):
+        comparison = comparisons[claim.id]
+        return ClaimResult(claim, _decide(claim, comparison), [(comparison, _decide(claim, comparison))], "m")
+
+    monkeypatch.setattr(claims_module, "judge_claim", judged)
+    results = {r.claim.id: r for r in claims_module.judge_claims(None, gains + [level])}
+    assert _decide(gains[0], comparisons["g0"]) == CONTRADICTED          # alone, at its raw p
+    assert results["g0"].verdict == NOT_TESTABLE and "p_holm=0.078" in results["g0"].line()
+    assert results["g1"].verdict == CONFIRMED and "p_holm=0.016" in results["g1"].line()
+    assert results["g2"].verdict == results["g3"].verdict == NOT_CONFIRMED
+    assert results["l"].verdict == CONFIRMED and "p_holm" not in results["l"].line()
+
+
 def test_a_broken_claims_file_is_one_paragraph_naming_the_claim_and_field(tmp_path):
     from qac.reporting.claims import ClaimsFileError, load_claims
 

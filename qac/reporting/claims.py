@@ -9,7 +9,9 @@ the seeds first (:class:`qac.reporting.lineage.SeededSource`), at
 :data:`qac.evaluation.significance.ALPHA`:
 
 - ``gain``: confirmed when the first system is significantly better;
-  contradicted when significantly worse; *not testable at this size* when
+  contradicted when significantly worse (significant: at its Holm-adjusted
+  p over every gain test the check makes, so that the family of claims, not
+  each one, holds the error rate at ALPHA); *not testable at this size* when
   the test's MDE exceeds the paper's effect (a true effect of the paper's
   size would usually go unseen); else not confirmed.
 - ``level``: confirmed when the 90% interval of Δ lies inside ±margin (two
@@ -25,7 +27,7 @@ flips signs within each dataset.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Sequence
@@ -33,7 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from qac.errors import UserError
-from qac.evaluation.significance import ALPHA, POWER
+from qac.evaluation.significance import ALPHA, POWER, holm_adjust
 from qac.params.vocabulary import CONTEXT_TYPES, PRETRAINING_METHODS
 from qac.reporting.paper import METHOD_NAMES
 from qac.reporting.tables import (FRACTION, PERCENT, RETRIEVER_LABELS, TableContext, _SCALE, _zero_shot_split)
@@ -147,6 +149,11 @@ class Comparison:
     std_error: float
     p_value: float
     n_queries: int
+    p_holm: float | None = None      # adjusted over the family of gain tests (judge_claims); None: not adjusted
+
+    @property
+    def p_decision(self) -> float:
+        return self.p_value if self.p_holm is None else self.p_holm
 
     @property
     def mde(self) -> float:
@@ -175,7 +182,8 @@ class ClaimResult:
             detail = self.reason
         else:
             several = len(self.comparisons) > 1
-            detail = "; ".join(f"{c.label}Δ {c.delta:+{unit_digits}} (p={c.p_value:.2g}, MDE {c.mde:{unit_digits}}, "
+            detail = "; ".join(f"{c.label}Δ {c.delta:+{unit_digits}} (p={c.p_value:.2g}"
+                               f"{'' if c.p_holm is None else f', p_holm={c.p_holm:.2g}'}, MDE {c.mde:{unit_digits}}, "
                                f"{c.n_queries} queries){': ' + verdict if several else ''}"
                                for c, verdict in self.comparisons)
             detail = f"{detail} ({expected}) on {self.measure}"
@@ -185,7 +193,7 @@ class ClaimResult:
 def _decide(claim: Claim, comparison: Comparison, level: float = 1.0) -> str:
     """The verdict of one comparison; the paper's effect and margin are carried to our level (``level`` = our
     second system's figure / the paper's): a stand-in measure at another level moves in proportion."""
-    delta, half, p = comparison.delta, _Z_INTERVAL * comparison.std_error, comparison.p_value
+    delta, half, p = comparison.delta, _Z_INTERVAL * comparison.std_error, comparison.p_decision
     if claim.kind == "gain":
         if p < ALPHA and comparison.std_error > 0:
             return CONFIRMED if delta > 0 else CONTRADICTED
@@ -325,7 +333,19 @@ def _level(claim: Claim, source, datasets, column) -> float:
 
 
 def judge_claims(ctx: TableContext, claims: Sequence[Claim] | None = None) -> list[ClaimResult]:
-    return [judge_claim(claim, ctx) for claim in (load_claims() if claims is None else claims)]
+    """Every claim judged; a gain is confirmed or contradicted only at its Holm-adjusted p over all the gain
+    tests made (ten claims tested at 0.05 each would call one of them by chance in two runs of five)."""
+    results = [judge_claim(claim, ctx) for claim in (load_claims() if claims is None else claims)]
+    tests = [(i, j) for i, result in enumerate(results) if result.claim.kind == "gain"
+             for j, _ in enumerate(result.comparisons)]
+    adjusted = holm_adjust([results[i].comparisons[j][0].p_value for i, j in tests])
+    for (i, j), p_holm in zip(tests, adjusted):
+        comparisons = list(results[i].comparisons)
+        comparison = replace(comparisons[j][0], p_holm=p_holm)
+        comparisons[j] = (comparison, _decide(results[i].claim, comparison, results[i].level))
+        verdict = next(v for v in _SEVERITY if any(r == v for _, r in comparisons))
+        results[i] = replace(results[i], comparisons=comparisons, verdict=verdict)
+    return results
 
 
 def claims_summary(results: Sequence[ClaimResult]) -> str:
