@@ -99,6 +99,28 @@ def test_the_meter_samples_rapl_while_the_work_runs(tmp_path):
     assert meter.cost.energy == "RAPL package-0; GPU not used"
 
 
+def test_on_a_gpu_the_meter_reads_cuda_peak_memory_and_nvml_energy(tmp_path, monkeypatch):
+    """A process that has initialised CUDA (torch.cuda stood in for: this machine has no GPU)."""
+    import sys
+    import types
+
+    calls = []
+    cuda = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
+                                 reset_peak_memory_stats=lambda: calls.append("reset"),
+                                 max_memory_allocated=lambda: 3 * 2**30)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    nvml = FakeNvml({0: 10_000, 1: 20_000})
+    environ = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    with CostMeter(powercap=tmp_path / "absent", nvml=nvml, environ=environ) as meter:
+        nvml.energies.update({0: 70_000, 1: 80_000})
+    cost = meter.cost
+    assert calls == ["reset"]        # a stage before it in this process does not set its peak
+    assert (cost.device, cost.devices, cost.peak_gpu_mb) == ("cuda", 2, 3072)
+    assert (cost.energy_gpu_j, cost.energy_cpu_j) == (120, None)
+    assert cost.metrics()["cost/energy_j"] == 120
+    assert cost.energy == f"CPU not readable: no {tmp_path / 'absent'}; NVML, 2 GPU(s) of this node"
+
+
 def busy_work(seconds: float) -> bytearray:
     """CPU time and 64 MiB of touched memory."""
     block = bytearray(64 * 2**20)

@@ -103,7 +103,8 @@ def run_entries(run) -> list[Entry]:
     if "cost/device_seconds" in metrics:
         energy = metrics.get("cost/energy_j")
         figures = Figures(run_ids=ids, metered=1, wall_seconds=metrics.get("cost/wall_seconds", 0.0),
-                          device_seconds=metrics["cost/device_seconds"], cpu_seconds=metrics.get("cost/cpu_seconds", 0.0),
+                          device_seconds=metrics["cost/device_seconds"],
+                          cpu_seconds=metrics.get("cost/cpu_seconds", 0.0),
                           peak_rss_mb=metrics.get("cost/peak_rss_mb"), peak_gpu_mb=metrics.get("cost/peak_gpu_mb"),
                           energy_j=energy or 0.0, energy_runs=int(energy is not None),
                           devices={tags.get("qac.cost.device", "?")})
