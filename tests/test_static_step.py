@@ -3,7 +3,8 @@
 A data-dependent op (``nonzero``, ``masked_select``, a boolean-mask index, a
 ``.item()``) makes the host wait for the device and splits a compiled graph.
 Each method's step (coCondenser, CoT-MAE with either decoder, MASTER, and the
-gradient-cached coCondenser step) runs here under a dispatch mode that records
+gradient-cached coCondenser step), padded and as token streams (unpadded), runs
+here under a dispatch mode that records
 every op; the masked positions come from the collator
 (qac.data.masking.masked_targets), so the losses gather rows with
 ``index_select``. The losses equal the boolean-index selection they replace,
@@ -22,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from qac.data.context_pairs import Pair, PairCollator
 from qac.data.master import MasterCollator, MasterPair, WordWeights
 from qac.data.masking import IGNORE_INDEX, masked_targets
+from qac.data.streams import UnpaddedCollator, stream_chunks
 from qac.models.grad_cache import FullBatchStep, GradCachedStep
 from qac.models.losses import at_least_fp32
 from qac.train.optim import build_optimizer
@@ -104,23 +106,28 @@ def build(method: str) -> torch.nn.Module:
     return copy.deepcopy(_BUILT[method]).train()
 
 
-def collate(method: str, tokenizer, multiple: int = 8) -> dict:
+def collate(method: str, tokenizer, multiple: int = 8, unpadded: bool = False) -> dict:
     model = build(method)
     if method == "master":
         collator = MasterCollator(tokenizer, 48, 16, *model.mask_ratios, seed=7, word_weights=WEIGHTS,
                                   pad_to_multiple_of=multiple)
-        return collator(master_pairs(), 0)
-    return PairCollator(tokenizer, 48, 16, *model.mask_ratios, seed=0, pad_to_multiple_of=multiple)(pairs(), 0)
+        examples = master_pairs()
+    else:
+        collator = PairCollator(tokenizer, 48, 16, *model.mask_ratios, seed=0, pad_to_multiple_of=multiple)
+        examples = pairs()
+    return (UnpaddedCollator(collator, multiple) if unpadded else collator)(examples, 0)
 
 
 METHODS = ["cocondenser", "cotmae-paper", "cotmae-release", "master"]
+LAYOUTS = ["padded", "unpadded"]      # unpadded: token streams (qac.data.streams)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("method", METHODS + ["gradcache"])
-def test_one_step_runs_no_data_dependent_op(tokenizer, method):
+def test_one_step_runs_no_data_dependent_op(tokenizer, method, layout):
     """Forward, backward and the (fused) AdamW step of each method record no op that reads device data."""
     model = build("cocondenser" if method == "gradcache" else method)
-    batch = collate("cocondenser" if method == "gradcache" else method, tokenizer)
+    batch = collate("cocondenser" if method == "gradcache" else method, tokenizer, unpadded=layout == "unpadded")
     optimizer, _ = build_optimizer(model, lr=1e-4, weight_decay=0.01, warmup_ratio=0.1, total_steps=10,
                                    device=CPU, fused=True)
     step = GradCachedStep(model, 2, CPU) if method == "gradcache" else FullBatchStep(model, CPU)
@@ -133,10 +140,11 @@ def test_one_step_runs_no_data_dependent_op(tokenizer, method):
     assert all(torch.isfinite(value) for value in parts.values())
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("method", METHODS)
-def test_compiled_forward_and_loss_has_no_graph_break(tokenizer, method):
+def test_compiled_forward_and_loss_has_no_graph_break(tokenizer, method, layout):
     model = build(method)
-    batch = collate(method, tokenizer)
+    batch = collate(method, tokenizer, unpadded=layout == "unpadded")
     torch._dynamo.reset()
     explained = torch._dynamo.explain(model)(batch)
     torch._dynamo.reset()
@@ -149,8 +157,11 @@ def test_gradient_cached_chunk_and_contrastive_loss_compile_without_graph_break(
     model = build("cocondenser")
     side = collate("cocondenser", tokenizer)["anchor"]
     chunk = {name: tensor[:2] for name, tensor in side.items()}
+    stream = stream_chunks(collate("cocondenser", tokenizer, unpadded=True)["anchor"], 2 * 48)[0]
     torch._dynamo.reset()
     for explained in (torch._dynamo.explain(model)(chunk, mode="side"),
+                      torch._dynamo.explain(model)(stream, mode="side"),
+                      torch._dynamo.explain(model.represent)(stream),
                       torch._dynamo.explain(model.represent)(chunk),
                       torch._dynamo.explain(model.contrastive)(torch.randn(4, 64), torch.randn(4, 64))):
         assert explained.graph_break_count == 0, [reason.reason.splitlines()[0] for reason in explained.break_reasons]

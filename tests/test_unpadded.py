@@ -225,3 +225,45 @@ def test_unpadded_fine_tuning_gives_the_padded_loss_and_gradients(tokenizer, poo
         results.append(({"loss": float(loss)}, gradients(model)))
     assert_close(results[0][0], results[1][0], "loss")
     assert_close(results[0][1], results[1][1], "gradients")
+
+
+@pytest.mark.parametrize("method", ["cocondenser", "cotmae", "master"])
+def test_pretraining_unpadded_logs_the_padded_runs_losses(tmp_path, method):
+    """The loop end to end (``pretrain.common.unpadded``): the same logged losses, step by step, in float64.
+
+    Three steps of AdamW carry the rounding of the first step's gradients into
+    the weights (AdamW normalises each gradient, so a parameter whose gradient
+    is rounding alone moves by up to the learning rate): the later losses agree
+    to 1e-9 of their value, not to eps.
+    """
+    from base_settings import pretrain_values
+    from test_pretrain_corpus import write_corpus, write_master_inputs
+
+    from qac.train.pretrain import PretrainSettings, pretrain
+
+    data = tmp_path / "data"
+    write_corpus(data, documents=4, spans=3, queries=2)
+    extra = None
+    values = pretrain_values(method=method, seed=3, init="tiny:minilm", context_type="query", query_count=2,
+                             max_len=40, query_max_len=12, steps=3, batch_size=6, skip_from=1, n_head_layers=1,
+                             lr=1e-4, checkpoint_every=3, log_every=1, dtype="fp64", dropout=0.0,
+                             grad_cache_chunk=2 if method == "cocondenser" else 0, loader_workers=0)
+    if method == "master":
+        write_master_inputs(data)
+        values.update(context_type="passage", passage_context="next", master_dor_queries=2)
+        extra = {"continuations": data / "continuations.arrow", "word_frequencies": data / "word_frequencies.json"}
+    logged = {}
+    for unpadded_ in (False, True):
+        steps: list[dict] = []
+        pretrain(PretrainSettings.from_mapping({**values, "unpadded": unpadded_}), passages=data / "passages.arrow",
+                 queries=data / "queries.arrow", work_dir=tmp_path / f"work{unpadded_}",
+                 out_dir=tmp_path / f"out{unpadded_}", extra_inputs=extra,
+                 log=lambda step, metrics: steps.append(metrics))
+        logged[unpadded_] = steps
+    assert len(logged[True]) == 3
+    for padded_step, stream_step in zip(logged[False], logged[True]):
+        for name in padded_step:
+            if name.startswith(("loss", "mlm", "head_mlm", "contrastive", "decoder")) or name in ("mkp", "npr"):
+                assert stream_step[name] == pytest.approx(padded_step[name], rel=1e-9, abs=0), name
+    first = logged[False][0]
+    assert abs(logged[True][0]["loss"] - first["loss"]) <= C * EPS * first["loss"]

@@ -13,9 +13,12 @@ product, LayerNorm and attention row is spent on a token:
 - ``labels`` ``[T]`` and the masked positions as one flat list into the
   stream, ``mlm_positions`` and ``mlm_labels`` ``[M]`` (labelled tokens in
   stream order, then ignored slots up to a multiple);
+- ``max_seqlen``: the longest sequence rounded up to the padding multiple, a
+  host int (the kernels take it as a bound; rounded, a compiled step sees few
+  distinct values of it);
 - ``layout``: the sequence lengths and masked counts on the host
-  (:class:`StreamLayout`), so that a step can cut a stream into chunks and
-  size its kernels without asking the device.
+  (:class:`StreamLayout`), so that a step can cut a stream into chunks
+  without asking the device; the models never read it.
 
 The stream is made from the padded side the collators build, so its tokens,
 masks and labels are the padded side's own: the same pairs, the same masked
@@ -76,6 +79,7 @@ def token_stream(side: Mapping[str, torch.Tensor], multiple: int = 1) -> dict[st
         stream.update(flat_targets(labels, multiple))
         masked = (side["labels"] != IGNORE_INDEX).sum(dim=1).tolist()
     stream["layout"] = StreamLayout(tuple(lengths.tolist()), tuple(masked), multiple)
+    stream["max_seqlen"] = round_up(stream["layout"].max_seqlen, multiple)
     return stream
 
 
@@ -114,6 +118,7 @@ def stream_slice(side: Mapping[str, Any], first: int, last: int) -> dict[str, An
             chunk["mlm_positions"] = side["mlm_positions"][:1] * 0
             chunk["mlm_labels"] = torch.full_like(side["mlm_labels"][:1], IGNORE_INDEX)
     chunk["layout"] = StreamLayout(layout.lengths[first:last], layout.masked[first:last], layout.multiple)
+    chunk["max_seqlen"] = round_up(chunk["layout"].max_seqlen, layout.multiple)
     return chunk
 
 
@@ -132,7 +137,7 @@ def stream_chunks(side: Mapping[str, Any], tokens: int) -> list[dict[str, Any]]:
 
 
 def to_device(side: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    """A side's tensors moved to ``device`` (non-blocking); the host layout of a stream stays as it is."""
+    """A side's tensors moved to ``device`` (non-blocking); a stream's host values stay as they are."""
     return {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
             for name, value in side.items()}
 

@@ -75,8 +75,13 @@ def build_batches(settings, model, tokenizer, corpus, inputs: Mapping[str, Any])
     if settings.method == "master":
         from qac.data.master import master_batches
 
-        return master_batches(settings, model.mask_ratios, tokenizer, sampler, dict(inputs))
-    collator = PairCollator(tokenizer, settings.max_len, settings.query_max_len, *model.mask_ratios,
-                            seed=settings.seed, pad_to=settings.pad_to, pad_to_multiple_of=settings.pad_to_multiple_of,
-                            crop=settings.spans == "overflow")
+        sampler, collator = master_batches(settings, model.mask_ratios, tokenizer, sampler, dict(inputs))
+    else:
+        collator = PairCollator(tokenizer, settings.max_len, settings.query_max_len, *model.mask_ratios,
+                                seed=settings.seed, pad_to=settings.pad_to,
+                                pad_to_multiple_of=settings.pad_to_multiple_of, crop=settings.spans == "overflow")
+    if settings.unpadded:
+        from qac.data.streams import UnpaddedCollator
+
+        collator = UnpaddedCollator(collator, settings.pad_to_multiple_of)
     return sampler, collator

@@ -36,7 +36,7 @@ ATTENTION = "auto"
 
 @dataclass
 class Stream:
-    """The device tensors attention needs of a stream, and its longest sequence (from the host layout)."""
+    """The device tensors attention needs of a stream, and a bound on its longest sequence (a host int)."""
 
     sequence_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -45,7 +45,7 @@ class Stream:
 
     @classmethod
     def of(cls, side: Mapping[str, Any]) -> "Stream":
-        return cls(side["sequence_ids"], side["position_ids"], side["cu_seqlens"], side["layout"].max_seqlen)
+        return cls(side["sequence_ids"], side["position_ids"], side["cu_seqlens"], side["max_seqlen"])
 
     def kernel(self, device: torch.device, dropout: float) -> str:
         if ATTENTION != "auto":
@@ -114,6 +114,8 @@ def run_bert_layers(layers, hidden: torch.Tensor, stream: Stream) -> torch.Tenso
 
 def encode(bert, side: Mapping[str, Any], keep_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``bert``'s last states of a stream and those after layer ``keep_layer`` (0: the embeddings), ``[T, H]``."""
+    if bert.config.model_type != "bert":
+        raise ValueError(f"unpadded training runs a BERT encoder, got model_type {bert.config.model_type!r}")
     stream = Stream.of(side)
     hidden = embed(bert, side)
     kept = hidden

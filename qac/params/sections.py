@@ -252,6 +252,11 @@ class PretrainCommon(Section):
                     "longest sequence exactly). Under dropout the padded shape changes which random draws mask "
                     "which positions, so two multiples train on different dropout masks, beyond float rounding; "
                     "with dropout 0.0 their losses agree to float rounding")
+    unpadded: bool = Field(
+        description="false: each batch side padded [B, L] with a padding mask; true: each side one stream of its "
+                    "real tokens, [T] (qac.data.streams), every layer on [T, H] with variable-length attention: the "
+                    "same pairs, masks and loss to float rounding, no compute spent on padding. Under dropout the "
+                    "two layouts draw other dropout masks")
     dropout: DropoutProbability | None = Field(
         description="null: the init checkpoint's dropout; 0.0 makes runs repeatable across process layouts")
     checkpoint_every: PositiveInt = Field(description="steps between resumable checkpoints")
@@ -407,6 +412,10 @@ class FinetuneSection(Section):
         description="training queries and passages are padded to their longest sequence rounded up to a multiple "
                     "of this (8: tensor-core friendly shapes, fewer distinct shapes to compile; 1: the longest "
                     "exactly)")
+    unpadded: bool = Field(
+        description="false: training queries and passages padded [B, L]; true: each one stream of real tokens, "
+                    "the encoder on [T, H] with variable-length attention (a BERT encoder; the same loss to float "
+                    "rounding, no compute spent on padding)")
     train_n_passages: Annotated[int, Field(ge=2)] = Field(
         description="passages per training query: 1 positive + the rest negatives")
     batch_size: PositiveInt = Field(description="queries per step (global); the training queries must fill whole "

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from qac.data.streams import is_stream, to_device
 from qac.errors import UserError
 from qac.models.biencoder import BiEncoder
 from qac.train.finite import check_step, suspects_of
@@ -37,6 +38,7 @@ class FinetuneSettings:
     passage_max_len: int
     corpus_max_len: int | None  # corpus encoding and retriever 1's passages; None: passage_max_len
     pad_to_multiple_of: int  # training batches padded to their longest rounded up to a multiple of this
+    unpadded: bool  # training batches as token streams (qac.data.streams): no compute on padding
     train_n_passages: int  # per query: 1 positive + (n - 1) hard negatives
     batch_size: int  # queries per optimizer step, over all processes
     lr: float
@@ -119,6 +121,7 @@ class FinetuneBatches(torch.utils.data.Dataset):
         self.query_ids, self.passage_ids, self.special, self.type_ids = query_ids, passage_ids, special, type_ids
         self.query_max_len, self.passage_max_len = settings.query_max_len, settings.passage_max_len
         self.multiple = settings.pad_to_multiple_of
+        self.unpadded = settings.unpadded
 
     def __len__(self) -> int:
         return self.per_epoch * len(self.epochs)
@@ -146,6 +149,10 @@ class FinetuneBatches(torch.utils.data.Dataset):
         if self.type_ids:
             tensors["token_type_ids"] = torch.zeros_like(tensors["input_ids"])
         tensors["attention_mask"] = torch.from_numpy(padded["attention_mask"])
+        if self.unpadded:
+            from qac.data.streams import token_stream
+
+            return token_stream(tensors, self.multiple)
         return tensors
 
 
@@ -347,8 +354,7 @@ def train_biencoder(
         if window.flops_per_token is None:       # the run's first step: count a step's FLOPs once
             window.count_flops(model, {"queries": queries, "passages": passages}, local_step_flops)
         window.add_batch({"queries": queries, "passages": passages})
-        queries = {key: value.to(device, non_blocking=True) for key, value in queries.items()}
-        passages = {key: value.to(device, non_blocking=True) for key, value in passages.items()}
+        queries, passages = to_device(queries, device), to_device(passages, device)
         autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype
                     else contextlib.nullcontext())
         with autocast:
@@ -399,6 +405,8 @@ def local_step_flops(replica, batch) -> None:
     from qac.models.backbone import encoder_mask
 
     def vectors(side):
+        if is_stream(side):
+            return replica.encode(side)
         mask = encoder_mask(replica.encoder, side["attention_mask"])
         return replica.encoder(input_ids=side["input_ids"], attention_mask=mask).last_hidden_state[:, 0]
 

@@ -28,6 +28,8 @@ from typing import Callable, Mapping
 
 import torch
 
+from qac.data.streams import is_stream
+
 META = torch.device("meta")
 
 
@@ -46,7 +48,7 @@ def on_meta(batch):
     """A (nested) dict of tensors moved to the meta device."""
     if isinstance(batch, Mapping):
         return {name: on_meta(value) for name, value in batch.items()}
-    return batch.to(META)
+    return batch.to(META) if isinstance(batch, torch.Tensor) else batch     # a stream's host layout as it is
 
 
 def counted_flops(model: torch.nn.Module, batch, run: Callable[[torch.nn.Module, object], object]) -> float:
@@ -63,17 +65,28 @@ def padded_tokens(batch) -> int:
     """Positions of every sequence of a (nested) batch, padding included: what the device computes over."""
     if isinstance(batch, Mapping) and "attention_mask" in batch:
         return batch["attention_mask"].numel()
+    if isinstance(batch, Mapping) and is_stream(batch):
+        return batch["input_ids"].numel()
     return sum(padded_tokens(side) for side in batch.values())
 
 
 def side_widths(batch) -> dict[str, int]:
-    return {name: side["attention_mask"].shape[1] for name, side in batch.items()}
+    """Positions per sequence of each side: a padded side's width; a stream's tokens (its sequences cut to
+    one token each is what :func:`cut_to_one_token` leaves, so its width is tokens / sequences)."""
+    return {name: side["attention_mask"].shape[1] if "attention_mask" in side else
+            side["input_ids"].numel() / max(1, side["cls_positions"].numel()) for name, side in batch.items()}
+
+
+def side_tokens(side) -> int:
+    return side["attention_mask"].numel() if "attention_mask" in side else side["input_ids"].numel()
 
 
 def cut_to_one_token(side: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A batch side cut to its first position ([CLS]), its masked-position lists rebuilt to match."""
     from qac.data.masking import masked_targets
 
+    if is_stream(side):
+        return stream_of_first_tokens(side)
     width = side["attention_mask"].shape[1]
     cut = {name: tensor[:, :1] if tensor.dim() == 2 and tensor.shape[1] == width else tensor
            for name, tensor in side.items() if not name.startswith("mlm_")}
@@ -96,4 +109,23 @@ def flops_per_side_token(model: torch.nn.Module, batch, run: Callable[[torch.nn.
         share[name] = max(lost, 0.0) * width / (width - 1)       # the one token left costs about as much
     explained = sum(share.values())
     scale = total / explained if explained else 0.0
-    return {name: share[name] * scale / max(1, batch[name]["attention_mask"].numel()) for name in share}
+    return {name: share[name] * scale / max(1, side_tokens(batch[name])) for name in share}
+
+
+def stream_of_first_tokens(side: Mapping) -> dict:
+    """A stream cut to each sequence's [CLS]: as many one-token sequences (:func:`cut_to_one_token`)."""
+    from qac.data.streams import StreamLayout, flat_targets
+
+    rows = side["cls_positions"].shape[0]
+    device = side["input_ids"].device
+    ones = torch.arange(rows + 1, dtype=torch.int32, device=device)
+    cut = {"input_ids": side["input_ids"].index_select(0, side["cls_positions"]), "position_ids": torch.zeros(rows, dtype=torch.long, device=device),
+           "sequence_ids": torch.arange(rows, device=device), "cu_seqlens": ones,
+           "cls_positions": ones[:-1].long(), "max_seqlen": 1,
+           "layout": StreamLayout((1,) * rows, (0,) * rows)}
+    if "token_type_ids" in side:
+        cut["token_type_ids"] = side["token_type_ids"].index_select(0, side["cls_positions"])
+    if "labels" in side:
+        cut["labels"] = torch.full((rows,), -100, dtype=torch.long, device=device)
+        cut.update({name: value.to(device) for name, value in flat_targets(torch.full((rows,), -100)).items()})
+    return cut

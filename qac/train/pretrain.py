@@ -82,6 +82,7 @@ class PretrainSettings:
     spans: str  # split.spans: overflow crops a passage over max_len at random (release)
     pad_to: int | None  # None: dynamic padding to the longest sequence of a batch side
     pad_to_multiple_of: int  # dynamic lengths and masked-position counts rounded up to a multiple of this
+    unpadded: bool  # each batch side one token stream (qac.data.streams): no compute on padding
     dropout: float | None  # None: the init checkpoint's dropout; 0 for exactly repeatable runs
     checkpoint_every: int
     log_every: int
@@ -113,6 +114,8 @@ class PretrainSettings:
         """Hash of everything that shapes the weights: the settings (logging cadence left
         out) and the MD5 of each input file (``{"passages": ..., "queries": ...}``)."""
         shaping = {k: v for k, v in self.to_dict().items() if k not in NOT_SHAPING}
+        if not shaping["unpadded"]:     # the padded layout, every run's before the switch: their fingerprints
+            del shaping["unpadded"]
         if inputs_md5:
             shaping["inputs_md5"] = dict(inputs_md5)
         return hashlib.md5(json.dumps(shaping, sort_keys=True).encode()).hexdigest()
@@ -195,8 +198,9 @@ def results_only_state(checkpoint: str | Path) -> None:
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
-    return {side: {name: tensor.to(device, non_blocking=True) for name, tensor in tensors.items()}
-            for side, tensors in batch.items()}
+    from qac.data.streams import to_device
+
+    return {side: to_device(tensors, device) for side, tensors in batch.items()}
 
 
 class StepBatches(torch.utils.data.Dataset):

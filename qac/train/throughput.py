@@ -58,8 +58,11 @@ class ThroughputWindow:
     def add_batch(self, batch: dict) -> None:
         """Count a (CPU-side) batch's tokens: no device work, no sync."""
         for name, side in batch.items():
-            mask = side["attention_mask"]
-            real, padded = int(mask.sum()), mask.numel()
+            if "attention_mask" in side:
+                mask = side["attention_mask"]
+                real, padded = int(mask.sum()), mask.numel()
+            else:       # a token stream (qac.data.streams): every position is a real token
+                real = padded = side["input_ids"].numel()
             self.real_tokens += real
             self.padded_tokens += padded
             rate = (self.flops_per_token or {}).get(name, 0.0)

@@ -31,7 +31,8 @@ def recipe_settings(params: Params) -> FinetuneSettings:
     section = params.beir_retriever
     return FinetuneSettings(
         query_max_len=section.query_max_len, passage_max_len=section.passage_max_len, corpus_max_len=None,
-        pad_to_multiple_of=section.pad_to_multiple_of, train_n_passages=section.train_n_passages,
+        pad_to_multiple_of=section.pad_to_multiple_of, unpadded=params.finetune.unpadded,
+        train_n_passages=section.train_n_passages,
         batch_size=section.batch_size, lr=section.lr, epochs=section.epochs, warmup_ratio=section.warmup_ratio,
         weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm, temperature=1.0 / section.scale,
         pooling=section.pooling, similarity="cosine" if section.loss == "cosine_mnrl" else "dot",
