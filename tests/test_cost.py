@@ -74,9 +74,11 @@ class FakeNvml:
 def test_nvml_reads_the_gpus_of_this_nodes_ranks():
     nvml = FakeNvml({0: 1_000, 1: 50_000, 2: 7_000, 3: 9_000})
     counter, note = NvmlCounter.open(nvml, {"CUDA_VISIBLE_DEVICES": "2,3,0", "LOCAL_WORLD_SIZE": "2"})
-    assert note == "NVML, 2 GPU(s) of this node" and counter.handles == [2, 3]
+    assert note == "NVML" and counter.handles == [2, 3]
     nvml.energies.update({2: 9_500, 3: 10_000, 0: 90_000})     # GPU 0 is not this job's
-    assert counter.joules == pytest.approx((2_500 + 1_000) / 1000)
+    assert counter.joules() == (pytest.approx((2_500 + 1_000) / 1000), "NVML, 2 GPU(s)")
+    del nvml.energies[3]                                        # the GPU fell off the bus: said, not raised
+    assert counter.joules() == (None, "not readable: NVML: 3")
     assert NvmlCounter.open(None, {}) == (None, "not readable: pynvml not installed")
 
     class Unsupported(FakeNvml):
@@ -110,15 +112,16 @@ def test_on_a_gpu_the_meter_reads_cuda_peak_memory_and_nvml_energy(tmp_path, mon
                                  max_memory_allocated=lambda: 3 * 2**30)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     nvml = FakeNvml({0: 10_000, 1: 20_000})
-    environ = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    environ = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}          # the first of two nodes
     with CostMeter(powercap=tmp_path / "absent", nvml=nvml, environ=environ) as meter:
         nvml.energies.update({0: 70_000, 1: 80_000})
     cost = meter.cost
     assert calls == ["reset"]        # a stage before it in this process does not set its peak
-    assert (cost.device, cost.devices, cost.peak_gpu_mb) == ("cuda", 2, 3072)
+    assert (cost.device, cost.devices, cost.peak_gpu_mb) == ("cuda", 4, 3072)
     assert (cost.energy_gpu_j, cost.energy_cpu_j) == (120, None)
     assert cost.metrics()["cost/energy_j"] == 120
-    assert cost.energy == f"CPU not readable: no {tmp_path / 'absent'}; NVML, 2 GPU(s) of this node"
+    assert cost.energy == (f"CPU not readable: no {tmp_path / 'absent'}; NVML, 2 GPU(s); "
+                           "this node's 2 of 4 ranks only")
 
 
 def busy_work(seconds: float) -> bytearray:

@@ -19,7 +19,8 @@ output:
   ``max_energy_range_uj`` (about every quarter hour under load) is counted
   once per wrap; ``cost/energy_gpu_j``: NVML's energy counters of the GPUs of
   this node's ranks, when ``pynvml`` imports and the stage used CUDA;
-  ``cost/energy_j``: the sum of those read.
+  ``cost/energy_j``: the sum of those read (on a job of several nodes, the
+  tracking node's only: the tag says so).
 
 The tags ``qac.cost.device`` (``cuda`` or ``cpu``) and ``qac.cost.energy``
 say what was read, or why nothing was ("not readable: ..."). A run killed by
@@ -135,14 +136,18 @@ class NvmlCounter:
             used = visible[:int(environ.get("LOCAL_WORLD_SIZE", 1))]
             handles = [nvml.nvmlDeviceGetHandleByIndex(int(item)) if item.isdigit()
                        else nvml.nvmlDeviceGetHandleByUUID(item) for item in used]
-            return cls(nvml, handles), f"NVML, {len(handles)} GPU(s) of this node"
+            return cls(nvml, handles), "NVML"
         except Exception as error:     # NVMLError_NotSupported (before Volta), no driver, ...
             return None, f"not readable: NVML: {error}"
 
-    @property
-    def joules(self) -> float:
-        ends = [self.nvml.nvmlDeviceGetTotalEnergyConsumption(handle) for handle in self.handles]
-        return sum(end - start for start, end in zip(self.start, ends)) / 1e3
+    def joules(self) -> tuple[float | None, str]:
+        """The joules since it was made and where they came from, or None and why not (a measurement never
+        fails the stage it measures)."""
+        try:
+            ends = [self.nvml.nvmlDeviceGetTotalEnergyConsumption(handle) for handle in self.handles]
+        except Exception as error:
+            return None, f"not readable: NVML: {error}"
+        return sum(end - start for start, end in zip(self.start, ends)) / 1e3, f"NVML, {len(self.handles)} GPU(s)"
 
 
 def _cpu_seconds() -> float:
@@ -228,13 +233,15 @@ class CostMeter:
         cuda = _cuda_in_use()
         gpu_joules, gpu_note = None, "GPU not used"
         if cuda is not None and self.gpus is not None:
-            gpu_joules, gpu_note = self.gpus.joules, self.nvml_note
+            gpu_joules, gpu_note = self.gpus.joules()
         elif cuda is not None:
             gpu_note = f"GPU {self.nvml_note}"
         cpu_note = (f"RAPL {', '.join(zone.name for zone in self.rapl.zones)}" if self.rapl is not None
                     else f"CPU {self.rapl_note}")
-        self.cost = Cost(wall_seconds=wall, devices=int(self.environ.get("WORLD_SIZE", 1)),
+        devices, here = int(self.environ.get("WORLD_SIZE", 1)), int(self.environ.get("LOCAL_WORLD_SIZE", 1))
+        where = f"; this node's {here} of {devices} ranks only" if devices > here else ""
+        self.cost = Cost(wall_seconds=wall, devices=devices,
                          device="cuda" if cuda is not None else "cpu", cpu_seconds=cpu, peak_rss_mb=_peak_rss_mb(),
                          peak_gpu_mb=cuda.max_memory_allocated() / 2**20 if cuda is not None else None,
                          energy_cpu_j=self.rapl.joules if self.rapl is not None else None,
-                         energy_gpu_j=gpu_joules, energy=f"{cpu_note}; {gpu_note}")
+                         energy_gpu_j=gpu_joules, energy=f"{cpu_note}; {gpu_note}{where}")
