@@ -134,6 +134,12 @@ def test_mlflow_holds_the_study_tree(smoke_study):
         assert any(key.endswith("nDCG_at_10") for key in run.data.metrics)
     trained = [r for r in pretrain if r.data.tags.get("qac.method") != "none"]
     assert trained and all(client.get_metric_history(r.info.run_id, "loss") for r in trained)
+    # Each training and generation stage measured what its work cost (qac.tracking.cost).
+    measured = [r for r in runs if r.info.status == "FINISHED" and r.data.tags.get("qac.kind") in (
+        "pretrain", "finetune", "query_generator", "querygen", "continuation")]
+    assert {r.data.tags["qac.kind"] for r in measured} >= {"pretrain", "finetune", "query_generator", "querygen"}
+    for run in measured:
+        assert run.data.metrics["cost/device_seconds"] > 0 and "qac.cost.energy" in run.data.tags, run.info.run_name
 
 
 def test_the_console_shows_summaries_and_no_library_noise(smoke_study):
@@ -356,7 +362,7 @@ def test_outputs_and_metrics_hold_no_run_bookkeeping(smoke_study):
     for path in declared:
         if path.suffix in (".json", ".md", ".csv", ".tsv"):
             text = path.read_text(encoding="utf-8", errors="replace")
-            assert "mlflow_run_id" not in text and "sqlite:" not in text, path
+            assert "mlflow_run_id" not in text and "sqlite:" not in text and "cost/device_seconds" not in text, path
     assert (data / ".runs" / "finetune" / "none" / "r1" / "mlflow_run.json").is_file()
 
 
