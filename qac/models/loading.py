@@ -31,7 +31,7 @@ def load_config(spec: str, **overrides):
 
     parsed = ModelSpec.parse(spec)
     with _loading(parsed.source, "a model configuration"):
-        config = AutoConfig.from_pretrained(parsed.source)
+        config = AutoConfig.from_pretrained(parsed.source, revision=parsed.revision)
     if parsed.init == "tiny":
         for key, value in TINY_BERT.items():
             setattr(config, key, value)
@@ -53,7 +53,7 @@ def load_model(spec: str, model_class=None, seed: int = 0, **config_overrides):
     parsed = ModelSpec.parse(spec)
     if parsed.init == "pretrained":
         with _loading(parsed.source, "a model"):
-            return model_class.from_pretrained(parsed.source, **config_overrides)
+            return model_class.from_pretrained(parsed.source, revision=parsed.revision, **config_overrides)
     config = load_config(spec, **config_overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -79,11 +79,11 @@ def load_causal_lm(spec: str, device: torch.device | str = "cpu", seed: int = 0)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from qac.model_specs import resolve_model_name
+        from qac.model_specs import resolve_model_name, split_revision
 
-        path = resolve_model_name(spec)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
+        path, revision = resolve_model_name(spec), split_revision(spec)[1]
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(path, revision=revision)
     return model.to(device).eval(), tokenizer
 
 

@@ -211,15 +211,15 @@ def load_generator(source: str, device: torch.device | str = "cpu"):
     """
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from qac.model_specs import resolve_model_name
+    from qac.model_specs import resolve_model_name, split_revision
     from qac.querygen.prefix_lm import PrefixLM, is_prefix_lm_folder
 
-    path = resolve_model_name(source)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    path, revision = resolve_model_name(source), split_revision(source)[1]
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     if is_prefix_lm_folder(path):
         model = PrefixLM.from_pretrained(path)
     else:
-        model = AutoModelForSeq2SeqLM.from_pretrained(path)
+        model = AutoModelForSeq2SeqLM.from_pretrained(path, revision=revision)
     return model.to(device).eval(), tokenizer
 
 

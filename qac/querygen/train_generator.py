@@ -113,7 +113,8 @@ def build_bert2bert(spec: str, seed: int = 0):
     if parsed.init == "pretrained":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)   # the decoder's new cross-attention weights
-            model = EncoderDecoderModel.from_encoder_decoder_pretrained(parsed.source, parsed.source)
+            model = EncoderDecoderModel.from_encoder_decoder_pretrained(
+                parsed.source, parsed.source, encoder_revision=parsed.revision, decoder_revision=parsed.revision)
     else:
         encoder = load_model(spec, AutoModel, seed=seed)
         decoder = load_model(spec, AutoModelForCausalLM, seed=seed + 1, is_decoder=True, add_cross_attention=True)
