@@ -246,6 +246,8 @@ def test_the_cost_report_sums_each_stage_and_each_cell_of_the_profile(measured_s
     assert report in capsys.readouterr().out
     assert f"| pretrain@{v} | 2 | cuda | 0.111 | 400.0 |" in report and "paper" not in report.split("## Per stage")[1]
     assert not list((tmp_path / "reports" / "cost").glob(".*"))      # written whole, no staging file left
+    assert main(["runs", "cost", "smoke", "--out", "reports"]) == 2          # a folder is never replaced
+    assert (tmp_path / "reports" / "cost" / "smoke.md").read_text() == report
 
 
 def test_the_plan_prints_the_measured_hours_beside_the_projection(measured_store, capsys):

@@ -115,6 +115,9 @@ def run_cost(args: argparse.Namespace) -> int:
     from qac.params import validate_params
     from qac.reporting.measured_cost import measured_cost, store_client
 
+    out = Path(args.out or Path("reports") / "cost" / f"{args.profile}.md")
+    if out.is_dir():     # the report replaces a file, never a folder and what it holds
+        raise UserError(f"--out {out}: a folder; give the report's file name (default reports/cost/PROFILE.md)")
     opened = store_client()
     if opened is None:
         from qac.tracking import tracking_uri
@@ -122,7 +125,6 @@ def run_cost(args: argparse.Namespace) -> int:
 
         raise UserError(f"no usable MLflow store at {redact_url(tracking_uri())}: no run has measured a cost there")
     text = measured_cost(validate_params(render_profile(args.profile)), *opened).markdown()
-    out = Path(args.out or Path("reports") / "cost" / f"{args.profile}.md")
     with atomic_path(out) as staging:
         staging.write_text(text, encoding="utf-8")
     print(text, end="")
