@@ -132,3 +132,16 @@ def rerun_hint(path: str | os.PathLike) -> str:
     profile, stage = writer
     return (f"rebuild it with the DVC stage {stage} (`dvc repro profiles/{profile}/dvc.yaml` restores it from "
             f"the DVC cache or reruns {stage})")
+
+
+def restore_hint(path: str | os.PathLike) -> str:
+    """How to get a damaged stage file back: DVC's cached copy, or the stage rerun where that copy is damaged
+    too (``dvc checkout`` restores a damaged cache object as it is, without a word)."""
+    writer = stage_writing(path)
+    if writer is None:
+        rebuild = "rerunning the stage that writes it (`dvc repro -f profiles/<profile>/dvc.yaml`)"
+    else:
+        profile, stage = writer
+        rebuild = f"`dvc repro -s -f profiles/{profile}/dvc.yaml:{stage}` (reruns the DVC stage {stage})"
+    return (f"restore it from the DVC cache with `dvc checkout --force {path}`, or, if the cached copy is damaged "
+            f"too, rebuild it with {rebuild}")

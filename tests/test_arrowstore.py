@@ -157,4 +157,5 @@ def test_a_damaged_arrow_file_names_itself_and_the_stage_that_rebuilds_it(tmp_pa
     with pytest.raises(DataFormatError) as caught:
         read()
     assert caught.value.path == str(good)
-    assert "generate_queries" in str(caught.value) and "dvc repro profiles/smoke/dvc.yaml" in str(caught.value)
+    assert "generate_queries" in str(caught.value) and "damaged" in str(caught.value)
+    assert "`dvc repro -s -f profiles/smoke/dvc.yaml:generate_queries`" in str(caught.value)

@@ -202,12 +202,27 @@ class MappedTable:
 
 def unreadable(path: str | os.PathLike, error: BaseException) -> DataFormatError:
     """The error for an Arrow file that cannot be read (truncated, corrupted, not Arrow): the file, the
-    reason, and the stage that rebuilds it."""
-    from qac.pipeline_plan import rerun_hint
+    reason, and how to restore or rebuild it."""
+    from qac.pipeline_plan import restore_hint
 
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return DataFormatError(path, None, None, f"not an Arrow stream file, or a truncated or corrupted "
-                                             f"one ({reason}); {rerun_hint(path)}")
+                                             f"one ({reason}): the file is damaged; {restore_hint(path)}")
+
+
+def damaged_batch(path: str | os.PathLike, error: BaseException, schema: pa.Schema, first: int,
+                  end: int) -> DataFormatError:
+    """The error for a record batch whose bytes do not hold together (an offset out of its buffer, a string
+    that is not UTF-8): the file, the column and rows, and how to restore or rebuild the file."""
+    import re
+
+    from qac.pipeline_plan import restore_hint
+
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    column = re.search(r"[Cc]olumn (\d+)", reason)
+    field = schema.field(int(column.group(1))).name if column and int(column.group(1)) < len(schema) else None
+    return DataFormatError(path, None, field, f"the file is damaged: its bytes at rows {first + 1}-{end} do not "
+                                              f"hold together ({reason}); {restore_hint(path)}")
 
 
 def _schema_error(path: str | os.PathLike, field: str, problem: str) -> DataFormatError:
@@ -240,7 +255,15 @@ def open_mapped(path: str | os.PathLike, schema: pa.Schema) -> MappedTable:
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(mapping))
         batches = []
+        rows = 0
         for batch in reader:
+            # Full validation: offsets inside their buffers and strings valid UTF-8, so a byte flipped in
+            # the data is found here as a damaged file, not later as a decoding error or a crash.
+            try:
+                batch.validate(full=True)
+            except pa.ArrowException as error:
+                raise damaged_batch(path, error, batch.schema, rows, rows + batch.num_rows) from None
+            rows += batch.num_rows
             batches.append(batch)
             # Locating a batch touches its header page, and the kernel maps the cached pages
             # around it (fault-around): per batch, not per byte, yet a number that grows with
@@ -248,7 +271,7 @@ def open_mapped(path: str | os.PathLike, schema: pa.Schema) -> MappedTable:
             if len(batches) % _RELEASE_BATCHES == 0:
                 mapped.release()
         table = pa.Table.from_batches(batches, schema=reader.schema)
-        table.validate()   # lengths and buffer sizes: a corrupted header or body fails here, not mid-training
+        table.validate()   # the batches agree with the schema: a corrupted header fails here, not mid-training
     except (pa.ArrowException, OSError) as error:   # invalid, truncated or unreadable: every Arrow error type
         raise unreadable(path, error) from None
     mapped.release()
