@@ -199,12 +199,15 @@ def evaluate_variant(params: Params, variant: str) -> EvaluationOutcome:
     from qac.io import atomic_path, write_json
     from qac.models.biencoder import BiEncoder
     from qac.data.tokenizer import load_tokenizer
-    from qac.tracking.lifecycle import Upstream, reopened_stage, tracked_stage
+    from qac.tracking.lifecycle import Upstream, reopened_stage, tracked_stage, verify_inputs
     from qac.tracking.naming import variant_description, variant_run_name
 
     root = profile_dir(params)
     settings = params.evaluate
     retrievers = retrievers_of(params, variant, root)
+    # This stage opens its runs after the work: its inputs are checked against the lock here, before it.
+    verify_inputs(params, [folder for _, folder, _ in retrievers]
+                  + [root / "datasets" / name for name in evaluation_datasets(params)])
     fine_tuned = root / "finetune" / variant / "r1"
     encodings = {name: encoding_of(params, name, folder, fine_tuned) for name, folder, _ in retrievers}
     parent = Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}")

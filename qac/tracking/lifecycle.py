@@ -219,6 +219,15 @@ class StageTracking:
 OPENED_AFTER_THE_WORK = ("evaluate@",)
 
 
+def verify_inputs(params: Params, inputs) -> int:
+    """Check a stage's inputs (and, under ``dvc repro``, the data of its lock entry) against the hashes the
+    profile's ``dvc.lock`` records for them (:mod:`qac.tracking.recorded_inputs`); the number checked."""
+    from qac.params import profile_params_path
+    from qac.tracking.recorded_inputs import verify_stage_inputs
+
+    return verify_stage_inputs(profile_params_path(params.profile).parent / "dvc.lock", inputs)
+
+
 def _profile_root(params: Params, root: str | os.PathLike | None) -> Path:
     if root is not None:
         return Path(root)
@@ -304,6 +313,8 @@ def tracked_stage(
     the stage opens its runs only after its work (:data:`OPENED_AFTER_THE_WORK`).
     """
     root = _profile_root(params, root)
+    if main:    # inputs whose bytes are not those the lock records stop the stage before it reads them
+        verify_inputs(params, (inputs or {}).values())
     from qac.tracking.store import usable_store
 
     parent_run_id = None
