@@ -14,6 +14,13 @@ earlier figures; a failed section records its error and the next one runs):
   release's recipe for coCondenser (fp16, full-vocabulary logits, static
   padding); FLOPs counted with ``torch.utils.flop_counter`` on one batch:
   hardware FLOP utilisation on padded tokens, MFU on real ones;
+- ``paper_lengths``: the same steps on passages and queries of MS MARCO's
+  token lengths (``benchmarks/msmarco_lengths.json``: mean 80.6 passage
+  tokens, 4.5% over 144; queries mean 9.0) at the recipe's dropout 0.1, each
+  padded (``pretrain.common.unpadded: false``) and unpadded (token streams,
+  ``true``); CoT-MAE with both decoders. MFU counts the unpadded step's
+  FLOPs (what the real tokens need) for both layouts; HFU the FLOPs the
+  layout computed;
 - ``grad_cache``: the gradient-cached step at the paper profile's chunk
   against the full-batch step, same batch;
 - ``stage_loop``: ``qac.train.pretrain.pretrain`` (sampling, DataLoader
@@ -67,15 +74,15 @@ sys.path.insert(0, str(BENCHMARKS))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from sample_text import MODEL_DIR, text_triples  # noqa: E402
+from sample_text import MODEL_DIR, msmarco_length_triples, text_triples  # noqa: E402
 
 from qac.params import read_yaml  # noqa: E402
 from qac.params.vocabulary import PRETRAINING_METHODS as METHODS  # noqa: E402
 
-SECTIONS = ("pretrain", "grad_cache", "stage_loop", "encoding", "search", "compile", "generation")
+SECTIONS = ("pretrain", "paper_lengths", "grad_cache", "stage_loop", "encoding", "search", "compile", "generation")
 # Wall-clock caps per section on a GPU (a hung kernel or a slow path stops its section, not the run);
 # each is also held to what is left of --deadline-s.
-SECTION_CAP_S = {"pretrain": 180, "grad_cache": 60, "stage_loop": 90, "encoding": 60, "search": 90,
+SECTION_CAP_S = {"pretrain": 180, "paper_lengths": 150, "grad_cache": 60, "stage_loop": 90, "encoding": 60, "search": 90,
                  "compile": 240, "generation": 150}
 RESULTS = "bench_gpu.json"
 PUBLISHED = REPO / "reports" / "bench_gpu.json"
@@ -168,7 +175,9 @@ def synchronize(device) -> None:
 
 
 def to_device(batch: dict, device) -> dict:
-    return {side: {k: v.to(device, non_blocking=True) for k, v in t.items()} for side, t in batch.items()}
+    from qac.data.streams import to_device as side_to_device
+
+    return {side: side_to_device(tensors, device) for side, tensors in batch.items()}
 
 
 WARMUP, MIN_STEPS = 2, 3           # a dry run sets both to 1
@@ -211,10 +220,15 @@ def counted_flops(run) -> int:
 
 
 def token_counts(batches) -> tuple[float, float]:
-    """Mean real and padded tokens per batch (all sides)."""
-    real = statistics.mean(sum(int(s["attention_mask"].sum()) for s in b.values()) for b in batches)
-    padded = statistics.mean(sum(s["attention_mask"].numel() for s in b.values()) for b in batches)
-    return real, padded
+    """Mean real and padded (computed) tokens per batch (all sides); a token stream computes its real tokens."""
+    def real(side):
+        return int(side["attention_mask"].sum()) if "attention_mask" in side else side["input_ids"].numel()
+
+    def computed(side):
+        return side["attention_mask"].numel() if "attention_mask" in side else side["input_ids"].numel()
+
+    return (statistics.mean(sum(real(s) for s in b.values()) for b in batches),
+            statistics.mean(sum(computed(s) for s in b.values()) for b in batches))
 
 
 def peak_of(device) -> tuple[str, float | None]:
@@ -344,6 +358,83 @@ def pretrain_section(args, device, tokenizer, triples, peak, progress):
         if all("error" in row for row in rows):
             raise RuntimeError(f"every configuration failed; the first: {rows[0]['error']}")
         return {"batch_size": args.batch_size, "max_len": args.max_len, "rows": rows, "recipes": recipes}
+    return section
+
+
+PAPER_DROPOUT = 0.1          # the recipe's (BERT's own); the pretrain section trains at 0
+
+
+def paper_lengths_section(args, device, tokenizer, peak, progress):
+    """Each method (CoT-MAE with both decoders) and context on MS MARCO's lengths, padded and unpadded,
+    at the recipe's dropout. Per configuration the two layouts run on the same pairs and masks; the
+    FLOPs of the unpadded step on a batch are the model FLOPs of its real tokens (MFU for both), each
+    layout's own count its hardware FLOPs (HFU)."""
+    def section(budget_s):
+        from qac.data.streams import token_stream
+        from qac.models.factory import build_pretraining_model
+        from qac.models.grad_cache import FullBatchStep
+
+        triples = msmarco_length_triples(256 if args.dry_run else 4096)
+        configs = [(method, decoder, context) for method, decoder in
+                   (("cocondenser", None), ("cotmae", "paper"), ("cotmae", "release"), ("master", None))
+                   for context in ("query", "passage")]
+        if args.dry_run:        # every method, decoder and context once
+            configs = [configs[0], configs[3], configs[4], configs[7]]
+        share = budget_s / (2 * len(configs))
+        dtype = torch.bfloat16 if device.type == "cuda" else None
+        multiple = paper_setting("pad_to_multiple_of")
+        rows = []
+        for method, decoder, context in configs:
+            base = {"method": method + (f" ({decoder} decoder)" if decoder else ""), "context": context,
+                    "pairs/step": args.batch_size}
+            try:
+                settings = pretraining_settings(method, args.model, dropout=PAPER_DROPOUT,
+                                                **({"cotmae_decoder": decoder} if decoder else {}))
+                model = build_pretraining_model(settings, seed=0).to(device)
+                optimizer = optimizer_for(model, device)
+                padded = method_batches(tokenizer, triples, method, model, context, args.batch_size,
+                                        args.distinct_batches, args.max_len)
+                layouts = {"padded": padded,
+                           "unpadded": [{name: token_stream(side, multiple) for name, side in batch.items()}
+                                        for batch in padded]}
+                step = FullBatchStep(model, device, dtype)
+                measured = {}
+                for layout, batches in layouts.items():
+                    batches = [to_device(b, device) for b in batches]
+                    timing = timed(step_runner(step, optimizer), batches, device, share)
+                    flops = counted_flops(lambda: step.forward_backward(batches[0]))
+                    optimizer.zero_grad(set_to_none=True)
+                    real, computed = token_counts(batches)
+                    first_real, first_computed = token_counts(batches[:1])
+                    measured[layout] = {"s/step": timing["median_s"], "real tokens/step": real,
+                                        "computed tokens/step": computed, "flops": flops * computed / first_computed,
+                                        "model flops": flops * real / first_real, "steps timed": timing["timed"]}
+                model_flops = measured["unpadded"]["model flops"]       # what the real tokens need
+                for layout, figures in measured.items():
+                    seconds = figures["s/step"]
+                    row = {**base, "layout": layout, "pairs/s": args.batch_size / seconds,
+                           "real tokens/s": figures["real tokens/step"] / seconds, "s/step": seconds,
+                           "real tokens/step": figures["real tokens/step"],
+                           "computed tokens/step": figures["computed tokens/step"],
+                           "model GFLOP/step": model_flops / 1e9, "computed GFLOP/step": figures["flops"] / 1e9,
+                           "speed vs padded": measured["padded"]["s/step"] / seconds,
+                           "steps timed": figures["steps timed"]}
+                    if peak:
+                        row["MFU (real tokens)"] = model_flops / seconds / peak
+                        row["HFU (computed tokens)"] = figures["flops"] / seconds / peak
+                    rows.append(row)
+                del model, optimizer, step
+            except Exception as error:      # noqa: BLE001 - the other configurations still run
+                rows.append({**base, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+            release_memory()
+            print(f"  {rows[-1]}", flush=True)
+            progress({"batch_size": args.batch_size, "max_len": args.max_len, "dropout": PAPER_DROPOUT,
+                      "rows": rows})
+        if all("error" in row for row in rows):
+            raise RuntimeError(f"every configuration failed; the first: {rows[0]['error']}")
+        return {"batch_size": args.batch_size, "max_len": args.max_len, "dropout": PAPER_DROPOUT, "rows": rows,
+                "lengths": "benchmarks/msmarco_lengths.json (passages mean 80.6 tokens, median 71, p95 142, 4.5% "
+                           "over 144; queries mean 9.0, max 44)"}
     return section
 
 
@@ -837,6 +928,16 @@ def render_markdown(data: dict) -> str:
                      + "; ".join(f"{k}: {v}" for k, v in p["recipes"].items()) + ".")
         lines.extend(["", markdown_table([percent(r) for r in p["rows"]],
                                          columns + (["error"] if any("error" in r for r in p["rows"]) else []))])
+    if not failed("paper_lengths", "Pre-training step on MS MARCO's lengths, padded and unpadded"):
+        p = sections["paper_lengths"]
+        lines.append(f"{p['batch_size']} pairs per step, passages cut at {p['max_len']} tokens, dropout "
+                     f"{p['dropout']}; lengths from {p['lengths']}. MFU: the unpadded step's counted FLOPs (the real "
+                     "tokens' work) over time and peak, for both layouts; HFU: the layout's own counted FLOPs.")
+        columns = ["method", "context", "layout", "pairs/s", "real tokens/s", "s/step", "real tokens/step",
+                   "computed tokens/step", "model GFLOP/step", "computed GFLOP/step", "MFU (real tokens)",
+                   "HFU (computed tokens)", "speed vs padded", "steps timed"]
+        lines.extend(["", markdown_table([percent(r) for r in p["rows"]],
+                                         columns + (["error"] if any("error" in r for r in p["rows"]) else []))])
     if not failed("grad_cache", "GradCache"):
         g = sections["grad_cache"]
         whose = "" if data.get("dry_run") else " (the paper profile's)"
@@ -1025,6 +1126,7 @@ def main(argv=None) -> None:
 
     builders = {
         "pretrain": lambda: pretrain_section(args, device, tokenizer, triples, peak, running("pretrain")),
+        "paper_lengths": lambda: paper_lengths_section(args, device, tokenizer, peak, running("paper_lengths")),
         "grad_cache": lambda: grad_cache_section(args, device, tokenizer, triples, peak),
         "stage_loop": lambda: stage_loop_section(args, device, tokenizer, triples, peak),
         "encoding": lambda: encoding_section(args, device, tokenizer, triples),

@@ -88,3 +88,26 @@ def text_triples(count: int, source: str = "auto") -> tuple[list[tuple[str, str,
     if folder is not None:
         return scifact_triples(folder, count), "SciFact from the data mirror (abstract spans + claims)"
     return synthetic_triples(count), "synthetic text from the uncased vocabulary (benchmarks/sample_text.py)"
+
+
+def msmarco_length_triples(count: int, seed: int = 0,
+                           vocab: Path = MODEL_DIR / "vocab.txt") -> list[tuple[str, str, str]]:
+    """``count`` generated triples whose token lengths are drawn from MS MARCO's
+    (``benchmarks/msmarco_lengths.json``): each word a whole entry of the uncased vocabulary, one
+    token, so a text of n words is n tokens. Passage and context lengths are drawn independently, the
+    query's from the query lengths; drawn from ``seed``, the same triples every run."""
+    from msmarco_lengths import load
+
+    lengths = load()
+    entries = vocab.read_text(encoding="utf-8").split("\n")
+    words = [entry for entry in entries if entry.isalpha() and entry.isascii() and len(entry) > 1]
+    rng = np.random.default_rng(seed)
+    frequency = 1.0 / (np.arange(len(words)) + 20.0)       # the vocabulary lists common words first
+    frequency /= frequency.sum()
+
+    def text(length: int) -> str:
+        return " ".join(words[i] for i in rng.choice(len(words), size=int(length), p=frequency))
+
+    passages = rng.choice(lengths["passages"], size=(count, 2))
+    queries = rng.choice(lengths["queries"], size=count)
+    return [(text(first), text(second), text(query)) for (first, second), query in zip(passages, queries)]

@@ -74,7 +74,8 @@ def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     assert figures["dry_run"] and figures["device"] == "cpu" and figures["peak_flops"] is None
     assert figures["text"].startswith("synthetic")           # no mirror beside the clone
     sections = figures["sections"]
-    assert list(sections) == ["pretrain", "grad_cache", "stage_loop", "encoding", "search", "compile", "generation"]
+    assert list(sections) == ["pretrain", "paper_lengths", "grad_cache", "stage_loop", "encoding", "search",
+                              "compile", "generation"]
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "done")
     rows = {(r["method"], r["recipe"], r["context"], r["pairs/step"]): r for r in sections["pretrain"]["rows"]}
     assert set(rows) == {(m, "ours", c, 4) for m in ("cocondenser", "cotmae", "master") for c in ("query", "passage")} \
@@ -86,6 +87,17 @@ def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     # the release recipe computes the full vocabulary's logits: more FLOPs than ours on the same side
     assert rows[("cocondenser", "release", "passage", 4)]["counted GFLOP/step"] > rows[
         ("cocondenser", "ours", "passage", 4)]["counted GFLOP/step"]
+    # MS MARCO's lengths, padded and unpadded: every method, both CoT-MAE decoders, both contexts, each once
+    lengths = sections["paper_lengths"]
+    assert lengths["dropout"] == 0.1 and all("error" not in r for r in lengths["rows"])
+    assert {(r["method"], r["context"]) for r in lengths["rows"]} == {
+        ("cocondenser", "query"), ("cotmae (paper decoder)", "passage"), ("cotmae (release decoder)", "query"),
+        ("master", "passage")}
+    for padded, unpadded in zip(lengths["rows"][::2], lengths["rows"][1::2]):
+        assert (padded["layout"], unpadded["layout"]) == ("padded", "unpadded")
+        # the same pairs: the same real tokens; the unpadded step computes those alone
+        assert padded["real tokens/step"] == unpadded["real tokens/step"] == unpadded["computed tokens/step"]
+        assert padded["computed tokens/step"] > padded["real tokens/step"]
     assert sections["grad_cache"]["counted FLOP ratio"] > 1 and sections["grad_cache"]["chunk"] == 2
     assert sections["stage_loop"]["loop pairs/s (steady windows)"] > 0
     assert sections["search"]["equals NumPy reference"] and sections["search"]["equals one-block search"]
@@ -103,7 +115,7 @@ def test_gpu_benchmark_dry_run_in_a_bare_clone(tmp_path):
     assert encoding["model alone passages/s (full batches)"] > 0 and "Self CPU" in encoding["host profile (one call)"]
 
     markdown = (out / "bench_gpu.md").read_text(encoding="utf-8")
-    for heading in ("Pre-training step (isolated)", "GradCache", "Stage loop vs isolated step", "Encoding",
+    for heading in ("Pre-training step (isolated)", "Pre-training step on MS MARCO's lengths", "GradCache", "Stage loop vs isolated step", "Encoding",
                     "Exact search", "Query generation", "torch.compile (coCondenser and CoT-MAE"):
         assert f"### {heading}" in markdown, heading
     assert "no peak FLOP/s known" in markdown
