@@ -61,3 +61,30 @@ def test_world_size_scaling_turns_ddp_averaging_into_the_full_gradient(monkeypat
 def test_mean_over_processes_is_the_plain_mean_alone():
     term = losses.mean_over_processes(torch.tensor(6.0, requires_grad=True), torch.tensor(4))
     assert term.value.item() == pytest.approx(1.5) and term.backward.item() == pytest.approx(1.5)
+
+
+def test_the_padded_vocabulary_gives_the_heads_loss_and_gradients():
+    """The MLM head's vocabulary padded to a multiple of 64: the padding's logits are -inf, never a target,
+    and the loss and every gradient are the unpadded head's (float64: to a few eps of their scale)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=250, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32)
+    torch.manual_seed(0)
+    head = BertForMaskedLM(config).cls.double()
+    hidden = torch.randn(7, 16, dtype=torch.float64)
+    labels = torch.tensor([0, 3, 249, 17, -100, 100, 5])
+    logits = losses.vocabulary_logits(head, hidden)
+    assert logits.shape == (7, 256) and torch.isneginf(logits[:, 250:]).all()
+    assert torch.equal(logits[:, :250], head(hidden))
+    results = []
+    for logits_of in (losses.vocabulary_logits, lambda module, states: module(states)):
+        head.zero_grad()
+        loss = torch.nn.functional.cross_entropy(logits_of(head, hidden), labels, ignore_index=-100, reduction="sum")
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad.clone() for name, p in head.named_parameters()}))
+    (padded_loss, padded_grads), (loss, grads) = results
+    eps = torch.finfo(torch.float64).eps
+    assert abs(float(padded_loss - loss)) <= 16 * eps * float(loss)
+    scale = max(float(g.abs().max()) for g in grads.values())
+    assert all(float((padded_grads[name] - grads[name]).abs().max()) <= 16 * eps * scale for name in grads)

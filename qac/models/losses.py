@@ -66,6 +66,36 @@ def mean_over_processes(local_sum: torch.Tensor, local_count: torch.Tensor | int
     return LossTerm(backward=local_sum * world_size / count, value=value)
 
 
+VOCABULARY_MULTIPLE = 64     # the MLM head's output rows, padded: 30,522 -> 30,528 (tensor-core tiles)
+
+
+def vocabulary_logits(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """BERT's MLM head on ``hidden`` with its vocabulary padded to a multiple of :data:`VOCABULARY_MULTIPLE`.
+
+    The product's output dimension is BERT's vocabulary, 30,522, a multiple of
+    2 only: the matrix kernels run it in tiles of 64 or 128 columns with a
+    ragged last one. The padded rows of the (tied, unpadded) decoder weight are
+    zeros and their bias -inf: their logits are -inf, their softmax exactly 0,
+    so no label (every one below the vocabulary size) can target them, the
+    cross-entropy and every gradient are the unpadded head's, and the padding
+    receives no gradient. A head of another shape runs as it is. Token streams
+    (``unpadded``) take this head; the padded layout keeps the plain one, whose
+    bits its committed runs were trained with (the padded product sums in
+    another order, a difference of float rounding).
+    """
+    predictions = getattr(lm_head, "predictions", None)
+    decoder = getattr(predictions, "decoder", None)
+    if decoder is None or decoder.bias is None:
+        return lm_head(hidden)
+    vocabulary = decoder.weight.shape[0]
+    extra = -vocabulary % VOCABULARY_MULTIPLE
+    if not extra:
+        return predictions(hidden)
+    weight = F.pad(decoder.weight, (0, 0, 0, extra))
+    bias = F.pad(decoder.bias, (0, extra), value=float("-inf"))
+    return F.linear(predictions.transform(hidden), weight, bias)
+
+
 def masked_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor, side: Mapping[str, torch.Tensor],
                   full_vocab_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy of the MLM head at a side's masked positions, and their number.
@@ -89,11 +119,11 @@ def masked_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor, side: Mapping[
         targets = masked_targets(side["labels"].cpu())
         positions, labels = (targets[name].to(hidden.device) for name in ("mlm_positions", "mlm_labels"))
     if hidden.dim() == 2:       # a token stream (qac.data.streams): positions index its tokens
-        flat = positions
+        logits = vocabulary_logits(lm_head, hidden.index_select(0, positions))
     else:
         rows, length = hidden.shape[:2]
         flat = (positions + torch.arange(rows, device=positions.device)[:, None] * length).flatten()
-    logits = lm_head(hidden.flatten(0, -2).index_select(0, flat))
+        logits = lm_head(hidden.flatten(0, 1).index_select(0, flat))
     labels = labels.flatten()
     loss = F.cross_entropy(at_least_fp32(logits), labels, ignore_index=IGNORE_INDEX, reduction="sum")
     return loss, (labels != IGNORE_INDEX).sum()
@@ -107,7 +137,7 @@ def dense_lm_sum(lm_head: torch.nn.Module, hidden: torch.Tensor,
     token, where only padding is left out), and to measure the cost of
     projecting every position.
     """
-    logits = lm_head(hidden)
+    logits = vocabulary_logits(lm_head, hidden) if hidden.dim() == 2 else lm_head(hidden)
     loss = F.cross_entropy(at_least_fp32(logits.flatten(0, -2)), labels.flatten(), ignore_index=IGNORE_INDEX,
                            reduction="sum")
     return loss, (labels != IGNORE_INDEX).sum()
