@@ -4,7 +4,7 @@ An inference-only reproduction is the cheapest check at full scale: before
 any GPU-hour goes into pre-training, a released retriever (params
 ``reference_retrievers``, e.g. ``Luyu/co-condenser-marco-retriever``) is
 loaded by its hub name, encodes the in-domain corpus the way it was trained
-(``encoders.<spec>``: pooling, normalisation, query and passage lengths) and
+(``encoders.<spec>``: pooling, normalisation, query and passage lengths, title join) and
 is searched and scored with this project's code. Its published figures
 (``encoders.<spec>.published``) are the expected values of the paper
 profile's reproduction check, so encoding, search and metrics on 8.8M
@@ -46,9 +46,9 @@ def reference_settings(params: Params, spec: str) -> dict[str, Any]:
     entry = params.encoders.get(spec)
     if entry is None:
         raise ValueError(f"params: reference_retrievers names {spec!r}, but encoders.{spec} is missing: give its "
-                         "pooling, normalize, query_max_len, passage_max_len and published figures")
+                         "pooling, normalize, query_max_len, passage_max_len, title_join and published figures")
     return {key: getattr(entry, key)
-            for key in ("pooling", "normalize", "query_max_len", "passage_max_len", "published")}
+            for key in ("pooling", "normalize", "query_max_len", "passage_max_len", "title_join", "published")}
 
 
 def published_figure(params: Params, spec: str, dataset: str | None, split: str | None,

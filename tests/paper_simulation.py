@@ -117,13 +117,14 @@ def _measure_of(params: Params, cell) -> str:
 
 
 def faithful_deviation(params: Params, measure: str, split: str, rng: np.random.Generator, deterministic: bool,
-                       seeds: int = 1) -> float:
+                       seeds: int = 1, rounding: float = 0.0005) -> float:
     """What a faithful run of ours differs from the paper's printed figure by (fraction of the measure's range):
-    the print's rounding, and for a trained run the training noise of both runs (the profile's prior)."""
+    the print's rounding (``rounding``, half its last digit: 0.0005 for the paper's 37.4), and for a trained
+    run the training noise of both runs (the profile's prior)."""
     from qac.reporting.check import noise_prior
     from qac.tracking import metric_key
 
-    deviation = float(rng.uniform(-0.0005, 0.0005))
+    deviation = float(rng.uniform(-rounding, rounding))
     if not deterministic:
         prior = noise_prior(params.check.training_noise, metric_key("any", split, measure))
         deviation += float(rng.normal(0.0, prior.sd * np.sqrt(1 + 1 / seeds)))
@@ -144,9 +145,12 @@ def write_paper_outputs(params: Params, root: Path, shift: Mapping[str, float] |
     ``{(file, measure): mean}``.
     """
     from qac.reporting.cell_plan import PRODUCED, plan_cells, plan_reference_cells
+    from qac.reporting.check import figure_rounding
+    from qac.reporting.tables import FRACTION, PERCENT
 
     shift = dict(shift or {})
     targets: dict[tuple[str, str], float] = {}
+    roundings: dict[tuple[str, str], float] = {}
     for cell in plan_cells(params) + plan_reference_cells(params):
         if cell.status != PRODUCED or cell.paper is None or cell.table == "table5_pair_correlation":
             continue
@@ -157,6 +161,7 @@ def write_paper_outputs(params: Params, root: Path, shift: Mapping[str, float] |
         if key in targets and abs(targets[key] - target) > 1e-9:
             raise AssertionError(f"the paper prints two figures for {key}: {targets[key]} and {target}")
         targets[key] = target
+        roundings[key] = figure_rounding(cell.paper, FRACTION if scale == 1.0 else PERCENT) / scale
     files: dict[str, dict] = {}
     rng = np.random.default_rng(noise_seed) if noise_seed is not None else None
     for seed, ((output, measure), target) in enumerate(sorted(targets.items())):
@@ -165,7 +170,8 @@ def write_paper_outputs(params: Params, root: Path, shift: Mapping[str, float] |
         n = QUERY_COUNTS[split if split != "test" else dataset]
         if rng is not None:
             target = float(np.clip(target + faithful_deviation(params, measure, split, rng,
-                                                               _deterministic_output(output)), 0.0, 1.0))
+                                                               _deterministic_output(output),
+                                                               rounding=roundings[(output, measure)]), 0.0, 1.0))
             targets[(output, measure)] = target
         values = simulated_values(measure, target, n, seed, query_set=f"{dataset}/{split}")
         files.setdefault(output, {})[measure] = {f"q{i}": float(v) for i, v in enumerate(values)}

@@ -3,8 +3,9 @@
 No hub at test time: a tiny BERT built from a configuration is saved in a
 folder named as the hub name (``Luyu/co-condenser-marco-retriever``), which
 ``from_pretrained`` loads as it would the downloaded model. The stage's runs are
-checked against rankings computed here from the same weights with [CLS] pooling
-and the published lengths, and its MLflow run and record are checked.
+checked against rankings computed here from the same weights with [CLS] pooling,
+the published lengths and its own title join (``title [SEP] text``, where the
+profile fine-tunes on ``title text``), and its MLflow run and record are checked.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import yaml
 from test_finetune_stage import load_stage, shared_mlflow_store, study_dir  # noqa: F401  (fixture)
 
 HUB_NAME = "Luyu/co-condenser-marco-retriever"
-ENCODING = {"pooling": "cls", "normalize": False, "query_max_len": 8, "passage_max_len": 16}
+# title [SEP] text as the released checkpoint was trained; the smoke params' finetune.title_join is space
+ENCODING = {"pooling": "cls", "normalize": False, "query_max_len": 8, "passage_max_len": 16, "title_join": "sep"}
 
 
 def _with_reference(root, published: float = 0.5) -> dict:
@@ -41,7 +43,8 @@ def referenced(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F
 
 
 def _expected_top(root, dataset) -> dict[str, str]:
-    """Each test query's best document, ranked here: [CLS] vectors at the published lengths, inner product."""
+    """Each test query's best document, ranked here: [CLS] vectors at the published lengths, inner product, a
+    document's title and text joined by [SEP]."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -53,7 +56,8 @@ def _expected_top(root, dataset) -> dict[str, str]:
             return model(**batch).last_hidden_state[:, 0]
 
     doc_ids = sorted(dataset.corpus)
-    docs = cls([f"{dataset.corpus[d].title} {dataset.corpus[d].text}".strip() for d in doc_ids],
+    docs = cls([f"{dataset.corpus[d].title}{tokenizer.sep_token}{dataset.corpus[d].text}" if dataset.corpus[d].title
+                else dataset.corpus[d].text for d in doc_ids],
                ENCODING["passage_max_len"])
     qids = sorted(dataset.qrels["test"])
     scores = cls([dataset.queries[q] for q in qids], ENCODING["query_max_len"]) @ docs.T
@@ -89,6 +93,8 @@ def test_the_released_retriever_is_evaluated_as_published(referenced):
     run = mlflow.MlflowClient().get_run(record["run_id"])
     assert run.data.tags["qac.reference"] == HUB_NAME and run.data.params["pooling"] == "cls"
     assert run.data.params["query_max_len"] == "8" and run.data.params["passage_max_len"] == "16"
+    assert run.data.params["title_join"] == "sep" and yaml.safe_load((root / "params.yaml").read_text())[
+        "finetune"]["title_join"] == "space"
     from qac.tracking import metric_key
 
     assert run.data.metrics[metric_key("tinyset", "test", "RR@10")] == pytest.approx(

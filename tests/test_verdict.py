@@ -91,7 +91,8 @@ def simulate(tables, params, rng, scale: float = 1.0, shift=None):
         key = _run_key(cell)
         if key not in deviations:
             split, measure = _split_and_measure(cell)
-            deviation = faithful_deviation(params, measure, split, rng, deterministic_row(expected.row))
+            deviation = faithful_deviation(params, measure, split, rng, deterministic_row(expected.row),
+                                           rounding=expected.rounding / _SCALE[table.unit])
             deviations[key] = deviation if deterministic_row(expected.row) else deviation * scale
         extra = (shift or {}).get((expected.row, _split_and_measure(cell)[1]), 0.0)
         moved[expected.table].cells[(expected.row, expected.column)] = replace(

@@ -512,6 +512,9 @@ class EncoderEntry(Section):
     normalize: bool = Field(description="embeddings L2-normalised (cosine similarity), as the model was trained")
     query_max_len: PositiveInt = Field(description="query tokens the model reads")
     passage_max_len: PositiveInt = Field(description="passage tokens the model reads")
+    title_join: TitleJoin = Field(
+        "space", description="how the model was trained to join a passage's title and text: space, or sep "
+        "(title [SEP] text, Tevatron's): a reference row encodes so whatever finetune.title_join says")
     published: list[PublishedFigure] = Field(
         default_factory=list, description="published figures of the model used this way, shown beside ours")
 

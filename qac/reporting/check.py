@@ -261,6 +261,13 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def figure_rounding(value: float, unit: str) -> float:
+    """Half the last printed digit of a published figure: the paper's usual precision for ``unit``, or finer
+    where the figure carries more digits (a released retriever's 39.44 is known to 0.005, not 0.05)."""
+    decimals = len(f"{value:.6f}".rstrip("0").partition(".")[2])
+    return min(PAPER_ROUNDING[unit], 0.5 * 10.0 ** -decimals)
+
+
 def record(tables: Sequence[Table], profile: str, from_paper: bool = False, *,
            environment: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None,
            machine_runs: Sequence["MachineRun"] = ()) -> dict[str, Any]:
@@ -275,7 +282,8 @@ def record(tables: Sequence[Table], profile: str, from_paper: bool = False, *,
             if cell.paper is None or unit == COUNT:
                 continue
             entry = {"table": table.key, "row": row, "column": column, "value": float(cell.paper), "unit": unit,
-                     "rounding": PAPER_ROUNDING[unit], "noise": DETERMINISTIC if deterministic_row(row) else TRAINED}
+                     "rounding": figure_rounding(float(cell.paper), unit),
+                     "noise": DETERMINISTIC if deterministic_row(row) else TRAINED}
         else:
             if cell.value is None:
                 continue

@@ -89,7 +89,7 @@ def evaluate_references(params: Params) -> list[str]:
                 tokenizer = load_tokenizer(spec)
                 model = BiEncoder.from_pretrained(spec, pooling=encoding["pooling"],
                                                   normalize=encoding["normalize"]).to(device)
-                separator = title_separator(params.finetune.title_join, tokenizer)
+                separator = title_separator(encoding["title_join"], tokenizer)   # as it was trained
                 target = Path(staging) / reference_slug(spec) / dataset_name
                 results = {}
                 for subset, dataset in parts:
