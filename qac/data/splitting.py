@@ -54,10 +54,12 @@ import itertools
 import hashlib
 import os
 import random
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Iterator, Sequence
 
 from qac.data.arrowstore import write_passages
+from qac.data.tokens import CHARS_PER_TOKEN, cut_end
 from qac.params.vocabulary import SpanRule
 
 
@@ -207,6 +209,8 @@ def cut_to_fit(text: str, span: tuple[int, int], limit: int,
     a piece that still exceeds the limit (a tokenizer may split characters
     differently once a word is cut) is cut again.
     """
+    if span[1] - span[0] > limit * CHARS_PER_TOKEN * WINDOW_PIECES:
+        return _cut_long_span(text, span, limit, counter)
     base = span[0]
     offsets = [(base + s, base + e) for s, e in counter.offsets(text[span[0]:span[1]]) if e > s]
     pieces, start = [], 0
@@ -222,6 +226,32 @@ def cut_to_fit(text: str, span: tuple[int, int], limit: int,
         else:
             fitted.extend(cut_to_fit(text, piece, limit, counter))
     return fitted
+
+
+# A sentence longer than this many pieces' worth of characters (limit x CHARS_PER_TOKEN each: 74k characters
+# at 144 tokens) is cut window by window, so a 40 MB line never has its millions of tokens and offsets in
+# memory at once; a shorter one, every sentence of a normal text, is cut from its whole tokenization.
+WINDOW_PIECES = 8
+_NOT_SPACE = re.compile(r"\S")
+
+
+def _cut_long_span(text: str, span: tuple[int, int], limit: int,
+                   counter: TokenCounter) -> list[tuple[tuple[int, int], int]]:
+    """:func:`cut_to_fit` of a span too long to tokenise whole: a window of ``WINDOW_PIECES`` pieces' worth
+    of characters (ending before a word) at a time, keeping every piece but the window's last, which the
+    window's end may have cut, and going on from the first character after the last piece kept."""
+    fitted, start, end = [], span[0], span[1]
+    while True:
+        stop = cut_end(text, limit * WINDOW_PIECES, start, end)
+        pieces = cut_to_fit(text, (start, stop), limit, counter) if stop > start else []
+        if stop >= end or not pieces:
+            return fitted + pieces
+        kept = pieces[:-1] or pieces
+        fitted.extend(kept)
+        following = _NOT_SPACE.search(text, kept[-1][0][1], end)
+        if following is None:
+            return fitted
+        start = following.start()
 
 
 def sentence_units(text: str, spans: list[tuple[int, int]], lengths: list[int], max_len: int,
@@ -346,8 +376,10 @@ def split_documents(documents: Sequence[tuple[str, str]], sentence_splitter, cou
     rare extra calls for sentences longer than ``max_len``).
     """
     sentence_spans = [_sentences(sentence_splitter, doc_id, text) for doc_id, text in documents]
-    all_lengths = iter(counter.lengths([text[s:e] for (_, text), spans in zip(documents, sentence_spans)
-                                        for s, e in spans]))
+    # A sentence's length only decides whether it fits max_len, so it is counted on what its first max_len + 1
+    # tokens can come from (qac.data.tokens.CHARS_PER_TOKEN): a 40 MB sentence costs the tokenizer 9 kB here.
+    all_lengths = iter(counter.lengths([text[s:cut_end(text, settings.max_len + 1, s, e)]
+                                        for (_, text), spans in zip(documents, sentence_spans) for s, e in spans]))
     works = []
     for (doc_id, text), spans in zip(documents, sentence_spans):
         lengths = [next(all_lengths) for _ in spans]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -83,6 +84,40 @@ def check_stamp(path: str | os.PathLike, schema, tokenizer, name: str, column: s
                               f"but this stage reads them with {ours.name!r} (hash {ours.hash}), whose vocabulary "
                               "or special tokens differ; make the tokenizer that writes the file (split.tokenizer) "
                               "the one of the model that reads it, or rerun the writing stage with it")
+
+
+# The characters a text's first N tokens can come from, at most: N x 64. The tokenizers of the models here
+# (WordPiece, byte-level BPE, SentencePiece) give a token for every one to six characters of ordinary text
+# (English averages about 4.5), and WordPiece makes a word of over 100 characters one [UNK]; 64 per token is
+# over ten times what any normal text needs, so the first N tokens of the cut text are those of the whole
+# text, while a 40 MB line costs the tokenizer N x 64 characters instead of 40 MB (tokenised whole, then
+# truncated, it took 46 s and 4.9 GB). Only a text of words over 64 characters long on average, or of runs of
+# whitespace or ignored characters that long, could tokenise otherwise.
+CHARS_PER_TOKEN = 64
+_LAST_SPACE = re.compile(r".*\s", re.DOTALL)
+
+
+def cut_end(text: str, max_tokens: int, start: int = 0, end: int | None = None) -> int:
+    """Where :func:`cut_for_tokens` cuts ``text[start:end]`` (an index into ``text``; no copy is made)."""
+    end = len(text) if end is None else end
+    limit = max(1, max_tokens) * CHARS_PER_TOKEN
+    if end - start <= limit:
+        return end
+    space = _LAST_SPACE.match(text, start + limit // 2, start + limit)
+    return space.end() - 1 if space else start + limit
+
+
+def cut_for_tokens(text: str, max_tokens: int) -> str:
+    """``text`` cut to what its first ``max_tokens`` tokens can come from (``max_tokens`` x
+    :data:`CHARS_PER_TOKEN` characters), before the word that limit falls in, so no piece of a word the whole
+    text lacks is made; a shorter text as it is."""
+    end = cut_end(text, max_tokens)
+    return text if end == len(text) else text[:end]
+
+
+def cut_texts(texts: Sequence[str], max_tokens: int) -> list[str]:
+    """:func:`cut_for_tokens` of each text: what a tokenizer truncating at ``max_tokens`` is given."""
+    return [cut_for_tokens(text, max_tokens) for text in texts]
 
 
 class TextEncoder:

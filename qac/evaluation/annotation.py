@@ -427,11 +427,14 @@ class EncoderCosineJudge:
         """L2-normalised mean of the last hidden states over non-padding tokens."""
         import torch
 
+        from qac.data.tokens import cut_texts
+
         chunks = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer(list(texts[start:start + self.batch_size]), padding=True, truncation=True,
-                                       max_length=self.max_length, return_tensors="pt").to(self.device)
+                batch = self.tokenizer(cut_texts(texts[start:start + self.batch_size], self.max_length), padding=True,
+                                       truncation=True, max_length=self.max_length,
+                                       return_tensors="pt").to(self.device)
                 hidden = self.model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 mean = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)

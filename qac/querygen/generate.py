@@ -293,8 +293,10 @@ class QueryGenerator:
         length; the order never changes a passage's candidates.
         """
         settings = self.settings
-        encoded = self.tokenizer([settings.prefix + text for _, text in passages], truncation=True,
-                                 max_length=settings.max_source_len)["input_ids"]
+        from qac.data.tokens import cut_texts
+
+        sources = cut_texts([settings.prefix + text for _, text in passages], settings.max_source_len)
+        encoded = self.tokenizer(sources, truncation=True, max_length=settings.max_source_len)["input_ids"]
         return decode_longest_first(passages, encoded, batch_size, self._generate_batch, on_batch)
 
     def generate(self, passages: Sequence[tuple[str, str]], batch_size: int,

@@ -137,11 +137,13 @@ def set_special_tokens(model, tokenizer) -> None:
 
 def encode_pairs(tokenizer, pairs: Sequence[Pair], settings: TrainSettings) -> dict[str, torch.Tensor]:
     """Padded source ids and labels (target tokens + [SEP], padding as -100)."""
-    sources = tokenizer([settings.source_prefix(p.kind) + p.source for p in pairs], truncation=True,
-                        max_length=settings.max_source_len, padding=True, return_tensors="pt",
+    from qac.data.tokens import cut_texts
+
+    sources = tokenizer(cut_texts([settings.source_prefix(p.kind) + p.source for p in pairs], settings.max_source_len),
+                        truncation=True, max_length=settings.max_source_len, padding=True, return_tensors="pt",
                         return_token_type_ids=False)
-    targets = tokenizer([p.target for p in pairs], add_special_tokens=False, truncation=True,
-                        max_length=settings.max_target_len - 1)["input_ids"]
+    targets = tokenizer(cut_texts([p.target for p in pairs], settings.max_target_len), add_special_tokens=False,
+                        truncation=True, max_length=settings.max_target_len - 1)["input_ids"]
     width = max(len(t) for t in targets) + 1
     labels = torch.full((len(pairs), width), -100, dtype=torch.long)
     for row, ids in enumerate(targets):

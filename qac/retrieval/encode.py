@@ -73,7 +73,9 @@ def encode_texts(
         return np.zeros((0, hidden_size), dtype=np.float32)
 
     if token_ids is None:
-        token_ids = tokenizer(list(texts), truncation=True, max_length=max_length,
+        from qac.data.tokens import cut_texts
+
+        token_ids = tokenizer(cut_texts(texts, max_length), truncation=True, max_length=max_length,
                               add_special_tokens=True)["input_ids"]
     else:
         from qac.data.tokens import SpecialTokens, with_special_tokens

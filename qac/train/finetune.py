@@ -83,9 +83,12 @@ class FinetuneSettings:
 def collate(groups: Sequence[TrainingGroup], passage_text: Mapping[str, str], tokenizer,
             settings: FinetuneSettings) -> tuple[dict, dict]:
     """Tokenize queries and their passage groups (positive first) into padded tensors."""
-    queries = tokenizer([group.query for group in groups], max_length=settings.query_max_len,
-                        truncation=True, padding=True, return_tensors="pt")
-    passages = tokenizer([passage_text[doc_id] for group in groups for doc_id in group.passages],
+    from qac.data.tokens import cut_texts
+
+    queries = tokenizer(cut_texts([group.query for group in groups], settings.query_max_len),
+                        max_length=settings.query_max_len, truncation=True, padding=True, return_tensors="pt")
+    passages = tokenizer(cut_texts([passage_text[doc_id] for group in groups for doc_id in group.passages],
+                                   settings.passage_max_len),
                          max_length=settings.passage_max_len, truncation=True, padding=True,
                          return_tensors="pt")
     return (widen(dict(queries), settings.pad_to_multiple_of, tokenizer.pad_token_id),
@@ -159,15 +162,17 @@ class FinetuneBatches(torch.utils.data.Dataset):
 def step_batches(sampler: GroupSampler, passage_text: Mapping[str, str], tokenizer, settings: FinetuneSettings,
                  per_epoch: int, rank: int, world_size: int) -> FinetuneBatches:
     """The run's batches: every epoch's groups drawn, the texts they use tokenised once."""
-    from qac.data.tokens import SpecialTokens, TextEncoder
+    from qac.data.tokens import SpecialTokens, TextEncoder, cut_texts
 
     epochs = [sampler.epoch(epoch) for epoch in range(settings.epochs)]
     used = [groups[:per_epoch * settings.batch_size] for groups in epochs]
     query_texts = list(dict.fromkeys(group.query for groups in used for group in groups))
     doc_ids = list(dict.fromkeys(doc_id for groups in used for group in groups for doc_id in group.passages))
     encoder = TextEncoder(tokenizer)
-    query_ids = dict(zip(query_texts, encoder(query_texts)))
-    passage_ids = dict(zip(doc_ids, encoder([passage_text[doc_id] for doc_id in doc_ids])))
+    # Cut before tokenising: only the first max_len tokens are used (qac.data.tokens.CHARS_PER_TOKEN).
+    query_ids = dict(zip(query_texts, encoder(cut_texts(query_texts, settings.query_max_len))))
+    passage_ids = dict(zip(doc_ids, encoder(cut_texts([passage_text[doc_id] for doc_id in doc_ids],
+                                                      settings.passage_max_len))))
     type_ids = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
     return FinetuneBatches(epochs, per_epoch, world_size, rank, query_ids, passage_ids, SpecialTokens.of(tokenizer),
                            type_ids, settings)
