@@ -27,7 +27,13 @@ those ``benchmarks/bench_gpu.py`` measured and ``--publish`` committed as
   Longer limits scale a pass linearly in tokens, an upper bound: with
   dynamic padding a text shorter than the limit costs less;
 - query generation: per million split passages (the split corpus's size is
-  known only once the split stage has run).
+  known only once the split stage has run);
+- LLM query generation (``llm_queries.generators`` with a ``parameters``
+  count): per million split passages, 2 x parameters FLOPs for each prompt
+  token (one prompt per query type in use, at most the passage's and the
+  examples' token budgets and a template allowance) and each query token (C x
+  ``max_new_tokens``) at the fallback's 35% MFU of 989 TFLOP/s, never
+  measured: a lower bound, as decoding a token at a time runs below that MFU.
 
 Without GPU figures it says so and falls back to what the documentation
 states: encoding at the audit's 7.4 H100-hours per BEIR encoding
@@ -55,6 +61,8 @@ MSMARCO_TRIPLES_QUERIES = 400_000      # about 400k of them are in the official 
 ENCODED_TOKENS = 144                   # the length the rates are measured (and the audit's BEIR figure taken) at
 BEIR_UNION_DOCUMENTS = 25_000_000      # the 14 BEIR corpora of Table 2, about 25M documents
 QUERY_TOKENS = 32
+PROMPT_TEMPLATE_TOKENS = 64            # an LLM prompt's instruction, labels and chat turn, over its passages
+LLM_GENERATION = "generate LLM queries"
 
 # The documented fallback (docs/data.md, "Cost"): 21 encodings of the BEIR union took about 156 H100-hours.
 FALLBACK_ENCODE_RATE = 21 * BEIR_UNION_DOCUMENTS / (156 * 3600)
@@ -157,32 +165,10 @@ def variant_settings(params: Params, name: str) -> dict[str, Any]:
 
 def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
     """One row per stage and variant: what it processes, at what rate, in GPU-hours (None: no rate)."""
-    rows = []
-    variants = {name: variant_settings(params, name) for name in params.pretrain.variants}
-    trained = {name: v for name, v in variants.items() if v["method"] != "none"}
-    for name, variant in trained.items():
-        pairs = variant["steps"] * variant["batch_size"]
-        try:
-            rate, how = pair_rate(rates, variant)
-        except KeyError as missing:
-            rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": "no figure",
-                         "basis": f"the figures have no rate for {missing.args[0]}", "hours": None, "figures": "none"})
-            continue
-        cached = variant["grad_cache_chunk"] and variant["method"] == "cocondenser" and rates.grad_cache_ratio
-        rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": f"{rate:,.0f} pairs/s",
-                     "basis": how, "hours": pairs / rate / 3600,
-                     "figures": rates.figure("pretrain", "grad_cache") if cached else rates.figure("pretrain")})
-    finetune = params.finetune
+    extensions = params.llm_queries.variants     # costed apart: extension_costs
+    variants = {name: variant_settings(params, name) for name in params.pretrain.variants if name not in extensions}
+    rows = _variant_rows(params, rates, variants)
     if rates.encode:
-        per_query = finetune.train_n_passages + QUERY_TOKENS / ENCODED_TOKENS   # passage-equivalents
-        r1_queries = MSMARCO_TRIPLES_QUERIES if finetune.r1_queries == "triples" else MSMARCO_TRAIN_QUERIES
-        epochs = finetune.epochs
-        passes = epochs * (r1_queries + MSMARCO_TRAIN_QUERIES) * per_query * 3   # r1 and r2, forward + backward
-        for name in variants:
-            rows.append({"stage": "finetune (r1 and r2)", "variant": name,
-                         "work": f"{epochs} epochs x {r1_queries:,} queries (r1) and {MSMARCO_TRAIN_QUERIES:,} (r2)",
-                         "rate": f"{rates.encode:,.0f} passages/s", "basis": "3 x the encoding rate's forward",
-                         "hours": passes / rates.encode / 3600, "figures": rates.figure("encoding")})
         encodings = 2 * len(variants)
         rows.append({"stage": "encode MS MARCO (r1: mining and evaluation, r2: evaluation)", "variant": "all",
                      "work": f"{encodings} x {MSMARCO_PASSAGES:,} passages", "rate": f"{rates.encode:,.0f} passages/s",
@@ -222,6 +208,77 @@ def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
     return rows
 
 
+def _variant_rows(params: Params, rates: Rates, variants: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The pre-training row of each trained variant, then the fine-tuning row of each variant."""
+    rows = []
+    for name, variant in variants.items():
+        if variant["method"] == "none":
+            continue
+        pairs = variant["steps"] * variant["batch_size"]
+        try:
+            rate, how = pair_rate(rates, variant)
+        except KeyError as missing:
+            rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": "no figure",
+                         "basis": f"the figures have no rate for {missing.args[0]}", "hours": None, "figures": "none"})
+            continue
+        cached = variant["grad_cache_chunk"] and variant["method"] == "cocondenser" and rates.grad_cache_ratio
+        rows.append({"stage": "pretrain", "variant": name, "work": f"{pairs:,} pairs", "rate": f"{rate:,.0f} pairs/s",
+                     "basis": how, "hours": pairs / rate / 3600,
+                     "figures": rates.figure("pretrain", "grad_cache") if cached else rates.figure("pretrain")})
+    finetune = params.finetune
+    if rates.encode:
+        per_query = finetune.train_n_passages + QUERY_TOKENS / ENCODED_TOKENS   # passage-equivalents
+        r1_queries = MSMARCO_TRIPLES_QUERIES if finetune.r1_queries == "triples" else MSMARCO_TRAIN_QUERIES
+        epochs = finetune.epochs
+        passes = epochs * (r1_queries + MSMARCO_TRAIN_QUERIES) * per_query * 3   # r1 and r2, forward + backward
+        for name in variants:
+            rows.append({"stage": "finetune (r1 and r2)", "variant": name,
+                         "work": f"{epochs} epochs x {r1_queries:,} queries (r1) and {MSMARCO_TRAIN_QUERIES:,} (r2)",
+                         "rate": f"{rates.encode:,.0f} passages/s", "basis": "3 x the encoding rate's forward",
+                         "hours": passes / rates.encode / 3600, "figures": rates.figure("encoding")})
+    return rows
+
+
+def extension_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
+    """The rows of the study's extensions (``llm_queries``): each generator's generation per million split
+    passages, then each LLM-query variant's pre-training, fine-tuning and its two MS MARCO encodings."""
+    rows = [llm_generation_cost(params, name) for name in params.llm_queries.generators]
+    variants = {name: variant_settings(params, name) for name in params.llm_queries.variants}
+    rows += _variant_rows(params, rates, variants)
+    if rates.encode:
+        rows += [{"stage": "encode MS MARCO (r1: mining and evaluation, r2: evaluation)", "variant": name,
+                  "work": f"2 x {MSMARCO_PASSAGES:,} passages", "rate": f"{rates.encode:,.0f} passages/s",
+                  "basis": "encoding rate", "hours": 2 * MSMARCO_PASSAGES / rates.encode / 3600,
+                  "figures": rates.figure("encoding")} for name in variants]
+    return rows
+
+
+def llm_generation_cost(params: Params, name: str) -> dict[str, Any]:
+    """The row of generator ``name``: its FLOPs per million passages at the fallback MFU (see the module)."""
+    section, parameters = params.llm_queries.generation, params.llm_queries.generators[name].parameters
+    count = section.queries_per_passage
+    types = len({section.query_types[j % len(section.query_types)] for j in range(count)})
+    prompt = section.passage_tokens + section.shots * section.example_tokens + PROMPT_TEMPLATE_TOKENS
+    tokens = types * prompt + count * section.max_new_tokens
+    row = {"stage": LLM_GENERATION, "variant": name, "work": "1,000,000 passages",
+           "basis": f"{types} prompts of <= {prompt:,} tokens and {count} queries of <= {section.max_new_tokens} "
+                    f"tokens a passage", "figures": "not measured: 2 x parameters FLOPs a token at 35% MFU of "
+                                                   "989 TFLOP/s (a lower bound)"}
+    if parameters is None:
+        return {**row, "rate": "no figure", "hours": None,
+                "basis": row["basis"] + f"; llm_queries.generators.{name}.parameters is null"}
+    rate = FALLBACK_MFU * FALLBACK_PEAK / (2 * parameters * tokens)
+    return {**row, "rate": f"{rate:,.0f} passages/s ({parameters / 1e9:.2g}B parameters)",
+            "hours": 1e6 / rate / 3600}
+
+
+def variant_hours(rows: list[dict[str, Any]], variant: str) -> float | None:
+    """GPU-hours of the rows of ``variant`` (of :func:`extension_costs`: pre-training, fine-tuning, encodings);
+    None when one of them has no rate."""
+    hours = [row["hours"] for row in rows if row["variant"] == variant]
+    return None if not hours or any(h is None for h in hours) else sum(hours)
+
+
 def cost_text(params: Params, rates: Rates, measured=None) -> str:
     """The projection; ``measured(rows)``, when given, is a column beside it: what the profile's runs measured
     for each row (:func:`qac.reporting.measured_cost.projection_column`)."""
@@ -240,7 +297,15 @@ def cost_text(params: Params, rates: Rates, measured=None) -> str:
     head = f"profile {params.profile}: {head}"
     table = markdown_table([{**row, "hours": f"{row['hours']:,.1f}" if row["hours"] is not None else "n/a"}
                             for row in rows], columns)
-    return f"{head}\n\n{table}\n\nTotal (query generation apart): {known:,.0f} GPU-hours."
+    text = f"{head}\n\n{table}\n\nTotal (query generation apart): {known:,.0f} GPU-hours."
+    extension = extension_costs(params, rates)
+    if extension:
+        runs = sum(row["hours"] for row in extension if row["hours"] is not None and row["stage"] != LLM_GENERATION)
+        text += ("\n\nExtensions (llm_queries: LLM-query variants, their own table, not the paper's cells):\n\n"
+                 + markdown_table([{**row, "hours": f"{row['hours']:,.1f}" if row["hours"] is not None else "n/a"}
+                                   for row in extension], columns[:7])
+                 + f"\n\nExtension total (LLM query generation apart): {runs:,.0f} GPU-hours.")
+    return text
 
 
 def print_cost(name: str, figures: str | Path | None = None, measured=None) -> int:

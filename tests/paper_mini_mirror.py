@@ -13,7 +13,8 @@
   document ids) and sentence-transformers' scored ``msmarco-hard-negatives.jsonl.gz``;
 - ``OUT/hub/``: a Hugging Face hub cache (``HF_HUB_CACHE``) holding, under the hub names the paper profile
   loads, tiny random models built from configurations: BERT (``bert-base-uncased``, ``Luyu/condenser``, the
-  two reference retrievers), doc2query's T5 and GPT-2, all with the MiniLM (= bert-base-uncased) vocabulary;
+  two reference retrievers), doc2query's T5, GPT-2 and the LLM-query generator (a Qwen2 with a chat
+  template), all with the MiniLM (= bert-base-uncased) vocabulary;
 - ``OUT/nltk_data/``: an English ``punkt_tab`` package (``NLTK_DATA``) in NLTK's file layout.
 
 Nothing here says anything about retrieval quality; the texts are drawn from a small word list so that
@@ -189,6 +190,11 @@ TINY_BERT = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=7, num_atte
                  intermediate_size=64, max_position_embeddings=512)
 
 
+CHAT_MODELS = {"Qwen/Qwen2.5-3B-Instruct"}
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
 def _snapshot(hub: Path, name: str, revision: str) -> Path:
     """The folder of ``name`` at ``revision`` in a hub cache, with ``refs/main`` pointing at it."""
     repo = hub / ("models--" + name.replace("/", "--"))
@@ -203,8 +209,8 @@ def _revision(name: str, pins: dict[str, str]) -> str:
 
 def tiny_models(hub: Path, pins: dict[str, str]) -> None:
     import torch
-    from transformers import (BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel, T5Config,
-                              T5ForConditionalGeneration)
+    from transformers import (BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel, Qwen2Config,
+                              Qwen2ForCausalLM, T5Config, T5ForConditionalGeneration)
 
     from qac.models.loading import load_tokenizer
 
@@ -219,20 +225,31 @@ def tiny_models(hub: Path, pins: dict[str, str]) -> None:
             pad_token_id=0, eos_token_id=102, decoder_start_token_id=0)),
         "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=30522, n_positions=512, n_embd=32, n_layer=2, n_head=2,
                                                    bos_token_id=101, eos_token_id=102, pad_token_id=0)),
+        # the LLM-query extension's generator (llm_queries.generators), prompted through its chat template
+        "Qwen/Qwen2.5-3B-Instruct": lambda: Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=2048, bos_token_id=101, eos_token_id=102, pad_token_id=0)),
     }
     for index, (name, build) in enumerate(builds.items()):
         folder = _snapshot(hub, name, _revision(name, pins))
         torch.manual_seed(SEED + index)
         build().save_pretrained(folder)
+        tokenizer.chat_template = CHAT_TEMPLATE if name in CHAT_MODELS else None
         tokenizer.save_pretrained(folder)
 
 
 def hub_pins(profile_params: dict) -> dict[str, str]:
-    """``name -> revision`` of every pinned hub spec (``name@revision``) in a rendered profile."""
+    """``name -> revision`` of every pinned hub spec in a rendered profile: ``name@revision``, or a mapping with
+    ``model`` and a commit ``revision`` (an llm_queries generator)."""
     pins = {}
+
+    def commit(text) -> bool:
+        return isinstance(text, str) and len(text) == 40 and all(c in "0123456789abcdef" for c in text)
 
     def visit(value):
         if isinstance(value, dict):
+            if isinstance(value.get("model"), str) and commit(value.get("revision")):
+                pins[value["model"]] = value["revision"]
             for key, item in value.items():
                 visit(key)
                 visit(item)
@@ -241,7 +258,7 @@ def hub_pins(profile_params: dict) -> dict[str, str]:
                 visit(item)
         elif isinstance(value, str) and "@" in value and " " not in value and not value.startswith(("http", "/")):
             name, _, revision = value.rpartition("@")
-            if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+            if commit(revision):
                 pins[name] = revision
 
     visit(profile_params)

@@ -22,7 +22,8 @@ def _keys(mapping, prefix=""):
     out = set()
     for key, value in mapping.items():
         out.add(prefix + key)
-        if isinstance(value, dict) and key not in ("datasets", "variants", "space", "kind_prefixes", "stages", "encoders"):
+        if isinstance(value, dict) and key not in ("datasets", "variants", "generators", "space", "kind_prefixes",
+                                                   "stages", "encoders"):
             out |= _keys(value, prefix + key + ".")
     return out
 

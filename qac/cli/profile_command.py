@@ -7,6 +7,7 @@
   qac profile plan NAME --cells    # every numeric cell of the paper's Tables 1-5: the run that produces it
   qac profile plan NAME --cost     # GPU-hours per stage and variant from the latest GPU benchmark figures,
                                    # beside what the profile's runs in the MLflow store measured
+  qac profile plan NAME --cells --cost  # the cells, and each extension table cell with the GPU-hours of its runs
   qac profile plan NAME --slurm DIR  # an sbatch script per stage, chained along the DVC graph (docs/cluster.md)
   qac profile validate [NAME|FILE ...]  # check params files against the schema (all profiles by default)
   qac profile docs [--check]       # write docs/parameters.md from the schema (--check: fail if stale)
@@ -46,10 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     view.add_argument("--cells", action="store_true",
                       help="each numeric cell of the paper's Tables 1-5: its variant, stage outputs and recipe "
                            "(exit 1 if one is missing)")
-    view.add_argument("--cost", action="store_true",
+    plan.add_argument("--cost", action="store_true",
                       help="GPU-hours per stage and variant from the latest GPU benchmark figures "
                            "(reports/bench_gpu.json; the device and date are printed), beside the device-hours "
-                           "the profile's runs in the MLflow store measured")
+                           "the profile's runs in the MLflow store measured; with --cells: the extension tables' "
+                           "cells with the GPU-hours of their runs")
     plan.add_argument("--figures", metavar="JSON", help="with --cost: another bench_gpu.json")
     view.add_argument("--slurm", metavar="DIR", help="write one sbatch script per stage, submit.sh (chained along "
                       "the DVC graph) and sweep.sbatch into DIR, an empty folder or one of scripts rendered "
@@ -164,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
 
         print(profile_params_path(args.name).read_text(encoding="utf-8"), end="")
         return 0
+    if args.cost and args.slurm:
+        raise UserError("--cost and --slurm: one plan at a time (--cost goes alone or with --cells)")
     if args.figures is not None and not args.cost:
         raise UserError(f"--figures {args.figures}: only with --cost (the figures the GPU-hours are costed from)")
     if args.cells:
@@ -171,7 +175,12 @@ def run(args: argparse.Namespace) -> int:
         from qac.params import validate_params
         from qac.reporting.cell_plan import print_cell_plan
 
-        return print_cell_plan(validate_params(render_profile(args.name)))
+        rates = None
+        if args.cost:             # --cells --cost: the extension tables' cells with the GPU-hours of their runs
+            from qac.gpu_cost import load_rates
+
+            rates = load_rates(args.figures)
+        return print_cell_plan(validate_params(render_profile(args.name)), rates)
     if args.slurm:
         return _slurm(args.name, args.slurm)
     if args.cost:

@@ -331,6 +331,9 @@ class LlmGenerator(Section):
                                                             "package)")
     chat: bool = Field(default=False, description="wrap each prompt in the tokenizer's chat template as the user's "
                                                   "turn (instruct models)")
+    parameters: PositiveFloat | None = Field(
+        default=None, description="the model's parameter count, for `qac profile plan --cost` (its generation at "
+                                  "2 x parameters FLOPs a token); null: its generation is not costed")
 
 
 class LlmGenerationSection(Section):
@@ -400,6 +403,14 @@ class LlmQueriesSection(Section):
         description="pre-training variants on these queries (a pretrain.variants entry plus generator and "
                     "filtered); they run as stages pretrain_llm, finetune_llm, evaluate_llm and read as "
                     "pretrain.variants entries everywhere else")
+
+
+def _merged_before(declared: Any, entry: dict) -> bool:
+    """Whether a pretrain.variants entry is an LLM variant's own, merged by an earlier validation (a validated
+    params object validated again, as ``with_values`` does, holds it with every key filled in)."""
+    if not isinstance(declared, dict):
+        declared = getattr(declared, "to_dict", lambda: None)() if hasattr(declared, "to_dict") else None
+    return isinstance(declared, dict) and all(declared.get(key) == value for key, value in entry.items())
 
 
 class FinetuneSection(Section):
@@ -777,7 +788,8 @@ class Params(Section):
             return data
         variants = dict(pretrain.get("variants") or {})
         for name, spec in extra.items():
-            if name in variants:
+            entry = {key: value for key, value in (spec or {}).items() if key not in ("generator", "filtered")}
+            if name in variants and not _merged_before(variants[name], entry):
                 raise ValueError(f"llm_queries.variants.{name}: a pretrain.variants entry has that name already")
-            variants[name] = {key: value for key, value in (spec or {}).items() if key not in ("generator", "filtered")}
+            variants[name] = entry
         return {**data, "pretrain": {**pretrain, "variants": variants}}

@@ -31,6 +31,14 @@ values for C = 5 taken from Table 1's retriever-2 QaC row, none for the other C.
 Only a ``produced`` cell with a paper value is compared (``compared``); its
 run is the paper's configuration for that cell: the same method, context
 type, C and retriever.
+
+Extensions of the study are planned apart (:func:`plan_extension_cells`):
+the variants of ``llm_queries.variants`` (queries from a prompted LLM,
+filtered or not) fill a table of their own, one row per variant and
+retriever, the profile's in-domain columns, beside the paper's run of the
+same method, context type and C (doc2query queries). They have no paper
+value, so nothing compares them; no paper cell reads them (``find`` skips
+them), and ``--cost`` gives each cell the GPU-hours of its runs.
 """
 
 from __future__ import annotations
@@ -88,7 +96,9 @@ class _Profile:
         self.params = params
         self.name = params.profile
         self.root = f"{params.data_dir}/{self.name}"
-        self.variants = params.pretrain.variants
+        extensions = params.llm_queries.variants          # planned apart: plan_extension_cells
+        self.variants = {name: spec for name, spec in params.pretrain.variants.items()
+                         if name not in extensions and spec.seed_of not in extensions}
         self.columns = {spec.paper: spec for spec in params.tables.in_domain_columns if spec.paper}
         self.zero_shot = list(params.zero_shot)
         self.zero_shot_variants = params.evaluate.zero_shot_variants
@@ -208,6 +218,41 @@ def plan_reference_cells(params: Params) -> list[PlannedCell]:
     return cells
 
 
+EXTENSION_LLM = "extension_llm_queries"
+EXTENSION_RETRIEVERS = ("r1", "r2")
+
+
+def plan_extension_cells(params: Params) -> list[PlannedCell]:
+    """The LLM-query extension table: for each ``llm_queries.variants`` entry and retriever, a cell per in-domain
+    column the profile has, produced by its generator's stages and its own pre-training, fine-tuning and
+    evaluation; ``reason`` names the paper's run it stands beside (same method, context type and C)."""
+    from qac.stages.llm_queries import FILTERED
+
+    profile, cells = _Profile(params), []
+    for name, spec in params.llm_queries.variants.items():
+        generator = spec.generator
+        baseline = profile.find(spec.method, spec.context_type, spec.query_count)
+        queries = f"{profile.root}/llm_queries/{generator}/" + (FILTERED if spec.filtered else "queries.arrow")
+        stages = [f"generate_llm_queries@{generator}"] + ([f"filter_llm_queries@{generator}"] if spec.filtered else [])
+        stages += [f"{stage}@{name}" for stage in ("pretrain_llm", "finetune_llm", "evaluate_llm")]
+        row = (f"{paper.METHOD_NAMES.get(spec.method, spec.method)} {spec.context_type} C={spec.query_count} "
+               f"{generator} " + ("filtered" if spec.filtered else "unfiltered"))
+        for retriever in EXTENSION_RETRIEVERS:
+            for key, column in profile.columns.items():
+                dataset, split, reason = profile.in_domain(key)
+                cell = PlannedCell(EXTENSION_LLM, row, f"{retriever} {key}", None, MISSING, variant=name,
+                                   method=spec.method, context_type=spec.context_type, query_count=spec.query_count,
+                                   retriever=retriever)
+                if reason:
+                    cell.reason = reason
+                else:
+                    cell.status, cell.stages, cell.recipe = PRODUCED, list(stages), profile.recipe(name)
+                    cell.outputs = [queries, f"{profile.root}/eval/{name}/{retriever}/{dataset}/{split}.per_query.json"]
+                    cell.reason = f"beside {baseline or 'no paper run of this configuration'} (doc2query queries)"
+                cells.append(cell)
+    return cells
+
+
 def _table3_configuration(row: str) -> tuple[str, int]:
     """``(method, C)`` of a row of the paper's Table 3 (``coCondenser q=5``)."""
     match = re.fullmatch(r"(.+) q=(\d+)", row)
@@ -307,8 +352,39 @@ def _counts(cells: list[PlannedCell]) -> dict[str, int]:
     return {status: sum(cell.status == status for cell in cells) for status in (PRODUCED, DERIVED, CITED, MISSING)}
 
 
-def print_cell_plan(params: Params) -> int:
-    """Print the plan; exit status 1 when a cell is missing (one with a paper value or one without)."""
+def print_extension_plan(params: Params, rates=None) -> None:
+    """The extension tables' cells (LLM queries), each with the GPU-hours of its runs when ``rates`` is given
+    (:func:`qac.gpu_cost.extension_costs`): its variant's pre-training, fine-tuning and encodings, and its
+    generator's generation per million split passages (shared by the variants on that generator)."""
+    cells = plan_extension_cells(params)
+    if not cells:
+        return
+    hours: dict[str, str] = {}
+    if rates is not None:
+        from qac.gpu_cost import LLM_GENERATION, extension_costs, variant_hours
+
+        rows = extension_costs(params, rates)
+        generation = {row["variant"]: row["hours"] for row in rows if row["stage"] == LLM_GENERATION}
+        for name, spec in params.llm_queries.variants.items():
+            runs, generate = variant_hours(rows, name), generation.get(spec.generator)
+            hours[name] = ("GPU-hours: " + (f"{runs:,.0f}" if runs is not None else "n/a")
+                           + " (pre-training, fine-tuning, encodings; " + ("" if rates.measured else "NOT ")
+                           + f"measured rates, {rates.device}) + "
+                           + (f"{generate:,.1f}" if generate is not None else "n/a")
+                           + f" per million split passages ({spec.generator}'s generation, shared by its variants: "
+                             "FLOPs at 35% MFU, not measured)")
+    counts = _counts(cells)
+    print(f"profile {params['profile']}: {len(cells)} cells of the extension table {EXTENSION_LLM} (LLM-query variants, "
+          "no paper value, never among the paper's cells): "
+          + ", ".join(f"{count} {status}" for status, count in counts.items() if count))
+    for cell in cells:
+        line = describe(cell) + (f"  {cell.reason}" if cell.status == PRODUCED else "")
+        print(line + (f"  {hours[cell.variant]}" if cell.variant in hours else ""))
+
+
+def print_cell_plan(params: Params, rates=None) -> int:
+    """Print the plan, then the extension tables' cells (with their GPU-hours when ``rates`` is given); exit
+    status 1 when a cell of the paper is missing (one with a paper value or one without)."""
     cells, unpublished = plan_cells(params), plan_unpublished_cells(params)
     counts, unpublished_counts = _counts(cells), _counts(unpublished)
     runs = len({stage for cell in cells for stage in cell.stages if stage.startswith("pretrain@")})
@@ -329,4 +405,5 @@ def print_cell_plan(params: Params) -> int:
           + ", ".join(f"{count} {status}" for status, count in _counts(references).items() if count))
     for cell in references:
         print(describe(cell))
+    print_extension_plan(params, rates)
     return 1 if counts[MISSING] or unpublished_counts[MISSING] else 0

@@ -437,8 +437,14 @@ def read_losses(path: str | os.PathLike) -> list[dict[str, float]]:
 
 def load_study(params: Params, root: str | os.PathLike | None = None,
                declared_variants: bool = False) -> Study:
-    """The DVC outputs of the profile in ``params`` (``data/<profile>/`` unless ``root`` is given)."""
+    """The DVC outputs of the profile in ``params`` (``data/<profile>/`` unless ``root`` is given).
+
+    The variants of ``llm_queries.variants`` (queries from a prompted LLM) are extensions of the study, not
+    conditions of the paper's Tables 1-5: left out here, a coCondenser C = 5 on LLM queries never stands in for
+    the paper's coCondenser C = 5 row (their cells: :func:`qac.reporting.cell_plan.plan_extension_cells`)."""
     from qac.config import profile_dir
 
-    return Study(root or profile_dir(dict(params)), params.pretrain.variants, params.profile, declared_variants,
-                 params.seed)
+    extensions = params.llm_queries.variants
+    variants = {name: spec for name, spec in params.pretrain.variants.items()
+                if name not in extensions and spec.seed_of not in extensions}
+    return Study(root or profile_dir(dict(params)), variants, params.profile, declared_variants, params.seed)
