@@ -23,6 +23,7 @@ SMALL_MODES = {
     "bench_baseline.py": (["--small", "--report", "{report}"], ["baseline"]),
     "bench_pretrain.py": (["--small", "--report", "{report}"], ["pretrain", "pretrain-ratios"]),
     "bench_querygen.py": (["--small", "--report", "{report}"], ["querygen", "querygen-tiny"]),
+    "bench_llm_queries.py": (["--small", "--report", "{report}"], ["llm_queries"]),
     "bench_retrieval.py": (["--small", "--report", "{report}"], ["retrieval"]),
     "bench_scale.py": (["--small", "--work", "{work}"], []),
     "bench_split.py": (["--small", "--report", "{report}"], ["split"]),
