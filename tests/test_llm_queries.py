@@ -262,3 +262,54 @@ def run_stage_main_none(name: str, params_path: Path, monkeypatch, *args: str) -
 
     monkeypatch.setenv("QAC_PARAMS", str(params_path))
     load_stage(name).main(list(args))
+
+
+# -- the round trip through the start encoder ------------------------------------------------------------------
+class UnitVectors:
+    """An encoder stand-in: each text's embedding is given by hand (as the start encoder's, unit length)."""
+
+    def __init__(self, vectors: dict[str, list[float]]):
+        self.vectors = vectors
+
+    def embed(self, texts):
+        import torch
+
+        return torch.nn.functional.normalize(torch.tensor([self.vectors[t] for t in texts], dtype=torch.float32), dim=-1)
+
+
+def test_the_encoder_round_trip_ranks_by_cosine_and_breaks_ties_by_passage_index():
+    from qac.llm_queries.filtering import EncoderPassages
+
+    passages = ["p0", "p1", "p2"]
+    encoder = UnitVectors({"p0": [1, 0, 0], "p1": [1, 0, 0], "p2": [0, 1, 0],     # p0 and p1 point the same way
+                           "q-p0": [1, 0.1, 0], "q-p1": [1, 0.1, 0], "q-p2": [0.6, 0.8, 0], "q-none": [0, 0, 1]})
+    index = EncoderPassages(passages, encoder)
+    # cosines of q-p2: p0 and p1 0.6, p2 0.8; of q-none: 0 with every passage, so the index order decides
+    assert index.ranked(["q-p0", "q-p1", "q-p2", "q-none"], 2) == [[0, 1], [0, 1], [2, 0], [0, 1]]
+    records = [QueryRecord(0, "q-p0"), QueryRecord(1, "q-p1"), QueryRecord(2, "q-p2"), QueryRecord(2, "q-none")]
+    # depth 1: q-p1's passage ties with p0 and loses on the index; q-none ranks p0 first
+    assert round_trip_mask(index.ranked([r.text for r in records], 1), records) == [True, False, True, False]
+    assert index.scores(records) == pytest.approx([1 / 1.01 ** 0.5, 1 / 1.01 ** 0.5, 0.8, 0.0])
+
+
+def test_the_start_encoder_keeps_a_paraphrase_that_bm25_drops():
+    """The round trip with the start encoder (MiniLM, as filter_llm_queries builds it): a query sharing no
+    word with its passage finds it by meaning; BM25 finds nothing for it and drops it."""
+    from qac.evaluation.annotation import EncoderCosineJudge
+    from qac.llm_queries.filtering import EncoderPassages
+
+    passages = ["Coral reefs lose their colour when sea temperatures climb for weeks.",
+                "Higher income taxes reduce how much households put aside each month.",
+                "Neurons signal information through the precise timing of their spikes."]
+    queries = [["marine heatwaves whiten corals"], ["fiscal policy and family savings"], ["spike timing codes"]]
+    filters = FilterSettings(max_copied_share=1.0, round_trip=True, round_trip_retriever="encoder",
+                             round_trip_depth=1, relevance=False, relevance_scorer="encoder", keep_share=1.0)
+    encoder = EncoderPassages(passages, EncoderCosineJudge("minilm", max_length=64))
+    kept, figures = apply_filters(queries, passages, filters, lambda kind: {"encoder": encoder}[kind])
+    assert kept == queries and figures["kept_share/round_trip"] == 1.0
+    bm25 = Bm25Passages(passages)
+    _, lexical = apply_filters(queries, passages, FilterSettings(**{**filters.__dict__, "round_trip_retriever": "bm25"}),
+                               lambda kind: {"bm25": bm25}[kind])
+    # BM25 (no stemmer) matches words: the first two queries share none with any passage ("corals" is not
+    # "coral"); "spike timing codes" shares "timing" with its own passage only
+    assert lexical["queries_after"] == 1 and lexical["kept_share/round_trip"] == 1 / 3
