@@ -66,7 +66,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
     from qac.io import atomic_path, write_json
     from qac.models.encoding import read_encoding
     from qac.retrieval import document_text
-    from qac.tracking.lifecycle import Upstream, reopened_stage
+    from qac.tracking.lifecycle import Upstream, reopened_stage, verify_inputs
     from qac.train.recipe import RecipeWork, input_hashes, recipe_fingerprint, train_retriever
     from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
 
@@ -88,6 +88,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
             raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
         starts[variant] = start
     dataset_dir = root / "datasets" / params.train_dataset
+    verify_inputs(params, [*starts.values(), dataset_dir])     # as the lock records them, before reading
     dataset = load_prepared(dataset_dir)
     if "train" not in dataset.qrels:
         raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to train on")

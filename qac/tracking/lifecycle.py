@@ -221,7 +221,10 @@ OPENED_AFTER_THE_WORK = ("evaluate@",)
 
 def verify_inputs(params: Params, inputs) -> int:
     """Check a stage's inputs (and, under ``dvc repro``, the data of its lock entry) against the hashes the
-    profile's ``dvc.lock`` records for them (:mod:`qac.tracking.recorded_inputs`); the number checked."""
+    profile's ``dvc.lock`` records for them (:mod:`qac.tracking.recorded_inputs`); the number checked. Only the
+    global rank 0 of a ``torchrun`` job hashes; if it stops, torchrun ends the other ranks."""
+    if os.environ.get("RANK", "0") != "0":
+        return 0
     from qac.params import profile_params_path
     from qac.tracking.recorded_inputs import verify_stage_inputs
 

@@ -352,7 +352,7 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
     from qac.io import atomic_path, write_jsonl
     from qac.data.tokenizer import load_tokenizer
     from qac.retrieval.dense import search_splits
-    from qac.tracking.lifecycle import Upstream
+    from qac.tracking.lifecycle import Upstream, verify_inputs
     from qac.train.finetune import FinetuneSettings
     from qac.train.groups import read_negatives, retriever2_negatives
     from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, write_indomain_runs
@@ -365,6 +365,7 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
         raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
     bm25_negatives_path = root / "bm25" / "negatives.jsonl"
     dataset_dir = root / "datasets" / params.train_dataset
+    verify_inputs(params, [start, bm25_negatives_path, dataset_dir])     # as the lock records them, before reading
     dataset = load_prepared(dataset_dir)
     if "train" not in dataset.qrels:
         raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to fine-tune on")
