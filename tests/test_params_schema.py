@@ -214,6 +214,8 @@ def test_floats_as_dvc_writes_them_read_as_numbers(tmp_path, smoke):
      "parameter pretrain.variants.cocondenser-passage.batch_size: 9 pairs per step do not split into "
      "grad_accumulation=2"),
     (lambda p: p["finetune"].update(mine_skip_top=30), "parameter finetune.mine_skip_top: 30 skips every mined"),
+    (lambda p: p["finetune"].update(train_n_passages=4, mine_sample=2),
+     "parameter finetune.mine_sample: 2 sampled mined negatives cannot give 3 negatives"),
     (lambda p: p["finetune"].update(mine_depth=500),
      "parameter finetune.mine_depth: 500 exceeds the 120 documents the profile keeps of scifact"),
     (lambda p: p["finetune"].update(max_train_queries=60, incomplete_batch="error"),

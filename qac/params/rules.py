@@ -205,6 +205,9 @@ def finetune_depths(params: Params) -> list[Problem]:
         problems.append(Problem("finetune.mine_depth", f"{ft.mine_depth - ft.mine_skip_top} mined candidates below "
                                                        f"rank {ft.mine_skip_top} cannot give {negatives} negatives "
                                                        "(train_n_passages - 1)"))
+    if ft.mine_sample is not None and ft.mine_sample < negatives:
+        problems.append(Problem("finetune.mine_sample", f"{ft.mine_sample} sampled mined negatives cannot give "
+                                                        f"{negatives} negatives (train_n_passages - 1)"))
     if ft.bm25_depth < negatives:
         problems.append(Problem("finetune.bm25_depth", f"{ft.bm25_depth} BM25 candidates cannot give {negatives} "
                                                        "negatives (train_n_passages - 1)"))

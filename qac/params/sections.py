@@ -445,6 +445,9 @@ class FinetuneSection(Section):
     bm25_depth: PositiveInt = Field(description="BM25 negatives are drawn from this depth")
     mine_depth: PositiveInt = Field(description="retriever 1 mining depth (paper: 200)")
     mine_skip_top: NonNegativeInt = Field(description="mined negatives start below this rank (0: from the top)")
+    mine_sample: PositiveInt | None = Field(
+        description="mined negatives kept per query, drawn at random once from the non-positives of the top "
+                    "mine_depth (the release's build_train_hn.py --n_sample 128); null: all of them")
     r2_use_bm25_negatives: bool = Field(description="paper release: retriever 2 sees mined negatives only")
     r1_negatives: R1Negatives = Field(
         description="retriever 1's negatives: bm25 (our BM25 top bm25_depth) or official (drawn from the training "
@@ -569,6 +572,9 @@ class BeirRetrieverSection(Section):
         description="mining systems of the file whose negatives are used, in this order (null: all, file order, "
                     "as train_msmarco_v3.py)")
     negatives_per_system: PositiveInt = Field(description="negatives kept from each system (train_msmarco_v3.py: 5)")
+    without_negatives: Literal["corpus_negatives", "drop"] = Field(
+        description="a training query the negatives give none: corpus_negatives (trained on random corpus "
+                    "passages) or drop (left out, as train_msmarco_v3.py does)")
     ce_score_margin: NonNegativeFloat | None = Field(
         description="skip negatives scored by the cross-encoder above the lowest positive's score minus this "
                     "(train_msmarco_v3.py: 3); null: keep every negative (the only choice for an unscored file)")

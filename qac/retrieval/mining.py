@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Iterable, Mapping
 
 from qac.evaluation.metrics import trec_order
@@ -40,18 +41,35 @@ def mine_hard_negatives(
     return negatives
 
 
+def sample_negatives(negatives: Mapping[str, list[str]], sample: int | None, seed: int) -> dict[str, list[str]]:
+    """Each query's negatives cut to ``sample`` drawn at random once, kept in rank order (None: all of them).
+
+    The release's ``build_train_hn.py --depth 200 --n_sample 128`` keeps 128 of the top 200's non-positives;
+    the draw is seeded per query, so it does not depend on which other queries were mined.
+    """
+    if sample is None:
+        return {qid: list(docs) for qid, docs in negatives.items()}
+    kept = {}
+    for qid, docs in negatives.items():
+        chosen = set(random.Random(f"{seed}:mine:{qid}").sample(range(len(docs)), min(sample, len(docs))))
+        kept[qid] = [doc for index, doc in enumerate(docs) if index in chosen]
+    return kept
+
+
 def negatives_records(run, qrels, depth: int, skip_top: int = 0, rel_threshold: int = 1,
-                      found_positive_only: bool = False) -> list[dict]:
+                      found_positive_only: bool = False, sample: int | None = None,
+                      seed: int = 0) -> list[dict]:
     """Records of a negatives file (``qid``, ``positives``, ``negatives``) for the queries with positives.
 
     ``found_positive_only`` leaves out the queries with no positive in the run's
     top ``depth``, the rule the official MS MARCO training triples follow
-    (``finetune.r1_queries: triples``).
+    (``finetune.r1_queries: triples``). ``sample`` keeps that many of each query's
+    negatives, drawn with ``seed`` (:func:`sample_negatives`).
     """
     relevant = positives(qrels, rel_threshold)
     if found_positive_only:
         relevant = {qid: docs for qid, docs in relevant.items()
                     if set(trec_order(run.get(qid, {}))[:depth]) & set(docs)}
-    mined = mine_hard_negatives({qid: run.get(qid, {}) for qid in relevant}, qrels, depth, skip_top,
-                                exclude=relevant)
+    mined = sample_negatives(mine_hard_negatives({qid: run.get(qid, {}) for qid in relevant}, qrels, depth,
+                                                 skip_top, exclude=relevant), sample, seed)
     return [{"qid": qid, "positives": docs, "negatives": mined[qid]} for qid, docs in relevant.items()]

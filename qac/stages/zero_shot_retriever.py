@@ -124,6 +124,8 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
                     passage_text=passage_text, start=start,
                     parent=Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}"), staging=folder,
                     out_dir=out_dir / variant, root=root, dist=dist,
+                    # "triples": only the queries with negatives (retriever 1's release set, the same rule)
+                    query_set="triples" if params.beir_retriever.without_negatives == "drop" else "judged",
                     inputs={"encoder": start, "dataset": dataset_dir}, section_key="beir_retriever",
                     stage="beir_retriever", work=work)
                 # Encoded as its saved folder says (only the main process saves it; the others hold the same model).

@@ -3,7 +3,8 @@
 Retriever 1 encodes the corpus and the training queries, retrieves the top
 ``depth`` documents of each query by exact inner product, and the documents
 there that are not positives (below rank ``skip_top``) become that query's
-negatives, in rank order. Only the training queries handed in are encoded.
+negatives, in rank order (``sample`` of them drawn at random once, where
+given). Only the training queries handed in are encoded.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def mine_with_retriever(
     *,
     depth: int,
     skip_top: int = 0,
+    sample: int | None = None,
+    seed: int = 0,
     query_max_len: int,
     passage_max_len: int,
     batch_size: int = 128,
@@ -73,4 +76,4 @@ def mine_with_retriever(
         return None
     run = dense_search([q.qid for q in queries], query_vectors, doc_ids, doc_vectors, k=depth)
     qrels = {q.qid: dict.fromkeys(q.positives, 1) for q in queries}
-    return negatives_records(run, qrels, depth, skip_top)
+    return negatives_records(run, qrels, depth, skip_top, sample=sample, seed=seed)

@@ -406,7 +406,8 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
                                        **encode_options)
                 records = mine_with_retriever(
                     r1, tokenizer, mining_queries, passage_text, depth=section.mine_depth,
-                    skip_top=section.mine_skip_top, query_max_len=settings.query_max_len,
+                    skip_top=section.mine_skip_top, sample=section.mine_sample, seed=variant_seed(params, variant),
+                    query_max_len=settings.query_max_len,
                     passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
                 encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
                                         pooling=r1.pooling, separator=separator, depth=params.evaluate.depth)
