@@ -232,3 +232,26 @@ def test_good_inputs_pass_and_are_hashed_once(dvc_repo, monkeypatch):
     # Inputs the lock does not record, or no lock at all: nothing is hashed, nothing refused.
     assert verify_recorded([dvc_repo / "use.py"], lock) == 0
     assert verify_recorded(inputs, dvc_repo / "profiles" / "none" / "dvc.lock") == 0
+
+
+def test_a_stage_checks_its_inputs_against_its_profiles_lock_before_its_run_opens(monkeypatch, tmp_path):
+    import qac.tracking.recorded_inputs as recorded
+    from qac.params import load_params
+    from qac.tracking.lifecycle import tracked_stage, verify_inputs
+
+    params = load_params(REPO / "profiles" / "smoke" / "params.yaml")
+    checked = []
+
+    def refuse(lock, inputs):
+        checked.append((lock, list(inputs)))
+        raise DamagedInput(recorded.Recorded(tmp_path / "p.arrow", "0" * 32, "split_passages", lock), "1" * 32,
+                           "p.arrow", [])
+    monkeypatch.setattr(recorded, "verify_stage_inputs", refuse)
+    monkeypatch.setattr("qac.tracking.store.usable_store", lambda: pytest.fail("the store was reached first"))
+    with pytest.raises(DamagedInput):
+        with tracked_stage(params, "pretrain@x", "x", kind="pretrain", inputs={"passages": tmp_path / "p.arrow"}):
+            pytest.fail("the stage's work ran")
+    assert [(lock.resolve(), inputs) for lock, inputs in checked] == [
+        (REPO / "profiles" / "smoke" / "dvc.lock", [tmp_path / "p.arrow"])]
+    monkeypatch.setenv("RANK", "1")       # another rank of a torchrun job leaves the hashing to rank 0
+    assert verify_inputs(params, [tmp_path / "p.arrow"]) == 0 and len(checked) == 1
