@@ -284,6 +284,13 @@ def test_paper_profile_expects_the_papers_values():
     # The paper's Table 1: coCondenser+QaC 120k retriever 1, MRR@10 37.4, printed to 0.1.
     qac_r1 = by_key[("table1", "coCondenser+QaC (C=5), retriever 1")]
     assert (qac_r1.value, qac_r1.rounding, qac_r1.tolerance) == (37.4, 0.05, None)
+    # BM25: compared only where the paper's cell is Anserini's tuned run (MRR@10 18.7, R@1k 85.7); its R@50 is
+    # RocketQA's and its TREC DL cells match neither Anserini setting: cited, never expected.
+    assert sorted(c.column.split(" [")[0] for c in cells if c.row == "BM25") == [
+        "MS MARCO dev MRR@10", "MS MARCO dev R@1k (hit rate)"]
+    # A released retriever's figures published to two decimals are expected to those decimals.
+    cotmae = [c for c in cells if c.row == "published checkpoint caskcsg/cotmae_base_msmarco_retriever"]
+    assert [(c.value, c.rounding) for c in cotmae] == [(39.44, 0.005), (87.03, 0.005), (98.67, 0.005)]
 
 
 def test_every_profile_names_its_expected_file():
@@ -382,8 +389,8 @@ def test_reproduction_check_fails_a_run_one_and_a_half_mrr_points_short(paper_pa
     r50 = {key: line for key, line in verdicts.items() if "MS MARCO dev R@50" in key}
     rest = {key: line for key, line in verdicts.items() if key not in mrr and key not in r50}
     # Table 1's BM25, 2 reference and 8 trained rows, Table 3's 8 retriever-1 rows and 2 retriever-2 rows of C = 5,
-    # Table 4's
-    assert len(mrr) == 11 + 10 + 12 and len(r50) == 11 + 10 + 6
+    # Table 4's; BM25's R@50 is RocketQA's figure, cited and not compared
+    assert len(mrr) == 11 + 10 + 12 and len(r50) == 10 + 10 + 6
     for key, line in mrr.items():
         assert line.startswith("DIFFERS "), line
         gap, band = map(float, re.search(r"\|Δ\| ([0-9.]+) > band ([0-9.]+)\)", line).groups())
