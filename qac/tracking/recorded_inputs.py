@@ -111,7 +111,8 @@ def recorded_outputs(lock: Path, stages: Mapping | None = None) -> list[Recorded
     for name, entry in stages.items():
         base = dirs.get(name.partition("@")[0], lock.parent)
         for out in (entry or {}).get("outs") or []:
-            if isinstance(out, dict) and out.get("md5") and out.get("path"):
+            # DVC 3's plain MD5 ("hash: md5"); an entry of DVC 2 hashed text files with CRLF read as LF
+            if isinstance(out, dict) and out.get("md5") and out.get("path") and out.get("hash") == "md5":
                 found.append(Recorded(Path(os.path.abspath(base / out["path"])), str(out["md5"]), name, lock))
     return found
 
