@@ -122,7 +122,8 @@ def measure(model, tokenizer, settings: CausalSettings, passages, claims, batch_
             "query tokens": stats.tokens / max(len(flat), 1),
             "seconds": seconds, "CPU seconds": cpu_seconds, "queries/s": len(flat) / seconds,
             "queries/s, quiet cores": len(flat) / (quiet_per_passage * len(passages)),
-            f"{DEFAULT_PROFILE_PASSAGES} passages, quiet (min)": quiet_per_passage * DEFAULT_PROFILE_PASSAGES / 60}, queries
+            f"{DEFAULT_PROFILE_PASSAGES} passages, quiet (min)": quiet_per_passage * DEFAULT_PROFILE_PASSAGES / 60,
+            }, queries
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,8 @@ def paper_params():
 def without_extension(params):
     variants = {name: spec.to_dict() for name, spec in params.pretrain.variants.items()
                 if name not in params.llm_queries.variants}
-    return with_values(params, {"llm_queries.variants": {}, "llm_queries.generators": {}, "pretrain.variants": variants})
+    return with_values(params, {"llm_queries.variants": {}, "llm_queries.generators": {},
+                                "pretrain.variants": variants})
 
 
 def cell_keys(cells):
@@ -79,6 +80,10 @@ def test_the_extension_table_has_a_cell_per_variant_retriever_and_column(paper_p
     assert filtered.outputs == ["data/paper/llm_queries/qwen25-3b/filtered.arrow",
                                 "data/paper/eval/cocondenser-llm-q5/r2/msmarco-passage/dev.per_query.json"]
     assert "beside cocondenser-query-q5" in filtered.reason
+    from qac.reporting.cell_plan import LLM_FILTERED
+    from qac.stages.llm_queries import FILTERED
+
+    assert LLM_FILTERED == FILTERED
     unfiltered = next(c for c in cells if c.variant == "cocondenser-llm-q5-unfiltered")
     assert "filter_llm_queries@qwen25-3b" not in unfiltered.stages
     assert unfiltered.outputs[0] == "data/paper/llm_queries/qwen25-3b/queries.arrow"

@@ -274,7 +274,8 @@ class UnitVectors:
     def embed(self, texts):
         import torch
 
-        return torch.nn.functional.normalize(torch.tensor([self.vectors[t] for t in texts], dtype=torch.float32), dim=-1)
+        vectors = torch.tensor([self.vectors[t] for t in texts], dtype=torch.float32)
+        return torch.nn.functional.normalize(vectors, dim=-1)
 
 
 def test_the_encoder_round_trip_ranks_by_cosine_and_breaks_ties_by_passage_index():
@@ -308,8 +309,8 @@ def test_the_start_encoder_keeps_a_paraphrase_that_bm25_drops():
     kept, figures = apply_filters(queries, passages, filters, lambda kind: {"encoder": encoder}[kind])
     assert kept == queries and figures["kept_share/round_trip"] == 1.0
     bm25 = Bm25Passages(passages)
-    _, lexical = apply_filters(queries, passages, FilterSettings(**{**filters.__dict__, "round_trip_retriever": "bm25"}),
-                               lambda kind: {"bm25": bm25}[kind])
+    lexical_filters = FilterSettings(**{**filters.__dict__, "round_trip_retriever": "bm25"})
+    _, lexical = apply_filters(queries, passages, lexical_filters, lambda kind: {"bm25": bm25}[kind])
     # BM25 (no stemmer) matches words: the first two queries share none with any passage ("corals" is not
     # "coral"); "spike timing codes" shares "timing" with its own passage only
     assert lexical["queries_after"] == 1 and lexical["kept_share/round_trip"] == 1 / 3

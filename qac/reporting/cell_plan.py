@@ -219,6 +219,7 @@ def plan_reference_cells(params: Params) -> list[PlannedCell]:
 
 
 EXTENSION_LLM = "extension_llm_queries"
+LLM_FILTERED = "filtered.arrow"          # what filter_llm_queries writes (qac.stages.llm_queries.FILTERED, above)
 EXTENSION_RETRIEVERS = ("r1", "r2")
 
 
@@ -226,13 +227,11 @@ def plan_extension_cells(params: Params) -> list[PlannedCell]:
     """The LLM-query extension table: for each ``llm_queries.variants`` entry and retriever, a cell per in-domain
     column the profile has, produced by its generator's stages and its own pre-training, fine-tuning and
     evaluation; ``reason`` names the paper's run it stands beside (same method, context type and C)."""
-    from qac.stages.llm_queries import FILTERED
-
     profile, cells = _Profile(params), []
     for name, spec in params.llm_queries.variants.items():
         generator = spec.generator
         baseline = profile.find(spec.method, spec.context_type, spec.query_count)
-        queries = f"{profile.root}/llm_queries/{generator}/" + (FILTERED if spec.filtered else "queries.arrow")
+        queries = f"{profile.root}/llm_queries/{generator}/" + (LLM_FILTERED if spec.filtered else "queries.arrow")
         stages = [f"generate_llm_queries@{generator}"] + ([f"filter_llm_queries@{generator}"] if spec.filtered else [])
         stages += [f"{stage}@{name}" for stage in ("pretrain_llm", "finetune_llm", "evaluate_llm")]
         row = (f"{paper.METHOD_NAMES.get(spec.method, spec.method)} {spec.context_type} C={spec.query_count} "
@@ -374,8 +373,8 @@ def print_extension_plan(params: Params, rates=None) -> None:
                            + f" per million split passages ({spec.generator}'s generation, shared by its variants: "
                              "FLOPs at 35% MFU, not measured)")
     counts = _counts(cells)
-    print(f"profile {params['profile']}: {len(cells)} cells of the extension table {EXTENSION_LLM} (LLM-query variants, "
-          "no paper value, never among the paper's cells): "
+    print(f"profile {params['profile']}: {len(cells)} cells of the extension table {EXTENSION_LLM} "
+          "(LLM-query variants, no paper value, never among the paper's cells): "
           + ", ".join(f"{count} {status}" for status, count in counts.items() if count))
     for cell in cells:
         line = describe(cell) + (f"  {cell.reason}" if cell.status == PRODUCED else "")
