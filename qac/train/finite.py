@@ -31,6 +31,8 @@ class NonFiniteTraining(UserError):
     def __init__(self, stage: str, step: int, what: str, suspects: Mapping[str, object]):
         self.stage, self.step, self.what, self.suspects = stage, step, what, dict(suspects)
         likely = ", ".join(f"{key} = {value}" for key, value in suspects.items())
+        if any(key.startswith("pretrain.common.") for key in suspects):
+            likely += " (or the variant's own value, where it sets one)"
         super().__init__(
             f"{stage}: {what} at step {step} is not a finite number (NaN or infinity); training stopped before "
             "this step changed the weights, and no finished model or checkpoint of it was written. The likely "

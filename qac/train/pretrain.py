@@ -364,7 +364,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     from qac.train.flops import META
     from qac.train.throughput import SPEED_KEYS, ThroughputWindow, peak_flops
 
-    suspects = suspects_of(settings, lambda field: f"pretrain.common.{field} (or the variant's)")
+    suspects = suspects_of(settings, lambda field: f"pretrain.common.{field}")
     model.train()
     device_name, peak = peak_flops(device)
     window = ThroughputWindow(peak)
