@@ -99,7 +99,8 @@ def test_pretraining_stops_at_the_first_non_finite_step_and_writes_no_model(tmp_
     error = caught.value
     assert error.step == 4 and error.what == f"the {what}"
     assert f"pretrain: the {what} at step 4 is not a finite number" in str(error)
-    assert "pretrain.common.temperature (or the variant's) = 1.0" in str(error)
+    assert "pretrain.common.temperature = 1.0, pretrain.common.lr = 0.001" in str(error)
+    assert "(or the variant's own value, where it sets one)" in str(error)
     assert not (tmp_path / "out").exists()              # no finished encoder or checkpoint
     # The work checkpoint is the last finite one (step 2), which a corrected rerun may resume.
     checkpoint = tmp_path / "work" / "checkpoint"
@@ -116,7 +117,7 @@ def test_a_temperature_whose_inverse_is_infinite_stops_pretraining_at_step_one(t
     with pytest.raises(NonFiniteTraining) as caught:      # the schema refuses it; the loop stops it too
         pretrain(PretrainSettings.from_mapping({**PRETRAIN, "temperature": 1e-320}), passages=data / "passages.arrow",
                  queries=data / "queries.arrow", work_dir=tmp_path / "work", out_dir=tmp_path / "out")
-    assert caught.value.step == 1 and "temperature (or the variant's) = 1e-320" in str(caught.value)
+    assert caught.value.step == 1 and "pretrain.common.temperature = 1e-320" in str(caught.value)
     assert not (tmp_path / "out").exists() and not (tmp_path / "work" / "checkpoint" / "state.json").exists()
 
 
