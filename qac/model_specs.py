@@ -51,6 +51,40 @@ def split_revision(spec: str) -> tuple[str, str | None]:
     return name, revision.strip() or None
 
 
+# Hub models loaded by this process, in order: what a stage's run records it loaded (qac.tracking.lifecycle).
+_LOADED: list[dict[str, str | None]] = []
+
+
+def note_loaded(name: str, revision: str | None) -> None:
+    """Remember that hub model ``name`` was loaded at ``revision`` (None: the hub's main), with the commit its
+    files came from (the snapshot folder of the local cache; None when that cannot be told). A folder here,
+    ``minilm`` or a packaged file is no hub model and is not noted."""
+    if name in _LOCAL_MODEL_ALIASES or Path(name).expanduser().exists() or name.count("/") > 1:
+        return
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json", revision=revision)
+    except Exception:    # an odd name or an unreadable cache: the commit is then not known
+        cached = None
+    commit = Path(cached).parent.name if isinstance(cached, str) else None
+    _LOADED.append({"model": name, "revision": revision, "commit": commit})
+
+
+def loaded_models(since: int = 0) -> list[dict[str, str | None]]:
+    """The hub models noted since the ``since``-th load (``len(_LOADED)`` marks a start), each once."""
+    unique: list[dict[str, str | None]] = []
+    for entry in _LOADED[since:]:
+        if entry not in unique:
+            unique.append(dict(entry))
+    return unique
+
+
+def loads_noted() -> int:
+    """How many loads were noted so far: the ``since`` of :func:`loaded_models` for what comes next."""
+    return len(_LOADED)
+
+
 def is_commit(revision: str | None) -> bool:
     return (revision is not None and len(revision) == COMMIT_LENGTH
             and all(c in "0123456789abcdef" for c in revision))

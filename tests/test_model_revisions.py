@@ -63,3 +63,35 @@ def test_only_a_commit_pins_a_hub_model(tmp_path):
     assert "not a commit" in unpinned_problem(f"{NAME}@main")
     for unserved in ("minilm", str(tmp_path), "tiny-llama:minilm"):     # nothing a hub serves: nothing to pin
         assert unpinned_problem(unserved) is None
+
+
+def test_the_commit_each_hub_model_came_from_is_noted(hub):
+    from qac.model_specs import loaded_models, loads_noted
+
+    start = loads_noted()
+    load_model(f"{NAME}@{OLD}")
+    load_tokenizer(NAME)
+    load_model("minilm")                     # a packaged folder: no hub model
+    assert loaded_models(start) == [{"model": NAME, "revision": OLD, "commit": OLD},
+                                    {"model": NAME, "revision": None, "commit": NEW}]
+
+
+def test_a_stage_run_records_the_hub_models_its_work_loaded(hub, tmp_path, mlflow_store, monkeypatch):
+    import json
+
+    import mlflow
+
+    from qac.params import validate_params
+    from qac.tracking import record_path
+    from qac.tracking.lifecycle import tracked_stage
+
+    params = validate_params({"profile": "smoke", "mlflow": {"experiment": "qac-test", "system_metrics": False}},
+                             complete=False)
+    monkeypatch.chdir(tmp_path)
+    root, output = tmp_path / "data" / "smoke", tmp_path / "data" / "smoke" / "reference"
+    with tracked_stage(params, "reference", "reference · x", kind="baseline", output=output, root=root) as tracking:
+        load_model(f"{NAME}@{OLD}")
+        output.mkdir(parents=True)
+    loaded = [{"commit": OLD, "model": NAME, "revision": OLD}]
+    assert json.loads(mlflow.MlflowClient().get_run(tracking.run_id).data.tags["qac.loaded_models"]) == loaded
+    assert json.loads(record_path(root, output).read_text())["loaded_models"] == loaded

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qac.errors import UserError
-from qac.model_specs import resolve_model_name, split_revision
+from qac.model_specs import note_loaded, resolve_model_name, split_revision
 
 try:
     from safetensors import SafetensorError
@@ -65,4 +65,6 @@ def load_tokenizer(spec: str):
 
     parsed = ModelSpec.parse(spec)
     with named_load_errors(parsed.source, "a tokenizer"):
-        return AutoTokenizer.from_pretrained(parsed.source, revision=parsed.revision)
+        tokenizer = AutoTokenizer.from_pretrained(parsed.source, revision=parsed.revision)
+    note_loaded(parsed.source, parsed.revision)
+    return tokenizer

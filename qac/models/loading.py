@@ -18,6 +18,7 @@ from __future__ import annotations
 # imported here under their old names so that a spec loads one way for every stage.
 from qac.data.tokenizer import ModelSpec, load_tokenizer
 from qac.data.tokenizer import named_load_errors as _loading
+from qac.model_specs import note_loaded
 
 __all__ = ["TINY_BERT", "ModelSpec", "load_config", "load_model", "load_tokenizer"]
 
@@ -53,7 +54,9 @@ def load_model(spec: str, model_class=None, seed: int = 0, **config_overrides):
     parsed = ModelSpec.parse(spec)
     if parsed.init == "pretrained":
         with _loading(parsed.source, "a model"):
-            return model_class.from_pretrained(parsed.source, revision=parsed.revision, **config_overrides)
+            model = model_class.from_pretrained(parsed.source, revision=parsed.revision, **config_overrides)
+        note_loaded(parsed.source, parsed.revision)
+        return model
     config = load_config(spec, **config_overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -79,11 +79,12 @@ def load_causal_lm(spec: str, device: torch.device | str = "cpu", seed: int = 0)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from qac.model_specs import resolve_model_name, split_revision
+        from qac.model_specs import note_loaded, resolve_model_name, split_revision
 
         path, revision = resolve_model_name(spec), split_revision(spec)[1]
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
         model = AutoModelForCausalLM.from_pretrained(path, revision=revision)
+        note_loaded(path, revision)
     return model.to(device).eval(), tokenizer
 
 

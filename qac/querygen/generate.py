@@ -211,7 +211,7 @@ def load_generator(source: str, device: torch.device | str = "cpu"):
     """
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from qac.model_specs import resolve_model_name, split_revision
+    from qac.model_specs import note_loaded, resolve_model_name, split_revision
     from qac.querygen.prefix_lm import PrefixLM, is_prefix_lm_folder
 
     path, revision = resolve_model_name(source), split_revision(source)[1]
@@ -220,6 +220,7 @@ def load_generator(source: str, device: torch.device | str = "cpu"):
         model = PrefixLM.from_pretrained(path)
     else:
         model = AutoModelForSeq2SeqLM.from_pretrained(path, revision=revision)
+    note_loaded(path, revision)
     return model.to(device).eval(), tokenizer
 
 

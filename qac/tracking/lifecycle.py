@@ -333,14 +333,23 @@ def tracked_stage(
     from qac.tracking import stage_run
     from qac.tracking.record import models_requested
 
+    from qac.model_specs import loaded_models, loads_noted
+
     opened = stage_run(params, stage, run_name, kind=kind, stage_params=stage_params, inputs=inputs, tags=tags,
                        parent_run_id=parent_run_id)
     with _store_run(opened) as run:
         tracking = StageTracking(run, root=root, log_models=models_requested(params, log_models))
+        first_load = loads_noted()
         with _measured(tracking, not stage.startswith(OPENED_AFTER_THE_WORK)):
             yield tracking
+        # The hub models the work loaded, each with the revision asked for and the commit its files came from.
+        loaded = loaded_models(first_load)
+        if loaded:
+            import json
+
+            tracking.set_tags({"qac.loaded_models": json.dumps(loaded, sort_keys=True)})
         if output is not None:
-            tracking.write_record(output)
+            tracking.write_record(output, **({"loaded_models": loaded} if loaded else {}))
 
 
 @contextlib.contextmanager
