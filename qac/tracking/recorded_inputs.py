@@ -17,6 +17,7 @@ on files unchanged since hashes nothing; a restored copy is a new file and is ha
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -77,12 +78,22 @@ def _shown(path: Path) -> str:
 
 
 def _yaml_stages(path: Path) -> dict:
-    """The ``stages`` of a DVC file (empty when it is missing or does not parse: then nothing is checked)."""
+    """The ``stages`` of a DVC file (empty when it is missing or does not parse: then nothing is checked), read
+    once per version of the file (a process opening several runs parses the lock once)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return {}
+    return _parsed_stages(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_stages(path: str, mtime_ns: int, size: int) -> dict:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # a lock of thousands of lines: 0.1 s, not 0.6
     try:
-        stages = (yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}).get("stages") or {}
+        stages = (yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader) or {}).get("stages") or {}
     except (OSError, yaml.YAMLError, AttributeError):
         return {}
     return stages if isinstance(stages, dict) else {}
