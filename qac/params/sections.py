@@ -784,8 +784,9 @@ class Params(Section):
     @classmethod
     def _llm_variants_read_as_variants(cls, data: Any) -> Any:
         # An LLM-query variant is a pre-training variant whose queries come from elsewhere: every reader of
-        # pretrain.variants (fine-tuning, evaluation, naming, tables) sees it there. It is declared apart so
-        # that DVC runs its pre-training as a stage of its own, with the LLM queries as its input.
+        # pretrain.variants (fine-tuning, evaluation, naming) sees it there; the paper's tables leave it out
+        # (qac.reporting.lineage.load_study). It is declared apart so that DVC runs its pre-training as a
+        # stage of its own, with the LLM queries as its input.
         if not isinstance(data, dict) or not isinstance(data.get("llm_queries"), dict):
             return data
         extra = data["llm_queries"].get("variants") or {}
@@ -799,3 +800,13 @@ class Params(Section):
                 raise ValueError(f"llm_queries.variants.{name}: a pretrain.variants entry has that name already")
             variants[name] = entry
         return {**data, "pretrain": {**pretrain, "variants": variants}}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's view: an LLM-query variant under llm_queries.variants only, as it was declared (validating
+        this again merges it as before)."""
+        data = super().to_dict()
+        extra = (data.get("llm_queries") or {}).get("variants") or {}
+        if extra:
+            variants = {name: spec for name, spec in data["pretrain"]["variants"].items() if name not in extra}
+            data["pretrain"] = {**data["pretrain"], "variants": variants}
+        return data
