@@ -295,7 +295,10 @@ def test_plan_shows_one_view_at_a_time(capsys):
     from qac.cli import main
 
     with pytest.raises(SystemExit) as caught:
-        main(["profile", "plan", "smoke", "--cells", "--cost"])
-    assert caught.value.code == 2 and "argument --cost: not allowed with argument --cells" in capsys.readouterr().err
+        main(["profile", "plan", "smoke", "--cells", "--slurm", "out"])
+    assert caught.value.code == 2 and "argument --slurm: not allowed with argument --cells" in capsys.readouterr().err
+    # --cost goes alone or with --cells (the extension tables' cells with their GPU-hours), never with --slurm
+    assert main(["profile", "plan", "smoke", "--cost", "--slurm", "out"]) == 2
+    assert "--cost and --slurm: one plan at a time" in capsys.readouterr().err
     assert main(["profile", "plan", "smoke", "--figures", "bench.json"]) == 2
     assert "--figures bench.json: only with --cost" in capsys.readouterr().err
