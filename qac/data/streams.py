@@ -123,14 +123,20 @@ def stream_slice(side: Mapping[str, Any], first: int, last: int) -> dict[str, An
 
 
 def stream_chunks(side: Mapping[str, Any], tokens: int) -> list[dict[str, Any]]:
-    """A stream cut into runs of whole sequences of at most ``tokens`` tokens each (at least one sequence)."""
+    """A stream cut into the fewest runs of whole sequences that hold at most about ``tokens`` tokens each,
+    of about equal size: ``k = ceil(T / tokens)`` runs, each cut where it passes its share ``T / k`` (a run
+    can pass that share, and so ``tokens``, by less than one sequence). Equal runs, not full runs and a
+    remainder: gradient caching keeps the last run's graph from its first pass, which saves most when
+    that run is as large as the others."""
     lengths = side["layout"].lengths
+    total = sum(lengths)
+    count = max(1, -(-total // max(1, tokens)))
     chunks, first, held = [], 0, 0
     for index, length in enumerate(lengths):
-        if index > first and held + length > tokens:
-            chunks.append(stream_slice(side, first, index))
-            first, held = index, 0
         held += length
+        if len(chunks) < count - 1 and held * count >= total * (len(chunks) + 1) and index + 1 < len(lengths):
+            chunks.append(stream_slice(side, first, index + 1))
+            first = index + 1
     if first < len(lengths):
         chunks.append(stream_slice(side, first, len(lengths)))
     return chunks

@@ -13,10 +13,15 @@ far larger than fits in memory with its activations:
 1. run the encoder alone over every chunk without autograd and keep only
    the [CLS] vectors (and the RNG state before each chunk): the condenser
    head and the MLM heads take no part in the contrastive loss, so this pass
-   costs one encoder forward (``represent``), about a quarter of a full step;
+   costs one encoder forward (``represent``), about a quarter of a full step.
+   The last chunk of each side runs its whole side with autograd instead
+   (``encode_side``) and keeps its graph: step 3 would only repeat it, so a
+   side cut into k chunks pays the extra encoder forward on k - 1 of them
+   (under DDP the very last chunk is recomputed: its backward must be the one
+   that synchronises, right after its own forward);
 2. compute the contrastive loss on those vectors and back-propagate it to
    them alone, which gives d loss / d [CLS] for every sequence;
-3. re-run each chunk with autograd through the whole side (``encode_side``),
+3. re-run each other chunk with autograd through the whole side (``encode_side``),
    replaying its RNG state so the encoder draws the same dropout masks (it
    draws first), and back-propagate ``<[CLS], cached gradient>`` plus the
    chunk's own MLM terms.
@@ -24,8 +29,11 @@ far larger than fits in memory with its activations:
 By the chain rule the accumulated gradient equals the full-batch gradient of
 the loss under the dropout masks drawn. A chunk holds about ``chunk_size``
 anchor sequences' worth of tokens on either side (a side of short queries
-gets more rows per chunk), so each chunk gives the device the same amount of
+gets more rows per chunk; a token stream is cut by its tokens, whole
+sequences to a chunk), so each chunk gives the device the same amount of
 work; each pass runs in one autocast region, so weights are cast once a pass.
+The kept chunks' activations stay in memory while the other chunks run: a
+chunk's memory is held at most three times at once (the two kept, one live).
 """
 
 from __future__ import annotations
@@ -123,17 +131,41 @@ class GradCachedStep:
         self.device = device
         self.autocast_dtype = autocast_dtype
 
+    def kept_chunks(self, sides: dict[str, list]) -> set[int]:
+        """Indices (in the order anchors then contexts) of the chunks whose first pass keeps its graph: the
+        last of each side, whose recomputation would repeat the first pass exactly. Under DDP the last chunk
+        of all is recomputed: its backward must follow its own forward outside ``no_sync``, with no other
+        forward and backward between them."""
+        last_anchor = len(sides["anchor"]) - 1
+        kept = {last_anchor, last_anchor + len(sides["context"])}
+        if getattr(self.module, "no_sync", None) is not None:
+            kept.discard(last_anchor + len(sides["context"]))
+        return kept
+
+    def first_pass(self, chunks: list, kept: set[int]) -> tuple[list, dict[str, list]]:
+        """Per chunk its generator state (to replay) or, for a kept chunk, its output with its graph; and the
+        [CLS] vectors of each side, detached. The other chunks run the encoder alone, without autograd."""
+        replays, vectors = [], {"anchor": [], "context": []}
+        no_sync = getattr(self.module, "no_sync", None)
+        with torch.no_grad(), autocast_context(self.device, self.autocast_dtype):
+            for index, (side, chunk) in enumerate(chunks):
+                if index in kept:
+                    with torch.enable_grad(), (contextlib.nullcontext() if no_sync is None else no_sync()):
+                        output = self.module(chunk, mode="side")
+                    replays.append(output)
+                    vectors[side].append(at_least_fp32(output.cls.detach()))
+                else:
+                    replays.append(RngState(self.device))
+                    vectors[side].append(at_least_fp32(self.model.represent(chunk)))
+        return replays, vectors
+
     def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, torch.Tensor]:
         sides = side_chunks(batch, self.chunk_size)
         chunks = [(side, chunk) for side in ("anchor", "context") for chunk in sides[side]]
         rows = {side: [chunk_rows(chunk) for chunk in sides[side]] for side in sides}
 
-        # 1. [CLS] vectors of every chunk from the encoder alone, no activations kept.
-        states, vectors = [], {"anchor": [], "context": []}
-        with torch.no_grad(), autocast_context(self.device, self.autocast_dtype):
-            for side, chunk in chunks:
-                states.append(RngState(self.device))
-                vectors[side].append(at_least_fp32(self.model.represent(chunk)))
+        # 1. [CLS] vectors of every chunk: the encoder alone without activations, or the kept chunks' whole pass.
+        replays, vectors = self.first_pass(chunks, self.kept_chunks(sides))
 
         # 2. Contrastive loss and its gradient with respect to the vectors.
         anchors = torch.cat(vectors["anchor"]).requires_grad_()
@@ -142,7 +174,8 @@ class GradCachedStep:
         scale_loss(contrastive.backward).backward()
         cached = {"anchor": anchors.grad.split(rows["anchor"]), "context": contexts.grad.split(rows["context"])}
 
-        # 3. Each chunk again with autograd; DDP synchronises on the last backward only.
+        # 3. Each chunk again with autograd (a kept one as the first pass left it); DDP synchronises on the
+        # last backward only.
         _, world_size = process_group()
         local_masked = sum((batch[side]["labels"] != -100).sum() for side in ("anchor", "context"))
         masked = all_reduce_sum(local_masked.to(torch.get_default_dtype())).clamp(min=1)
@@ -155,11 +188,14 @@ class GradCachedStep:
         # One autocast region for every chunk, so the weights are cast to the autocast dtype once;
         # each backward runs with autocast off (a nested region, which keeps the casts cached).
         with autocast_context(self.device, self.autocast_dtype):
-            for index, ((side, chunk), state) in enumerate(zip(chunks, states)):
+            for index, ((side, chunk), replay) in enumerate(zip(chunks, replays)):
                 last = index == len(chunks) - 1
                 with (contextlib.nullcontext() if last or no_sync is None else no_sync()):
-                    state.restore()
-                    output = self.module(chunk, mode="side")
+                    if isinstance(replay, RngState):
+                        replay.restore()
+                        output = self.module(chunk, mode="side")
+                    else:
+                        output = replay
                     gradient = cached[side][position[side]]
                     position[side] += 1
                     # The MLM terms are per-chunk sums over the global number of masked

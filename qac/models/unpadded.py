@@ -27,6 +27,9 @@ from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
+# Imported here, not where it is called: importing it registers its FLOP formulas with
+# torch.utils.flop_counter, and a FlopCounterMode made before that import would count its attention as 0.
+from torch.nn.attention.varlen import varlen_attn
 
 from qac.data.masking import IGNORE_INDEX
 
@@ -70,8 +73,6 @@ class Stream:
         """Attention of ``[T, heads, D]`` queries, keys and values within each sequence; ``[T, heads, D]``."""
         kernel = "mask" if window is not None else self.kernel(query.device, dropout)
         if kernel == "varlen":
-            from torch.nn.attention.varlen import varlen_attn
-
             return varlen_attn(query, key, value, self.cu_seqlens, self.cu_seqlens, self.max_seqlen,
                                self.max_seqlen, scale=scale)
         if kernel == "jagged":
