@@ -237,3 +237,59 @@ def test_named_loss_weights_set_the_mlm_weight():
                                  loss_weights="release").mlm_weight == 2.0
     with pytest.raises(ValueError, match="cocondenser_loss_weights"):
         CoCondenser.from_spec("tiny:minilm", seed=0, n_head_layers=1, skip_from=1, loss_weights="2:2:1")
+
+
+def test_the_paper_profiles_gradient_cache_costs_at_most_1_2_full_steps():
+    """At the paper profile's chunking (``grad_cache_chunk`` anchors' worth of tokens, token streams) on its
+    2,048 coCondenser pairs of MS MARCO's lengths, BERT-base on the meta device: the cached step counts at
+    most 1.20x the full step's FLOPs, and the chunks fit one 80 GB GPU by an estimate of 0.45 MB of bf16
+    activations a token (12 + 2 layers at 34 x 768 bytes each, the MLM logits of the masked 15%): the two
+    kept chunks and a live one, under 60 GB."""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+    import yaml
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from qac.data.masking import masked_targets
+    from qac.data.streams import token_stream
+    from qac.models.grad_cache import side_chunks
+
+    repo = Path(__file__).resolve().parent.parent
+    params = yaml.safe_load((repo / "profiles" / "paper" / "params.yaml").read_text(encoding="utf-8"))
+    common = params["pretrain"]["common"]
+    pairs = params["pretrain"]["variants"]["cocondenser-query-q5"]["batch_size"]
+    assert common["unpadded"] and pairs == 2048
+    sys.path.insert(0, str(repo / "benchmarks"))
+    try:
+        from msmarco_lengths import load
+    finally:
+        sys.path.remove(str(repo / "benchmarks"))
+    lengths, rng = load(), np.random.default_rng(0)
+
+    def side(drawn, limit):
+        drawn = np.minimum(drawn, limit - 2) + 2            # cut with [CLS] and [SEP], as the collators cut
+        mask = torch.arange(int(drawn.max()))[None, :] < torch.as_tensor(drawn)[:, None]
+        labels = torch.full(mask.shape, -100)
+        for row, length in enumerate(drawn):
+            labels[row, 1:1 + max(1, round(0.15 * (length - 2)))] = 5
+        padded = {"input_ids": torch.zeros(mask.shape, dtype=torch.long), "attention_mask": mask.long(),
+                  "labels": labels, **masked_targets(labels, 8)}
+        stream = token_stream(padded, 8)
+        return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in stream.items()}
+
+    batch = {"anchor": side(rng.choice(lengths["passages"], pairs), common["max_len"]),
+             "context": side(rng.choice(lengths["queries"], pairs), common["query_max_len"])}
+    model, _ = bert_base_on_meta(pairs=2)
+    counts = []
+    for step in (FullBatchStep(model, torch.device("meta")),
+                 GradCachedStep(model, common["grad_cache_chunk"], torch.device("meta"))):
+        with FlopCounterMode(display=False) as counter:
+            step.forward_backward(batch)
+        counts.append(counter.get_total_flops())
+    assert counts[1] / counts[0] <= 1.20
+    chunks = side_chunks(batch, common["grad_cache_chunk"])
+    largest = max(chunk["input_ids"].numel() for chunks_of in chunks.values() for chunk in chunks_of)
+    held = largest + sum(chunks_of[-1]["input_ids"].numel() for chunks_of in chunks.values())
+    assert held * 0.45e6 < 60e9
