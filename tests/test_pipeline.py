@@ -167,47 +167,18 @@ def test_fine_tuning_runs_pivot_on_the_variant(smoke_study):
     assert set(runs["params.retriever"]) == {"r1", "r2"}
 
 
-# qac modules a stage may run without declaring them as DVC dependencies: they decide where and
-# how a stage reads parameters, its command line and the variables that steer it, writes files atomically,
-# prints, fails, records to MLflow, starts (a forked copy of the launcher server) and ends, never what an output
-# holds. Everything else a stage runs must be among its deps, or DVC would
-# keep serving outputs that the changed code no longer produces.
-NOT_RESULT_CODE = ("qac/config.py", "qac/console.py", "qac/io.py", "qac/redaction.py", "qac/data/errors.py",
-                   "qac/tracking/", "qac/cli/__init__.py", "qac/cli/stage_arguments.py", "qac/launcher.py",
-                   "qac/exiting.py", "qac/environment.py", "qac/timeouts.py")
-
-
-def _runs_code(source: Path) -> bool:
-    """False for a module of docstrings, ``from __future__`` and ``__version__`` only (a package marker)."""
-    import ast
-
-    def inert(node) -> bool:
-        return ((isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
-                or (isinstance(node, ast.ImportFrom) and node.module == "__future__")
-                or (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]))
-
-    return not all(inert(node) for node in ast.parse(source.read_text(encoding="utf-8")).body)
-
-
-def _parameter_check_code(work: Path, env: dict) -> tuple[str, ...]:
-    """The qac modules that checking a params file imports (the schema, its rules and the names they
-    accept): they decide whether a stage starts, never what its outputs hold."""
-    script = ("import json, sys; from pathlib import Path; from qac.params import load_params; "
-              f"load_params({PARAMS!r}); root = Path.cwd().resolve(); "
-              "print(json.dumps(sorted(str(Path(m.__file__).resolve().relative_to(root)) for m in list(sys.modules.values()) "
-              "if getattr(m, '__file__', None) and Path(m.__file__).resolve().is_relative_to(root / 'qac'))))")
-    done = subprocess.run([sys.executable, "-c", script], cwd=work, env=env, capture_output=True, text=True, check=True)
-    return tuple(json.loads(done.stdout.splitlines()[-1]))
-
-
-def test_every_stage_declares_the_code_it_ran(smoke_study):
+def test_every_stage_declares_the_code_it_ran_and_only_code_it_can_import(smoke_study):
+    """Both ways, per stage run of the smoke study: every qac file the run imported (its MLflow record) is
+    among the stage's code deps, unless it cannot change an output (:data:`qac.import_graph.NOT_RESULT_CODE`,
+    or imported only by such a module: the params file's checks, a log line); and the deps are the code the
+    stage's script can import, as the render generates it, nothing more. A dep the run did not import is code
+    of a path this profile does not take (a multi-GPU job, another corpus reader)."""
     import mlflow
 
+    from qac.import_graph import is_result_code, runs_code, script_closure, stage_code
     from qac.tracking.record import CODE_ARTIFACT
 
     work, env, _ = smoke_study
-    checking = _parameter_check_code(work, env)
-    assert "qac/params/sections.py" in checking and "qac/params/rules.py" in checking
     stages = yaml.safe_load((work / PIPELINE).read_text())["stages"]
     client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("qac-smoke")
@@ -216,12 +187,16 @@ def test_every_stage_declares_the_code_it_ran(smoke_study):
     checked = set()
     for run in runs:
         stage = run.data.tags["qac.stage"].split("@")[0]
-        deps = [dep.rstrip("/") for dep in stages[stage].get("do", stages[stage])["deps"]]
+        spec = stages[stage].get("do", stages[stage])
+        script = next(word for word in spec["cmd"].split() if word.startswith("pipelines/"))
+        code = [dep for dep in spec["deps"] if dep.startswith(("qac/", "pipelines/"))]
+        assert code == stage_code(script, work), f"{stage}: profiles/smoke/dvc.yaml is not the render of its imports"
+        reachable = {path.relative_to(work).as_posix() for path in script_closure(Path(script), work)}
         ran = json.loads(Path(client.download_artifacts(run.info.run_id, CODE_ARTIFACT)).read_text())
         assert "qac/tracking/__init__.py" in ran, stage     # the record holds what the stage imported
-        undeclared = [path for path in ran if not path.startswith(NOT_RESULT_CODE) and path not in checking
-                      and _runs_code(work / path)
-                      and not any(path == dep or path.startswith(dep + "/") for dep in deps)]
+        served = reachable - set(code)        # reached only through modules that cannot change an output
+        undeclared = [path for path in ran if is_result_code(path) and runs_code(work / path)
+                      and path not in code and path not in served]
         assert not undeclared, f"{run.data.tags['qac.stage']} runs code it does not depend on: {undeclared}"
         checked.add(stage)
     assert checked >= {"prepare", "split_passages", "query_generator", "generate_queries", "pretrain", "bm25",
