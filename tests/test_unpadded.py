@@ -201,7 +201,7 @@ def test_a_token_attending_across_sequences_is_caught(tokenizer, monkeypatch):
     padded, streams = batches("cocondenser", tokenizer)
     reference = run(build("cocondenser"), FullBatchStep, padded)[0]
     monkeypatch.setattr(unpadded.Stream, "allowed",
-                        lambda self, window=None: torch.ones(len(self.sequence_ids), len(self.sequence_ids),
+                        lambda self: torch.ones(len(self.sequence_ids), len(self.sequence_ids),
                                                              dtype=torch.bool))
     leaking = run(build("cocondenser"), FullBatchStep, streams)[0]
     measured = len(RATIOS)

@@ -13,8 +13,12 @@ runs by one of three kernels, the same mathematics:
   (CUDA's fused kernels with dropout; the CPU too);
 - ``mask``: SDPA over the whole stream with a block-diagonal "same sequence"
   mask, ``[T, T]``: the CPU path of the test suite (its memory grows with
-  ``T^2``, fine for the suite's batches, not for a GPU step). The release
-  decoder's window (``[CLS]`` plus the last ``window`` tokens) always runs here.
+  ``T^2``, fine for the suite's batches, not for a GPU step).
+
+The release decoder's window (each token sees its sequence's ``[CLS]`` and
+itself with the ``window - 1`` tokens before it) runs apart, on any device:
+each token's ``window + 1`` candidate keys gathered, ``[T, window + 1]``
+scores, the ones outside the sequence masked; linear in ``T``.
 
 ``ATTENTION`` chooses (``auto``: varlen on CUDA without attention dropout,
 jagged on CUDA with it, varlen on the meta device, mask on the CPU).
@@ -59,19 +63,31 @@ class Stream:
             return "jagged" if dropout else "varlen"
         return "mask"
 
-    def allowed(self, window: int | None = None) -> torch.Tensor:
-        """``[T, T]`` "may attend": the same sequence (and, with ``window``, [CLS] or the last ``window`` tokens)."""
-        allowed = self.sequence_ids[:, None] == self.sequence_ids[None, :]
-        if window is not None:
-            index = torch.arange(len(self.sequence_ids), device=self.sequence_ids.device)
-            recent = (index[None, :] <= index[:, None]) & (index[None, :] > index[:, None] - window)
-            allowed = allowed & ((self.position_ids == 0)[None, :] | recent)
-        return allowed
+    def allowed(self) -> torch.Tensor:
+        """``[T, T]`` "may attend": the same sequence."""
+        return self.sequence_ids[:, None] == self.sequence_ids[None, :]
+
+    def windowed(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float, scale: float,
+                 window: int) -> torch.Tensor:
+        """Attention of each token to its sequence's [CLS] and to itself and the ``window - 1`` tokens before
+        it (the release decoder's mask, ``qac.models.cotmae.windowed_causal_mask``), ``[T, heads, D]``."""
+        index = torch.arange(query.shape[0], device=query.device)
+        start = self.cu_seqlens.long().index_select(0, self.sequence_ids)           # each token's [CLS]
+        recent = index[:, None] - torch.arange(window, device=query.device)[None, :]   # t, t - 1, ...
+        # [CLS] has a slot of its own: a recent key at the start (or before it) is left out
+        valid = torch.cat([torch.ones_like(start[:, None], dtype=torch.bool), recent > start[:, None]], dim=1)
+        keys = torch.cat([start[:, None], recent.clamp(min=0)], dim=1)               # [T, window + 1]
+        scores = torch.einsum("thd,twhd->thw", query, key[keys]) * scale
+        probabilities = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1)
+        probabilities = F.dropout(probabilities, dropout, training=dropout > 0)
+        return torch.einsum("thw,twhd->thd", probabilities, value[keys])
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float, scale: float,
                window: int | None = None) -> torch.Tensor:
         """Attention of ``[T, heads, D]`` queries, keys and values within each sequence; ``[T, heads, D]``."""
-        kernel = "mask" if window is not None else self.kernel(query.device, dropout)
+        if window is not None:
+            return self.windowed(query, key, value, dropout, scale, window)
+        kernel = self.kernel(query.device, dropout)
         if kernel == "varlen":
             return varlen_attn(query, key, value, self.cu_seqlens, self.cu_seqlens, self.max_seqlen,
                                self.max_seqlen, scale=scale)
@@ -84,7 +100,7 @@ class Stream:
                                                     scale=scale)
             return output.transpose(1, 2).values()
         output = F.scaled_dot_product_attention(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1),
-                                                attn_mask=self.allowed(window)[None], dropout_p=dropout, scale=scale)
+                                                attn_mask=self.allowed()[None], dropout_p=dropout, scale=scale)
         return output.transpose(0, 1)
 
 
