@@ -270,3 +270,34 @@ def test_pretraining_unpadded_logs_the_padded_runs_losses(tmp_path, method):
                 assert stream_step[name] == pytest.approx(padded_step[name], rel=1e-9, abs=0), name
     first = logged[False][0]
     assert abs(logged[True][0]["loss"] - first["loss"]) <= C * EPS * first["loss"]
+
+
+def test_fine_tuning_unpadded_logs_the_padded_runs_losses(tiny_bert_dir):
+    """``finetune.unpadded``: the loop's batches as token streams (collated by two loader processes, so
+    the host layout crosses a pickle), the same losses in float32 to its rounding through a few AdamW steps."""
+    from transformers import AutoTokenizer
+
+    from base_settings import finetune_settings
+    from qac.models.biencoder import BiEncoder
+    from qac.train.finetune import train_biencoder
+    from qac.train.groups import GroupSampler, TrainingQuery
+
+    topics = ["apple", "river", "violin", "glacier", "solar", "chess", "coffee", "volcano"]
+    queries = [TrainingQuery(f"q{i}", f"about {t}" + " and more" * (i % 3), (f"d{i}",), (f"n{i}",))
+               for i, t in enumerate(topics)]
+    passage_text = {f"d{i}": f"{t} {t} facts" + " seen here" * i for i, t in enumerate(topics)}
+    passage_text.update({f"n{i}": f"unrelated filler number {i}" for i in range(8)})
+    losses = {}
+    for unpadded_, workers in ((False, 0), (True, 2)):
+        settings = finetune_settings(log_every=1, loader_workers=workers, prefetch_batches=2, query_max_len=12,
+                                     passage_max_len=16, train_n_passages=2, batch_size=4, epochs=2, lr=1e-3,
+                                     warmup_ratio=0.0, seed=0, unpadded=unpadded_)
+        model = BiEncoder.from_pretrained(tiny_bert_dir)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        losses[unpadded_] = train_biencoder(model, AutoTokenizer.from_pretrained(tiny_bert_dir),
+                                            GroupSampler(queries, sorted(passage_text), 1, seed=0), passage_text,
+                                            settings)
+    assert len(losses[True]) == 4
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
