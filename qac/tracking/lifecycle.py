@@ -96,6 +96,7 @@ class StageTracking:
         self.root = root
         self.log_models = log_models
         self._record: dict[str, Any] = {}
+        self.first_load: int | None = None     # the hub-model loads noted before the work (tracked_stage)
 
     @property
     def active(self) -> bool:
@@ -211,7 +212,23 @@ class StageTracking:
         if self.active:
             from qac.tracking import write_run_record
 
-            write_run_record(self.root, output, self.run_id, **{**self._record, **extra})
+            loaded = self.loaded_models()
+            write_run_record(self.root, output, self.run_id,
+                             **{**self._record, **({"loaded_models": loaded} if loaded else {}), **extra})
+
+    def loaded_models(self) -> list[dict]:
+        """The hub models the work loaded so far, each with the revision asked for and the commit its files came
+        from (:func:`qac.model_specs.loaded_models`); the run's tag ``qac.loaded_models`` says the same."""
+        if self.first_load is None:
+            return []
+        from qac.model_specs import loaded_models
+
+        loaded = loaded_models(self.first_load)
+        if loaded:
+            import json
+
+            self.set_tags({"qac.loaded_models": json.dumps(loaded, sort_keys=True)})
+        return loaded
 
 
 # Stages whose runs open once the work is done, only to log it: what runs inside is not their cost (the evaluate
@@ -333,23 +350,18 @@ def tracked_stage(
     from qac.tracking import stage_run
     from qac.tracking.record import models_requested
 
-    from qac.model_specs import loaded_models, loads_noted
+    from qac.model_specs import loads_noted
 
     opened = stage_run(params, stage, run_name, kind=kind, stage_params=stage_params, inputs=inputs, tags=tags,
                        parent_run_id=parent_run_id)
     with _store_run(opened) as run:
         tracking = StageTracking(run, root=root, log_models=models_requested(params, log_models))
-        first_load = loads_noted()
+        tracking.first_load = loads_noted()
         with _measured(tracking, not stage.startswith(OPENED_AFTER_THE_WORK)):
             yield tracking
-        # The hub models the work loaded, each with the revision asked for and the commit its files came from.
-        loaded = loaded_models(first_load)
-        if loaded:
-            import json
-
-            tracking.set_tags({"qac.loaded_models": json.dumps(loaded, sort_keys=True)})
+        tracking.loaded_models()       # tagged on the run, whether or not an output's record is written
         if output is not None:
-            tracking.write_record(output, **({"loaded_models": loaded} if loaded else {}))
+            tracking.write_record(output)
 
 
 @contextlib.contextmanager
