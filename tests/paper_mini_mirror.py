@@ -292,4 +292,4 @@ if __name__ == "__main__":
         sys.exit("usage: python tests/paper_mini_mirror.py OUT")
     from qac.config import render_profile
 
-    print(build(Path(sys.argv[1]), hub_pins(render_profile("paper"))))
+    print(build(Path(sys.argv[1]), hub_pins(render_profile("paper-mini"))))

@@ -1,11 +1,11 @@
 """The paper profile in miniature: the paper's graph, switches and code paths, run end to end on synthetic data.
 
-profiles/paper-mini.yaml is rendered over profiles/paper.yaml and may change sizes only; its graph must be
-the paper's stage by stage. The study runs `qac repro --jobs 2 paper-mini` in a copy of the repository on the
-mirror tests/paper_mini_mirror.py writes (real formats, tiny random models under the paper's hub names),
-then `qac check` on it, and renders the paper's Slurm jobs from the same graph. About 5 minutes of a 2-core
-machine: 74 stages in about 3.5 minutes with two at once (most of it each stage's start-up), the mirror and
-the check seconds more; since then the LLM-query extension's 8 stages (82 in all), not timed yet.
+profiles/paper-mini.yaml is rendered over profiles/paper.yaml and may change only sizes and pin the hub
+models to the mirror's commits; its graph must be the paper's stage by stage. The study runs `qac repro --jobs
+2 paper-mini` in a copy of the repository on the mirror tests/paper_mini_mirror.py writes (real formats, tiny
+random models under the paper's hub names), then `qac check` on it, and renders the paper's Slurm jobs from
+the same graph. Measured with its 82 stages: 3 minutes on 2 quiet cores (172 s of it the study's set-up),
+7 minutes on 2 cores shared with other work (load 3-4).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from qac.config import render_profile
+from qac.model_specs import is_commit, unpinned_problem
 from qac.pipeline_plan import stage_graph
 
 TESTS = Path(__file__).resolve().parent
@@ -48,13 +49,35 @@ def _leaves(value, prefix=""):
         yield prefix[:-1], value
 
 
+def _pinned(paper_value, mini_value) -> bool:
+    """Whether the miniature's value is the paper's hub model pinned to a commit (``name@<commit>``)."""
+    name, mark, commit = str(mini_value).rpartition("@")
+    return bool(mark) and name == paper_value and is_commit(commit)
+
+
 def test_paper_mini_changes_only_sizes_of_the_paper_profile():
     paper, mini = dict(_leaves(render_profile("paper"))), dict(_leaves(render_profile("paper-mini")))
     assert set(mini) == set(paper), sorted(set(mini) ^ set(paper))
     changed = {key for key in paper if paper[key] != mini[key] and key != "profile"}
-    switches = {key for key in changed if key.rsplit(".", 1)[-1] not in SIZE_KEYS and not key.startswith(SIZE_SECTIONS)}
+    switches = {key for key in changed if key.rsplit(".", 1)[-1] not in SIZE_KEYS and not key.startswith(SIZE_SECTIONS)
+                and not _pinned(paper[key], mini[key])}
     assert not switches, f"profiles/paper-mini.yaml changes more than sizes: {sorted(switches)}"
     assert changed, "the miniature is the paper profile itself"
+
+
+def test_paper_mini_pins_every_hub_model_it_loads():
+    """Each hub spec of the miniature carries the commit its stand-in is stored under in the mirror's hub cache."""
+    from qac.params import validate_params
+    from qac.params.model_sources import model_keys
+
+    params = validate_params(render_profile("paper-mini"))
+    generators = {f"llm_queries.generators.{name}.model" for name, entry in params.llm_queries.generators.items()
+                  if is_commit(entry.revision)}                     # pinned by their own revision key
+    unpinned = {key: spec for key, spec in model_keys(params) if unpinned_problem(spec) and key not in generators
+                and not key.startswith("reference_retrievers")}     # named as published (encoders' keys)
+    assert not unpinned, unpinned
+    pins = paper_mini_mirror.hub_pins(render_profile("paper-mini"))
+    assert pins["bert-base-uncased"] == paper_mini_mirror._revision("bert-base-uncased", {})
 
 
 def test_paper_mini_has_the_paper_graph_stage_by_stage():
@@ -99,7 +122,7 @@ def paper_mini_study(tmp_path_factory, copy_repository):
     """A copy of the repository in which `qac repro --jobs 2 paper-mini` ran; its folder and environment."""
     root = tmp_path_factory.mktemp("paper-mini")
     work = copy_repository(root / "repo")
-    outside = paper_mini_mirror.build(root / "stand-ins", paper_mini_mirror.hub_pins(render_profile("paper")))
+    outside = paper_mini_mirror.build(root / "stand-ins", paper_mini_mirror.hub_pins(render_profile("paper-mini")))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(work),
            "TOKENIZERS_PARALLELISM": "false", **paper_mini_mirror.environment(outside)}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -117,6 +140,21 @@ def test_paper_mini_runs_every_stage_of_the_paper_profile(paper_mini_study):
     lock = yaml.safe_load((work / "profiles" / "paper-mini" / "dvc.lock").read_text())
     assert set(lock["stages"]) == {name for name, _, _ in stage_graph("paper", REPO)}
     assert "82 stage(s) checked or run" in repro.stdout
+
+
+@pytest.mark.slow
+def test_the_runs_record_the_pinned_commits_they_loaded(paper_mini_study):
+    """Every pinned hub model is loaded at its commit, and the run records of the outputs say so."""
+    import json
+
+    work, _, _ = paper_mini_study
+    loaded = {(entry["model"], entry["revision"], entry["commit"])
+              for record in (work / "data" / "paper-mini").rglob("mlflow_run.json")
+              for entry in json.loads(record.read_text()).get("loaded_models", [])}
+    pins = paper_mini_mirror.hub_pins(render_profile("paper-mini"))
+    for name in ("bert-base-uncased", "Luyu/condenser", "doc2query/all-with_prefix-t5-base-v1"):
+        assert (name, pins[name], pins[name]) in loaded, (name, sorted(loaded))
+    assert all(commit is not None and (revision is None or revision == commit) for _, revision, commit in loaded)
 
 
 @pytest.mark.slow
