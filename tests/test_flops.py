@@ -124,7 +124,9 @@ def test_the_gradient_cached_step_counts_its_extra_encoder_pass(tokenizer):
     model = base_model("cocondenser")
     batch = pair_batch(tokenizer, model, 0)
     full, cached = step_flops(model, batch), step_flops(model, batch, grad_cache=4)
-    assert 1.2 < cached / full < 1.3
+    # an encoder forward (~26% of a full step) over the chunks it recomputes: 3 of the 4 anchor chunks
+    # (the last keeps its first pass) and none of the one context chunk
+    assert 1.15 < cached / full < 1.22
 
 
 @pytest.mark.parametrize("peak", [None, 1e12])
