@@ -268,3 +268,29 @@ def test_zero_context_mask_ratio_leaves_the_context_intact(tokenizer):
     assert (batch["context"]["labels"] == IGNORE_INDEX).all()
     expected = tokenizer("glucose liver")["input_ids"]
     assert batch["context"]["input_ids"][2, :len(expected)].tolist() == expected
+
+
+def test_a_passage_context_drawn_once_is_the_anchors_partner_for_the_whole_run(tmp_path):
+    """The release stores one context per anchor (make_contextual_splits.py); ``step`` draws one at every step."""
+    passages, _ = write_corpus(tmp_path, documents=2, spans=6, single_span_documents=0)
+    corpus = load_pair_corpus(passages, None, "passage", passage_context="nearby")   # a middle span: 2 neighbours
+    middle = {corpus.text(i) for i in range(len(corpus)) if len(corpus.passage_contexts(i)) == 2}
+
+    def partners(draw: str) -> dict[str, set[str]]:
+        sampler, seen = PairSampler(corpus, "passage", seed=3, passage_draw=draw), {}
+        for step in range(30):                      # 30 epochs of the 12 anchors
+            for pair in sampler.batch(step, len(corpus)):
+                seen.setdefault(pair.anchor, set()).add(pair.context)
+        return seen
+
+    once, every_step = partners("once"), partners("step")
+    assert len(once) == len(corpus) and all(len(contexts) == 1 for contexts in once.values())
+    assert len(middle) == 8 and all(len(every_step[anchor]) == 2 for anchor in middle)   # 30 draws of 2
+    # A fixed partner is one of the anchor's candidates, and the seed chooses it.
+    for anchor, (context,) in once.items():
+        row = [corpus.text(i) for i in range(len(corpus))].index(anchor)
+        assert context in corpus.passage_contexts(row)
+    others = [{pair.anchor: {pair.context} for pair in PairSampler(corpus, "passage", seed=seed,
+                                                                     passage_draw="once").batch(0, len(corpus))}
+              for seed in range(4, 8)]
+    assert any(other != once for other in others)

@@ -305,12 +305,18 @@ class Pair:
 
 @dataclass
 class PairSampler:
-    """The global batch of pairs at a training step, as a pure function of ``(seed, step)``."""
+    """The global batch of pairs at a training step, as a pure function of ``(seed, step)``.
+
+    A query context is drawn at every step (the release's). A passage context is drawn at every step too
+    (``passage_draw="step"``), or once for the run (``"once"``: from ``(seed, anchor row)`` alone, so an
+    anchor keeps one partner, as the release's make_contextual_splits.py stores one per anchor).
+    """
 
     corpus: PairCorpus
     context_type: str
     seed: int
     mixed_query_prob: float = 0.5
+    passage_draw: str = "step"
     _epoch_order: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     def _order(self, epoch: int) -> np.ndarray:
@@ -338,7 +344,10 @@ class PairSampler:
                 candidates = self.corpus.query_candidates(record["row"])
             else:
                 candidates = self.corpus.passage_candidates(record)
-            drawn.append((kind, candidates[int(rng.integers(len(candidates)))]))
+            index = int(rng.integers(len(candidates)))      # drawn either way: the other pairs' draws stay put
+            if kind == "passage" and self.passage_draw == "once":
+                index = int(np.random.default_rng([self.seed, 2, int(record["row"])]).integers(len(candidates)))
+            drawn.append((kind, candidates[index]))
         # Passage contexts named by row are read in one gather from the mapped table.
         wanted = [choice for kind, choice in drawn if kind == "passage" and isinstance(choice, int)]
         with_ids = self.corpus.with_ids

@@ -71,7 +71,8 @@ def build_batches(settings, model, tokenizer, corpus, inputs: Mapping[str, Any])
     :func:`required_inputs` to their paths."""
     from qac.data.context_pairs import PairCollator, PairSampler
 
-    sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob)
+    sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob,
+                          passage_draw=settings.passage_context_draw)
     if settings.method == "master":
         from qac.data.master import master_batches
 

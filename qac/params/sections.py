@@ -240,6 +240,9 @@ class PretrainCommon(Section):
     passage_context: PassageContext = Field(
         description="how a passage context is drawn: random_sampled | nearby | overlap | next (the following span, "
                     "MASTER's NPR)")
+    passage_context_draw: Literal["step", "once"] = Field(
+        description="when an anchor's passage context is drawn: step (again at every step it is an anchor) or once "
+                    "(one partner for the whole run, as the release's make_contextual_splits.py draws it)")
     single_span_documents: SingleSpanDocuments = Field(
         description="passage and mixed contexts of a document split into one span: drop (no other span, not an "
                     "anchor) or self (the release: paired with itself, so the passage, query and mixed variants see "

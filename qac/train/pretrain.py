@@ -78,6 +78,7 @@ class PretrainSettings:
     master_npr_mask: str  # uniform | keyword: NPR's words masked with MKP's TF-IDF weights (MASTER's)
     mixed_query_prob: float
     passage_context: str
+    passage_context_draw: str  # step: drawn again at every step; once: one partner per anchor for the run (release)
     single_span_documents: str  # drop | self: a single-span document's passage paired with itself (release)
     spans: str  # split.spans: overflow crops a passage over max_len at random (release)
     pad_to: int | None  # None: dynamic padding to the longest sequence of a batch side
@@ -116,6 +117,8 @@ class PretrainSettings:
         shaping = {k: v for k, v in self.to_dict().items() if k not in NOT_SHAPING}
         if not shaping["unpadded"]:     # the padded layout, every run's before the switch: their fingerprints
             del shaping["unpadded"]
+        if shaping["passage_context_draw"] == "step":     # every run's before the switch: their fingerprints
+            del shaping["passage_context_draw"]
         if inputs_md5:
             shaping["inputs_md5"] = dict(inputs_md5)
         return hashlib.md5(json.dumps(shaping, sort_keys=True).encode()).hexdigest()
