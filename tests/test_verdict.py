@@ -426,3 +426,17 @@ def test_each_recorded_kernel_set_run_passes_the_committed_check_with_itself_lef
     verdict = check.judge_machine_run(check.leave_out(document, run), run)
     assert verdict.outcome in (check.SAME_BYTES, check.MACHINE_NOISE), (verdict.outcome, verdict.outside)
     assert verdict.cells == len(document.cells)
+
+
+def test_a_deterministic_row_may_miss_only_where_a_measured_machine_moved_it():
+    """BM25 scores alike on every machine measured: it may not move. The untuned encoder's R@50 flips a near
+    tie at the cut-off under other kernels (measured): that is machine noise, counted like a trained miss."""
+    from qac.reporting.check import DETERMINISTIC, Expected, Outcome
+
+    column = "SciFact test R@50 (hit rate)"
+    bm25 = Expected("table1", "BM25", column, 95.33, "percent", noise=DETERMINISTIC, machine_values=(95.33, 95.33))
+    untuned = Expected("table1", "start encoder, not fine-tuned", column, 21.0, "percent", noise=DETERMINISTIC,
+                       machine_values=(21.0, 20.67))
+    assert Outcome(bm25, 94.0, 0.667).strict and not Outcome(bm25, 94.0, 0.667).ok
+    assert not Outcome(untuned, 20.0, 0.667).strict
+    assert Outcome(Expected("table1", "BM25", column, 95.33, "percent", noise=DETERMINISTIC), 94.0, 0.667).strict
