@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from qac.data.context_pairs import Pair, PairCollator
-from qac.data.master import MasterCollator, MasterPair, WordWeights
+from training_samples import master_pairs, pairs
+
+from qac.data.context_pairs import PairCollator
+from qac.data.master import MasterCollator, WordWeights
 from qac.data.masking import IGNORE_INDEX, masked_targets
 from qac.data.streams import UnpaddedCollator, stream_chunks
 from qac.models.grad_cache import FullBatchStep, GradCachedStep
@@ -72,17 +74,6 @@ def tokenizer():
     return load_tokenizer("minilm")
 
 
-def pairs(n=6):
-    return [Pair(i, f"the protein {i} binds the receptor of the cell membrane in study {i} " * (1 + i % 3),
-                 f"what binds receptor {i}" + " of the cell" * (i % 2), "query") for i in range(n)]
-
-
-def master_pairs(n=4):
-    return [MasterPair(i, f"the protein {i} binds the receptor of the cell membrane in study {i} " * (1 + i % 2),
-                       f"the membrane of cell {i} grows", "passage", row=i,
-                       queries=(f"what binds receptor {i}", "which protein binds"),
-                       continuation=f"and then the cell {i} divided twice")
-            for i in range(n)]
 
 
 WEIGHTS = WordWeights(passages=1000, document_frequency={"the": 1000, "of": 1000, "receptor": 1})

@@ -21,8 +21,11 @@ import copy
 import pytest
 import torch
 
-from qac.data.context_pairs import Pair, PairCollator
-from qac.data.master import MasterCollator, MasterPair, WordWeights
+import training_samples
+from training_samples import pairs
+
+from qac.data.context_pairs import PairCollator
+from qac.data.master import MasterCollator, WordWeights
 from qac.data.masking import IGNORE_INDEX
 from qac.data.streams import UnpaddedCollator, stream_chunks, token_stream
 from qac.models import unpadded
@@ -41,17 +44,8 @@ def tokenizer():
     return load_tokenizer("minilm")
 
 
-def pairs(n=6):
-    return [Pair(i, f"the protein {i} binds the receptor of the cell membrane in study {i} " * (1 + i % 3),
-                 f"what binds receptor {i}" + " of the cell" * (i % 2), "query") for i in range(n)]
-
-
 def master_pairs(n=4):
-    return [MasterPair(i, f"the protein {i} binds the receptor of the cell membrane in study {i} " * (1 + i % 2),
-                       f"the membrane of cell {i} grows", "passage", row=i,
-                       queries=(f"what binds receptor {i}", "which protein binds"),
-                       continuation=f"and then the cell {i} divided twice" if i % 2 else "")
-            for i in range(n)]
+    return training_samples.master_pairs(n, empty_continuations=True)
 
 
 _BUILT: dict[str, torch.nn.Module] = {}
