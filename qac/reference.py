@@ -29,8 +29,11 @@ INDEX_FILE = "references.json"
 
 
 def reference_slug(spec: str) -> str:
-    """The folder name of a retriever's outputs: its spec with ``/`` written ``--``."""
-    return spec.replace("/", "--")
+    """The folder name of a retriever's outputs: its name as published (a pinned revision left out: the run
+    record says which commit loaded) with ``/`` written ``--``."""
+    from qac.model_specs import split_revision
+
+    return split_revision(spec)[0].replace("/", "--")
 
 
 def reference_specs(params: Params) -> list[str]:
@@ -43,10 +46,13 @@ def reference_settings(params: Params, spec: str) -> dict[str, Any]:
     A reference retriever without an ``encoders`` entry would be scored with
     settings it was not trained with, so that is refused with the key to add.
     """
-    entry = params.encoders.get(spec)
+    from qac.model_specs import split_revision
+
+    entry = params.encoder(spec)
     if entry is None:
-        raise ValueError(f"params: reference_retrievers names {spec!r}, but encoders.{spec} is missing: give its "
-                         "pooling, normalize, query_max_len, passage_max_len, title_join and published figures")
+        raise ValueError(f"params: reference_retrievers names {spec!r}, but encoders.{split_revision(spec)[0]} is "
+                         "missing: give its pooling, normalize, query_max_len, passage_max_len, title_join and "
+                         "published figures")
     return {key: getattr(entry, key)
             for key in ("pooling", "normalize", "query_max_len", "passage_max_len", "title_join", "published")}
 

@@ -100,7 +100,7 @@ def test_paper_jobs_follow_the_dvc_graph(paper_graph, tmp_path, monkeypatch, cap
         submitted[str(1000 + number)] = stage
     assert set(submitted.values()) == set(edges)
 
-    params = load_params(profile_params_path("paper"))
+    params = load_params(profile_params_path("paper"), running=False)
     for stage, command, _ in paper_graph:
         script = (out_dir / (stage.replace("@", "-") + ".sbatch")).read_text()
         options = directives(script)
@@ -130,7 +130,7 @@ def test_paper_jobs_follow_the_dvc_graph(paper_graph, tmp_path, monkeypatch, cap
 
 @pytest.mark.slow
 def test_the_shared_cache_and_root_are_set_before_any_submission(paper_graph, tmp_path):
-    params = with_values(load_params(profile_params_path("paper")), {
+    params = with_values(load_params(profile_params_path("paper"), running=False), {
         "cluster.shared_root": str(tmp_path / "shared" / "qac"), "cluster.dvc_cache": str(tmp_path / "cache"),
         "cluster.partition": "gpu", "cluster.setup": ["source .venv/bin/activate"]})
     (tmp_path / "shared" / "qac").mkdir(parents=True)
@@ -188,7 +188,7 @@ def test_overrides_go_from_default_to_base_name_to_full_name():
 
 def test_every_profile_declares_usable_cluster_settings():
     for name in ("smoke", "default", "paper"):
-        params = load_params(profile_params_path(name))
+        params = load_params(profile_params_path(name), running=False)
         for stage in ("prepare@x", "generate_queries", "pretrain@none", "tables"):
             stage_resources(params.cluster, stage)
 

@@ -76,7 +76,10 @@ def test_the_padded_vocabulary_gives_the_heads_loss_and_gradients():
     labels = torch.tensor([0, 3, 249, 17, -100, 100, 5])
     logits = losses.vocabulary_logits(head, hidden)
     assert logits.shape == (7, 256) and torch.isneginf(logits[:, 250:]).all()
-    assert torch.equal(logits[:, :250], head(hidden))
+    eps = torch.finfo(torch.float64).eps
+    unpadded = head(hidden)
+    # The same products; a BLAS may block a 256-row matrix otherwise than a 250-row one (last bits).
+    assert float((logits[:, :250] - unpadded).abs().max()) <= 16 * eps * float(unpadded.abs().max())
     results = []
     for logits_of in (losses.vocabulary_logits, lambda module, states: module(states)):
         head.zero_grad()
@@ -84,7 +87,6 @@ def test_the_padded_vocabulary_gives_the_heads_loss_and_gradients():
         loss.backward()
         results.append((loss.detach(), {name: p.grad.clone() for name, p in head.named_parameters()}))
     (padded_loss, padded_grads), (loss, grads) = results
-    eps = torch.finfo(torch.float64).eps
     assert abs(float(padded_loss - loss)) <= 16 * eps * float(loss)
     scale = max(float(g.abs().max()) for g in grads.values())
     assert all(float((padded_grads[name] - grads[name]).abs().max()) <= 16 * eps * scale for name in grads)

@@ -185,7 +185,7 @@ UNPUBLISHED_CHECKSUMS = {"http://ir.dcs.gla.ac.uk/resources/test_collections/cis
 
 @pytest.mark.parametrize("profile", ["smoke", "default", "paper"])
 def test_every_public_download_of_a_profile_has_a_pinned_checksum(profile):
-    for name, entry in load_params(profile_params_path(profile)).datasets.items():
+    for name, entry in load_params(profile_params_path(profile), running=False).datasets.items():
         declared = DatasetSpec.from_params(name, entry)
         if declared.url and declared.url not in UNPUBLISHED_CHECKSUMS:
             assert declared.checksum is not None, f"{profile}: datasets.{name} has a url but no md5/sha256"
@@ -225,7 +225,7 @@ def test_dataset_spec_errors():
 
 
 def test_paper_profile_msmarco_passage_resolves_topics_in_the_mirror(shared_data):
-    entry = load_params(profile_params_path("paper")).datasets["msmarco-passage"]
+    entry = load_params(profile_params_path("paper"), running=False).datasets["msmarco-passage"]
     passage_spec = DatasetSpec.from_params("msmarco-passage", entry)
     assert passage_spec.rel_threshold == {"train": 1, "dev": 1, "dl19": 2, "dl20": 2}
     topics, qrels = passage_spec.split_files("dl19")

@@ -42,9 +42,9 @@ def referenced(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F
     return root, params
 
 
-def _expected_top(root, dataset) -> dict[str, str]:
-    """Each test query's best document, ranked here: [CLS] vectors at the published lengths, inner product, a
-    document's title and text joined by [SEP]."""
+def _expected_scores(root, dataset) -> dict[str, dict[str, float]]:
+    """Each test query's score of every document, computed here: [CLS] vectors at the published lengths, inner
+    product, a document's title and text joined by [SEP]."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -61,7 +61,7 @@ def _expected_top(root, dataset) -> dict[str, str]:
                ENCODING["passage_max_len"])
     qids = sorted(dataset.qrels["test"])
     scores = cls([dataset.queries[q] for q in qids], ENCODING["query_max_len"]) @ docs.T
-    return {qid: doc_ids[int(scores[i].argmax())] for i, qid in enumerate(qids)}
+    return {qid: dict(zip(doc_ids, scores[i].tolist())) for i, qid in enumerate(qids)}
 
 
 def _top_of_run(path) -> dict[str, str]:
@@ -85,7 +85,13 @@ def test_the_released_retriever_is_evaluated_as_published(referenced):
     assert json.loads((data / "reference" / "references.json").read_text()) == {"reference_retrievers": [HUB_NAME]}
     # The weights named by the hub name, [CLS] pooling and the published lengths: the same first documents.
     in_domain, _ = tiny_datasets()
-    assert _top_of_run(out / "test.trec") == _expected_top(root, in_domain)
+    # Float32 vectors encoded in other batches differ in their last bits, so a near-tie may fall either way: the
+    # run's first document must score the best to float32 rounding of the scores' scale.
+    expected, top = _expected_scores(root, in_domain), _top_of_run(out / "test.trec")
+    assert set(top) == set(expected)
+    for qid, scores in expected.items():
+        scale = max(abs(score) for score in scores.values())
+        assert scores[top[qid]] >= max(scores.values()) - 64 * 1.2e-7 * scale, (qid, top[qid], scores)
     per_query = json.loads((out / "test.per_query.json").read_text())
     assert set(per_query["RR@10"]) == set(in_domain.qrels["test"])
     record = json.loads((data / ".runs" / "reference" / "Luyu--co-condenser-marco-retriever" /

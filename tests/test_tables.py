@@ -87,7 +87,7 @@ def test_a_cited_figure_stands_only_beside_a_column_on_the_papers_own_data():
     from qac.params import load_params, profile_params_path
     from qac.reporting.paper import same_data
 
-    paper_profile = load_params(profile_params_path("paper"))
+    paper_profile = load_params(profile_params_path("paper"), running=False)
     assert same_data(paper_profile, "msmarco-passage", "dev", "mrr@10")
     assert same_data(paper_profile, "msmarco-passage", "dl19", "ndcg@10_dl19")
     assert not same_data(paper_profile, "msmarco-passage", "dev", "ndcg@10_dl19")     # another split

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     def tables_of(study):
         return [*build_tables(study, params), checked_table(study)]
 
-    params = load_params(args.params)
+    params = load_params(args.params, running=False)
     path = Path(args.expected or params.check.expected or "")
     if not args.expected and not params.check.expected:
         print("qac check: params has no check.expected (the expected-values file of the profile)", file=sys.stderr)

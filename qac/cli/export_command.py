@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     from qac.reporting.export import export_profile
 
     check_out_option(args.out)
-    params = load_params(args.params or (f"profiles/{args.profile}/params.yaml" if args.profile else None))
+    params = load_params(args.params or (f"profiles/{args.profile}/params.yaml" if args.profile else None),
+                         running=False)
     out = Path(args.out or f"exports/{params.profile}")
     problem = folder_problem(out)
     if problem:

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from qac.config import profile_dir
     from qac.params import load_params
 
-    params = load_params(args.params)
+    params = load_params(args.params, running=False)
     root = profile_dir(params)
     lines = metric_lines(root, args.timing, args.pattern)
     if not lines:

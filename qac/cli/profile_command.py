@@ -10,6 +10,7 @@
   qac profile plan NAME --cells --cost  # the cells, and each extension table cell with the GPU-hours of its runs
   qac profile plan NAME --slurm DIR  # an sbatch script per stage, chained along the DVC graph (docs/cluster.md)
   qac profile validate [NAME|FILE ...]  # check params files against the schema (all profiles by default)
+  qac profile pin NAME [--dry-run] # write the hub's current commit of each unpinned hub model into profiles/NAME.yaml
   qac profile docs [--check]       # write docs/parameters.md from the schema (--check: fail if stale)
 
 A profile is a folder profiles/NAME/ with its own params.yaml, dvc.yaml and
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     validate = actions.add_parser("validate", help="check params files against the schema, running nothing")
     validate.add_argument("targets", nargs="*", metavar="NAME|FILE",
                           help=f"a profile ({', '.join(PROFILE_NAMES)}) or a params file (default: every profile)")
+    pin = actions.add_parser("pin", help="pin each hub model of a profile to the hub's current commit")
+    pin.add_argument("name", choices=PROFILE_NAMES)
+    pin.add_argument("--dry-run", action="store_true", help="print the commits; write nothing")
     docs = actions.add_parser("docs", help="write docs/parameters.md from the schema")
     docs.add_argument("--out", default="docs/parameters.md", help="where to write (default: docs/parameters.md)")
     docs.add_argument("--check", action="store_true", help="write nothing; exit 1 when the file is stale")
@@ -123,6 +127,36 @@ def _validate(targets: list[str]) -> int:
     return status
 
 
+def _pin(name: str, dry_run: bool) -> int:
+    from qac.config import render_profile
+    from qac.params import profiles_root, validate_params
+    from qac.params.locations import PROFILE_PARENTS
+    from qac.params.pinning import pin_profile
+
+    pins = pin_profile(profiles_root() / f"{name}.yaml", validate_params(render_profile(name)), write=not dry_run)
+    if not pins:
+        print(f"profile {name}: every hub model is pinned already")
+        return 0
+    for pin in pins:
+        print(f"{pin.name}@{pin.commit}  ({len(pin.keys)} key{'s' if len(pin.keys) != 1 else ''}: "
+              f"{', '.join(pin.keys)})")
+    if dry_run:
+        print(f"profile {name}: {len(pins)} hub models to pin; nothing written (--dry-run)")
+        return 0
+    print(f"profile {name}: {len(pins)} hub models pinned in profiles/{name}.yaml")
+    # The profile and those rendered over it read the file just written.
+    children = [child for child in PROFILE_NAMES if _descends_from(child, name, PROFILE_PARENTS)]
+    return _render(children, force=False)
+
+
+def _descends_from(child: str, name: str, parents: dict[str, str]) -> bool:
+    while child is not None:
+        if child == name:
+            return True
+        child = parents.get(child)
+    return False
+
+
 def parameters_doc_text() -> str:
     """docs/parameters.md as the schema and profiles/base.yaml make it now."""
     from qac.params import profiles_root
@@ -155,6 +189,8 @@ def _docs(out: str, check: bool) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.action == "validate":
         return _validate(args.targets)
+    if args.action == "pin":
+        return _pin(args.name, args.dry_run)
     if args.action == "docs":
         return _docs(args.out, args.check)
     if args.action == "list":
@@ -220,15 +256,21 @@ def slurm_folder_problem(out_dir: str) -> str | None:
 def _slurm(name: str, out_dir: str) -> int:
     from qac.cluster import write_slurm_scripts
     from qac.params import load_params, profile_params_path
+    from qac.params.model_sources import pin_problems
     from qac.pipeline_plan import stage_graph
 
     problem = slurm_folder_problem(out_dir)
     if problem:         # before the params are read: nothing is written
         raise UserError(f"--slurm {out_dir}: {problem}")
     params_file = profile_params_path(name)
-    written = write_slurm_scripts(name, load_params(params_file), stage_graph(name), out_dir, Path.cwd(),
-                                  where=str(params_file))
+    params = load_params(params_file, running=False)       # scripts can be written before the pins
+    written = write_slurm_scripts(name, params, stage_graph(name), out_dir, Path.cwd(), where=str(params_file))
     jobs = len(written) - 2
     print(f"profile {name}: {jobs} job scripts, submit.sh and sweep.sbatch in {out_dir}; "
           f"submit with `bash {Path(out_dir) / 'submit.sh'}`")
+    unpinned = pin_problems(params)
+    if unpinned:
+        print(f"profile {name}: {len(unpinned)} hub models are not pinned, and every job that loads one stops at "
+              f"its start until they are (`qac profile validate {name}` names them; `qac profile pin {name}`)",
+              file=sys.stderr)
     return 0

@@ -101,7 +101,7 @@ def run_diff(args: argparse.Namespace) -> int:
         from qac.config import profile_dir
         from qac.params import load_params
 
-        data = profile_dir(load_params(args.params))
+        data = profile_dir(load_params(args.params, running=False))
     (run_a, uri), (run_b, _) = resolve_run(args.a, data), resolve_run(args.b, data)
     diff = diff_runs(mlflow.MlflowClient(uri or tracking_uri()), run_a, run_b)
     print(json.dumps(diff.as_dict(), indent=2) if args.json else format_diff(diff, args.width), end="")

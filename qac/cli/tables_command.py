@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from qac.reporting.profile_report import log_to_study_run, write_report
 
     check_out_option(args.out)
-    params = load_params(args.params)
+    params = load_params(args.params, running=False)
     out = Path(args.out or params.tables.out_dir)
     problem = folder_problem(out)
     if problem:            # before any table is built: the report would have nowhere to go

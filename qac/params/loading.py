@@ -12,13 +12,14 @@ from qac.params.errors import ParamsError, Problem
 from qac.params.locations import PROFILE_NAMES, params_path
 from qac.params.sections import Params
 from qac.params.validation import validate_params
+from qac.params.model_sources import pin_problems
 from qac.params.reading import read_params_file
 from qac.params.yaml_io import key_lines
 
 T = TypeVar("T")
 
 
-def load_params(path: str | os.PathLike | None = None) -> Params:
+def load_params(path: str | os.PathLike | None = None, *, running: bool = True) -> Params:
     """Read a profile's parameters: ``path`` if given, else :func:`params_path`.
 
     The whole file is checked against the schema (:mod:`qac.params.sections`) first, so a
@@ -27,7 +28,9 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
     checked file itself, typed and frozen (:class:`~qac.params.sections.Params`): a key it leaves
     out reads as the schema's default, and a partial file (a small study naming some sections)
     reads as ``profiles/base.yaml`` with its keys over it. Floats written ``5e-05`` (as
-    ``dvc exp run -S`` writes them) read as numbers.
+    ``dvc exp run -S`` writes them) read as numbers. ``running`` (a stage, ``qac repro``, a search): a
+    profile that sets ``pinned_models`` must name every hub model at a commit; a caller that only reads
+    the file (tables, the check, a plan) passes False.
     """
     path = Path(path) if path else params_path()
     if not path.exists():
@@ -43,7 +46,11 @@ def load_params(path: str | os.PathLike | None = None) -> Params:
     if problem is not None:
         raise ParamsError(path, [problem], key_lines(text))
     _check_stage_profile(path)
-    return validate_params(params, path, text)
+    checked = validate_params(params, path, text)
+    problems = pin_problems(checked) if running else []
+    if problems:
+        raise ParamsError(path, problems, key_lines(text))
+    return checked
 
 
 def _check_stage_profile(path: Path) -> None:

@@ -11,7 +11,7 @@ it in one paragraph (:func:`qac.model_specs.unloadable_model_message`).
 
 from __future__ import annotations
 
-from qac.model_specs import spec_problem
+from qac.model_specs import is_commit, spec_problem, unpinned_problem
 from qac.params.errors import Problem
 from qac.params.sections import Params
 
@@ -37,4 +37,27 @@ def model_source_problems(params: Params) -> list[Problem]:
         problem = spec_problem(spec)
         if problem:
             problems.append(Problem(key, problem))
+    return problems
+
+
+def pin_problems(params: Params) -> list[Problem]:
+    """Where a profile that sets ``pinned_models`` names a hub model without a commit: a problem per key.
+
+    Checked when a profile is about to run (a stage, ``qac repro``, ``qac profile validate``), not when it
+    is only read (plans, tables, the check), so the paper's plan can be costed before its pins are written.
+    """
+    if not params.pinned_models:
+        return []
+    generators = {f"llm_queries.generators.{name}.model" for name, entry in params.llm_queries.generators.items()
+                  if is_commit(entry.revision)}        # pinned by the generator's own revision key
+    by_spec: dict[str, list[str]] = {}
+    for key, spec in model_keys(params):
+        if key not in generators and unpinned_problem(spec):
+            by_spec.setdefault(spec, []).append(key)
+    problems = []
+    for spec, keys in by_spec.items():
+        also = f" (so do {', '.join(keys[1:])})" if keys[1:] else ""
+        problems.append(Problem(keys[0], f"{unpinned_problem(spec)}{also}. pinned_models is true in this profile: "
+                                         f"`qac profile pin {params.profile}` writes the hub's current commits into "
+                                         f"profiles/{params.profile}.yaml"))
     return problems

@@ -240,6 +240,10 @@ class PretrainCommon(Section):
     passage_context: PassageContext = Field(
         description="how a passage context is drawn: random_sampled | nearby | overlap | next (the following span, "
                     "MASTER's NPR)")
+    decay_exempt: Literal["names", "norm_layers"] = Field(
+        description="parameters weight decay leaves alone: names (biases and parameters named LayerNorm, as BERT's "
+                    "recipe writes them) or norm_layers (biases and every LayerNorm module's weights, as the Hugging "
+                    "Face Trainer exempts them in the release: CoT-MAE's GPT-2 decoder's ln_1 / ln_2 / ln_f too)")
     passage_context_draw: Literal["step", "once"] = Field(
         description="when an anchor's passage context is drawn: step (again at every step it is an anchor) or once "
                     "(one partner for the whole run, as the release's make_contextual_splits.py draws it)")
@@ -778,6 +782,10 @@ class Params(Section):
     reference_retrievers: Annotated[list[str], Distinct] = Field(
         default_factory=list, description="released retrievers (hub names) evaluated as published by stage "
         "reference, each described in encoders (pooling, lengths, published figures): Table 1's reference rows")
+    pinned_models: bool = Field(
+        default=False, description="every hub model the profile loads must be pinned to a commit (name@<40 hex "
+        "digits>, or an llm_queries generator's revision): a stage, `qac repro` and `qac profile validate` refuse "
+        "one that is not (`qac profile pin NAME` writes the hub's current commits into profiles/NAME.yaml)")
     tables: TablesSection = Field(description="Tables 1-5 (stage tables)")
     check: CheckSection = Field(description="expected-score check (`qac check`)")
     hpo: HpoSection = Field(description="hyper-parameter search (`qac hpo`, docs/hpo.md)")
@@ -803,6 +811,15 @@ class Params(Section):
                 raise ValueError(f"llm_queries.variants.{name}: a pretrain.variants entry has that name already")
             variants[name] = entry
         return {**data, "pretrain": {**pretrain, "variants": variants}}
+
+    def encoder(self, spec: str | None) -> EncoderEntry | None:
+        """How the published encoder ``spec`` was trained (``encoders``), found by its name with or without a
+        pinned revision: ``encoders`` names a model as it was published, a pin says which commit of it loads."""
+        if spec is None:
+            return None
+        from qac.model_specs import split_revision
+
+        return self.encoders.get(spec) or self.encoders.get(split_revision(spec)[0])
 
     def to_dict(self) -> dict[str, Any]:
         """The file's view: an LLM-query variant under llm_queries.variants only, as it was declared (validating

@@ -366,7 +366,7 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
     from qac.retrieval.untuned import baseline_settings, start_encoder
 
     spec = start_encoder(ctx.params)
-    described = spec is not None and spec in ctx.params.encoders
+    described = ctx.params.encoder(spec) is not None
     encoding = baseline_settings(ctx.params, spec) if described else None
     row = "start encoder, not fine-tuned"
     cut_datasets = {}
@@ -396,9 +396,15 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
                            "and its lengths.")
 
 
+def published_name(spec: str) -> str:
+    from qac.model_specs import split_revision
+
+    return split_revision(spec)[0]
+
+
 def reference_row(spec: str) -> str:
-    """Table 1's row of a released retriever evaluated as published."""
-    return f"published checkpoint {spec}"
+    """Table 1's row of a released retriever evaluated as published (named as published, without its pin)."""
+    return f"published checkpoint {published_name(spec)}"
 
 
 def _reference_row(ctx: TableContext, table: Table, spec: str) -> None:
@@ -423,7 +429,7 @@ def _reference_row(ctx: TableContext, table: Table, spec: str) -> None:
         table.put(row, column.header, cell)
     if sources:
         table.paper_rows[row] = "published: " + "; ".join(sorted(sources))
-    table.notes.append(f"{row}: the released model evaluated as published (encoders.{spec}: pooling, lengths; stage "
+    table.notes.append(f"{row}: the released model evaluated as published (encoders.{published_name(spec)}: pooling, lengths; stage "
                        "reference); its published figures are compared where the corpus is whole, else cited.")
 
 

@@ -27,7 +27,7 @@ def baseline_settings(params: Params, spec: str | None) -> dict:
     ``published`` figures (empty for a model the params do not describe).
     """
     finetune = params.finetune
-    entry = params.encoders.get(spec) if spec else None
+    entry = params.encoder(spec)
     if entry is None:
         return {"pooling": finetune.pooling, "normalize": False, "query_max_len": finetune.query_max_len,
                 "passage_max_len": finetune.corpus_max_len or finetune.passage_max_len, "published": []}

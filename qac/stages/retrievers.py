@@ -169,7 +169,7 @@ def encoding_of(params: Params, name: str, folder: Path, fine_tuned: Path):
         raise SystemExit(f"{fine_tuned if name == 'untuned' else folder}: a retriever folder without its "
                          "encoding (modules.json, retriever.json): rerun its fine-tuning stage")
     spec = start_encoder(params)
-    trained = params.encoders.get(spec) if name == "untuned" and spec else None
+    trained = params.encoder(spec) if name == "untuned" else None
     if trained is None:
         return declared
     return Encoding(pooling=trained.pooling, normalize=trained.normalize, query_max_len=trained.query_max_len,

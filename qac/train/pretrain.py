@@ -78,6 +78,7 @@ class PretrainSettings:
     master_npr_mask: str  # uniform | keyword: NPR's words masked with MKP's TF-IDF weights (MASTER's)
     mixed_query_prob: float
     passage_context: str
+    decay_exempt: str  # names: biases and LayerNorm-named weights; norm_layers: every LayerNorm module (HF Trainer)
     passage_context_draw: str  # step: drawn again at every step; once: one partner per anchor for the run (release)
     single_span_documents: str  # drop | self: a single-span document's passage paired with itself (release)
     spans: str  # split.spans: overflow crops a passage over max_len at random (release)
@@ -119,6 +120,8 @@ class PretrainSettings:
             del shaping["unpadded"]
         if shaping["passage_context_draw"] == "step":     # every run's before the switch: their fingerprints
             del shaping["passage_context_draw"]
+        if shaping["decay_exempt"] == "names":            # every run's before the switch: their fingerprints
+            del shaping["decay_exempt"]
         if inputs_md5:
             shaping["inputs_md5"] = dict(inputs_md5)
         return hashlib.md5(json.dumps(shaping, sort_keys=True).encode()).hexdigest()
@@ -308,7 +311,7 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     sampler, collator = build_batches(settings, model, tokenizer, corpus, {"queries": queries, **extra_inputs})
     optimizer, scheduler = build_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay,
                                            warmup_ratio=settings.warmup_ratio, total_steps=settings.steps,
-                                           device=device)
+                                           device=device, decay_exempt=settings.decay_exempt)
     amp_dtype = pick_autocast(settings.dtype, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 
