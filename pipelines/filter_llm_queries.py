@@ -14,7 +14,7 @@ from qac.console import StageClock, print_summary
 
 
 def main(argv=None) -> int:
-    from qac.cli.stage_arguments import _parsed
+    from qac.stages.arguments import _parsed
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generator", required=True, help="a key of llm_queries.generators")

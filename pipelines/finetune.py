@@ -2,7 +2,7 @@
 
 Retriever 1 trains on the BM25 hard negatives, mines negatives for retriever 2
 and searches the in-domain evaluation splits with the corpus vectors it mined
-with; retriever 2 trains on the mined negatives (:mod:`qac.train.recipe`).
+with; retriever 2 trains on the mined negatives (:mod:`qac.stages.finetune`).
 Writes ``data/<profile>/finetune/<variant>/`` as one unit: ``r1/``, ``r2/``
 (Hugging Face encoder folders with tokenizer that are also sentence-transformers
 model folders: pooling, normalisation and lengths), ``mined_negatives.jsonl`` and ``r1_runs/``.
@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.cli.stage_arguments import variant_stage_arguments
+    from qac.stages.arguments import variant_stage_arguments
     from qac.console import StageClock, print_summary
 
     args = variant_stage_arguments(__doc__.splitlines()[0], argv,
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from qac.config import checked_variant
     from qac.params import load_params
-    from qac.train.recipe import fine_tune_variant
+    from qac.stages.finetune import fine_tune_variant
 
     params = load_params()
     variant = checked_variant(params, args.variant)

@@ -14,7 +14,7 @@ from qac.console import StageClock, print_summary
 
 
 def main(argv=None) -> int:
-    from qac.cli.stage_arguments import _parsed
+    from qac.stages.arguments import _parsed
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generator", required=True, help="a key of llm_queries.generators")
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     clock = StageClock()
 
     from qac.params import load_params
-    from qac.querygen.stage import rate
+    from qac.stages.generation import rate
     from qac.stages.llm_queries import generate_llm_queries
 
     summary = generate_llm_queries(load_params(), args.generator, shard=args.shard, merge=args.merge,

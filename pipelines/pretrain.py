@@ -4,7 +4,7 @@ Writes ``data/<profile>/pretrain/<variant>/`` as one unit: ``encoder/`` (the
 Hugging Face folder fine-tuning starts from), ``checkpoint/`` (everything
 needed to resume) and ``losses.tsv``. An interrupted run resumes from
 ``data/<profile>/.work/pretrain/<variant>/`` when its settings and inputs are
-unchanged (:mod:`qac.train.pretrain_variant`). Runs alone or under ``torchrun``.
+unchanged (:mod:`qac.stages.pretrain`). Runs alone or under ``torchrun``.
 The MLflow run is ``C=<count> · <context> · <method> · pretrain``; with
 ``--log-models`` (or ``mlflow.log_models``) the encoder is logged as its artifact.
 """
@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.cli.stage_arguments import variant_stage_arguments
+    from qac.stages.arguments import variant_stage_arguments
     from qac.console import StageClock, print_summary
 
     args = variant_stage_arguments(__doc__.splitlines()[0], argv,
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     clock = StageClock()
 
     from qac.params import load_params
-    from qac.train.pretrain_variant import pretrain_variant, result_facts
+    from qac.stages.pretrain import pretrain_variant, result_facts
 
     summary = pretrain_variant(load_params(), args.variant, log_models=args.log_models)
     print_summary(f"pretrain@{args.variant}", *result_facts(summary), seconds=clock.seconds)

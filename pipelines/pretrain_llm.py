@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.cli.stage_arguments import variant_stage_arguments
+    from qac.stages.arguments import variant_stage_arguments
     from qac.console import StageClock, print_summary
 
     args = variant_stage_arguments(__doc__.splitlines()[0], argv)
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from qac.params import load_params
     from qac.stages.pretrain_llm import pretrain_llm_variant
-    from qac.train.pretrain_variant import result_facts
+    from qac.stages.pretrain import result_facts
 
     summary = pretrain_llm_variant(load_params(), args.variant)
     print_summary(f"pretrain_llm@{args.variant}", *result_facts(summary), seconds=clock.seconds)

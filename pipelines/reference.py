@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from qac.cli.stage_arguments import stage_arguments
+    from qac.stages.arguments import stage_arguments
     from qac.console import StageClock, print_summary
 
     stage_arguments(__doc__.splitlines()[0], argv)

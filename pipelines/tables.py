@@ -11,7 +11,7 @@ import _environment  # noqa: F401,I001  (first: a Python without qac says which 
 import sys
 
 from qac.params import load_params
-from qac.cli.stage_arguments import stage_arguments
+from qac.stages.arguments import stage_arguments
 from qac.reporting.lineage import load_study
 from qac.reporting.profile_report import log_to_study_run, write_report
 

@@ -24,7 +24,7 @@ PACKAGE = "qac"
 NOT_RESULT_CODE = (
     "pipelines/_environment.py",     # says which Python to use when the one on PATH lacks qac
     "qac/cli/__init__.py",           # the `qac` command's table of subcommands
-    "qac/cli/stage_arguments.py",    # a stage's command line (--variant, --log-models)
+    "qac/stages/arguments.py",    # a stage's command line (--variant, --log-models)
     "qac/config.py",                 # rendering profiles, the data folder's name
     "qac/console.py",                # log lines, summaries, the exit on a user error
     "qac/environment.py",            # checks of QAC_* variables before any work

@@ -114,3 +114,42 @@ def test_each_arrow_up_is_explained_in_the_architecture_doc():
     for source, target in ARROWS_UP:
         assert f"`{source} -> {target}`" in section, f"docs/architecture.md does not explain {source} -> {target}"
     assert " < ".join(LAYERS) in " ".join(section.split())
+
+
+# --------------------------------------------------------------------------- the stages as the house's rooms
+
+def _stage_scripts() -> set[str]:
+    """The scripts the pipeline's stages run (``pipelines/<name>.py`` in each stage's command)."""
+    import re
+
+    import yaml
+
+    stages = yaml.safe_load((REPO / "profiles" / "pipeline.yaml").read_text())["stages"]
+    commands = [stage.get("cmd") or stage["do"]["cmd"] for stage in stages.values()]
+    return {match for command in commands for match in re.findall(r"pipelines/\w+\.py", str(command))}
+
+
+def test_only_a_stage_module_opens_a_stage_run():
+    """A stage's MLflow run is opened in its own module of qac/stages, nowhere else (the tracking room
+    defines the calls)."""
+    import ast
+
+    opening = set()
+    for path in sorted((REPO / "qac").rglob("*.py")) + sorted((REPO / "pipelines").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = {node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+                 for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        if calls & {"tracked_stage", "reopened_stage"}:
+            opening.add(path.relative_to(REPO).as_posix())
+    outside = {path for path in opening if not path.startswith("qac/stages/") and path != "qac/tracking/lifecycle.py"}
+    assert not outside, f"stage runs opened outside qac/stages: {sorted(outside)}"
+
+
+def test_every_stage_script_is_a_shim_or_calls_its_stage_module():
+    """pipelines/<stage>.py is what DVC runs: a few lines around its stage's module (or, for the tables, the
+    reporting room's two calls)."""
+    scripts = _stage_scripts()
+    assert len(scripts) >= 15, scripts
+    for name in scripts:
+        lines = [line for line in (REPO / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+        assert len(lines) <= 45, f"{name} is {len(lines)} lines: move its body to qac/stages/"

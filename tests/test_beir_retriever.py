@@ -197,7 +197,7 @@ def test_a_killed_stage_keeps_its_trained_retriever_and_writes_what_an_uninterru
         tmp_path, monkeypatch, tiny_bert_dir, mlflow_store, capsys):
     """Killed while evaluating: the trained retriever stays in the work folder; the rerun trains nothing,
     evaluates, and writes the uninterrupted run's files byte for byte; the work folder then goes."""
-    from qac.stages import retrievers
+    from qac.stages import evaluate as retrievers
     from qac.train import finetune
     from test_release_data import load_stage
 

@@ -22,7 +22,7 @@ def evaluated(tmp_path_factory, tiny_bert_dir, shared_mlflow_store):  # noqa: F8
     root = tmp_path_factory.mktemp("evaluated") / "study"
     with study_dir(root, tiny_bert_dir) as params:
         load_stage("finetune").main(["--variant", "none"])
-        from qac.stages import retrievers
+        from qac.stages import evaluate as retrievers
 
         original = retrievers.evaluate_retriever_on
 
@@ -150,7 +150,7 @@ def test_retriever_one_in_domain_is_scored_from_the_runs_searched_with_the_minin
     shared = read_run(data / "finetune" / "none" / "r1_runs" / "test.trec")
     assert read_run(data / "eval" / "none" / "r1" / "tinyset" / "test.trec") == shared
 
-    from qac.stages.retrievers import evaluate_retriever_on
+    from qac.stages.evaluate import evaluate_retriever_on
     from qac.models.encoding import Encoding
 
     settings = FinetuneSettings.from_params(params.finetune, params.seed)

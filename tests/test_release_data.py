@@ -167,7 +167,7 @@ def test_official_negatives_without_declared_triples_stop_the_bm25_stage(project
         params["finetune"]["r1_negatives"] = "official"
         (root / "params.yaml").write_text(yaml.safe_dump(params))
         load_stage("bm25").main([])
-    from qac.stages.bm25_baseline import official_negatives   # the stage's own check, behind the schema's
+    from qac.stages.bm25 import official_negatives   # the stage's own check, behind the schema's
 
     folder = root / "data" / "test" / "datasets" / "marco"
     with pytest.raises(SystemExit, match="datasets.marco.triples"):

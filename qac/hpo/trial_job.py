@@ -165,7 +165,7 @@ class DevEvaluator:
     """Dense retrieval of the dev queries (exact inner-product search), scored with trec_eval semantics.
 
     ``passage_text`` holds the documents as the retriever reads them (titles joined as it was trained,
-    :func:`qac.train.recipe.retriever_texts`).
+    :func:`qac.stages.finetune.retriever_texts`).
     """
 
     def __init__(self, dataset, passage_text: Mapping[str, str], doc_ids: list[str],
@@ -238,7 +238,7 @@ def run_trial(params: Params, out_dir: Path) -> dict[str, Any]:
     from qac.train.finetune import FinetuneSettings, start_retriever, train_biencoder
     from qac.train.groups import GroupSampler, read_negatives, retriever1_queries, training_queries
     from qac.train.pretrain import PretrainSettings, pretrain
-    from qac.train.recipe import retriever_texts
+    from qac.stages.finetune import retriever_texts
 
     settings = HpoSettings.from_params(params)
     dist = init_distributed()
@@ -274,7 +274,7 @@ def run_trial(params: Params, out_dir: Path) -> dict[str, Any]:
 
     # Retriever 1 on BM25 negatives of the remaining training queries.
     section = params.finetune
-    # Trained as the fine-tuning stage trains retriever 1 (qac.train.recipe): its passage length, its model;
+    # Trained as the fine-tuning stage trains retriever 1 (qac.stages.finetune): its passage length, its model;
     # on_step every step, so that eval_every is honoured.
     r1 = FinetuneSettings.from_params(section, params.seed).for_retriever("r1")
     finetune_settings = dataclasses.replace(r1, log_every=1, epochs=settings.finetune_epochs or r1.epochs)

@@ -91,7 +91,7 @@ def generate_llm_queries(params, name: str, *, shard=None, merge=False, merge_on
     from qac.distributed import autocast_dtype, init_distributed
     from qac.io import atomic_path
     from qac.llm_queries.causal_lm import CausalQueryGenerator, describe, load_causal_generator, resolve_decode
-    from qac.querygen.stage import run_sharded_generation
+    from qac.stages.generation import run_sharded_generation
     from qac.tracking.lifecycle import tracked_stage
 
     section = params.llm_queries.generation

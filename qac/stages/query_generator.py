@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qac.config import profile_dir
@@ -106,14 +107,70 @@ def judge_figures(params: Params, data, heldout, model, tokenizer, sampling, dty
             "judge/calibration_accuracy": calibration.accuracy}
 
 
+def _heldout_sampling(params: Params, settings, data: Path):
+    """How held-out candidates are sampled: as generate_queries samples them (its prefix, top-k/top-p, repeat
+    penalty, lengths and precision), cut at the generator's source length; a prefix other than the one the
+    generator learns queries with, or a judge without the split stage's sentence splitter, is refused."""
+    from qac.querygen.generate import SamplingSettings
+
+    section = params.query_generator
+    sampling = SamplingSettings.from_params(params)
+    sampling = SamplingSettings(**{**sampling.__dict__, "max_source_len": settings.max_source_len})
+    if section.mode == "train" and sampling.prefix != settings.source_prefix("query"):
+        raise UserError(f"{params_path()}: querygen.prefix {sampling.prefix!r} differs from the prefix the "
+                        f"generator learns queries with ({settings.source_prefix('query')!r}, "
+                        "query_generator.kind_prefixes.query or query_generator.prefix)")
+    if section.judge_anchors and not (data / "punkt").is_dir():
+        raise UserError(f"{data / 'punkt'}: the sentence splitter of the split_passages stage, which cuts the "
+                        "held-out documents of the Table 5 judge; run that stage first")
+    return sampling
+
+
+def _generator_pairs(params: Params, settings, corpora: list[str]):
+    """``(training, validation, held-out pairs, their counts)`` of (passage, query or title) pairs."""
+    from qac.querygen.generator_pairs import build_pairs, cap_training_pairs, split_heldout
+
+    section, seed = params.query_generator, params.seed
+    datasets_dir = profile_dir(params) / "datasets"
+    pairs = build_pairs(datasets_dir, params.train_dataset, corpora, section.use_titles)
+    if section.evidence_windows:
+        from qac.data.tokenizer import load_tokenizer
+
+        pairs = evidence_sources(pairs, datasets_dir, params.train_dataset, load_tokenizer(section.model), settings)
+    train_pairs, heldout = split_heldout(pairs, section.heldout_fraction, section.max_heldout, seed)
+    train_pairs, validation = split_heldout(train_pairs, 1.0, section.validation_pairs, seed + 1)
+    train_pairs = cap_training_pairs(train_pairs, section.max_train_pairs, seed)
+    counts = {"pairs/train": len(train_pairs), "pairs/validation": len(validation), "pairs/heldout": len(heldout),
+              "pairs/query": sum(p.kind == "query" for p in pairs), "pairs/title": sum(p.kind == "title" for p in pairs)}
+    return train_pairs, validation, heldout, counts
+
+
+def _heldout_quality(params: Params, model, tokenizer, sampling, generation_dtype, heldout, candidates: int,
+                     batch_size: int, corpora: list[str]) -> dict:
+    """The quality figures of the generator's queries for the held-out passages (sampled and greedy), and the
+    Table 5 judge's where asked."""
+    from qac.querygen.generate import SamplingSettings
+    from qac.querygen.quality import evaluate_queries
+
+    section, seed, data = params.query_generator, params.seed, profile_dir(params)
+    sources = [p.source for p in heldout]
+    generated = generate(model, tokenizer, sampling, generation_dtype, sources, candidates, batch_size)
+    greedy = SamplingSettings(**{**sampling.__dict__, "top_k": 1})
+    most_likely = [texts[0] if texts else "" for texts in
+                   generate(model, tokenizer, greedy, generation_dtype, sources, 1, batch_size)]
+    index = quality_index(data / "datasets", corpora, heldout, section.quality_max_documents, seed)
+    figures = evaluate_queries(heldout, generated, index, seed, greedy=most_likely)
+    if section.judge_anchors:
+        figures.update(judge_figures(params, data, heldout, model, tokenizer, sampling,
+                                     generation_dtype, candidates, batch_size, seed))
+    return figures
+
+
 def make_query_generator(params: Params) -> list[str]:
     """Train (or save the pretrained) query generator and measure its queries; the summary line's facts."""
     from qac.distributed import autocast_dtype, init_distributed
     from qac.io import atomic_path
     from qac.reporting.dvc_metrics import is_timing, write_stage_metrics
-    from qac.querygen.generate import SamplingSettings
-    from qac.querygen.generator_pairs import build_pairs, cap_training_pairs, split_heldout
-    from qac.querygen.quality import evaluate_queries
     from qac.querygen.quality_table import quality_table
     from qac.querygen.train_generator import (TrainSettings, build_generator, load_pretrained_generator,
                                               save_generator, train_generator)
@@ -129,29 +186,9 @@ def make_query_generator(params: Params) -> list[str]:
     settings = TrainSettings.from_params(params)
     dtype = autocast_dtype(section.dtype, ctx.device)
     generation_dtype = autocast_dtype(params.querygen.dtype, ctx.device)
-    # Held-out candidates are sampled as generate_queries samples them (its prefix, top-k/top-p, repeat
-    # penalty, lengths and precision).
-    sampling = SamplingSettings.from_params(params)
-    sampling = SamplingSettings(**{**sampling.__dict__, "max_source_len": settings.max_source_len})
-    if mode == "train" and sampling.prefix != settings.source_prefix("query"):
-        raise UserError(f"{params_path()}: querygen.prefix {sampling.prefix!r} differs from the prefix the "
-                        f"generator learns queries with ({settings.source_prefix('query')!r}, "
-                        "query_generator.kind_prefixes.query or query_generator.prefix)")
+    sampling = _heldout_sampling(params, settings, data)
     candidates = section.quality_candidates or sampling.queries_per_passage
-    if section.judge_anchors and not (data / "punkt").is_dir():
-        raise UserError(f"{data / 'punkt'}: the sentence splitter of the split_passages stage, which cuts the "
-                        "held-out documents of the Table 5 judge; run that stage first")
-
-    pairs = build_pairs(datasets_dir, train_dataset, corpora, section.use_titles)
-    if section.evidence_windows:
-        from qac.data.tokenizer import load_tokenizer
-
-        pairs = evidence_sources(pairs, datasets_dir, train_dataset, load_tokenizer(spec), settings)
-    train_pairs, heldout = split_heldout(pairs, section.heldout_fraction, section.max_heldout, seed)
-    train_pairs, validation = split_heldout(train_pairs, 1.0, section.validation_pairs, seed + 1)
-    train_pairs = cap_training_pairs(train_pairs, section.max_train_pairs, seed)
-    counts = {"pairs/train": len(train_pairs), "pairs/validation": len(validation), "pairs/heldout": len(heldout),
-              "pairs/query": sum(p.kind == "query" for p in pairs), "pairs/title": sum(p.kind == "title" for p in pairs)}
+    train_pairs, validation, heldout, counts = _generator_pairs(params, settings, corpora)
 
     inputs = {name: datasets_dir / name for name in corpora}
     with tracked_stage(params, "query_generator", "query_generator", kind="query_generator",
@@ -173,16 +210,8 @@ def make_query_generator(params: Params) -> list[str]:
         metrics = {**counts, **figures, "train_seconds": train_seconds}
         started = time.perf_counter()
         if heldout:
-            sources = [p.source for p in heldout]
-            generated = generate(model, tokenizer, sampling, generation_dtype, sources, candidates, settings.batch_size)
-            greedy = SamplingSettings(**{**sampling.__dict__, "top_k": 1})
-            most_likely = [texts[0] if texts else "" for texts in
-                           generate(model, tokenizer, greedy, generation_dtype, sources, 1, settings.batch_size)]
-            index = quality_index(datasets_dir, corpora, heldout, section.quality_max_documents, seed)
-            metrics.update(evaluate_queries(heldout, generated, index, seed, greedy=most_likely))
-            if section.judge_anchors:
-                metrics.update(judge_figures(params, data, heldout, model, tokenizer, sampling,
-                                             generation_dtype, candidates, settings.batch_size, seed))
+            metrics.update(_heldout_quality(params, model, tokenizer, sampling, generation_dtype, heldout,
+                                            candidates, settings.batch_size, corpora))
         metrics["quality_seconds"] = time.perf_counter() - started
         tracking.log_metrics(metrics)
 

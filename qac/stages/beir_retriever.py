@@ -9,7 +9,7 @@ batch, lengths) on the train dataset's queries with negatives from
 sentence-transformers' ``msmarco-hard-negatives.jsonl.gz``
 (:mod:`qac.data.hard_negatives`; ``beir_retriever.negatives: bm25`` uses the
 bm25 stage's instead), through the fine-tuning stage's own
-:func:`qac.train.recipe.train_retriever`. The retriever is then evaluated on
+:func:`qac.stages.finetune.train_retriever`. The retriever is then evaluated on
 every ``zero_shot`` dataset, encoded as its saved folder says (its pooling and
 similarity: unit-length vectors for cosine). Writes, as one unit,
 ``data/<profile>/beir/<variant>/encoder/`` (its MLflow run, recorded under
@@ -18,7 +18,7 @@ evaluation's metrics) and ``data/<profile>/beir/<variant>/eval/<dataset>/<split>
 and ``.trec``, plus ``data/<profile>/metrics/beir.json``. A killed run loses no
 training: each variant's retriever is kept in ``data/<profile>/.work/beir_retriever/<variant>/``
 once trained, and checkpointed while it trains (every ``finetune.checkpoint_every``
-steps; :class:`qac.train.recipe.RecipeWork`); the rerun evaluates again.
+steps; :class:`qac.stages.finetune.RecipeWork`); the rerun evaluates again.
 """
 
 from __future__ import annotations
@@ -57,17 +57,82 @@ def training_negatives(params: Params, dataset, root: Path) -> tuple[dict, dict]
 
 
 
+def _pretrained_starts(root: Path, variants: list[str]) -> dict[str, Path]:
+    """Each variant's pre-trained encoder folder; a missing one stops the stage, naming its stage."""
+    starts = {}
+    for variant in variants:
+        start = root / "pretrain" / variant / "encoder"
+        if not start.is_dir():
+            raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
+        starts[variant] = start
+    return starts
+
+
+def _evaluate_zero_shot(params: Params, root: Path, model, tokenizer, encoding, device, folder: Path) -> dict:
+    """``dataset -> split -> result`` of one retriever on every zero-shot dataset (a forum set's parts combined),
+    its runs written under ``folder/eval/<dataset>/``."""
+    from qac.data.prepared import load_prepared_parts
+    from qac.stages.evaluate import combine_parts, evaluate_retriever_on
+
+    results = {}
+    for dataset_name in params.zero_shot:
+        parts = load_prepared_parts(root / "datasets" / dataset_name)
+        by_subset = {subset: evaluate_retriever_on(
+            model, tokenizer, part, settings=params.evaluate, encoding=encoding, device=device,
+            out_dir=folder / "eval" / dataset_name / (subset or ""), separator=" ")
+            for subset, part in parts}
+        results[dataset_name] = combine_parts(by_subset, folder / "eval" / dataset_name)
+    return results
+
+
+def _log_to_training_run(params: Params, trained, results: dict, is_main: bool) -> None:
+    """The zero-shot results logged to the retriever's own training run, when the store holds it."""
+    from qac.tracking.lifecycle import reopened_stage
+
+    record = trained.record()
+    if record is None:
+        return
+    with reopened_stage(params, record["run_id"], main=is_main) as tracking:
+        for dataset_name, by_split in results.items():
+            for split, result in by_split.items():
+                tracking.log_evaluation(result, dataset_name, split)
+
+
+def _train_one(params: Params, variant: str, start: Path, negatives: dict, settings, dataset, passage_text, folder: Path,
+               dist, *, shared_md5: dict, work_folder: Path):
+    """``(model, tokenizer, losses)`` of ``variant``'s zero-shot retriever, trained from ``start`` and saved in
+    ``folder``. A retriever trained before a kill is kept in ``work_folder``, and one in training continues
+    from its checkpoint; its run nests under the pre-training run, when this store holds it."""
+    from qac.config import profile_dir
+    from qac.stages.finetune import RecipeWork, input_hashes, recipe_fingerprint, train_retriever
+    from qac.tracking.lifecycle import Upstream
+
+    root = profile_dir(params)
+    inputs_md5 = {**shared_md5, **input_hashes({"encoder": start})}
+    work = RecipeWork.open(work_folder, recipe_fingerprint(params, variant, inputs_md5, section_key="beir_retriever"),
+                           params.finetune.checkpoint_every, dist, stage="beir_retriever")
+    model, tokenizer, _, losses, _ = train_retriever(
+        "encoder", negatives, variant=variant, params=params, settings=settings, dataset=dataset,
+        passage_text=passage_text, start=start,
+        parent=Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}"), staging=folder,
+        out_dir=root / "beir" / variant, root=root, dist=dist,
+        # "triples": only the queries with negatives (retriever 1's release set, the same rule)
+        query_set="triples" if params.beir_retriever.without_negatives == "drop" else "judged",
+        inputs={"encoder": start, "dataset": root / "datasets" / params.train_dataset},
+        section_key="beir_retriever", stage="beir_retriever", work=work)
+    return model, tokenizer, losses
+
+
 def train_zero_shot_retrievers(params: Params) -> list[str]:
     """Train and evaluate the zero-shot retriever of every variant Table 2 reports; the summary line's facts."""
     from qac.config import profile_dir
-    from qac.data.prepared import load_prepared, load_prepared_parts
+    from qac.data.prepared import load_prepared
     from qac.distributed import cleanup, init_distributed, require_even_split
-    from qac.stages.retrievers import combine_parts, evaluate_retriever_on
     from qac.io import atomic_path, write_json
     from qac.models.encoding import read_encoding
     from qac.retrieval import document_text
-    from qac.tracking.lifecycle import Upstream, reopened_stage, verify_inputs
-    from qac.train.recipe import RecipeWork, input_hashes, recipe_fingerprint, train_retriever
+    from qac.tracking.lifecycle import Upstream, verify_inputs
+    from qac.stages.finetune import input_hashes
     from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
 
     root = profile_dir(params)
@@ -80,13 +145,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
         write_json(metrics_path, {})
         return [f"nothing to train (tables.zero_shot_retriever: {params.tables.zero_shot_retriever})"]
 
-    # Every input checked before any model loads.
-    starts = {}
-    for variant in variants:
-        start = root / "pretrain" / variant / "encoder"
-        if not start.is_dir():
-            raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
-        starts[variant] = start
+    starts = _pretrained_starts(root, variants)      # every input checked before any model loads
     dataset_dir = root / "datasets" / params.train_dataset
     verify_inputs(params, [*starts.values(), dataset_dir])     # as the lock records them, before reading
     dataset = load_prepared(dataset_dir)
@@ -110,41 +169,17 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
         with atomic_path(out_dir, directory=True) as staging:
             staging = Path(staging)
             for variant in variants:
-                start = starts[variant]
                 folder = staging / variant
                 folder.mkdir(parents=True, exist_ok=True)
-                # A retriever trained before a kill is kept there, and one in training continues from its checkpoint.
-                inputs_md5 = {**shared_md5, **input_hashes({"encoder": start})}
-                work = RecipeWork.open(work_root / variant, recipe_fingerprint(params, variant, inputs_md5,
-                                                                               section_key="beir_retriever"),
-                                       params.finetune.checkpoint_every, dist, stage="beir_retriever")
-                # The pre-training run, when this store holds it; else the run nests under the study run.
-                model, tokenizer, _, losses, _ = train_retriever(
-                    "encoder", negatives, variant=variant, params=params, settings=settings, dataset=dataset,
-                    passage_text=passage_text, start=start,
-                    parent=Upstream(root, root / "pretrain" / variant, f"pretrain@{variant}"), staging=folder,
-                    out_dir=out_dir / variant, root=root, dist=dist,
-                    # "triples": only the queries with negatives (retriever 1's release set, the same rule)
-                    query_set="triples" if params.beir_retriever.without_negatives == "drop" else "judged",
-                    inputs={"encoder": start, "dataset": dataset_dir}, section_key="beir_retriever",
-                    stage="beir_retriever", work=work)
+                model, tokenizer, losses = _train_one(
+                    params, variant, starts[variant], negatives, settings, dataset, passage_text, folder, dist,
+                    shared_md5=shared_md5, work_folder=work_root / variant)
                 # Encoded as its saved folder says (only the main process saves it; the others hold the same model).
                 encoding = (read_encoding(folder / "encoder") if dist.is_main
                             else model.encoding(settings.query_max_len, settings.corpus_length))
-                results = {}
-                for dataset_name in params.zero_shot:
-                    parts = load_prepared_parts(root / "datasets" / dataset_name)
-                    by_subset = {subset: evaluate_retriever_on(
-                        model, tokenizer, part, settings=params.evaluate, encoding=encoding, device=dist.device,
-                        out_dir=folder / "eval" / dataset_name / (subset or ""), separator=" ")
-                        for subset, part in parts}
-                    results[dataset_name] = combine_parts(by_subset, folder / "eval" / dataset_name)
-                record = Upstream(root, out_dir / variant / "encoder", "beir_retriever").record()
-                if record is not None:
-                    with reopened_stage(params, record["run_id"], main=dist.is_main) as tracking:
-                        for dataset_name, by_split in results.items():
-                            for split, result in by_split.items():
-                                tracking.log_evaluation(result, dataset_name, split)
+                results = _evaluate_zero_shot(params, root, model, tokenizer, encoding, dist.device, folder)
+                _log_to_training_run(params, Upstream(root, out_dir / variant / "encoder", "beir_retriever"),
+                                     results, dist.is_main)
                 summary[variant] = {dataset_name: {split: result.aggregate for split, result in by_split.items()}
                                     for dataset_name, by_split in results.items()}
                 summary[variant]["train"] = {"steps": len(losses), **facts}

@@ -49,19 +49,12 @@ def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: b
     gives the figures of the merged output, to which the throughput is added; they go to MLflow and to
     ``metrics/<output stem>.json``. Every other process, and a shard-only run, gets None.
     """
-    import torch
-
-    from qac.console import progress
-    from qac.distributed import barrier, cleanup, sum_over_ranks
+    from qac.distributed import cleanup, sum_over_ranks
     from qac.reporting.dvc_metrics import write_stage_metrics
+
     output = Path(output)
-    manifest = build_manifest(passages_path, source, settings, section.chunk_size, compute, section.max_passages)
-    store = ChunkStore(work_dir_for(output), manifest)
-    if ctx.is_main:
-        store.prepare()
-    barrier()
-    if not ctx.is_main:
-        store.prepare()
+    store = _prepared_store(ctx, output, build_manifest(passages_path, source, settings, section.chunk_size, compute,
+                                                        section.max_passages))
 
     spec = (ShardSpec.parse(shard) if shard else ShardSpec()).within(ctx.rank, ctx.world_size)
     # The run is open from before generation to after the merge, so its
@@ -77,15 +70,8 @@ def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: b
         started = time.perf_counter()
         generated_here = 0
         if not merge_only:
-            generator = make_generator()
-            # One bar per process (each generates its own shard), each on its own line.
-            bar = progress(total=pending_passages(store, spec), unit="passage", main_only=False,
-                           desc=f"{output.stem} shard {spec.index}/{spec.count}", position=ctx.local_rank)
-            with torch.inference_mode():
-                stats = generate_chunks(store, generator, passages_path, spec, section.batch_size,
-                                        bar.update)
-            bar.close()
-            generated_here = stats.passages
+            generated_here = _generate_shard(ctx, store, make_generator(), passages_path, spec, section.batch_size,
+                                             output.stem)
         generated_all = sum_over_ranks(generated_here, ctx.device)   # also a barrier
         if not merging and ctx.is_main:
             print(f"shard {shard} done; merge with --merge-only once every shard has finished",
@@ -106,6 +92,35 @@ def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: b
     store.remove()
     cleanup()
     return summary, tracking
+
+
+def _prepared_store(ctx, output: Path, manifest) -> ChunkStore:
+    """The chunk store of ``output``'s work folder, prepared by the main process first (it clears chunks of
+    another manifest), then by the others."""
+    from qac.distributed import barrier
+
+    store = ChunkStore(work_dir_for(output), manifest)
+    if ctx.is_main:
+        store.prepare()
+    barrier()
+    if not ctx.is_main:
+        store.prepare()
+    return store
+
+
+def _generate_shard(ctx, store: ChunkStore, generator, passages_path, spec, batch_size: int, name: str) -> int:
+    """Generate this process's pending chunks of ``spec``; how many passages it generated. One bar per
+    process (each generates its own shard), each on its own line."""
+    import torch
+
+    from qac.console import progress
+
+    bar = progress(total=pending_passages(store, spec), unit="passage", main_only=False,
+                   desc=f"{name} shard {spec.index}/{spec.count}", position=ctx.local_rank)
+    with torch.inference_mode():
+        stats = generate_chunks(store, generator, passages_path, spec, batch_size, bar.update)
+    bar.close()
+    return stats.passages
 
 
 def _resume_killed_run(stage: str, store: ChunkStore, tracking) -> None:

@@ -33,6 +33,44 @@ def result_facts(summary: dict) -> list[str]:
     return facts
 
 
+def _require_inputs(files: Mapping[str, Path]) -> None:
+    """Every input file the method and context read, before any folder, process group or MLflow run is made."""
+    for path in files.values():
+        if not Path(path).exists():
+            from qac.data.errors import DataFormatError
+
+            raise DataFormatError(path, None, None, "file not found")   # the console adds the stage to rerun
+
+
+def _pretrain_run(params: Mapping[str, Any], variant: str, settings, inputs: Mapping[str, Path], is_main: bool,
+                  log_models: bool):
+    """The variant's MLflow run, not yet open: its identity as tags too, each only where it means something
+    (qac.tracking.naming); a setting that plays no part in it (C of a passage-context run) is not logged."""
+    from qac.tracking.lifecycle import tracked_stage
+    from qac.tracking.naming import variant_description, variant_run_name
+
+    description = variant_description(params, variant)
+    tags = {f"qac.{key}": value for key, value in description.items() if key != "init"}
+    unused = {"query_count", "cotmae_decoder", "master_decoders"} - set(description)
+    return tracked_stage(params, f"pretrain@{variant}", variant_run_name(description, "pretrain"), kind="pretrain",
+                         stage_params={**{k: v for k, v in settings.to_dict().items() if k not in unused},
+                                       **description}, inputs=inputs, tags=tags, main=is_main, log_models=log_models)
+
+
+def _record_outputs(tracking, variant: str, settings, summary: dict, step_log, staging: Path, out_dir: Path) -> None:
+    """The run's description, output hashes, summary, loss curve and encoder; its record written before the
+    output is renamed into place, so a kill in between leaves no output."""
+    from qac.train.step_log import LOSSES_FILE
+
+    tracking.describe(variant=variant, method=settings.method)
+    tracking.hash_outputs({name: (staging / name, out_dir / name) for name in ("encoder", "checkpoint")})
+    tracking.log_dict(summary, "pretrain_summary.json")
+    if settings.method != "none":
+        step_log.write(staging / LOSSES_FILE)
+    tracking.log_model(staging / "encoder", "encoder")
+    tracking.write_record(out_dir)
+
+
 def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: bool = False) -> dict:
     """Pre-train (or, for method none, export) ``variant``'s encoder; returns the run's summary
     (:func:`qac.train.pretrain.pretrain`). ``log_models``: the encoder goes to MLflow as an artifact
@@ -44,13 +82,10 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
     from qac.distributed import cleanup, init_distributed
     from qac.io import atomic_path, remove_orphaned_staging
     from qac.models.factory import input_files
-    from qac.tracking.lifecycle import tracked_stage
-    from qac.tracking.naming import variant_description, variant_run_name
     from qac.train.pretrain import PretrainSettings, pretrain
-    from qac.train.step_log import LOSSES_FILE, StepLog
+    from qac.train.step_log import StepLog
 
     settings = PretrainSettings.from_params(params, variant)
-    description = variant_description(params, variant)
     root = profile_dir(params)
     out_dir = root / "pretrain" / variant
     work_dir = root / ".work" / "pretrain" / variant
@@ -58,26 +93,14 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
     inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
     queries = files.get("queries")
     extra = {name: path for name, path in files.items() if name not in ("passages", "queries")}
-    for path in files.values():      # before any folder, process group or MLflow run is made
-        if not Path(path).exists():
-            from qac.data.errors import DataFormatError
-
-            raise DataFormatError(path, None, None, "file not found")   # the console adds the stage to rerun
+    _require_inputs(files)
 
     dist = init_distributed()
     step_log = StepLog()    # a resumed run replays the checkpoint's history into it: the whole curve
     if dist.is_main:    # what an earlier run killed while writing left behind
         for path in (out_dir, work_dir / "checkpoint"):
             remove_orphaned_staging(path)
-    # The variant's identity as tags too, each only where it means something (qac.tracking.naming).
-    tags = {f"qac.{key}": value for key, value in description.items() if key != "init"}
-    # A setting that plays no part in this variant (C of a passage-context run) is not logged as one.
-    unused = {"query_count", "cotmae_decoder", "master_decoders"} - set(description)
-    stage = f"pretrain@{variant}"
-    tracked = tracked_stage(params, stage, variant_run_name(description, "pretrain"), kind="pretrain",
-                            stage_params={**{k: v for k, v in settings.to_dict().items() if k not in unused},
-                                          **description}, inputs=inputs, tags=tags,
-                            main=dist.is_main, log_models=log_models)
+    tracked = _pretrain_run(params, variant, settings, inputs, dist.is_main, log_models)
     # Only the main process writes the output folder, as one atomic unit.
     output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(out_dir)
     try:
@@ -103,14 +126,7 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
                                on_resume=on_resume if dist.is_main else None, remove_work=False,
                                extra_inputs=extra)
             if dist.is_main:
-                tracking.describe(variant=variant, method=settings.method)
-                tracking.hash_outputs({name: (staging / name, out_dir / name) for name in ("encoder", "checkpoint")})
-                tracking.log_dict(summary, "pretrain_summary.json")
-                if settings.method != "none":
-                    step_log.write(staging / LOSSES_FILE)
-                tracking.log_model(staging / "encoder", "encoder")
-                # Recorded before the output is renamed into place: a kill in between leaves no output.
-                tracking.write_record(out_dir)
+                _record_outputs(tracking, variant, settings, summary, step_log, staging, out_dir)
         # The output is in place (renamed by atomic_path): only now may the work state go.
         if dist.is_main:
             shutil.rmtree(work_dir, ignore_errors=True)

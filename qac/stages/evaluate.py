@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from qac.config import profile_dir
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -188,22 +190,73 @@ class EvaluationOutcome:
                 f"{', '.join(self.reused)} from the fine-tuning stage's runs" if self.reused else ""]
 
 
+def _evaluate_one(params: Params, variant: str, name: str, folder: Path, encoding, dataset_name: str, parts,
+                  out: Path, device) -> tuple[dict, bool]:
+    """``(subset -> split -> result, reused)`` of retriever ``name`` on one dataset's parts, its runs written
+    under ``out``; ``reused``: retriever 1's in-domain runs from fine-tuning were scored, not searched again."""
+    from qac.models.biencoder import BiEncoder
+    from qac.data.tokenizer import load_tokenizer
+
+    settings, root = params.evaluate, profile_dir(params)
+    # In-domain documents are encoded as fine-tuning saw them (the folder's title separator);
+    # zero-shot ones as BEIR encodes them, title and text joined by a space.
+    separator = encoding.title_separator if dataset_name == params.train_dataset else " "
+    shared = None
+    if name == "r1" and dataset_name == params.train_dataset and len(parts) == 1:
+        shared = finetuning_runs(root, variant, parts[0][1], dict(
+            query_max_len=encoding.query_max_len, passage_max_len=encoding.passage_max_len,
+            pooling=encoding.pooling, separator=separator), settings.depth)
+    if shared is not None:      # the corpus as retriever 1 encoded it for mining, not encoded again
+        return {None: score_runs(parts[0][1], shared, settings, out)}, True
+    model = BiEncoder.from_pretrained(folder, pooling=encoding.pooling)
+    tokenizer = load_tokenizer(str(folder))
+    return {subset: evaluate_retriever_on(model.to(device), tokenizer, dataset, settings=settings, encoding=encoding,
+                                          device=device, out_dir=out / (subset or ""), separator=separator)
+            for subset, dataset in parts}, False
+
+
+def _log_evaluations(params: Params, variant: str, name: str, folder: Path, run_id: str | None, results: dict,
+                     seconds: float, parent, out_dir: Path) -> None:
+    """One retriever's metrics into its fine-tuning run, reopened by id without moving its end time (its
+    duration stays the training's); a retriever without one (the untuned encoder) gets its own run."""
+    from qac.data.prepared import prepared_folders
+    from qac.tracking.lifecycle import reopened_stage, tracked_stage
+    from qac.tracking.naming import variant_description, variant_run_name
+
+    settings, root = params.evaluate, profile_dir(params)
+    if run_id is None:
+        description = variant_description(params, variant)
+        untuned = name == "untuned"
+        opened = tracked_stage(params, f"evaluate@{variant}",
+                               variant_run_name(description, name if untuned else f"{name} eval"),
+                               kind="baseline" if untuned else "evaluate",
+                               stage_params={"encoder": str(folder), **settings, **description, "retriever": name},
+                               tags={"qac.retriever": name, "qac.variant": variant}, parent=parent)
+    else:
+        opened = reopened_stage(params, run_id)
+    with opened as tracking:
+        tracking.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings.depth})
+        tracking.log_metrics({"eval/seconds": seconds})
+        for dataset_name, by_split in results.items():
+            for prepared in prepared_folders(root / "datasets" / dataset_name):
+                tracking.log_dataset_inputs(prepared, "evaluation", splits=list(by_split))
+            for split, result in by_split.items():
+                tracking.log_evaluation(result, dataset_name, split)
+        if name == "untuned":
+            tracking.write_record(out_dir / name, variant=variant, retriever=name)
+
+
 def evaluate_variant(params: Params, variant: str) -> EvaluationOutcome:
     """Evaluate ``variant``'s retrievers on every evaluation set; write its runs, per-query values and
     ``metrics/eval/<variant>.json``, and log the metrics into the retrievers' runs (the module's doc)."""
     import time
 
-    from qac.config import profile_dir
-    from qac.data.prepared import load_prepared_parts, prepared_folders
+    from qac.data.prepared import load_prepared_parts
     from qac.distributed import init_distributed
     from qac.io import atomic_path, write_json
-    from qac.models.biencoder import BiEncoder
-    from qac.data.tokenizer import load_tokenizer
-    from qac.tracking.lifecycle import Upstream, reopened_stage, tracked_stage, verify_inputs
-    from qac.tracking.naming import variant_description, variant_run_name
+    from qac.tracking.lifecycle import Upstream, verify_inputs
 
     root = profile_dir(params)
-    settings = params.evaluate
     retrievers = retrievers_of(params, variant, root)
     # This stage opens its runs after the work: its inputs are checked against the lock here, before it.
     verify_inputs(params, [folder for _, folder, _ in retrievers]
@@ -223,53 +276,15 @@ def evaluate_variant(params: Params, variant: str) -> EvaluationOutcome:
                 if dataset_name != params.train_dataset and not evaluates_zero_shot(params, variant, name):
                     continue
                 started = time.perf_counter()
-                encoding = encodings[name]
-                # In-domain documents are encoded as fine-tuning saw them (the folder's title separator);
-                # zero-shot ones as BEIR encodes them, title and text joined by a space.
-                separator = encoding.title_separator if dataset_name == params.train_dataset else " "
-                shared = None
-                if name == "r1" and dataset_name == params.train_dataset and len(parts) == 1:
-                    shared = finetuning_runs(root, variant, parts[0][1], dict(
-                        query_max_len=encoding.query_max_len, passage_max_len=encoding.passage_max_len,
-                        pooling=encoding.pooling, separator=separator), settings.depth)
-                if shared is not None:      # the corpus as retriever 1 encoded it for mining, not encoded again
-                    by_subset = {None: score_runs(parts[0][1], shared, settings, Path(staging) / name / dataset_name)}
+                by_subset, reused = _evaluate_one(params, variant, name, folder, encodings[name], dataset_name,
+                                                  parts, Path(staging) / name / dataset_name, device)
+                if reused:
                     outcome.reused.append(f"{name} {dataset_name}")
-                else:
-                    model = BiEncoder.from_pretrained(folder, pooling=encoding.pooling)
-                    tokenizer = load_tokenizer(str(folder))
-                    by_subset = {subset: evaluate_retriever_on(
-                        model.to(device), tokenizer, dataset, settings=settings, encoding=encoding, device=device,
-                        out_dir=Path(staging) / name / dataset_name / (subset or ""), separator=separator)
-                        for subset, dataset in parts}
                 outcome.results[name][dataset_name] = combine_parts(by_subset, Path(staging) / name / dataset_name)
                 seconds[name] += time.perf_counter() - started
-
-        # Metrics go into each fine-tuning run, reopened by id without moving
-        # its end time (its duration stays the training's); the untuned
-        # encoder has no fine-tuning run, so it gets its own beside them.
-        description = variant_description(params, variant)
         for name, folder, run_id in retrievers:
-            if run_id is None:
-                untuned = name == "untuned"
-                opened = tracked_stage(params, f"evaluate@{variant}",
-                                       variant_run_name(description, name if untuned else f"{name} eval"),
-                                       kind="baseline" if untuned else "evaluate",
-                                       stage_params={"encoder": str(folder), **settings, **description,
-                                                     "retriever": name},
-                                       tags={"qac.retriever": name, "qac.variant": variant}, parent=parent)
-            else:
-                opened = reopened_stage(params, run_id)
-            with opened as tracking:
-                tracking.set_tags({"qac.eval.stage": f"evaluate@{variant}", "qac.eval.depth": settings.depth})
-                tracking.log_metrics({"eval/seconds": seconds[name]})
-                for dataset_name, by_split in outcome.results[name].items():
-                    for folder in prepared_folders(root / "datasets" / dataset_name):
-                        tracking.log_dataset_inputs(folder, "evaluation", splits=list(by_split))
-                    for split, result in by_split.items():
-                        tracking.log_evaluation(result, dataset_name, split)
-                if name == "untuned":
-                    tracking.write_record(out_dir / name, variant=variant, retriever=name)
+            _log_evaluations(params, variant, name, folder, run_id, outcome.results[name], seconds[name],
+                             parent, out_dir)
     summary = {name: {dataset_name: {split: result.aggregate for split, result in by_split.items()}
                       for dataset_name, by_split in by_dataset.items()}
                for name, by_dataset in outcome.results.items()}

@@ -64,6 +64,34 @@ def broadcast_path(path: Path | None, dist) -> Path:
     return Path(holder[0])
 
 
+def _log_training_queries(tracking, dataset_dir: Path, queries, settings, left_out: int) -> None:
+    """The training set as the run's dataset input, and its queries' negative pools and the queries whole
+    batches left out as metrics."""
+    from qac.train.groups import negative_pool_stats
+
+    tracking.log_dataset_inputs(dataset_dir, "training", splits=["train"])
+    if tracking.active:
+        stats = negative_pool_stats(queries, settings.n_negatives)
+        tracking.log_metrics({f"train_queries/{key}": value for key, value in stats.items()}
+                             | {"train_queries/left_out": left_out})
+
+
+def _finished_retriever(work: RecipeWork, name: str, settings, tracking, is_main: bool):
+    """``(model, tokenizer, losses)`` of a retriever an earlier run of the recipe finished, its logged steps
+    replayed into this run and the run marked as resuming that one."""
+    import json
+
+    from qac.train.finetune import start_retriever
+
+    model, tokenizer = start_retriever(work.result(name) / "model", settings.for_retriever(name))
+    training = json.loads((work.result(name) / "training.json").read_text(encoding="utf-8"))
+    if is_main:
+        for step, values in training["history"]:
+            tracking.log_metrics(values, step=step)
+        tracking.resumes(training.get("mlflow_run_id"), resumed=True, finished_phase=name)
+    return model, tokenizer, training["losses"]
+
+
 def train_retriever(name: str, negatives: dict, *, variant: str, params: Params, settings, dataset,
                     passage_text: Mapping[str, str], start: Path, parent, staging: Path, out_dir: Path, root: Path,
                     dist, inputs: Mapping[str, Path], title_separator: str = " ", log_models: bool = False,
@@ -84,11 +112,10 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
     """
     from qac.tracking.lifecycle import tracked_stage
     from qac.tracking.naming import variant_description, variant_run_name
-    import json
     import shutil
 
-    from qac.train.finetune import check_whole_batches, fine_tune_retriever, start_retriever
-    from qac.train.groups import negative_pool_stats, retriever1_queries
+    from qac.train.finetune import check_whole_batches, fine_tune_retriever
+    from qac.train.groups import retriever1_queries
     from qac.train.step_log import THROUGHPUT
 
     from qac.config import variant_seed
@@ -106,11 +133,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
                        inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant, "qac.seed": seed},
                        parent=parent,
                        output=out_dir / name, main=dist.is_main, log_models=log_models, root=root) as tracking:
-        tracking.log_dataset_inputs(inputs["dataset"], "training", splits=["train"])
-        if tracking.active:
-            stats = negative_pool_stats(queries, settings.n_negatives)
-            tracking.log_metrics({f"train_queries/{key}": value for key, value in stats.items()}
-                                 | {"train_queries/left_out": left_out})
+        _log_training_queries(tracking, inputs["dataset"], queries, settings, left_out)
         history: list[list] = []
 
         def on_step(step: int, values: dict) -> None:
@@ -120,13 +143,7 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
         encoding = dict(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
                         title_separator=title_separator)
         if work is not None and work.done(name):
-            model, tokenizer = start_retriever(work.result(name) / "model", settings.for_retriever(name))
-            training = json.loads((work.result(name) / "training.json").read_text(encoding="utf-8"))
-            losses = training["losses"]
-            if dist.is_main:
-                for step, values in training["history"]:
-                    tracking.log_metrics(values, step=step)
-                tracking.resumes(training.get("mlflow_run_id"), resumed=True, finished_phase=name)
+            model, tokenizer, losses = _finished_retriever(work, name, settings, tracking, dist.is_main)
         else:
             def on_resume(info: dict) -> None:
                 tracking.resumes(info["previous_run_id"], resumed=True, from_step=info["from_step"])
@@ -337,6 +354,65 @@ class FinetuneOutcome:
                 if self.left_out else ""]
 
 
+def _mine_with_retriever1(r1, tokenizer, mining_queries, passage_text, dataset, settings, separator, *, params: Params,
+                          variant: str, dist, into: Path, file_name: str) -> None:
+    """Retriever 1's mined negatives and its in-domain runs, written whole into ``into`` (the recipe's work
+    folder for the phase ``mined``) by the main process. The corpus is encoded once for both."""
+    from qac.config import variant_seed
+    from qac.io import atomic_path, write_jsonl
+    from qac.retrieval.dense import search_splits
+    from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, write_indomain_runs
+    from qac.train.mining import encode_corpus, mine_with_retriever
+
+    section = params.finetune
+    encode_options = dict(batch_size=section.encode_batch_size, loader_workers=section.loader_workers, dist=dist)
+    corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length, **encode_options)
+    records = mine_with_retriever(
+        r1, tokenizer, mining_queries, passage_text, depth=section.mine_depth,
+        skip_top=section.mine_skip_top, sample=section.mine_sample, seed=variant_seed(params, variant),
+        query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length, corpus=corpus,
+        **encode_options)
+    encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
+                            pooling=r1.pooling, separator=separator, depth=params.evaluate.depth)
+    runs = search_splits(r1, tokenizer, dataset, *corpus, query_max_len=settings.query_max_len,
+                         depth=encoding["depth"], device=dist.device, **encode_options)
+    del corpus
+    if dist.is_main:
+        with atomic_path(into, directory=True) as mined:
+            write_jsonl(mined / file_name, records)
+            write_indomain_runs(mined / RUNS_FOLDER, runs, encoding, tag=variant)
+
+
+def _checked_inputs(params: Params, variant: str) -> dict[str, Path]:
+    """The recipe's inputs (the pre-trained encoder, BM25's negatives, the in-domain dataset), each present
+    and as the lock records it, before anything is read."""
+    from qac.config import profile_dir
+    from qac.tracking.lifecycle import verify_inputs
+
+    root = profile_dir(params)
+    start = root / "pretrain" / variant / "encoder"
+    if not start.is_dir():
+        raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
+    inputs = {"encoder": start, "bm25_negatives": root / "bm25" / "negatives.jsonl",
+              "dataset": root / "datasets" / params.train_dataset}
+    verify_inputs(params, list(inputs.values()))
+    return inputs
+
+
+def _copy_phase(phase: Path, staging: Path, file_name: str, is_main: bool) -> None:
+    """The mined negatives and retriever 1's in-domain runs, from the finished phase into the output folder
+    (by the main process; every process waits for it)."""
+    import shutil
+
+    from qac.distributed import barrier
+    from qac.train.indomain_runs import RUNS_FOLDER
+
+    if is_main:
+        shutil.copy2(phase / file_name, staging / file_name)
+        shutil.copytree(phase / RUNS_FOLDER, staging / RUNS_FOLDER)
+    barrier()
+
+
 def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False) -> FinetuneOutcome:
     """Run the two-stage recipe on ``variant``'s pre-trained encoder; writes ``data/<profile>/finetune/<variant>/``
     (``r1/``, ``r2/``, ``mined_negatives.jsonl``, ``r1_runs/``) as one unit. Runs alone or under ``torchrun``.
@@ -349,30 +425,22 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
     from qac.config import profile_dir, variant_seed
     from qac.data.prepared import load_prepared
     from qac.distributed import barrier, cleanup, init_distributed, require_even_split
-    from qac.io import atomic_path, write_jsonl
+    from qac.io import atomic_path
     from qac.data.tokenizer import load_tokenizer
-    from qac.retrieval.dense import search_splits
-    from qac.tracking.lifecycle import Upstream, verify_inputs
+    from qac.tracking.lifecycle import Upstream
     from qac.train.finetune import FinetuneSettings
     from qac.train.groups import read_negatives, retriever2_negatives
-    from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, write_indomain_runs
-    from qac.train.mining import encode_corpus, mine_with_retriever
 
     root = profile_dir(params)
     pretrain_dir = root / "pretrain" / variant
-    start = pretrain_dir / "encoder"
-    if not start.is_dir():
-        raise SystemExit(f"{start}: no pre-trained encoder (run the pretrain@{variant} stage)")
-    bm25_negatives_path = root / "bm25" / "negatives.jsonl"
-    dataset_dir = root / "datasets" / params.train_dataset
-    verify_inputs(params, [start, bm25_negatives_path, dataset_dir])     # as the lock records them, before reading
-    dataset = load_prepared(dataset_dir)
+    inputs = _checked_inputs(params, variant)
+    start, bm25_negatives_path = inputs["encoder"], inputs["bm25_negatives"]
+    dataset = load_prepared(inputs["dataset"])
     if "train" not in dataset.qrels:
-        raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to fine-tune on")
+        raise SystemExit(f"{inputs['dataset']}: dataset {dataset.name!r} has no train split to fine-tune on")
     section = params.finetune
     settings = FinetuneSettings.from_params(section, variant_seed(params, variant))
     passage_text, separator = retriever_texts(dataset, section.title_join, load_tokenizer(str(start)))
-    inputs = {"encoder": start, "bm25_negatives": bm25_negatives_path, "dataset": dataset_dir}
 
     dist = init_distributed()
     require_even_split(settings.batch_size, dist.world_size, "finetune.batch_size")
@@ -395,33 +463,14 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
                 "r1", bm25_negatives, staging=staging, inputs=inputs, query_set=section.r1_queries,
                 **common)
             outcome.training_queries = len(queries)
-            # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
-            mining_queries = judged_queries(dataset, bm25_negatives, section, variant_seed(params, variant))
             mined_path = staging / "mined_negatives.jsonl"
             if not work.done("mined"):
-                encode_options = dict(batch_size=section.encode_batch_size, loader_workers=section.loader_workers,
-                                      dist=dist)
-                # The corpus is encoded once: the mining and retriever 1's in-domain evaluation runs share it.
-                corpus = encode_corpus(r1, tokenizer, passage_text, passage_max_len=settings.corpus_length,
-                                       **encode_options)
-                records = mine_with_retriever(
-                    r1, tokenizer, mining_queries, passage_text, depth=section.mine_depth,
-                    skip_top=section.mine_skip_top, sample=section.mine_sample, seed=variant_seed(params, variant),
-                    query_max_len=settings.query_max_len,
-                    passage_max_len=settings.corpus_length, corpus=corpus, **encode_options)
-                encoding = run_encoding(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
-                                        pooling=r1.pooling, separator=separator, depth=params.evaluate.depth)
-                runs = search_splits(r1, tokenizer, dataset, *corpus, query_max_len=settings.query_max_len,
-                                     depth=encoding["depth"], device=dist.device, **encode_options)
-                del corpus
-                if dist.is_main:
-                    with atomic_path(work.result("mined"), directory=True) as mined:
-                        write_jsonl(mined / mined_path.name, records)
-                        write_indomain_runs(mined / RUNS_FOLDER, runs, encoding, tag=variant)
-            if dist.is_main:
-                shutil.copy2(work.result("mined") / mined_path.name, mined_path)
-                shutil.copytree(work.result("mined") / RUNS_FOLDER, staging / RUNS_FOLDER)
-            barrier()
+                # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
+                mining_queries = judged_queries(dataset, bm25_negatives, section, variant_seed(params, variant))
+                _mine_with_retriever1(r1, tokenizer, mining_queries, passage_text, dataset, settings, separator,
+                                      params=params, variant=variant, dist=dist, into=work.result("mined"),
+                                      file_name=mined_path.name)
+            _copy_phase(work.result("mined"), staging, mined_path.name, dist.is_main)
             negatives = read_negatives(mined_path)
             outcome.mined_per_query = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
             negatives = retriever2_negatives(negatives, bm25_negatives, section.r2_use_bm25_negatives)

@@ -69,6 +69,43 @@ def official_negatives(folder: Path, dataset, per_query: int, seed: int):
         yield {"qid": qid, "positives": positives, "negatives": negatives[:per_query]}
 
 
+def _retriever1_negatives(params: Params, folder: Path, dataset, index, path: Path) -> int:
+    """Retriever 1's negatives for the training queries (the official triples', or BM25's ranking), written
+    to ``path``; how many queries have them."""
+    section = params.finetune
+    if section.r1_negatives == "official":
+        records = official_negatives(folder, dataset, section.official_negatives, params.seed)
+    else:
+        run = index.search(dataset.split_queries(TRAIN_SPLIT), k=section.bm25_depth)
+        # finetune.r1_queries triples: as the official triples, only queries whose positive the ranking finds
+        records = negatives_records(run, dataset.qrels[TRAIN_SPLIT], section.bm25_depth,
+                                    rel_threshold=dataset.rel_threshold(TRAIN_SPLIT),
+                                    found_positive_only=section.r1_queries == "triples")
+    count = write_jsonl(path, records)
+    log.info("%s: %s negatives for %d training queries", dataset.name, section.r1_negatives, count)
+    return count
+
+
+def _search_split(index, dataset, split: str, depth: int, measures: list[str], runs_dir: Path):
+    """BM25's run of one split, written with its per-query values; its evaluation."""
+    run = index.search(dataset.split_queries(split), k=depth)
+    write_run(runs_dir / f"{split}.trec", run, tag="bm25")
+    result = evaluate_split(dataset, split, run, measures)
+    write_json(runs_dir / f"{split}.per_query.json", result.per_query)
+    return result
+
+
+def _one_result(results: dict, runs_dir: Path, split: str):
+    """A split's result: the dataset's own, or for sub-collections (CQADupStack's forums) one figure, the mean
+    of theirs, written beside their runs."""
+    if None in results:
+        return results[None]
+    result = combine_subsets(results)
+    write_json(runs_dir / f"{split}.per_query.json", result.per_query)
+    write_json(runs_dir / SUBSETS_FILE, {"subsets": list(results)})
+    return result
+
+
 def bm25_baseline(params: Params) -> list[str]:
     """Index every evaluated dataset, write retriever 1's negatives and the BM25 runs and metrics; the
     summary line's facts."""
@@ -106,31 +143,13 @@ def bm25_baseline(params: Params) -> list[str]:
                         if subset is not None or TRAIN_SPLIT not in dataset.splits:
                             raise ValueError(f"train_dataset {name!r} has no '{TRAIN_SPLIT}' split "
                                              f"(splits: {dataset.splits}) or is several sub-collections")
-                        if r1_negatives == "official":
-                            records = official_negatives(folder, dataset, section.official_negatives, params.seed)
-                        else:
-                            run = index.search(dataset.split_queries(TRAIN_SPLIT), k=negatives_depth)
-                            # finetune.r1_queries triples: as the official triples, only queries whose
-                            # positive the ranking finds
-                            records = negatives_records(run, dataset.qrels[TRAIN_SPLIT], negatives_depth,
-                                                        rel_threshold=dataset.rel_threshold(TRAIN_SPLIT),
-                                                        found_positive_only=r1_queries == "triples")
-                        count = write_jsonl(Path(out) / "negatives.jsonl", records)
-                        log.info("%s: %s negatives for %d training queries", name, r1_negatives, count)
+                        count = _retriever1_negatives(params, folder, dataset, index, Path(out) / "negatives.jsonl")
                     runs_dir = Path(out) / "runs" / name / (subset or "")
                     for split in evaluation_splits(dataset):
-                        run = index.search(dataset.split_queries(split), k=depth)
-                        write_run(runs_dir / f"{split}.trec", run, tag="bm25")
-                        result = evaluate_split(dataset, split, run, measures)
-                        write_json(runs_dir / f"{split}.per_query.json", result.per_query)
-                        by_subset.setdefault(split, {})[subset] = result
+                        by_subset.setdefault(split, {})[subset] = _search_split(index, dataset, split, depth,
+                                                                                measures, runs_dir)
                 for split, results in by_subset.items():
-                    if None in results:
-                        result = results[None]
-                    else:   # sub-collections (CQADupStack's forums): one figure, the mean of theirs
-                        result = combine_subsets(results)
-                        write_json(Path(out) / "runs" / name / f"{split}.per_query.json", result.per_query)
-                        write_json(Path(out) / "runs" / name / SUBSETS_FILE, {"subsets": list(results)})
+                    result = _one_result(results, Path(out) / "runs" / name, split)
                     tracking.log_evaluation(result, name, split)
                     summary.setdefault(name, {})[split] = result.aggregate
                     log.info("%s/%s: %s", name, split, result.aggregate)
