@@ -28,12 +28,17 @@ REFERENCE_DIR = "reference"
 INDEX_FILE = "references.json"
 
 
-def reference_slug(spec: str) -> str:
-    """The folder name of a retriever's outputs: its name as published (a pinned revision left out: the run
-    record says which commit loaded) with ``/`` written ``--``."""
+def published_name(spec: str) -> str:
+    """A released model's name as published: its spec without a pinned revision (the run record says which
+    commit loaded). Its ``encoders`` entry, Table 1 row and output folder go by it."""
     from qac.model_specs import split_revision
 
-    return split_revision(spec)[0].replace("/", "--")
+    return split_revision(spec)[0]
+
+
+def reference_slug(spec: str) -> str:
+    """The folder name of a retriever's outputs: its name as published with ``/`` written ``--``."""
+    return published_name(spec).replace("/", "--")
 
 
 def reference_specs(params: Params) -> list[str]:
@@ -46,11 +51,9 @@ def reference_settings(params: Params, spec: str) -> dict[str, Any]:
     A reference retriever without an ``encoders`` entry would be scored with
     settings it was not trained with, so that is refused with the key to add.
     """
-    from qac.model_specs import split_revision
-
     entry = params.encoder(spec)
     if entry is None:
-        raise ValueError(f"params: reference_retrievers names {spec!r}, but encoders.{split_revision(spec)[0]} is "
+        raise ValueError(f"params: reference_retrievers names {spec!r}, but encoders.{published_name(spec)} is "
                          "missing: give its pooling, normalize, query_max_len, passage_max_len, title_join and "
                          "published figures")
     return {key: getattr(entry, key)

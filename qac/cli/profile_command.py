@@ -128,9 +128,8 @@ def _validate(targets: list[str]) -> int:
 
 
 def _pin(name: str, dry_run: bool) -> int:
-    from qac.config import render_profile
+    from qac.config import profile_files, render_profile
     from qac.params import profiles_root, validate_params
-    from qac.params.locations import PROFILE_PARENTS
     from qac.params.pinning import pin_profile
 
     pins = pin_profile(profiles_root() / f"{name}.yaml", validate_params(render_profile(name)), write=not dry_run)
@@ -145,16 +144,9 @@ def _pin(name: str, dry_run: bool) -> int:
         return 0
     print(f"profile {name}: {len(pins)} hub models pinned in profiles/{name}.yaml")
     # The profile and those rendered over it read the file just written.
-    children = [child for child in PROFILE_NAMES if _descends_from(child, name, PROFILE_PARENTS)]
-    return _render(children, force=False)
-
-
-def _descends_from(child: str, name: str, parents: dict[str, str]) -> bool:
-    while child is not None:
-        if child == name:
-            return True
-        child = parents.get(child)
-    return False
+    written = profiles_root() / f"{name}.yaml"
+    return _render([other for other in PROFILE_NAMES if written in profile_files(other, profiles_root())],
+                   force=False)
 
 
 def parameters_doc_text() -> str:

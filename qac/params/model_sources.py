@@ -40,6 +40,18 @@ def model_source_problems(params: Params) -> list[Problem]:
     return problems
 
 
+def unpinned_keys(params: Params) -> dict[str, list[str]]:
+    """``spec -> keys`` of every hub model ``params`` load without a commit (a generator whose own
+    ``revision`` key is a commit is pinned by it)."""
+    generators = {f"llm_queries.generators.{name}.model" for name, entry in params.llm_queries.generators.items()
+                  if is_commit(entry.revision)}
+    found: dict[str, list[str]] = {}
+    for key, spec in model_keys(params):
+        if key not in generators and unpinned_problem(spec):
+            found.setdefault(spec, []).append(key)
+    return found
+
+
 def pin_problems(params: Params) -> list[Problem]:
     """Where a profile that sets ``pinned_models`` names a hub model without a commit: a problem per key.
 
@@ -48,14 +60,8 @@ def pin_problems(params: Params) -> list[Problem]:
     """
     if not params.pinned_models:
         return []
-    generators = {f"llm_queries.generators.{name}.model" for name, entry in params.llm_queries.generators.items()
-                  if is_commit(entry.revision)}        # pinned by the generator's own revision key
-    by_spec: dict[str, list[str]] = {}
-    for key, spec in model_keys(params):
-        if key not in generators and unpinned_problem(spec):
-            by_spec.setdefault(spec, []).append(key)
     problems = []
-    for spec, keys in by_spec.items():
+    for spec, keys in unpinned_keys(params).items():
         also = f" (so do {', '.join(keys[1:])})" if keys[1:] else ""
         problems.append(Problem(keys[0], f"{unpinned_problem(spec)}{also}. pinned_models is true in this profile: "
                                          f"`qac profile pin {params.profile}` writes the hub's current commits into "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from qac.errors import UserError
-from qac.model_specs import REVISION_MARK, is_commit, split_revision, unpinned_problem
+from qac.model_specs import REVISION_MARK, is_commit, split_revision
 
 
 @dataclass(frozen=True)
@@ -57,16 +57,11 @@ def hub_commit(name: str, endpoint: str | None = None) -> str:
 
 
 def unpinned_models(params) -> dict[str, list[str]]:
-    """``hub name -> keys`` for every hub model the checked ``params`` load without a commit."""
-    from qac.params.model_sources import model_keys
+    """``hub name -> keys`` for every hub model the checked ``params`` load without any revision (one written
+    with a branch or tag is the user's to change: a commit appended to it would not parse)."""
+    from qac.params.model_sources import unpinned_keys
 
-    generators = {f"llm_queries.generators.{name}.model" for name, entry in params.llm_queries.generators.items()
-                  if is_commit(entry.revision)}
-    found: dict[str, list[str]] = {}
-    for key, spec in model_keys(params):
-        if key not in generators and unpinned_problem(spec) and split_revision(spec)[1] is None:
-            found.setdefault(spec, []).append(key)
-    return found
+    return {spec: keys for spec, keys in unpinned_keys(params).items() if split_revision(spec)[1] is None}
 
 
 def _value_pattern(name: str) -> re.Pattern[str]:

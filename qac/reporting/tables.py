@@ -396,21 +396,17 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
                            "and its lengths.")
 
 
-def published_name(spec: str) -> str:
-    from qac.model_specs import split_revision
-
-    return split_revision(spec)[0]
-
-
 def reference_row(spec: str) -> str:
     """Table 1's row of a released retriever evaluated as published (named as published, without its pin)."""
+    from qac.reference import published_name
+
     return f"published checkpoint {published_name(spec)}"
 
 
 def _reference_row(ctx: TableContext, table: Table, spec: str) -> None:
     """A released retriever (stage reference) beside its published figures: compared on the whole corpus,
     cited beside ours where the profile cuts the corpus (fewer distractors make retrieval easier)."""
-    from qac.reference import published_figure
+    from qac.reference import published_figure, published_name
 
     row = reference_row(spec)
     source = ctx.study.reference(spec)
