@@ -202,7 +202,10 @@ class CausalQueryGenerator:
         uniforms = torch.cat([passage_uniforms(settings.seed, pid, C, T) for pid in pids]).to(device)
         with autocast_context(device, self.autocast_dtype):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            output = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            # Only the last position's logits are read: the vocabulary product at every prompt position was
+            # a fifth of the prompt's cost and its largest tensor (rows x width x vocabulary).
+            output = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                logits_to_keep=1)
             logits = output.logits[:, -1].float().index_select(0, group_of)
             cache = output_cache(output)
             cache.reorder_cache(group_of)               # the prompt's keys and values, once per candidate
@@ -243,8 +246,8 @@ class CausalQueryGenerator:
                 extra["cache_position"] = torch.tensor([width + step], device=device)
             else:
                 mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], dim=1)
-            output = self.model(input_ids=following, attention_mask=mask, position_ids=positions,
-                                use_cache=True, **{cache_keyword(self.model): cache}, **extra)
+            output = self.model(input_ids=following, attention_mask=mask, position_ids=positions, use_cache=True,
+                                logits_to_keep=1, **{cache_keyword(self.model): cache}, **extra)
             logits = output.logits[:, -1].float()
         return generated, lengths, decisions
 
