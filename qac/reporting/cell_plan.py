@@ -223,6 +223,17 @@ LLM_FILTERED = "filtered.arrow"          # what filter_llm_queries writes (qac.s
 EXTENSION_RETRIEVERS = ("r1", "r2")
 
 
+def extension_row(spec) -> str:
+    """The extension table's row of an ``llm_queries.variants`` entry (``coCondenser query C=5 qwen25-3b filtered``)."""
+    return (f"{paper.METHOD_NAMES.get(spec.method, spec.method)} {spec.context_type} C={spec.query_count} "
+            f"{spec.generator} " + ("filtered" if spec.filtered else "unfiltered"))
+
+
+def extension_column(retriever: str, column) -> str:
+    """The extension table's column of retriever ``r1``/``r2`` and an in-domain column (``r2 MS MARCO dev MRR@10``)."""
+    return f"{retriever} {column.label}"
+
+
 def plan_extension_cells(params: Params) -> list[PlannedCell]:
     """The LLM-query extension table: for each ``llm_queries.variants`` entry and retriever, a cell per in-domain
     column the profile has, produced by its generator's stages and its own pre-training, fine-tuning and
@@ -234,13 +245,12 @@ def plan_extension_cells(params: Params) -> list[PlannedCell]:
         queries = f"{profile.root}/llm_queries/{generator}/" + (LLM_FILTERED if spec.filtered else "queries.arrow")
         stages = [f"generate_llm_queries@{generator}"] + ([f"filter_llm_queries@{generator}"] if spec.filtered else [])
         stages += [f"{stage}@{name}" for stage in ("pretrain_llm", "finetune_llm", "evaluate_llm")]
-        row = (f"{paper.METHOD_NAMES.get(spec.method, spec.method)} {spec.context_type} C={spec.query_count} "
-               f"{generator} " + ("filtered" if spec.filtered else "unfiltered"))
+        row = extension_row(spec)
         for retriever in EXTENSION_RETRIEVERS:
             for key, column in profile.columns.items():
                 dataset, split, reason = profile.in_domain(key)
-                cell = PlannedCell(EXTENSION_LLM, row, f"{retriever} {key}", None, MISSING, variant=name,
-                                   method=spec.method, context_type=spec.context_type, query_count=spec.query_count,
+                cell = PlannedCell(EXTENSION_LLM, row, extension_column(retriever, column), None, MISSING,
+                                   variant=name, method=spec.method, context_type=spec.context_type, query_count=spec.query_count,
                                    retriever=retriever)
                 if reason:
                     cell.reason = reason

@@ -7,17 +7,21 @@ tables treat it as one) whose query contexts come from
 ``queries.arrow`` with ``filtered: false``) instead of the doc2query
 generator's ``queries.arrow``. The work, its resumption and its outputs are
 those of ``pretrain@<variant>`` (:func:`qac.train.pretrain.pretrain`, into
-``data/<profile>/pretrain/<variant>/``).
+``data/<profile>/pretrain/<variant>/``), plus ``queries.json`` (:func:`queries_record`): which queries the
+encoder learned from, with their generator's figures, for the extension table.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
 from qac.errors import UserError
+
+QUERIES_RECORD = "queries.json"     # beside the encoder: the queries it pre-trained on (the extension table reads it)
 
 
 def pretrain_llm_variant(params: Mapping[str, Any], variant: str) -> dict:
@@ -73,9 +77,42 @@ def pretrain_llm_variant(params: Mapping[str, Any], variant: str) -> dict:
                 tracking.hash_outputs({name: (staging / name, out_dir / name) for name in ("encoder", "checkpoint")})
                 tracking.log_dict(summary, "pretrain_summary.json")
                 step_log.write(staging / LOSSES_FILE)
+                record = queries_record(params, variant, queries, settings.query_count)
+                (staging / QUERIES_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n",
+                                                      encoding="utf-8")
                 tracking.write_record(out_dir)
         if dist.is_main:        # the output is in place: only now may the work state go
             shutil.rmtree(work_dir, ignore_errors=True)
     finally:
         cleanup()
     return summary
+
+
+def queries_record(params: Mapping[str, Any], variant: str, queries: Path, query_count: int) -> dict[str, Any]:
+    """What LLM-query variant ``variant`` pre-trained on: its generator (model, revision), whether filtered, the
+    query file and its MD5, the passages and the queries it read (the first ``query_count`` non-blank ones of
+    each passage), and the figures its generator's stages wrote (``metrics/queries.json``, ``metrics/filter.json``
+    of ``llm_queries/<generator>/``)."""
+    from qac.config import profile_dir
+    from qac.data.arrowstore import open_queries
+    from qac.io import file_md5
+    from qac.reporting.lineage import read_json
+    from qac.stages.llm_queries import query_dir
+
+    spec = params.llm_queries.variants[variant]
+    folder = query_dir(params, spec.generator)
+    # As the pre-training reads them (qac.data.context_pairs): the first query_count, less the blank ones.
+    used = [[q for q in (texts or [])[:query_count] if q.strip()]
+            for texts in open_queries(queries).column("queries").to_pylist()]
+
+    def figures(name: str) -> dict[str, Any] | None:
+        path = folder / "metrics" / f"{name}.json"
+        return read_json(path) if path.is_file() else None
+
+    prompts = folder / "prompts.json"
+    described = read_json(prompts) if prompts.is_file() else {}
+    return {"generator": spec.generator, "model": described.get("model"), "revision": described.get("revision"),
+            "filtered": bool(spec.filtered), "query_set": str(queries.relative_to(profile_dir(params))),
+            "query_set_md5": file_md5(queries), "query_count": query_count, "passages": len(used),
+            "passages_with_queries": sum(1 for texts in used if texts), "queries": sum(map(len, used)),
+            "generation": figures("queries"), "filter": figures("filter") if spec.filtered else None}
