@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     clock = StageClock()
 
     from qac.params import load_params
-    from qac.stages.llm_queries import filter_llm_queries
+    from qac.stages.filter_llm_queries import filter_llm_queries
 
     figures = filter_llm_queries(load_params(), args.generator)
     facts = [f"{figures['queries_after']} of {figures['queries_before']} queries kept ({figures['kept_share']:.1%})"]

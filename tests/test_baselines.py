@@ -52,7 +52,7 @@ def test_table1_shows_the_published_figure_beside_the_untuned_row(tmp_path):
 
     from qac.reporting.lineage import load_study
     from qac.reporting.render import cell_text, to_csv
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     params = study_params(
         evaluate={"untuned_baseline": True}, finetune={"pooling": "cls", "query_max_len": 16, "passage_max_len": 64},

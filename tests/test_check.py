@@ -270,7 +270,7 @@ def test_paper_profile_expects_the_papers_values():
     from qac.config import render_profile
     from qac.reporting.check import load_expected, record
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     params = validate_params(render_profile("paper", REPO_ROOT / "profiles"))
     path = REPO_ROOT / params.check.expected

@@ -164,7 +164,7 @@ def test_pretrain_losses_come_from_the_loss_files_a_panel_per_method(tmp_path, d
 def test_report_figures_are_titled_with_the_profile_and_no_run_bookkeeping(tmp_path, drawn_figures):
     from qac.reporting.figures import draw_figures
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     study = load_study(PARAMS, write_study(tmp_path))
     reasons = draw_figures(study, build_tables(study, PARAMS), tmp_path / "figures", PARAMS)

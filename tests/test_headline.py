@@ -22,7 +22,7 @@ def study(tmp_path_factory) -> Path:
 def headline(study):
     from qac.reporting.headline import headline_metrics
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     return headline_metrics(build_tables(load_study(PARAMS, study), PARAMS))
 

@@ -314,3 +314,28 @@ def test_the_start_encoder_keeps_a_paraphrase_that_bm25_drops():
     # BM25 (no stemmer) matches words: the first two queries share none with any passage ("corals" is not
     # "coral"); "spike timing codes" shares "timing" with its own passage only
     assert lexical["queries_after"] == 1 and lexical["kept_share/round_trip"] == 1 / 3
+
+
+def test_rouge_against_claims_scores_each_query_against_its_documents_best_real_query(monkeypatch, tmp_path):
+    """By hand: passage d1#0 has real queries 'a b c' and 'x y'; d2#0 has none (not counted)."""
+    import qac.querygen.generator_pairs as generator_pairs
+    from dvc_study import study_params
+    from qac.querygen.generator_pairs import Pair
+    from qac.querygen.quality import rouge_l_scores
+    from qac.stages.filter_llm_queries import rouge_against_claims
+
+    pairs = [Pair("passage one", "a b c", "query", "set", "d1"), Pair("passage one", "x y", "query", "set", "d1"),
+             Pair("passage one", "title", "title", "set", "d1")]
+    monkeypatch.setattr(generator_pairs, "build_pairs", lambda *args: pairs)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "smoke" / "datasets" / "scifact").mkdir(parents=True)
+    params = study_params()                   # train_dataset: scifact
+    before = [["a b c", "x y z"], ["q r"]]
+    after = [["x y z"], []]
+    figures = rouge_against_claims(params, ["d1#0", "d2#0"], before, after)
+    xyz = max(rouge_l_scores(["x y z", "x y z"], ["a b c", "x y"]))
+    assert xyz == pytest.approx(0.8)          # 2 of 3 words against 2 of 2: F = 2 * (2/3 * 1) / (2/3 + 1)
+    assert figures["rougeL/passages"] == 1
+    assert figures["rougeL/before"] == pytest.approx((1.0 + xyz) / 2) and figures["rougeL/queries/before"] == 2
+    assert figures["rougeL/after"] == pytest.approx(xyz) and figures["rougeL/queries/after"] == 1
+    assert rouge_against_claims(params, ["d3#0"], [["a"]], [["a"]]) == {}

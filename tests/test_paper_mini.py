@@ -185,3 +185,31 @@ def test_the_papers_slurm_jobs_are_the_stages_the_miniature_ran(paper_mini_study
     assert jobs["paper"] == jobs["paper-mini"]
     lock = yaml.safe_load((work / "profiles" / "paper-mini" / "dvc.lock").read_text())
     assert len(jobs["paper"]) == len(lock["stages"])
+
+
+@pytest.mark.slow
+def test_the_extension_table_holds_the_planned_cells_with_their_queries(paper_mini_study):
+    """The LLM-query extension table the tables stage wrote has exactly the cells `qac profile plan --cells`
+    plans, each with a value; its Δ rows are tested; each LLM variant records the queries it pre-trained on."""
+    import csv
+    import json
+
+    from qac.params import load_params
+    from qac.reporting.cell_plan import EXTENSION_LLM, plan_extension_cells
+
+    work, _, _ = paper_mini_study
+    params = load_params(work / "profiles" / "paper-mini" / "params.yaml", running=False)
+    with open(work / "reports" / "paper-mini" / f"{EXTENSION_LLM}.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    values = {(row["row"], row["column"]): row for row in rows if row["kind"] == "value"}
+    planned = {(cell.row, cell.column) for cell in plan_extension_cells(params)}
+    assert planned and planned <= set(values)
+    assert all(values[key]["ours"] != "" for key in planned)
+    differences = [row for row in rows if row["kind"] == "difference"]
+    assert differences and all(row["p_value"] != "" and row["p_holm"] != "" for row in differences)
+    assert any(row["row"].endswith("− unfiltered") for row in differences)
+    for name, spec in params.llm_queries.variants.items():
+        record = json.loads((work / "data" / "paper-mini" / "pretrain" / name / "queries.json").read_text())
+        assert record["generator"] == spec.generator and record["filtered"] == spec.filtered
+        assert 0 < record["queries"] <= record["passages"] * spec.query_count
+        assert (record["filter"] is not None) == spec.filtered

@@ -111,7 +111,7 @@ def test_table1_shows_the_reference_row_beside_its_published_figure(referenced):
     from qac.params import load_params, with_values
     from qac.reporting.check import record
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     root, _ = referenced
     # The tiny study's corpus is whole.

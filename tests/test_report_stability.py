@@ -205,7 +205,8 @@ def test_counts_agree_with_their_nouns(tmp_path):
 
 def test_table1_shows_the_zero_shot_retriever_only_where_the_profile_trains_it(tmp_path):
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import RETRIEVER_LABELS, build_tables
+    from qac.reporting.table_set import build_tables
+    from qac.reporting.tables import RETRIEVER_LABELS
 
     data = write_study(tmp_path / "data")
     table1 = {t.key: t for t in build_tables(load_study(PARAMS, data), PARAMS)}["table1"]
@@ -230,7 +231,7 @@ def test_the_query_count_figure_draws_each_method_in_its_colour(tmp_path, monkey
 
     from qac.reporting import figures
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     data = write_study(tmp_path / "data")
     table3 = {t.key: t for t in build_tables(load_study(PARAMS, data), PARAMS)}["table3"]

@@ -107,7 +107,7 @@ def test_built_tables_carry_the_interval_and_the_correction_in_cells_markdown_an
 
     from qac.reporting.lineage import load_study
     from qac.reporting.render import to_csv, to_markdown
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     tables = {table.key: table for table in build_tables(load_study(PARAMS, write_study(tmp_path)), PARAMS)}
     table2 = tables["table2"]

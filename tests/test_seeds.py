@@ -163,7 +163,7 @@ def seeded_study(tmp_path):
 
 def test_a_seeded_variant_is_one_row_with_the_mean_and_each_seeds_value(seeded_study):
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     params, data, seed9 = seeded_study
     study = load_study(params, data)
@@ -193,7 +193,7 @@ def test_tables_show_the_spread_and_a_missing_seed_leaves_the_row_empty(seeded_s
 
     from qac.reporting.lineage import load_study
     from qac.reporting.render import cell_text
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     params, data, _ = seeded_study
     table1 = build_tables(load_study(params, data), params)[0]
@@ -209,7 +209,7 @@ def test_tables_show_the_spread_and_a_missing_seed_leaves_the_row_empty(seeded_s
 def test_the_reproduction_check_takes_the_prior_below_three_seeds(seeded_study):
     from qac.reporting.check import Expected, judge
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     params, data, _ = seeded_study
     tables = build_tables(load_study(params, data), params)

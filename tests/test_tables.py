@@ -26,7 +26,7 @@ def data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tables(data):
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     return {table.key: table for table in build_tables(load_study(PARAMS, data), PARAMS)}
 
@@ -275,7 +275,7 @@ def test_table5_shows_the_judges_delta_with_its_calibration_and_no_test_when_it_
                                                                                           finding):
     from qac.reporting.lineage import load_study
     from qac.reporting.render import cell_text
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     data = write_study(tmp_path)
     summary_path = data / "annotation" / "summary.json"
@@ -490,7 +490,7 @@ def test_malformed_per_query_file_is_named(data, tmp_path):
     import shutil
 
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     copy = tmp_path / "smoke"
     shutil.copytree(data, copy)
@@ -603,7 +603,7 @@ def test_other_runs_with_the_same_values_give_a_byte_identical_report(data, tmp_
 def test_a_published_figure_beside_a_cut_corpus_says_it_is_not_like_for_like(data, prepare, dataset_entry, note):
     """The start encoder's published figure is on the whole corpus; a profile that cuts the corpus says so."""
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     datasets = {**RAW_PARAMS["datasets"], "scifact": {**RAW_PARAMS["datasets"]["scifact"], **dataset_entry}}
     encoders = {"tiny:minilm": {"pooling": "mean", "normalize": True, "query_max_len": 16, "passage_max_len": 64,

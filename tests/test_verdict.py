@@ -38,7 +38,7 @@ def paper_params():
 def _tables(params, root):
     from qac.reporting.generator_report import checked_table
     from qac.reporting.lineage import load_study
-    from qac.reporting.tables import build_tables
+    from qac.reporting.table_set import build_tables
 
     study = load_study(params, root)
     return study, [*build_tables(study, params), checked_table(study)]

@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from qac.reporting.claims import CONTRADICTED, claims_summary, judge_claims
     from qac.reporting.lineage import load_study
     from qac.reporting.machine import machine_environment
-    from qac.reporting.tables import TableContext, build_tables
+    from qac.reporting.table_set import build_tables
+    from qac.reporting.tables import TableContext
 
     def tables_of(study):
         return [*build_tables(study, params), checked_table(study)]

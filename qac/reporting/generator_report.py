@@ -52,6 +52,25 @@ def generator_rows(study: Study) -> list[tuple[str, str, float]]:
             value = metrics[key]
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 rows.append((f"metrics/{stage}.json", key, float(value)))
+    return rows + llm_generator_rows(study)
+
+
+def llm_generator_rows(study: Study) -> list[tuple[str, str, float]]:
+    """The figures of the LLM generators behind the extension's variants, from the queries record each
+    pre-training wrote (``pretrain/<variant>/queries.json``): what the generator wrote (``generation/*``), what its
+    filters kept (``filter/*``: ``kept_share/round_trip`` is BM25 self-retrieval at the filter's depth among the
+    pre-training passages) and what the variant read (``used/*``)."""
+    from qac.reporting.lineage import read_json
+
+    rows = []
+    for path in sorted((study.root / "pretrain").glob("*/queries.json")):
+        record, source = read_json(path), path.relative_to(study.root).as_posix()
+        used = {"used/passages": record.get("passages"), "used/passages_with_queries":
+                record.get("passages_with_queries"), "used/queries": record.get("queries")}
+        found = [(f"{section}/{key}", value) for section in ("generation", "filter")
+                 for key, value in sorted((record.get(section) or {}).items())] + sorted(used.items())
+        rows += [(source, key, float(value)) for key, value in found
+                 if isinstance(value, (int, float)) and not isinstance(value, bool)]
     return rows
 
 
@@ -85,7 +104,10 @@ def to_markdown(rows: list[tuple[str, str, float]]) -> str:
     lines += [f"| {source} | {metric} | {_number(value)} |" for source, metric, value in rows]
     lines += ["", "Note: self_retrieval/* = share of held-out passages whose own document BM25 ranks first for the "
                   "text (generated query, a random sentence of the passage, the real query); rougeL against the "
-                  "held-out real queries. Table 5 compares passage-query with passage-passage pairs."]
+                  "held-out real queries. Table 5 compares passage-query with passage-passage pairs. pretrain/<variant>/"
+                  "queries.json: an LLM generator's queries as that variant read them (its extension table row); "
+                  "filter/kept_share/round_trip = share of the queries whose own passage BM25 ranks in the filter's "
+                  "top depth among the pre-training passages."]
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qac.reporting.lineage import Study, load_study
-from qac.reporting.tables import Table, build_tables
+from qac.reporting.table_set import build_tables
+from qac.reporting.tables import Table
 
 if TYPE_CHECKING:
     from qac.params.sections import Params

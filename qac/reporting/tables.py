@@ -892,21 +892,3 @@ def _judge_calibration(table: Table, row: str, judge: dict[str, Any]) -> None:
         table.notes.append(f"{row}: the automatic judge separates relevant from random pairs with accuracy "
                            f"{accuracy:.1%} (F1 {f1:.2f}) on its calibration pairs, below {JUDGE_MIN_ACCURACY:.0%}: "
                            "its labels' Δ is shown without a test and is no finding about the pairs.")
-
-
-def build_tables(study: Study, params: Params) -> list[Table]:
-    """Tables 1-5 for the profile in ``params`` from the outputs in ``study``, then the extension table of its
-    ``llm_queries.variants`` where it declares any (:mod:`qac.reporting.extension_table`)."""
-    from qac.reporting.extension_table import extension_llm_table
-    from qac.reporting.reviewer_statistics import add_judged_note, correct_within_table
-
-    ctx = TableContext.from_params(study, params)
-    tables = [table1_in_domain(ctx), table2_zero_shot(ctx), table3_query_count(ctx),
-              table4_mixed_context(ctx), table5_annotation(ctx)]
-    extension = extension_llm_table(ctx)
-    if extension is not None:          # the profile's llm_queries.variants: after the paper's tables
-        tables.append(extension)
-    add_judged_note(tables[0], ctx)
-    for table in tables:
-        correct_within_table(table)
-    return tables

@@ -1,4 +1,4 @@
-"""The LLM-query stages: generate_llm_queries@<g>, filter_llm_queries@<g> and pretrain_llm@<variant>.
+"""The generate_llm_queries@<g> stage, and where every LLM-query stage finds generator ``g``'s files.
 
 ``data/<profile>/llm_queries/<g>/`` holds what generator ``g``
 (``llm_queries.generators.<g>``) wrote: ``queries.arrow`` (the schema of
@@ -6,18 +6,18 @@
 (the model, its revision, the templates, the few-shot examples and the type of
 each candidate, so that every prompt can be rebuilt), ``metrics/queries.json``;
 the filter stage adds ``filtered.arrow`` and ``metrics/filter.json`` (the kept
-share of each filter and overall, and Table 5's judge on the first query
-before and after filtering). Generation runs through the chunk store of
+share of each filter and overall, Table 5's judge on the first query
+before and after filtering, and ROUGE-L against the real training queries of
+the passages' documents, before and after). Generation runs through the chunk store of
 :mod:`qac.querygen.shards` as ``generate_queries`` does: sharded, resumable,
-byte-identical on a rerun.
+byte-identical on a rerun. The filter stage is :mod:`qac.stages.filter_llm_queries`, the pre-training
+:mod:`qac.stages.pretrain_llm`.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
-from typing import Any
 
 from qac.config import profile_dir
 from qac.errors import UserError
@@ -130,95 +130,3 @@ def generate_llm_queries(params, name: str, *, shard=None, merge=False, merge_on
     with atomic_path(out_dir / "prompts.json") as tmp:
         tmp.write_text(json.dumps(describe(settings), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return merged[0]
-
-
-def _read_queries(path: Path) -> tuple[list[str], list[list[str]]]:
-    from qac.data.arrowstore import open_queries
-
-    table = open_queries(path)
-    return table.column("pid").to_pylist(), table.column("queries").to_pylist()
-
-
-def _passage_texts(path: Path, rows: int) -> list[str]:
-    from qac.data.arrowstore import open_passages
-
-    return open_passages(path).slice(0, rows).column("text").to_pylist()
-
-
-def filter_llm_queries(params, name: str) -> dict[str, Any]:
-    """Write ``filtered.arrow`` of generator ``name`` and its figures (kept shares, Table 5's judge)."""
-    from qac.data.arrowstore import write_queries
-    from qac.llm_queries.filtering import Bm25Passages, EncoderPassages, FilterSettings, apply_filters
-    from qac.querygen.shards import passages_tokenizer
-    from qac.reporting.dvc_metrics import write_stage_metrics
-    from qac.tracking.lifecycle import tracked_stage
-
-    checked_generator(params, name)
-    data, out_dir = profile_dir(params), query_dir(params, name)
-    raw, passages_path = out_dir / "queries.arrow", data / "passages.arrow"
-    if not raw.exists():
-        raise UserError(f"{raw} not found: run generate_llm_queries@{name} first")
-    section = params.llm_queries.filter
-    settings = FilterSettings(**{field: section[field] for field in FilterSettings.__dataclass_fields__})
-    stage = f"filter_llm_queries@{name}"
-    with tracked_stage(params, stage, stage, kind="query_filter", stage_params=dict(section),
-                       inputs={"queries": raw, "passages": passages_path}, output=out_dir / FILTERED,
-                       root=data) as tracking:
-        pids, queries = _read_queries(raw)
-        texts = _passage_texts(passages_path, len(pids))
-        encoder = {}
-
-        def retriever(kind: str):
-            if kind == "bm25":
-                return encoder.setdefault("bm25", Bm25Passages(texts))
-            if "encoder" not in encoder:
-                from qac.evaluation.annotation import EncoderCosineJudge
-
-                judge = EncoderCosineJudge(params.pretrain.common.init, max_length=params.split.max_len)
-                encoder["encoder"] = EncoderPassages(texts, judge)
-            return encoder["encoder"]
-
-        kept, figures = apply_filters(queries, texts, settings, retriever)
-        if section.judge_passages:
-            figures.update(judge_effect(params, texts, queries, kept))
-        write_queries(out_dir / FILTERED, ({"pid": pid, "queries": q} for pid, q in zip(pids, kept)),
-                      *passages_tokenizer(passages_path))
-        tracking.log_metrics(figures)
-        write_stage_metrics(out_dir / "metrics", "filter", figures)
-    return figures
-
-
-def judge_effect(params, passages: list[str], before: list[list[str]], after: list[list[str]]) -> dict[str, float]:
-    """Table 5's measure on ``judge_passages`` passages drawn with the seed among those with a query: the share
-    the automatic judge calls highly correlated of (passage, first query) pairs, before and after filtering (a
-    passage left without a query is a low pair), their difference and its paired test."""
-    from qac.data.prepared import load_prepared
-    from qac.evaluation.annotation import EncoderCosineJudge, calibration_pairs
-    from qac.evaluation.significance import compare_paired
-
-    annotation, seed = params.annotation, params.seed
-    eligible = [i for i, texts in enumerate(before) if texts]
-    sample = sorted(random.Random(seed).sample(eligible, min(params.llm_queries.filter.judge_passages, len(eligible))))
-    if not sample or not params.train_dataset:
-        return {}
-    dataset_dir = profile_dir(params) / "datasets" / params.train_dataset
-    judge = EncoderCosineJudge(annotation.judge_model, max_length=annotation.judge_max_len)
-    positives, negatives = calibration_pairs(dataset_dir, annotation.calibration_split, annotation.calibration_pairs,
-                                             seed, load_prepared(dataset_dir).rel_threshold(annotation.calibration_split))
-    threshold = judge.calibrate(positives, negatives).threshold
-
-    def high(lists) -> dict[str, float]:
-        pairs = [(passages[i], lists[i][0]) for i in sample if lists[i]]
-        scores = iter(judge.scores(pairs))
-        return {str(i): float(next(scores) >= threshold) if lists[i] else 0.0 for i in sample}
-
-    first_before, first_after = high(before), high(after)
-    comparison = compare_paired(first_after, first_before, params.tables.permutations, seed)
-    share_before = sum(first_before.values()) / len(sample)
-    share_after = sum(first_after.values()) / len(sample)
-    figures = {"judge/passages": len(sample), "judge/threshold": threshold,
-               "judge/high_share/before": share_before, "judge/high_share/after": share_after,
-               "judge/difference": share_after - share_before}
-    if comparison.p_value is not None:
-        figures["judge/difference/p_value"] = comparison.p_value
-    return figures
