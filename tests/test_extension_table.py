@@ -113,3 +113,14 @@ def test_a_profile_without_llm_variants_has_no_extension_table(study):
     params = study_params()
     assert RAW_PARAMS["profile"] == PROFILE
     assert [table.key for table in build_tables(load_study(params, study), params)][-1] == "table5"
+
+
+def test_its_cells_print_ours_alone_as_the_paper_has_no_such_table(tables):
+    from qac.reporting.cell_plan import EXTENSION_LLM
+    from qac.reporting.render import to_latex, to_markdown
+
+    table = tables[EXTENSION_LLM]
+    text = to_markdown(table)
+    assert "| coCondenser query C=5 tiny filtered | 55.0 | 100.0 |" in text and " / –" not in text
+    assert "ours / paper" not in to_latex(table) and " / --" not in to_latex(table)
+    assert " / " in to_markdown(tables["table1"])

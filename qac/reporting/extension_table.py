@@ -102,7 +102,7 @@ def extension_llm_table(ctx: TableContext) -> Table | None:
         return None
     columns = _columns(ctx)
     table = Table(EXTENSION_LLM, "Extension: query-as-context with queries from a prompted LLM", PERCENT,
-                  [extension_column(retriever, column) for retriever, column in columns])
+                  [extension_column(retriever, column) for retriever, column in columns], paper_side=False)
     for retriever, column in columns:
         header = extension_column(retriever, column)
         table.short_columns[header] = f"R{retriever[1:]} {column.short_header}"

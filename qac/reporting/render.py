@@ -201,6 +201,8 @@ def cell_text(table: Table, column: str, cell: Cell, footnote: int | None = None
         elif cell.difference and cell.p_value is not None:
             mde = "" if cell.mde is None else f"; MDE {_number(cell.mde, table, column, difference=True)}"
             ours += f" ({_p_text(cell.p_value)}{_holm_text(cell)}{mde}{_ci_text(table, column, cell)})"
+    if not table.paper_side:       # a table the paper has no counterpart of: ours alone
+        return ours
     theirs = "–" if cell.paper is None else _number(cell.paper, table, column, signed=cell.difference)
     if cell.paper is None and cell.published is not None:
         theirs = f"{_number(cell.published, table, column)} published"
@@ -325,6 +327,8 @@ def _latex_cell(table: Table, column: str, cell: Cell, footnote: int | None, row
             ours += r"$^{\dagger}$"
         elif cell.difference and cell.p_value is not None and cell.p_value < ALPHA:
             ours += "$^{*}$"
+    if not table.paper_side:
+        return ours
     theirs = "--" if cell.paper is None else latex_escape(_number(cell.paper, table, column, signed=cell.difference))
     if cell.paper is None and cell.published is not None:
         theirs = latex_escape(_number(cell.published, table, column)) + " (pub.)"
@@ -378,7 +382,8 @@ def to_latex(table: Table, header: list[tuple[str, str]] | None = None) -> str:
     below += [f"{latex_escape(name)}: {latex_escape(text)}" for name, text in header or [] if name == "Profile"]
     if below:
         lines.append(r"\par\smallskip\parbox{\linewidth}{\footnotesize " + r" \\ ".join(below) + "}")
-    lines += [r"\caption{" + latex_escape(table.title + " (cells: ours / paper)") + "}",
+    caption = table.title + (" (cells: ours / paper)" if table.paper_side else "")
+    lines += [r"\caption{" + latex_escape(caption) + "}",
               r"\label{tab:" + table.key + "}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 

@@ -121,6 +121,7 @@ class Table:
     column_notes: dict[str, str] = field(default_factory=dict)         # compact head -> what it is
     baselines: dict[str, dict[str, float | None]] = field(default_factory=dict)  # method -> {column: value}
     column_retrievers: dict[str, str] = field(default_factory=dict)    # column -> r1/r2, where a table has both
+    paper_side: bool = True      # cells print "ours / paper"; False: a table the paper has none of (ours only)
 
     def put(self, row: str, column: str, cell: Cell, paper_row: str | None = None) -> None:
         if row not in self.rows:
