@@ -17,7 +17,7 @@ output folder is in place. Runs alone or under ``torchrun``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 def result_facts(summary: dict) -> list[str]:
@@ -43,16 +43,16 @@ def _require_inputs(files: Mapping[str, Path]) -> None:
 
 
 def _pretrain_run(params: Mapping[str, Any], variant: str, settings, inputs: Mapping[str, Path], is_main: bool,
-                  log_models: bool):
+                  log_models: bool, stage: str, described: Mapping[str, Any]):
     """The variant's MLflow run, not yet open: its identity as tags too, each only where it means something
     (qac.tracking.naming); a setting that plays no part in it (C of a passage-context run) is not logged."""
     from qac.tracking.lifecycle import tracked_stage
     from qac.tracking.naming import variant_description, variant_run_name
 
-    description = variant_description(params, variant)
+    description = {**variant_description(params, variant), **described}
     tags = {f"qac.{key}": value for key, value in description.items() if key != "init"}
     unused = {"query_count", "cotmae_decoder", "master_decoders"} - set(description)
-    return tracked_stage(params, f"pretrain@{variant}", variant_run_name(description, "pretrain"), kind="pretrain",
+    return tracked_stage(params, stage, variant_run_name(description, "pretrain"), kind="pretrain",
                          stage_params={**{k: v for k, v in settings.to_dict().items() if k not in unused},
                                        **description}, inputs=inputs, tags=tags, main=is_main, log_models=log_models)
 
@@ -71,10 +71,16 @@ def _record_outputs(tracking, variant: str, settings, summary: dict, step_log, s
     tracking.write_record(out_dir)
 
 
-def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: bool = False) -> dict:
+def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: bool = False,
+                     query_set: Path | None = None, stage: str | None = None,
+                     write_extra: Callable[[Path], None] | None = None) -> dict:
     """Pre-train (or, for method none, export) ``variant``'s encoder; returns the run's summary
     (:func:`qac.train.pretrain.pretrain`). ``log_models``: the encoder goes to MLflow as an artifact
-    (also ``mlflow.log_models``)."""
+    (also ``mlflow.log_models``).
+
+    Another stage pre-trains the same way on other queries (``pretrain_llm``, :mod:`qac.stages.pretrain_llm`):
+    ``query_set`` replaces the generator's ``queries.arrow``, ``stage`` names the stage's run, and
+    ``write_extra(staging)`` adds files to the output folder before its record is written."""
     import contextlib
     import shutil
 
@@ -91,6 +97,10 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
     work_dir = root / ".work" / "pretrain" / variant
     files = input_files(root, settings)      # what this method and context read (qac.models.factory)
     inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
+    described = {}
+    if query_set is not None:
+        files["queries"] = inputs["queries"] = query_set
+        described = {"query_set": str(query_set.relative_to(root))}
     queries = files.get("queries")
     extra = {name: path for name, path in files.items() if name not in ("passages", "queries")}
     _require_inputs(files)
@@ -100,7 +110,8 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
     if dist.is_main:    # what an earlier run killed while writing left behind
         for path in (out_dir, work_dir / "checkpoint"):
             remove_orphaned_staging(path)
-    tracked = _pretrain_run(params, variant, settings, inputs, dist.is_main, log_models)
+    tracked = _pretrain_run(params, variant, settings, inputs, dist.is_main, log_models,
+                            stage or f"pretrain@{variant}", described)
     # Only the main process writes the output folder, as one atomic unit.
     output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(out_dir)
     try:
@@ -126,6 +137,8 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
                                on_resume=on_resume if dist.is_main else None, remove_work=False,
                                extra_inputs=extra)
             if dist.is_main:
+                if write_extra is not None:
+                    write_extra(staging)
                 _record_outputs(tracking, variant, settings, summary, step_log, staging, out_dir)
         # The output is in place (renamed by atomic_path): only now may the work state go.
         if dist.is_main:

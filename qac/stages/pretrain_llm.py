@@ -13,9 +13,7 @@ encoder learned from, with their generator's figures, for the extension table.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,17 +22,13 @@ from qac.errors import UserError
 QUERIES_RECORD = "queries.json"     # beside the encoder: the queries it pre-trained on (the extension table reads it)
 
 
-def pretrain_llm_variant(params: Mapping[str, Any], variant: str) -> dict:
-    """Pre-train LLM-query variant ``variant``; the run's summary (:func:`qac.train.pretrain.pretrain`)."""
-    from qac.config import profile_dir
-    from qac.distributed import cleanup, init_distributed
-    from qac.io import atomic_path, remove_orphaned_staging
+def pretrain_llm_variant(params: Mapping[str, Any], variant: str, *, log_models: bool = False) -> dict:
+    """Pre-train LLM-query variant ``variant`` as ``pretrain@<variant>`` would, on its generator's queries;
+    the run's summary (:func:`qac.stages.pretrain.pretrain_variant`: the same run, resumption and outputs)."""
     from qac.params import params_path
     from qac.stages.llm_queries import variant_queries
-    from qac.tracking.lifecycle import tracked_stage
-    from qac.tracking.naming import variant_description, variant_run_name
-    from qac.train.pretrain import PretrainSettings, pretrain
-    from qac.train.step_log import LOSSES_FILE, StepLog
+    from qac.stages.pretrain import pretrain_variant
+    from qac.train.pretrain import PretrainSettings
 
     if variant not in params.llm_queries.variants:
         raise UserError(f"{params_path()}: {variant!r} is no key of llm_queries.variants (declared: "
@@ -43,49 +37,16 @@ def pretrain_llm_variant(params: Mapping[str, Any], variant: str) -> dict:
     if settings.context_type == "passage" or settings.method == "none":
         raise UserError(f"{params_path()}: llm_queries.variants.{variant} reads no queries (method "
                         f"{settings.method}, context {settings.context_type}): make it a pretrain.variants entry")
-    root = profile_dir(params)
-    passages, queries = root / "passages.arrow", variant_queries(params, variant)
-    for path in (passages, queries):
-        if not path.exists():
-            raise UserError(f"{path} not found: run the stage that writes it first")
-    out_dir, work_dir = root / "pretrain" / variant, root / ".work" / "pretrain" / variant
-    description = {**variant_description(params, variant), "query_set": str(queries.relative_to(root))}
-    dist = init_distributed()
-    step_log = StepLog()
-    if dist.is_main:
-        for path in (out_dir, work_dir / "checkpoint"):
-            remove_orphaned_staging(path)
-    stage = f"pretrain_llm@{variant}"
-    tracked = tracked_stage(params, stage, variant_run_name(description, "pretrain"), kind="pretrain",
-                            stage_params={**settings.to_dict(), **description},
-                            inputs={"passages": passages, "queries": queries},
-                            tags={f"qac.{k}": v for k, v in description.items() if k != "init"}, main=dist.is_main)
-    output = atomic_path(out_dir, directory=True) if dist.is_main else contextlib.nullcontext(out_dir)
-    try:
-        with tracked as tracking, output as staging:
-            staging = Path(staging)
+    queries = variant_queries(params, variant)
+    if not queries.exists():
+        raise UserError(f"{queries} not found: run the stage that writes it first")
 
-            def log_step(step: int, metrics: dict[str, float]) -> None:
-                tracking.log_metrics(metrics, step=step)
-                step_log(step, metrics)
+    def write_record(staging: Path) -> None:
+        record = queries_record(params, variant, queries, settings.query_count)
+        (staging / QUERIES_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
-            tracking.log_file_inputs({"passages": passages, "generated-queries": queries}, "training")
-            summary = pretrain(settings, passages=passages, queries=queries, work_dir=work_dir, out_dir=staging,
-                               log=log_step if dist.is_main else None, run_id=tracking.run_id, remove_work=False)
-            if dist.is_main:
-                tracking.describe(variant=variant, method=settings.method)
-                tracking.hash_outputs({name: (staging / name, out_dir / name) for name in ("encoder", "checkpoint")})
-                tracking.log_dict(summary, "pretrain_summary.json")
-                step_log.write(staging / LOSSES_FILE)
-                record = queries_record(params, variant, queries, settings.query_count)
-                (staging / QUERIES_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n",
-                                                      encoding="utf-8")
-                tracking.write_record(out_dir)
-        if dist.is_main:        # the output is in place: only now may the work state go
-            shutil.rmtree(work_dir, ignore_errors=True)
-    finally:
-        cleanup()
-    return summary
+    return pretrain_variant(params, variant, log_models=log_models, query_set=queries,
+                            stage=f"pretrain_llm@{variant}", write_extra=write_record)
 
 
 def queries_record(params: Mapping[str, Any], variant: str, queries: Path, query_count: int) -> dict[str, Any]:
