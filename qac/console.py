@@ -78,6 +78,8 @@ def setup_console(verbose: bool = False) -> bool:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # MLflow sets its loggers' level from this variable when it is imported, after this function ran.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "ERROR")
+    # MLflow's bar for every artifact it downloads (qac runs diff reads several per run).
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")   # inherited by subprocesses
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     # Some libraries set their own logger to DEBUG when imported (bm25s does), after this

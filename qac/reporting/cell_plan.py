@@ -36,8 +36,9 @@ Extensions of the study are planned apart (:func:`plan_extension_cells`):
 the variants of ``llm_queries.variants`` (queries from a prompted LLM,
 filtered or not) fill a table of their own, one row per variant and
 retriever, the profile's in-domain columns, beside the paper's run of the
-same method, context type and C (doc2query queries). They have no paper
-value, so nothing compares them; no paper cell reads them (``find`` skips
+same method, context type and C (the profile's own generator's queries:
+doc2query in the paper profile). They have no paper value, so nothing
+compares them; no paper cell reads them (``find`` skips
 them), and ``--cost`` gives each cell the GPU-hours of its runs.
 """
 
@@ -257,7 +258,8 @@ def plan_extension_cells(params: Params) -> list[PlannedCell]:
                 else:
                     cell.status, cell.stages, cell.recipe = PRODUCED, list(stages), profile.recipe(name)
                     cell.outputs = [queries, f"{profile.root}/eval/{name}/{retriever}/{dataset}/{split}.per_query.json"]
-                    cell.reason = f"beside {baseline or 'no paper run of this configuration'} (doc2query queries)"
+                    cell.reason = (f"beside {baseline or 'no paper run of this configuration'} "
+                                   "(the profile's own generator's queries)")
                 cells.append(cell)
     return cells
 
