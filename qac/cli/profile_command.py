@@ -112,6 +112,7 @@ def _validate(targets: list[str]) -> int:
 
     from qac.params import load_params, profile_params_path
     from qac.params import ParamsError
+    from qac.params.model_sources import uninstalled_problems
 
     status = 0
     for target in targets or PROFILE_NAMES:
@@ -124,6 +125,8 @@ def _validate(targets: list[str]) -> int:
             continue
         variants = len(params["pretrain"]["variants"])
         print(f"{path}: valid (profile {params['profile']}, {variants} pre-training variants)")
+        for problem in uninstalled_problems(params):    # valid, but `qac repro` here would stop at it
+            print(f"{path}: to run it here, {problem.key}: {problem.message}", file=sys.stderr)
     return status
 
 

