@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 
@@ -82,6 +83,77 @@ def test_worked_example_unmasked_texts_of_every_decoder(tokenizer, weights):
     maskable = [p for p, token in enumerate(anchor) if token not in (cls_id, sep_id)]
     assert [p for p in range(len(anchor)) if cmp["labels"][0, p] != IGNORE_INDEX] == maskable
     assert cmp["labels"][0, maskable].tolist() == [anchor[p] for p in maskable]
+
+
+# -- MASTER's release details (pretrain.common.master_dor_crop, master_empty_continuation, master_decoder_init) --
+
+DOR_LEN = 8     # the decoder's length: shorter than the two joined queries (9 tokens and [CLS])
+
+
+def _unmasked(tokenizer, weights, batch, **details):
+    collator = MasterCollator(tokenizer, DOR_LEN, 16, 0.0, 0.0, seed=7, word_weights=weights, **details)
+    return collator, [collator(batch, step) for step in range(8)]
+
+
+def test_dor_window_keeps_a_random_window_of_the_joined_queries_where_start_keeps_their_beginning(tokenizer, weights):
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    batch = pairs(2)
+    body = [token for query in batch[0].queries
+            for token in tokenizer(query, add_special_tokens=False)["input_ids"] + [sep_id]]
+    assert len(body) + 1 > DOR_LEN                        # longer than the decoder's text
+    _, start = _unmasked(tokenizer, weights, batch, dor_crop="start")
+    _, window = _unmasked(tokenizer, weights, batch, dor_crop="window")
+    width = DOR_LEN - 2
+    assert all(b["dor"]["input_ids"][0].tolist() == [cls_id, *body[:width], sep_id] for b in start)
+    windows = set()
+    for b in window:
+        row = b["dor"]["input_ids"][0].tolist()
+        assert len(row) == DOR_LEN and row[0] == cls_id and row[-1] == sep_id
+        offset = next(i for i in range(len(body) - width + 1) if body[i:i + width] == row[1:-1])   # of the body
+        windows.add(offset)
+    assert len(windows) > 1                               # drawn per step, not fixed
+    _, again = _unmasked(tokenizer, weights, batch, dor_crop="window")
+    assert all(torch.equal(a["dor"]["input_ids"], b["dor"]["input_ids"]) for a, b in zip(window, again))
+    short = [MasterPair(0, "the cell", "the cell", "passage", row=0, queries=("why",), continuation="x")]
+    _, fits = _unmasked(tokenizer, weights, short, dor_crop="window")   # a text that fits is never cut
+    assert fits[0]["dor"]["input_ids"][0].tolist() == [cls_id, *tokenizer("why", add_special_tokens=False)
+                                                       ["input_ids"], sep_id]
+
+
+@pytest.mark.parametrize("empty_continuation", ["no_label", "anchor"])
+def test_an_empty_continuation_gives_gor_no_label_or_the_anchors_text(tokenizer, weights, empty_continuation):
+    batch = pairs(2)
+    batch[1] = dataclasses.replace(batch[1], continuation="  ")
+    collator = MasterCollator(tokenizer, 48, 16, 0.3, 0.5, seed=7, word_weights=weights,
+                              empty_continuation=empty_continuation)
+    gor, anchor = (collator(batch, 0)[side] for side in ("gor", "anchor"))
+    length = int(gor["attention_mask"][1].sum())
+    def original(side, row=1):      # the text before masking: labels where masked, else the input
+        return side["labels"][row].where(side["labels"][row] != IGNORE_INDEX, side["input_ids"][row])
+
+    if empty_continuation == "no_label":
+        assert length == 2 and (gor["labels"][1] == IGNORE_INDEX).all()
+    else:   # the anchor's tokens (its own masks drawn on GOR's side), with labels to recover
+        assert length == int(anchor["attention_mask"][1].sum())
+        assert torch.equal(original(gor)[:length], original(anchor)[:length])
+        assert (gor["labels"][1] != IGNORE_INDEX).any()
+    continuation = ids(tokenizer, "and then the cell 0 divided twice")     # a pair with one keeps its own
+    assert original(gor, 0)[:len(continuation)].tolist() == continuation
+
+
+def test_decoder_init_torch_keeps_pytorchs_defaults_and_bert_draws_berts():
+    bert = Master.from_spec("tiny:minilm", seed=0, dropout=0.0, decoders=("dor",))
+    torch_init = Master.from_spec("tiny:minilm", seed=0, dropout=0.0, decoders=("dor",), decoder_init="torch")
+    assert torch.equal(bert.bert.embeddings.word_embeddings.weight, torch_init.bert.embeddings.word_embeddings.weight)
+    dense = lambda model: model.decoders["dor"][0].intermediate.dense
+    spread = bert.bert.config.initializer_range
+    assert abs(float(dense(bert).weight.std()) - spread) < 0.1 * spread and not dense(bert).bias.any()
+    bound = 1 / math.sqrt(dense(torch_init).in_features)        # nn.Linear's Kaiming-uniform bound
+    assert float(dense(torch_init).weight.abs().max()) <= bound and dense(torch_init).bias.any()
+    assert float(dense(torch_init).weight.std()) > 1.5 * spread
+    assert torch_init.describe()["decoder_init"] == "torch" and "decoder_init" not in bert.describe()
+    with pytest.raises(ValueError, match="bert or torch"):
+        Master.from_spec("tiny:minilm", seed=0, decoders=("dor",), decoder_init="xavier")
 
 
 def _masked(side, row=0):

@@ -185,14 +185,15 @@ def _master_sampler(corpus, context_type, queries, continuations, tokenizer, dor
     return MasterSampler(PairSampler(corpus, context_type, seed=5), sources)
 
 
-@pytest.mark.parametrize("context_type,passage_context,max_len,npr_mask", [
-    ("passage", "next", 128, "uniform"),      # NPR: the next span
-    ("query", "random_sampled", 40, "uniform"),  # NPR: a generated query; DOR joined queries cut at max_len
-    ("passage", "next", 128, "keyword"),      # NPR's words drawn by TF-IDF weight, as MKP's
+@pytest.mark.parametrize("context_type,passage_context,max_len,npr_mask,release", [
+    ("passage", "next", 128, "uniform", False),      # NPR: the next span
+    ("query", "random_sampled", 40, "uniform", False),  # NPR: a generated query; DOR joined queries cut at max_len
+    ("passage", "next", 128, "keyword", False),      # NPR's words drawn by TF-IDF weight, as MKP's
+    ("query", "random_sampled", 40, "uniform", True),   # the release's DOR window and GOR's anchor for no continuation
 ])
 def test_master_stored_ids_collate_to_the_batches_of_tokenising_collation(tmp_path, shared_data, tokenizer,
                                                                           context_type, passage_context, max_len,
-                                                                          npr_mask):
+                                                                          npr_mask, release):
     from qac.data.master import MasterCollator, TextMasterCollator
 
     passages, queries = _scifact_corpus(shared_data, tmp_path, tokenizer)
@@ -200,9 +201,11 @@ def test_master_stored_ids_collate_to_the_batches_of_tokenising_collation(tmp_pa
     corpus = load_pair_corpus(passages, queries, context_type, passage_context=passage_context, query_count=3,
                               tokenizer=tokenizer, tokenizer_name="minilm")
     sampler = _master_sampler(corpus, context_type, queries, continuations, tokenizer)
-    stored = MasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights, npr_mask=npr_mask)
+    details = {"dor_crop": "window", "empty_continuation": "anchor"} if release else {}
+    stored = MasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights, npr_mask=npr_mask,
+                            **details)
     tokenising = TextMasterCollator(tokenizer, max_len, 24, 0.3, 0.5, seed=5, word_weights=weights,
-                                    npr_mask=npr_mask)
+                                    npr_mask=npr_mask, **details)
     for step in range(3):
         pairs = sampler.batch(step, 16)
         assert all(pair.anchor_ids is not None and pair.context_ids is not None and pair.query_ids is not None

@@ -72,6 +72,7 @@ from qac.params.vocabulary import MASTER_TASKS, NPR_MASKS
 
 # Masking-generator side of each decoder's sequence (anchor 0 and context 1 are PairCollator's).
 SIDES = {"npr": 1, "mkp": 2, "cmp": 3, "dor": 4, "gor": 5}
+DOR_WINDOW_SIDE = 6     # the random stream of DOR's crop window (dor_crop: window), apart from every mask's
 FREQUENCY_BATCH = 1024
 
 
@@ -239,6 +240,8 @@ class MasterMasking:
     pad_to: int | None = None
     npr_mask: str = "uniform"
     pad_to_multiple_of: int = 1   # lengths and masked-position counts rounded up to a multiple of this
+    dor_crop: str = "start"       # start | window: DOR's joined queries over max_len cut at a random window
+    empty_continuation: str = "no_label"   # no_label | anchor: GOR reads the anchor where the continuation is empty
 
     @property
     def keyword_tasks(self) -> tuple[str, ...]:
@@ -249,10 +252,40 @@ class MasterMasking:
     def _check_settings(self) -> None:
         if self.npr_mask not in NPR_MASKS:
             raise ValueError(f"npr_mask {self.npr_mask!r} is not one of {', '.join(NPR_MASKS)}")
+        if self.dor_crop not in ("start", "window"):
+            raise ValueError(f"dor_crop must be start or window, got {self.dor_crop!r}")
+        if self.empty_continuation not in ("no_label", "anchor"):
+            raise ValueError(f"empty_continuation must be no_label or anchor, got {self.empty_continuation!r}")
         if self.keyword_tasks and self.word_weights is None:
             raise ValueError(f"the {' and '.join(self.keyword_tasks)} decoder(s) need word frequencies "
                              f"(the word_frequencies stage's file)")
         check_pad_to(self.pad_to, self.max_len, self.query_max_len)
+
+    def join_queries(self, pieces: list[list[int]], step: int, index: int) -> list[int]:
+        """``[CLS] q1 [SEP] q2 [SEP] ...`` of the queries' ids in ``max_len`` tokens (``[CLS] [SEP]`` for none).
+
+        Over ``max_len``, ``dor_crop`` start keeps the beginning (ending in [SEP]); window keeps a window of
+        ``max_len - 2`` tokens of ``q1 [SEP] q2 [SEP] ...`` whose start is drawn per pair and step (side
+        :data:`DOR_WINDOW_SIDE`), between [CLS] and [SEP], as MASTER's release crops its decoder's text.
+        """
+        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        body = [token for piece in pieces for token in [*piece, sep_id]]
+        if len(body) + 1 <= self.max_len:
+            return [cls_id, *body] if body else [cls_id, sep_id]
+        if self.dor_crop == "start":
+            return [cls_id, *body[:self.max_len - 2], sep_id]
+        width = self.max_len - 2
+        rng = np.random.default_rng([self.seed, 2, step, index, DOR_WINDOW_SIDE])
+        start = int(rng.integers(0, len(body) - width + 1))
+        return [cls_id, *body[start:start + width], sep_id]
+
+    def continuation_or_anchor(self, continuation, anchor):
+        """GOR's text: the continuation's ids, or with ``empty_continuation`` anchor the anchor's (as the encoder
+        reads it) where the continuation has no token of its own."""
+        if (self.empty_continuation == "anchor"             # nothing but the special tokens ([CLS] [SEP])
+                and len(continuation) <= self.tokenizer.num_special_tokens_to_add(pair=False)):
+            return anchor
+        return continuation
 
     def keyword_mask(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
         """``decoder_mask_ratio`` of the words of ``ids``, drawn with TF-IDF weights (MKP; NPR with ``keyword``)."""
@@ -294,15 +327,9 @@ class MasterCollator(StoredIdsReader, MasterMasking):
         self.decoders = tuple(self.decoders)
         self._check_settings()
 
-    def joined_queries(self, pieces: list) -> np.ndarray:
-        """``[CLS] q1 [SEP] q2 [SEP] ...`` of the queries' ids, cut at ``max_len`` tokens (ending in [SEP])."""
-        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
-        ids = [cls_id]
-        for piece in pieces:
-            ids.extend(list(piece) + [sep_id])
-        if len(ids) > self.max_len:
-            ids = ids[:self.max_len - 1] + [sep_id]
-        return np.asarray(ids if len(ids) > 1 else [cls_id, sep_id], dtype=np.int64)
+    def joined_queries(self, pieces: list, step: int = 0, index: int = 0) -> np.ndarray:
+        """:meth:`join_queries` of the stored query ids, as an array."""
+        return np.asarray(self.join_queries([list(piece) for piece in pieces], step, index), dtype=np.int64)
 
     def _query_ids(self, pairs: list[MasterPair]) -> list[list]:
         ids = [pair.query_ids for pair in pairs]
@@ -331,10 +358,12 @@ class MasterCollator(StoredIdsReader, MasterMasking):
                 else self._passage(ids, step, pair.index, 1)
                 for pair, ids in zip(pairs, self._ids(pairs, "context_ids", "context"))]
         if "dor" in self.decoders:
-            sequences["dor"] = [self.joined_queries(ids) for ids in self._query_ids(pairs)]
+            sequences["dor"] = [self.joined_queries(ids, step, pair.index)
+                                for pair, ids in zip(pairs, self._query_ids(pairs))]
         if "gor" in self.decoders:
-            sequences["gor"] = [with_special_tokens(ids, self.max_len, self.special)
-                                for ids in self._ids(pairs, "continuation_ids", "continuation")]
+            sequences["gor"] = [self.continuation_or_anchor(with_special_tokens(ids, self.max_len, self.special),
+                                                            anchor)
+                                for ids, anchor in zip(self._ids(pairs, "continuation_ids", "continuation"), anchors)]
         for task in self.decoders:
             if task in sequences:
                 batch[task] = pad_and_mask(sequences[task], [key + (SIDES[task],) for key in keys], self.vocab,
@@ -371,16 +400,10 @@ class TextMasterCollator(MasterMasking):
             return []
         return self.tokenizer(texts, truncation=True, max_length=max_len, add_special_tokens=True)["input_ids"]
 
-    def joined_queries(self, queries: tuple[str, ...]) -> list[int]:
-        """``[CLS] q1 [SEP] q2 [SEP] ...`` cut at ``max_len`` tokens (ending in [SEP])."""
-        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
-        ids = [cls_id]
+    def joined_queries(self, queries: tuple[str, ...], step: int = 0, index: int = 0) -> list[int]:
+        """:meth:`join_queries` of the queries' texts, tokenised here."""
         pieces = self.tokenizer(list(queries), add_special_tokens=False)["input_ids"] if queries else []
-        for piece in pieces:
-            ids.extend(piece + [sep_id])
-        if len(ids) > self.max_len:
-            ids = ids[:self.max_len - 1] + [sep_id]
-        return ids if len(ids) > 1 else [cls_id, sep_id]
+        return self.join_queries(pieces, step, index)
 
     def __call__(self, pairs: list[MasterPair], step: int) -> dict[str, dict[str, torch.Tensor]]:
         pad, rate = self.tokenizer.pad_token_id, self.decoder_mask_ratio
@@ -397,9 +420,10 @@ class TextMasterCollator(MasterMasking):
                 for row, ids in zip(rows, self._tokenize([pairs[row].context for row in rows], limit)):
                     texts["npr"][row] = ids
         if "dor" in self.decoders:
-            texts["dor"] = [self.joined_queries(pair.queries) for pair in pairs]
+            texts["dor"] = [self.joined_queries(pair.queries, step, pair.index) for pair in pairs]
         if "gor" in self.decoders:
-            texts["gor"] = self._tokenize([pair.continuation.strip() for pair in pairs], self.max_len)
+            texts["gor"] = [self.continuation_or_anchor(ids, anchor) for ids, anchor in
+                            zip(self._tokenize([pair.continuation.strip() for pair in pairs], self.max_len), anchors)]
         for task in self.decoders:
             rows = []
             for row, pair in enumerate(pairs):
@@ -432,7 +456,8 @@ def master_batches(settings, mask_ratios: tuple[float, float], tokenizer, sample
     collator = MasterCollator(tokenizer, settings.max_len, settings.query_max_len, *mask_ratios,
                               seed=settings.seed, decoders=decoders, word_weights=weights, pad_to=settings.pad_to,
                               pad_to_multiple_of=settings.pad_to_multiple_of, crop=settings.spans == "overflow",
-                              npr_mask=settings.master_npr_mask)
+                              npr_mask=settings.master_npr_mask, dor_crop=settings.master_dor_crop,
+                              empty_continuation=settings.master_empty_continuation)
     return MasterSampler(sampler, sources), collator
 
 

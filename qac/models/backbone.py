@@ -56,7 +56,8 @@ def load_backbone(spec: str, seed: int = 0, dropout: float | None = None) -> tup
     return bert, lm_head
 
 
-def new_layers(config, count: int, seed: int, attn_implementation: str | None = "sdpa") -> nn.ModuleList:
+def new_layers(config, count: int, seed: int, attn_implementation: str | None = "sdpa",
+               init: str = "bert") -> nn.ModuleList:
     """``count`` freshly initialised BERT layers (condenser head, CoT-MAE decoder).
 
     Attention runs through PyTorch's scaled_dot_product_attention (fused
@@ -73,8 +74,11 @@ def new_layers(config, count: int, seed: int, attn_implementation: str | None = 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         layers = nn.ModuleList([BertLayer(config) for _ in range(count)])
-        initializer = BertModel(config, add_pooling_layer=False)
-        layers.apply(initializer._init_weights)
+        if init == "bert":      # normal(0, initializer_range) weights, zero biases: BERT's own start
+            initializer = BertModel(config, add_pooling_layer=False)
+            layers.apply(initializer._init_weights)
+        elif init != "torch":   # torch: the modules' own defaults (Kaiming-uniform Linear), MASTER's release
+            raise ValueError(f"decoder init must be bert or torch, got {init!r}")
     return layers
 
 

@@ -35,7 +35,8 @@ def build_pretraining_model(settings, seed: int, full_vocab_logits: bool = False
             settings.init, seed=seed, dropout=settings.dropout, decoders=tuple(settings.master_decoders),
             decoder_layers=int(settings.master_decoder_layers), weights=dict(settings.master_weights),
             mask_ratio=float(settings.master_mask_ratio),
-            decoder_mask_ratio=float(settings.master_decoder_mask_ratio), full_vocab_logits=full_vocab_logits)
+            decoder_mask_ratio=float(settings.master_decoder_mask_ratio), full_vocab_logits=full_vocab_logits,
+            decoder_init=settings.master_decoder_init)
     raise ValueError(f"method must be one of {METHODS} (none exports the init encoder), got {method!r}")
 
 

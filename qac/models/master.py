@@ -45,7 +45,8 @@ def bool_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 class Master(PretrainingModel):
     def __init__(self, bert, lm_head, *, decoders=MASTER_TASKS, decoder_layers: int = 2,
                  weights: dict[str, float] | None = None, mask_ratio: float = 0.30,
-                 decoder_mask_ratio: float = 0.50, full_vocab_logits: bool = False, seed: int = 0):
+                 decoder_mask_ratio: float = 0.50, full_vocab_logits: bool = False, seed: int = 0,
+                 decoder_init: str = "bert"):
         super().__init__()
         decoders = tuple(decoders)
         unknown = [task for task in decoders if task not in MASTER_TASKS]
@@ -62,8 +63,10 @@ class Master(PretrainingModel):
         # off leaves the others' initial weights as they were.
         self.tasks = tuple(task for task in MASTER_TASKS if task in decoders)
         self.decoders = nn.ModuleDict({
-            task: new_layers(bert.config, decoder_layers, seed + 1 + MASTER_TASKS.index(task), attn_implementation="sdpa")
+            task: new_layers(bert.config, decoder_layers, seed + 1 + MASTER_TASKS.index(task), attn_implementation="sdpa",
+                             init=decoder_init)
             for task in self.tasks})
+        self.decoder_init = decoder_init
         self.weights = {task: float(weights[task]) for task in self.tasks}
         self.decoder_layers = decoder_layers
         self.mask_ratio = mask_ratio
@@ -84,7 +87,9 @@ class Master(PretrainingModel):
     def describe(self) -> dict[str, object]:
         return {"master_decoders": ",".join(self.tasks), "decoder_layers": self.decoder_layers,
                 "weights": dict(self.weights), "mask_ratio": self.mask_ratio,
-                "decoder_mask_ratio": self.decoder_mask_ratio}
+                "decoder_mask_ratio": self.decoder_mask_ratio,
+                # named where it is not BERT's, so a record of a run before the switch reads as it did
+                **({"decoder_init": self.decoder_init} if self.decoder_init != "bert" else {})}
 
     def decoder_states(self, task: str, cls_vector: torch.Tensor, side: dict[str, torch.Tensor]) -> torch.Tensor:
         """Decoder ``task``'s output states over ``[encoder CLS] + its masked text``."""

@@ -237,6 +237,15 @@ class PretrainCommon(Section):
                     "weights, as the MASTER paper and release)")
     master_dor_queries: PositiveInt = Field(
         description="k: generated queries joined into MASTER's DOR decoder text (MASTER's release data: 10)")
+    master_decoder_init: Literal["bert", "torch"] = Field(
+        description="MASTER's decoder layers start from BERT's initialisation (bert: normal, initializer_range) or "
+                    "from PyTorch's module defaults (torch, MASTER's release)")
+    master_dor_crop: Literal["start", "window"] = Field(
+        description="DOR's joined queries over max_len: cut from their start (start) or at a window drawn at random "
+                    "per pair and step (window, MASTER's release)")
+    master_empty_continuation: Literal["no_label", "anchor"] = Field(
+        description="a passage whose continuation is empty gives GOR [CLS] [SEP] and no label (no_label) or the "
+                    "anchor's own text (anchor, MASTER's release)")
     passage_context: PassageContext = Field(
         description="how a passage context is drawn: random_sampled | nearby | overlap | next (the following span, "
                     "MASTER's NPR)")

@@ -76,6 +76,9 @@ class PretrainSettings:
     master_weights: dict[str, float]
     master_dor_queries: int  # generated queries joined into the DOR decoder's text
     master_npr_mask: str  # uniform | keyword: NPR's words masked with MKP's TF-IDF weights (MASTER's)
+    master_decoder_init: str  # bert | torch: the decoder layers' start (torch: PyTorch's defaults, the release's)
+    master_dor_crop: str  # start | window: where DOR's joined queries over max_len are cut (window: the release's)
+    master_empty_continuation: str  # no_label | anchor: GOR's target for an empty continuation (anchor: the release's)
     mixed_query_prob: float
     passage_context: str
     decay_exempt: str  # names: biases and LayerNorm-named weights; norm_layers: every LayerNorm module (HF Trainer)
@@ -122,6 +125,10 @@ class PretrainSettings:
             del shaping["passage_context_draw"]
         if shaping["decay_exempt"] == "names":            # every run's before the switch: their fingerprints
             del shaping["decay_exempt"]
+        for key, before in (("master_decoder_init", "bert"), ("master_dor_crop", "start"),
+                            ("master_empty_continuation", "no_label")):
+            if shaping[key] == before:                    # every run's before the switches: their fingerprints
+                del shaping[key]
         if inputs_md5:
             shaping["inputs_md5"] = dict(inputs_md5)
         return hashlib.md5(json.dumps(shaping, sort_keys=True).encode()).hexdigest()
