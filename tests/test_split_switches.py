@@ -70,6 +70,28 @@ def test_overflow_never_cuts_a_long_sentence(tokenizer):
     assert len(overflow.passages) == 2 and overflow.passages[0]["n_tokens"] > 30   # "short one." + the long one
 
 
+def test_random_overlap_counts_keep_one_to_half_of_a_passages_sentences_and_leave_the_spans_alone(tokenizer):
+    counter = TokenCounter(tokenizer)
+    documents = [(f"d{n}", " ".join(f"w{n} s{i} x{i}." for i in range(40))) for n in range(6)]
+    common = dict(max_len=64, short_span_prob=0.0, random_sampled_window=100, seed=3)   # passages of 6+ sentences
+    fixed = split_documents(documents, _Sentences, counter, split_settings(**common, overlap_sentences=2))
+    drawn = split_documents(documents, _Sentences, counter, split_settings(**common, overlap_sentences="random"))
+    again = split_documents(documents, _Sentences, counter, split_settings(**common, overlap_sentences="random"))
+    assert [p["text"] for d in drawn for p in d.passages] == [p["text"] for d in fixed for p in d.passages]
+    assert [p["contexts"]["overlap"] for d in drawn for p in d.passages] == \
+           [p["contexts"]["overlap"] for d in again for p in d.passages]          # a function of (seed, document)
+    kept = set()
+    for document in drawn:
+        for passage in document.passages[:-1]:        # the last passage has nothing after it
+            sentences = passage["text"].split(". ")
+            overlap = passage["contexts"]["overlap"]
+            count = next(k for k in range(1, len(sentences) + 1)
+                         if overlap.startswith(". ".join(sentences[-k:]).rstrip(".")))
+            assert 1 <= count <= max(1, len(sentences) // 2), (passage["text"], overlap)
+            kept.add(count)
+    assert len(kept) > 1                                # drawn per passage, not fixed
+
+
 def test_unknown_span_rule_is_refused_by_the_schema():
     from qac.config import render_profile
     from qac.params import ParamsError, validate_params

@@ -70,7 +70,7 @@ class SplitSettings:
     max_len: int
     short_span_prob: float
     random_sampled_window: int
-    overlap_sentences: int
+    overlap_sentences: int | str   # k, or "random": k drawn per passage in [1, its units // 2] (the release's)
     seed: int
     spans: SpanRule  # bounded: never over max_len; overflow: close after the crossing sentence
 
@@ -288,15 +288,16 @@ def _fit_ranges(work: "_DocumentWork", ranges, max_len: int, counter: TokenCount
     return fitted
 
 
-def overlap_range(start: int, end: int, lengths: Sequence[int], settings: SplitSettings) -> tuple[int, int] | None:
+def overlap_range(start: int, end: int, lengths: Sequence[int], settings: SplitSettings,
+                  count: int | None = None) -> tuple[int, int] | None:
     """Units of the overlap context of the passage made of units ``[start, end)``.
 
-    The passage's last ``overlap_sentences`` units, then following units while
+    The passage's last ``count`` units (default ``overlap_sentences``), then following units while
     the total stays within ``max_len``; None when no unit follows the passage.
     """
     if end >= len(lengths):
         return None
-    first = max(start, end - settings.overlap_sentences)
+    first = max(start, end - (count if count is not None else settings.overlap_sentences))
     total = sum(lengths[first:end])
     while first < end - 1 and total + lengths[end] > settings.max_len:  # leave room for what follows
         total -= lengths[first]
@@ -416,14 +417,24 @@ def _check_passages(works: list[_DocumentWork], counter: TokenCounter, max_len: 
         work.n_tokens = [len(ids) for ids in work.ids]
 
 
+def overlap_counts(work: _DocumentWork, settings: SplitSettings) -> list[int]:
+    """How many of its last units each passage's overlap context keeps: ``overlap_sentences``, or with
+    ``random`` a count drawn per passage in ``[1, max(1, units // 2)]`` from the document's own overlap
+    stream (apart from the span targets' draws, so the spans are the same either way)."""
+    if settings.overlap_sentences != "random":
+        return [int(settings.overlap_sentences)] * len(work.ranges)
+    rng = document_rng(settings.seed, f"{work.doc_id}\x00overlap")
+    return [rng.randint(1, max(1, (end - start) // 2)) for start, end in work.ranges]
+
+
 def _add_overlaps(works: list[_DocumentWork], counter: TokenCounter, settings: SplitSettings) -> None:
     """Set each passage's overlap text; one a tokenizer makes too long loses trailing units."""
     pending = []
     for work in works:
         work.overlaps = [""] * len(work.ranges)
         work.overlap_ids = [[] for _ in work.ranges]
-        for k, (start, end) in enumerate(work.ranges):
-            units = overlap_range(start, end, work.lengths, settings)
+        for k, ((start, end), count) in enumerate(zip(work.ranges, overlap_counts(work, settings))):
+            units = overlap_range(start, end, work.lengths, settings, count)
             if units is not None:
                 pending.append((work, k, units))
     while pending:

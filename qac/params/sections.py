@@ -88,8 +88,9 @@ class SplitSection(Section):
     short_span_prob: Fraction = Field(description="paper: 0.15, target length drawn from [2, max_len]")
     random_sampled_window: PositiveInt = Field(
         description="passages a random_sampled context is drawn from")
-    overlap_sentences: PositiveInt = Field(
-        description="overlap context: last k sentences of the span plus what follows")
+    overlap_sentences: PositiveInt | Literal["random"] = Field(
+        description="overlap context: last k sentences of the span plus what follows; random: k drawn per passage "
+                    "in [1, its sentences // 2] (the release's make_contextual_splits.py)")
     spans: SpanRule = Field(
         description="bounded: a span never exceeds max_len (long sentences cut); overflow (the release): a span closes "
                     "after the sentence that crosses its target, and pre-training crops one over pretrain max_len to "
