@@ -53,6 +53,7 @@ or ``uniform`` (the earlier choice here, kept as a switch).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -282,10 +283,13 @@ class MasterMasking:
     def continuation_or_anchor(self, continuation, anchor):
         """GOR's text: the continuation's ids, or with ``empty_continuation`` anchor the anchor's (as the encoder
         reads it) where the continuation has no token of its own."""
-        if (self.empty_continuation == "anchor"             # nothing but the special tokens ([CLS] [SEP])
-                and len(continuation) <= self.tokenizer.num_special_tokens_to_add(pair=False)):
-            return anchor
+        if self.empty_continuation == "anchor" and len(continuation) <= self._special_count:
+            return anchor           # nothing but the special tokens ([CLS] [SEP])
         return continuation
+
+    @functools.cached_property
+    def _special_count(self) -> int:
+        return self.tokenizer.num_special_tokens_to_add(pair=False)
 
     def keyword_mask(self, ids: list[int], rng: np.random.Generator) -> tuple[list[int], list[int]]:
         """``decoder_mask_ratio`` of the words of ``ids``, drawn with TF-IDF weights (MKP; NPR with ``keyword``)."""

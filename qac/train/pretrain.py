@@ -40,6 +40,11 @@ LogFn = Callable[[int, dict[str, float]], None]
 # so a resume with other values continues the same run.
 NOT_SHAPING = ("log_every", "checkpoint_every", "loader_workers", "prefetch_batches")
 
+# Keys added after runs were fingerprinted, with the value every earlier run had: left out of the hash at that
+# value, so the work checkpoints of those runs keep their fingerprints and resume.
+BEFORE_SWITCHES = {"unpadded": False, "passage_context_draw": "step", "decay_exempt": "names",
+                   "master_decoder_init": "bert", "master_dor_crop": "start", "master_empty_continuation": "no_label"}
+
 
 @dataclass(frozen=True)
 class PretrainSettings:
@@ -118,17 +123,8 @@ class PretrainSettings:
     def fingerprint(self, inputs_md5: Mapping[str, str] | None = None) -> str:
         """Hash of everything that shapes the weights: the settings (logging cadence left
         out) and the MD5 of each input file (``{"passages": ..., "queries": ...}``)."""
-        shaping = {k: v for k, v in self.to_dict().items() if k not in NOT_SHAPING}
-        if not shaping["unpadded"]:     # the padded layout, every run's before the switch: their fingerprints
-            del shaping["unpadded"]
-        if shaping["passage_context_draw"] == "step":     # every run's before the switch: their fingerprints
-            del shaping["passage_context_draw"]
-        if shaping["decay_exempt"] == "names":            # every run's before the switch: their fingerprints
-            del shaping["decay_exempt"]
-        for key, before in (("master_decoder_init", "bert"), ("master_dor_crop", "start"),
-                            ("master_empty_continuation", "no_label")):
-            if shaping[key] == before:                    # every run's before the switches: their fingerprints
-                del shaping[key]
+        shaping = {k: v for k, v in self.to_dict().items() if k not in NOT_SHAPING
+                   and not (k in BEFORE_SWITCHES and v == BEFORE_SWITCHES[k])}
         if inputs_md5:
             shaping["inputs_md5"] = dict(inputs_md5)
         return hashlib.md5(json.dumps(shaping, sort_keys=True).encode()).hexdigest()
