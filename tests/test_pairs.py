@@ -294,3 +294,97 @@ def test_a_passage_context_drawn_once_is_the_anchors_partner_for_the_whole_run(t
                                                                      passage_draw="once").batch(0, len(corpus))}
               for seed in range(4, 8)]
     assert any(other != once for other in others)
+
+
+# --- a mix of passage-context kinds (the release's data_type mixed / cotmae) ---------------------------------
+
+def _mixed_kind_corpus(directory):
+    """One document of three spans with every kind, one of two spans whose first has no overlap text."""
+    text = {f"d0#{k}": f"alpha {k} beta gamma. delta epsilon {k}." for k in range(3)}
+    text.update({f"d1#{k}": f"zeta {k} eta theta. iota kappa {k}." for k in range(2)})
+    records = []
+    for pid, body in text.items():
+        doc, position = pid.split("#")
+        siblings = [other for other in text if other.startswith(doc + "#") and other != pid]
+        nearby = [other for other in siblings if abs(int(other.split("#")[1]) - int(position)) == 1]
+        overlap = "" if pid == "d1#0" else f"overlap of {pid}"
+        records.append({"pid": pid, "doc_id": doc, "position": int(position), "text": body,
+                        "n_tokens": len(body.split()),
+                        "contexts": {"nearby": nearby, "random_sampled": siblings[-1:], "overlap": overlap}})
+    path = directory / "passages.arrow"
+    write_passages(path, records)
+    return path, text
+
+
+def test_a_mix_of_passage_contexts_draws_each_kind_uniformly_per_pair(tmp_path):
+    passages, text = _mixed_kind_corpus(tmp_path)
+    corpus = load_pair_corpus(passages, None, "passage", passage_context=["random_sampled", "nearby", "overlap"])
+    assert len(corpus) == 5 and corpus.passage_kinds == ("random_sampled", "nearby", "overlap")
+    anchor = _index(corpus, "d0#1")
+    # d0#1: random_sampled [d0#2], nearby [d0#0, d0#2], its overlap text: every kind's candidates.
+    assert corpus.passage_contexts(anchor) == [text["d0#2"], text["d0#0"], text["d0#2"], "overlap of d0#1"]
+    sampler, drawn = PairSampler(corpus, "passage", seed=5), Counter()
+    steps = 3000
+    for step in range(steps):
+        for pair in sampler.batch(step, len(corpus)):
+            if pair.anchor == text["d0#1"]:
+                drawn[pair.context] += 1
+    # A kind in three, then a candidate of it: d0#2 is random_sampled's one and half of nearby's.
+    expected = {text["d0#2"]: 1 / 3 + 1 / 6, text["d0#0"]: 1 / 6, "overlap of d0#1": 1 / 3}
+    assert set(drawn) == set(expected) and sum(drawn.values()) == steps
+    for context, share in expected.items():
+        bound = 5 * (share * (1 - share) / steps) ** 0.5        # five binomial standard errors
+        assert abs(drawn[context] / steps - share) < bound, (context, drawn[context] / steps)
+
+
+def test_a_mix_draws_among_the_kinds_its_anchor_has_and_skips_an_anchor_with_none(tmp_path):
+    passages, text = _mixed_kind_corpus(tmp_path)
+    corpus = load_pair_corpus(passages, None, "passage", passage_context=["overlap", "nearby"])
+    assert len(corpus) == 5
+    # d1#0 has no overlap text: its one kind is nearby, so its context is d1#1 at every step.
+    sampler = PairSampler(corpus, "passage", seed=1)
+    contexts = {pair.context for step in range(50) for pair in sampler.batch(step, len(corpus))
+                if pair.anchor == text["d1#0"]}
+    assert contexts == {text["d1#1"]}
+    only_overlap = load_pair_corpus(passages, None, "passage", passage_context=["overlap"])
+    assert only_overlap.stats()["skipped_no_passage_context"] == 1 and len(only_overlap) == 4
+
+
+def test_a_mix_drawn_once_keeps_one_kind_and_partner_per_anchor(tmp_path):
+    passages, text = _mixed_kind_corpus(tmp_path)
+    corpus = load_pair_corpus(passages, None, "passage", passage_context=["random_sampled", "nearby", "overlap"])
+    sampler, seen = PairSampler(corpus, "passage", seed=2, passage_draw="once"), {}
+    for step in range(40):
+        for pair in sampler.batch(step, len(corpus)):
+            seen.setdefault(pair.anchor, set()).add(pair.context)
+    assert len(seen) == 5 and all(len(partners) == 1 for partners in seen.values())
+    kinds_met = set()
+    for seed in range(30):      # across seeds the fixed partner comes from every kind
+        for pair in PairSampler(corpus, "passage", seed=seed, passage_draw="once").batch(0, len(corpus)):
+            if pair.anchor == text["d0#1"]:
+                kinds_met.add("overlap" if pair.context.startswith("overlap") else pair.context)
+    assert kinds_met == {"overlap", text["d0#0"], text["d0#2"]}
+
+
+@pytest.mark.parametrize("mix", [[], ["nearby", "nearby"], ["nearby", "next"], ["spans"]])
+def test_a_bad_mix_of_passage_contexts_is_refused(tmp_path, mix):
+    passages, _ = _mixed_kind_corpus(tmp_path)
+    with pytest.raises(ValueError, match="passage"):
+        load_pair_corpus(passages, None, "passage", passage_context=mix)
+
+
+@pytest.mark.parametrize("mix, message", [
+    (["nearby", "nearby"], "parameter pretrain.variants.bad.passage_context: a mix names each kind once"),
+    ([], "parameter pretrain.variants.bad.passage_context: a mix names each kind once"),
+    (["nearby", "next"], "parameter pretrain.variants.bad.passage_context"),
+])
+def test_a_bad_mix_is_refused_by_the_schema_with_its_key(mix, message):
+    import re
+
+    from qac.config import render_profile
+    from qac.params import ParamsError, validate_params
+
+    params = render_profile("smoke")
+    params["pretrain"]["variants"]["bad"] = {"method": "cotmae", "context_type": "passage", "passage_context": mix}
+    with pytest.raises(ParamsError, match=re.escape(message)):
+        validate_params(params)

@@ -10,7 +10,11 @@ Which passages can be anchors:
 
 - ``passage``: passages whose chosen passage context (``passage_context``:
   ``random_sampled``, ``nearby``, ``overlap``, or ``next``: the span after the
-  anchor, which MASTER's NPR decoder recovers) is non-empty. Single-span
+  anchor, which MASTER's NPR decoder recovers) is non-empty. A list of kinds
+  mixes them: a passage that has any of them is an anchor, and each pair draws
+  one kind uniformly among those its anchor has, then a candidate of it (the
+  release's data_type ``mixed`` / ``cotmae``, whose data holds all three for
+  every anchor, so its draw is the same uniform one). Single-span
   documents have no other span: with ``single_span: drop`` their passages are
   skipped and counted in :attr:`PairCorpus.skipped_no_passage_context`; with
   ``self`` (the release) such a passage is its own context (counted in
@@ -24,7 +28,7 @@ Which passages can be anchors:
 Sampling is a pure function of ``(seed, step)``: the anchors of a step are
 consecutive slots of a per-epoch permutation, the context of each pair (which
 query among the first ``query_count``, which neighbour, which kind in
-``mixed``) is drawn from a generator seeded with the step. Resuming at step k
+``mixed`` or in a mix of passage contexts) is drawn from a generator seeded with the step. Resuming at step k
 therefore reproduces the batches an uninterrupted run would have seen, and every
 process of a distributed run builds the same global batch and keeps its share.
 """
@@ -45,7 +49,7 @@ from qac.data.errors import DataFormatError
 from qac.data.masking import (IGNORE_INDEX, MaskingVocab, masked_targets, round_up, whole_word_mask,
                               whole_word_mask_batch)
 from qac.data.tokens import SpecialTokens, TextEncoder, check_stamp, with_special_tokens
-from qac.params.vocabulary import CONTEXT_TYPES, PASSAGE_CONTEXTS, SINGLE_SPAN_DOCUMENTS
+from qac.params.vocabulary import CONTEXT_TYPES, MIXED_PASSAGE_CONTEXTS, PASSAGE_CONTEXTS, SINGLE_SPAN_DOCUMENTS
 
 # Rows checked at a time when the corpus is loaded: bounds the memory of the scan.
 _SCAN_ROWS = 1 << 13
@@ -64,7 +68,7 @@ class PairCorpus:
     passages: pa.Table                    # passages.arrow, memory-mapped
     queries: pa.Table | None              # queries.arrow, memory-mapped; row i belongs to passage row i
     anchors: np.ndarray                   # passage rows usable as anchors, ascending
-    passage_context: str
+    passage_context: str | tuple[str, ...]  # one kind, or the kinds a pair draws among
     query_count: int
     path: Path
     total_passages: int = 0
@@ -110,39 +114,50 @@ class PairCorpus:
     def text(self, index: int) -> str:
         return self.rows([index])[0]["text"]
 
-    def passage_candidates(self, record: dict) -> list:
-        """Candidates of a passage context: the overlap text (with its ids when the corpus reads
-        ids: ``(text, ids)``), or the context passages' rows."""
+    @property
+    def passage_kinds(self) -> tuple[str, ...]:
+        return passage_kinds(self.passage_context)
+
+    def passage_candidates(self, record: dict, kind: str | None = None) -> list:
+        """Candidates of a passage context of one kind (``kind``, else the corpus's single one): the overlap
+        text (with its ids when the corpus reads ids: ``(text, ids)``), or the context passages' rows."""
         contexts = record["contexts"]
+        kind = kind or self.passage_context
         if self.single_span == "self" and _single_span(record["position"], len(contexts["nearby"])):
             return [record["row"]]
-        if self.passage_context == "overlap":
+        if kind == "overlap":
             overlap = contexts["overlap"].strip()
             if not overlap:
                 return []
             return [(overlap, record["overlap_ids"])] if self.with_ids else [overlap]
-        if self.passage_context == "next":     # the span after the anchor: its nearby pid at position + 1
+        if kind == "next":     # the span after the anchor: its nearby pid at position + 1
             following = f"{record['doc_id']}#{record['position'] + 1}"
-            return [self._context_row(record, pid) for pid in contexts["nearby"] if pid == following]
-        return [self._context_row(record, pid) for pid in contexts[self.passage_context]]
+            return [self._context_row(record, pid, kind) for pid in contexts["nearby"] if pid == following]
+        return [self._context_row(record, pid, kind) for pid in contexts[kind]]
 
-    def _context_row(self, record: dict, pid: str) -> int:
+    def passage_candidate_groups(self, record: dict) -> list[list]:
+        """Per kind of the corpus's passage context that the anchor has, its candidates, in the kinds' order."""
+        groups = [self.passage_candidates(record, kind) for kind in self.passage_kinds]
+        return [group for group in groups if group]
+
+    def _context_row(self, record: dict, pid: str, kind: str) -> int:
         """Row of ``pid``, a passage of the anchor's document: passages of a document are stored
         consecutively by position, and ``pid`` is ``<doc_id>#<position>`` (see docs/architecture.md)."""
         prefix, _, position = pid.rpartition("#")
         row = record["row"] - record["position"] + int(position) if position.isdigit() else -1
         if prefix != record["doc_id"] or not 0 <= row < self.passages.num_rows or \
                 self._passage_rows.rows([row], ["pid"])[0]["pid"] != pid:
-            raise DataFormatError(self.path, record["row"] + 1, f"contexts.{self.passage_context}",
+            raise DataFormatError(self.path, record["row"] + 1, f"contexts.{kind}",
                                   f"{pid!r} is not a passage of document {record['doc_id']!r}")
         return row
 
     def passage_contexts(self, index: int) -> list[str]:
-        """Candidate passage-context texts of anchor ``index``."""
-        candidates = self.passage_candidates(self.rows([index])[0])
-        if candidates and not isinstance(candidates[0], int):     # an overlap text (with its ids)
-            return [candidate[0] if isinstance(candidate, tuple) else candidate for candidate in candidates]
-        return self.texts_of(candidates)
+        """Candidate passage-context texts of anchor ``index``, of every kind it draws among."""
+        candidates = [candidate for group in self.passage_candidate_groups(self.rows([index])[0])
+                      for candidate in group]
+        rows = iter(self.texts_of([candidate for candidate in candidates if isinstance(candidate, int)]))
+        return [next(rows) if isinstance(candidate, int) else
+                candidate[0] if isinstance(candidate, tuple) else candidate for candidate in candidates]
 
     def query_candidates(self, row: int) -> list:
         """The first ``query_count`` non-blank queries of passage ``row`` (``(text, ids)`` when reading ids)."""
@@ -176,7 +191,24 @@ def _single_span(position, nearby):
     return (position == 0) & (nearby == 0)
 
 
-def _has_passage_context(part: pa.Table, passage_context: str, single_span: str = "drop") -> np.ndarray:
+def passage_kinds(passage_context: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds of a ``passage_context`` setting: one name, or a mix's list."""
+    return (passage_context,) if isinstance(passage_context, str) else tuple(passage_context)
+
+
+def check_passage_context(passage_context) -> None:
+    kinds = passage_kinds(passage_context)
+    if isinstance(passage_context, str):
+        if passage_context not in PASSAGE_CONTEXTS:
+            raise ValueError(f"passage_context must be one of {PASSAGE_CONTEXTS}, got {passage_context!r}")
+    elif not kinds or len(set(kinds)) != len(kinds) or not set(kinds) <= set(MIXED_PASSAGE_CONTEXTS):
+        raise ValueError(f"a mix of passage contexts names each of {MIXED_PASSAGE_CONTEXTS} at most once and at "
+                         f"least one, got {list(kinds)}")
+
+
+def _has_passage_context(part: pa.Table, passage_context, single_span: str = "drop") -> np.ndarray:
+    if not isinstance(passage_context, str):      # a mix: any of its kinds
+        return np.logical_or.reduce([_has_passage_context(part, kind, single_span) for kind in passage_context])
     if single_span == "self":
         nearby = pc.list_value_length(pc.struct_field(part.column("contexts"), "nearby")).to_numpy(
             zero_copy_only=False)
@@ -218,7 +250,7 @@ def _check_query_rows(passages: pa.Table, queries: pa.Table, offset: int, path: 
 
 
 def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.PathLike | None,
-                     context_type: str, *, passage_context: str = "random_sampled",
+                     context_type: str, *, passage_context: str | list[str] | tuple[str, ...] = "random_sampled",
                      query_count: int = 1, tokenizer=None, tokenizer_name: str | None = None,
                      single_span: str = "drop") -> PairCorpus:
     """Map ``passages.arrow`` (and ``queries.arrow``) and index the anchors ``context_type`` can use.
@@ -231,8 +263,9 @@ def load_pair_corpus(passages_path: str | os.PathLike, queries_path: str | os.Pa
     """
     if context_type not in CONTEXT_TYPES:
         raise ValueError(f"context_type must be one of {CONTEXT_TYPES}, got {context_type!r}")
-    if passage_context not in PASSAGE_CONTEXTS:
-        raise ValueError(f"passage_context must be one of {PASSAGE_CONTEXTS}, got {passage_context!r}")
+    check_passage_context(passage_context)
+    if not isinstance(passage_context, str):
+        passage_context = passage_kinds(passage_context)
     if query_count < 1:
         raise ValueError(f"query_count must be at least 1, got {query_count}")
     if single_span not in SINGLE_SPAN_DOCUMENTS:
@@ -340,13 +373,19 @@ class PairSampler:
                 kind = "query" if rng.random() < self.mixed_query_prob else "passage"
             else:
                 kind = self.context_type
+            once = np.random.default_rng([self.seed, 2, int(record["row"])]) if kind == "passage" and \
+                self.passage_draw == "once" else None
             if kind == "query":
                 candidates = self.corpus.query_candidates(record["row"])
-            else:
+            elif isinstance(self.corpus.passage_context, str):
                 candidates = self.corpus.passage_candidates(record)
+            else:       # a mix: a kind among those the anchor has, then one of its candidates
+                groups = self.corpus.passage_candidate_groups(record)
+                group = int(rng.integers(len(groups)))
+                candidates = groups[group if once is None else int(once.integers(len(groups)))]
             index = int(rng.integers(len(candidates)))      # drawn either way: the other pairs' draws stay put
-            if kind == "passage" and self.passage_draw == "once":
-                index = int(np.random.default_rng([self.seed, 2, int(record["row"])]).integers(len(candidates)))
+            if once is not None:
+                index = int(once.integers(len(candidates)))
             drawn.append((kind, candidates[index]))
         # Passage contexts named by row are read in one gather from the mapped table.
         wanted = [choice for kind, choice in drawn if kind == "passage" and isinstance(choice, int)]

@@ -134,6 +134,10 @@ def variant_rules(params: Params) -> list[Problem]:
                     variant_key(params, name, "batch_size"),
                     f"{settings['batch_size']} pairs per step do not split into grad_accumulation="
                     f"{settings['grad_accumulation']} equal micro-batches"))
+            kinds = settings["passage_context"]
+            if isinstance(kinds, list) and (not kinds or len(set(kinds)) != len(kinds)):
+                problems.append(Problem(variant_key(params, name, "passage_context"),
+                                        f"a mix names each kind once and at least one: {kinds}"))
             decoders = settings["master_decoders"]
             if variant.method == "master" and len(set(decoders)) != len(decoders):
                 problems.append(Problem(variant_key(params, name, "master_decoders"),

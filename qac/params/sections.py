@@ -20,9 +20,9 @@ from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, Drop
                                SamplingTemperature, ScriptPath, Section, Seed, SeedList, SlurmMemory, SlurmName,
                                SlurmNames, SlurmTime, StepCount, TopK, TopP, WarmupRatio, WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
-                                   GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, NprMask,
-                                   PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries, Recipe,
-                                   Retriever, Similarity, SingleSpanDocuments, SpaceKind, SpanRule, TitleJoin,
+                                   GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, MixedPassageContext,
+                                   NprMask, PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries,
+                                   Recipe, Retriever, Similarity, SingleSpanDocuments, SpaceKind, SpanRule, TitleJoin,
                                    ZeroShotLoss, ZeroShotNegatives)
 
 
@@ -247,9 +247,10 @@ class PretrainCommon(Section):
     master_empty_continuation: Literal["no_label", "anchor"] = Field(
         description="a passage whose continuation is empty gives GOR [CLS] [SEP] and no label (no_label) or the "
                     "anchor's own text (anchor, MASTER's release)")
-    passage_context: PassageContext = Field(
+    passage_context: PassageContext | list[MixedPassageContext] = Field(
         description="how a passage context is drawn: random_sampled | nearby | overlap | next (the following span, "
-                    "MASTER's NPR)")
+                    "MASTER's NPR), or a list of random_sampled / nearby / overlap, one kind drawn uniformly per "
+                    "pair among those the anchor has (the release's data_type mixed / cotmae: all three)")
     decay_exempt: Literal["names", "norm_layers"] = Field(
         description="parameters weight decay leaves alone: names (biases and parameters named LayerNorm, as BERT's "
                     "recipe writes them) or norm_layers (biases and every LayerNorm module's weights, as the Hugging "

@@ -20,6 +20,10 @@ CONTEXT_TYPES: tuple[str, ...] = get_args(ContextType)
 
 PassageContext = Literal["random_sampled", "nearby", "overlap", "next"]
 PASSAGE_CONTEXTS: tuple[str, ...] = get_args(PassageContext)
+# The kinds a passage context can mix, one drawn uniformly per pair (the release's data_type ``mixed`` /
+# ``cotmae`` draws among all three, ``random_sampled+nearby`` among two): ``next`` is one of nearby's.
+MixedPassageContext = Literal["random_sampled", "nearby", "overlap"]
+MIXED_PASSAGE_CONTEXTS: tuple[str, ...] = get_args(MixedPassageContext)
 
 # How MASTER's NPR decoder masks its text: uniformly, or by TF-IDF weight as MKP.
 NprMask = Literal["uniform", "keyword"]

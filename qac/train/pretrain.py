@@ -85,7 +85,7 @@ class PretrainSettings:
     master_dor_crop: str  # start | window: where DOR's joined queries over max_len are cut (window: the release's)
     master_empty_continuation: str  # no_label | anchor: GOR's target for an empty continuation (anchor: the release's)
     mixed_query_prob: float
-    passage_context: str
+    passage_context: str | list[str]  # one kind, or the kinds a pair draws among (the release's mixed)
     decay_exempt: str  # names: biases and LayerNorm-named weights; norm_layers: every LayerNorm module (HF Trainer)
     passage_context_draw: str  # step: drawn again at every step; once: one partner per anchor for the run (release)
     single_span_documents: str  # drop | self: a single-span document's passage paired with itself (release)
