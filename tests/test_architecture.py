@@ -153,3 +153,22 @@ def test_every_stage_script_is_a_shim_or_calls_its_stage_module():
     for name in scripts:
         lines = [line for line in (REPO / name).read_text(encoding="utf-8").splitlines() if line.strip()]
         assert len(lines) <= 45, f"{name} is {len(lines)} lines: move its body to qac/stages/"
+
+
+MAX_STAGE_FUNCTION_LINES = 60
+
+
+def test_no_stage_function_is_longer_than_60_lines():
+    """A stage's function reads in one screen (STYLE.md: functions stay under about 60 lines); a longer one is
+    split into helpers, one per step. A nested function counts inside its parent too."""
+    import ast
+
+    offenders = []
+    for path in sorted((REPO / "qac" / "stages").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_STAGE_FUNCTION_LINES:
+                    offenders.append(f"{path.relative_to(REPO).as_posix()}:{node.name} ({length} lines)")
+    assert not offenders, f"stage functions over {MAX_STAGE_FUNCTION_LINES} lines: {', '.join(offenders)}"

@@ -123,15 +123,52 @@ def _train_one(params: Params, variant: str, start: Path, negatives: dict, setti
     return model, tokenizer, losses
 
 
+def _checked_training_dataset(params: Params, root: Path, variants: list[str]) -> tuple:
+    """``(starts, dataset_dir, dataset)``: every variant's pre-trained encoder and the train dataset, checked as
+    the lock records them before any model loads, the dataset loaded (it must have a train split)."""
+    from qac.data.prepared import load_prepared
+    from qac.tracking.lifecycle import verify_inputs
+
+    starts = _pretrained_starts(root, variants)      # every input checked before any model loads
+    dataset_dir = root / "datasets" / params.train_dataset
+    verify_inputs(params, [*starts.values(), dataset_dir])     # as the lock records them, before reading
+    dataset = load_prepared(dataset_dir)
+    if "train" not in dataset.qrels:
+        raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to train on")
+    return starts, dataset_dir, dataset
+
+
+def _train_and_evaluate(params: Params, root: Path, variant: str, start: Path, negatives: dict, facts: dict,
+                        settings, dataset, passage_text, staging: Path, dist, *, shared_md5: dict,
+                        work_folder: Path) -> dict:
+    """One variant's zero-shot retriever trained into ``staging/<variant>``, evaluated, its results logged to its
+    training run; returns its summary (each dataset's aggregates and the training's facts)."""
+    from qac.models.encoding import read_encoding
+    from qac.tracking.lifecycle import Upstream
+
+    folder = staging / variant
+    folder.mkdir(parents=True, exist_ok=True)
+    model, tokenizer, losses = _train_one(
+        params, variant, start, negatives, settings, dataset, passage_text, folder, dist,
+        shared_md5=shared_md5, work_folder=work_folder)
+    # Encoded as its saved folder says (only the main process saves it; the others hold the same model).
+    encoding = (read_encoding(folder / "encoder") if dist.is_main
+                else model.encoding(settings.query_max_len, settings.corpus_length))
+    results = _evaluate_zero_shot(params, root, model, tokenizer, encoding, dist.device, folder)
+    _log_to_training_run(params, Upstream(root, root / "beir" / variant / "encoder", "beir_retriever"),
+                         results, dist.is_main)
+    summary = {dataset_name: {split: result.aggregate for split, result in by_split.items()}
+               for dataset_name, by_split in results.items()}
+    summary["train"] = {"steps": len(losses), **facts}
+    return summary
+
+
 def train_zero_shot_retrievers(params: Params) -> list[str]:
     """Train and evaluate the zero-shot retriever of every variant Table 2 reports; the summary line's facts."""
     from qac.config import profile_dir
-    from qac.data.prepared import load_prepared
     from qac.distributed import cleanup, init_distributed, require_even_split
     from qac.io import atomic_path, write_json
-    from qac.models.encoding import read_encoding
     from qac.retrieval import document_text
-    from qac.tracking.lifecycle import Upstream, verify_inputs
     from qac.stages.finetune import input_hashes
     from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
 
@@ -145,12 +182,7 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
         write_json(metrics_path, {})
         return [f"nothing to train (tables.zero_shot_retriever: {params.tables.zero_shot_retriever})"]
 
-    starts = _pretrained_starts(root, variants)      # every input checked before any model loads
-    dataset_dir = root / "datasets" / params.train_dataset
-    verify_inputs(params, [*starts.values(), dataset_dir])     # as the lock records them, before reading
-    dataset = load_prepared(dataset_dir)
-    if "train" not in dataset.qrels:
-        raise SystemExit(f"{dataset_dir}: dataset {dataset.name!r} has no train split to train on")
+    starts, dataset_dir, dataset = _checked_training_dataset(params, root, variants)
     try:
         settings = recipe_settings(params)
     except ValueError as error:
@@ -169,21 +201,9 @@ def train_zero_shot_retrievers(params: Params) -> list[str]:
         with atomic_path(out_dir, directory=True) as staging:
             staging = Path(staging)
             for variant in variants:
-                folder = staging / variant
-                folder.mkdir(parents=True, exist_ok=True)
-                model, tokenizer, losses = _train_one(
-                    params, variant, starts[variant], negatives, settings, dataset, passage_text, folder, dist,
-                    shared_md5=shared_md5, work_folder=work_root / variant)
-                # Encoded as its saved folder says (only the main process saves it; the others hold the same model).
-                encoding = (read_encoding(folder / "encoder") if dist.is_main
-                            else model.encoding(settings.query_max_len, settings.corpus_length))
-                results = _evaluate_zero_shot(params, root, model, tokenizer, encoding, dist.device, folder)
-                _log_to_training_run(params, Upstream(root, out_dir / variant / "encoder", "beir_retriever"),
-                                     results, dist.is_main)
-                summary[variant] = {dataset_name: {split: result.aggregate for split, result in by_split.items()}
-                                    for dataset_name, by_split in results.items()}
-                summary[variant]["train"] = {"steps": len(losses), **facts}
-                del model
+                summary[variant] = _train_and_evaluate(
+                    params, root, variant, starts[variant], negatives, facts, settings, dataset, passage_text,
+                    staging, dist, shared_md5=shared_md5, work_folder=work_root / variant)
             (staging / "variants.json").write_text(json.dumps(variants) + "\n", encoding="utf-8")
         # The output is in place (renamed whole): only now may the work go.
         if dist.is_main:

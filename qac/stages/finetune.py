@@ -92,6 +92,60 @@ def _finished_retriever(work: RecipeWork, name: str, settings, tracking, is_main
     return model, tokenizer, training["losses"]
 
 
+def _retriever_run(params: Params, name: str, variant: str, section, seed: int, stage: str, *, inputs, parent,
+                   output: Path, is_main: bool, log_models: bool, root: Path):
+    """The retriever's MLflow run, not yet open, nested under ``parent``: its settings, seed and identity."""
+    from qac.tracking.lifecycle import tracked_stage
+    from qac.tracking.naming import variant_description, variant_run_name
+
+    description = {**variant_description(params, variant), "retriever": name}
+    return tracked_stage(params, stage, variant_run_name(description, name), kind="finetune",
+                         stage_params={**section, "seed": seed, "train_dataset": params.train_dataset,
+                                       **description},
+                         inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant, "qac.seed": seed},
+                         parent=parent, output=output, main=is_main, log_models=log_models, root=root)
+
+
+def _fine_tune_in_run(name: str, start: Path, queries, dataset, passage_text: Mapping[str, str], settings, dist,
+                      tracking, work: RecipeWork | None, encoding: dict, section_key: str):
+    """``(model, tokenizer, losses)`` of a retriever trained in this run (from its work checkpoint, if any), its
+    steps logged; with a work folder, saved there as a finished phase by the main process."""
+    from qac.train.finetune import fine_tune_retriever
+    from qac.train.step_log import THROUGHPUT
+
+    history: list[list] = []
+
+    def on_step(step: int, values: dict) -> None:
+        tracking.log_metrics(values, step=step)
+        history.append([step, {key: value for key, value in values.items() if key not in THROUGHPUT}])
+
+    def on_resume(info: dict) -> None:
+        tracking.resumes(info["previous_run_id"], resumed=True, from_step=info["from_step"])
+
+    checkpoint = work.checkpoint(name, tracking.run_id, on_resume) if work is not None else None
+    model, tokenizer, losses = fine_tune_retriever(
+        start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
+        device=dist.device, rank=dist.rank, world_size=dist.world_size,
+        on_step=on_step if dist.is_main else None, checkpoint=checkpoint, section_key=section_key)
+    if dist.is_main and work is not None:
+        work.save_retriever(name, model, tokenizer, {"losses": losses, "history": history,
+                                                     "mlflow_run_id": tracking.run_id}, **encoding)
+    return model, tokenizer, losses
+
+
+def _save_retriever_output(name: str, model, tokenizer, losses: list, encoding: dict, work: RecipeWork | None,
+                           staging: Path, tracking, variant: str, start: Path) -> None:
+    """The retriever's folder in the output (copied from its finished phase, or saved), logged and described."""
+    import shutil
+
+    if work is not None:
+        shutil.copytree(work.result(name) / "model", staging / name)
+    else:
+        model.save(staging / name, tokenizer, **encoding)
+    tracking.log_model(staging / name, "encoder")
+    tracking.describe(variant=variant, retriever=name, start=str(start), steps=len(losses))
+
+
 def train_retriever(name: str, negatives: dict, *, variant: str, params: Params, settings, dataset,
                     passage_text: Mapping[str, str], start: Path, parent, staging: Path, out_dir: Path, root: Path,
                     dist, inputs: Mapping[str, Path], title_separator: str = " ", log_models: bool = False,
@@ -110,59 +164,29 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
     checkpoint. Returns the model, the tokenizer, the training queries, the per-step losses and the queries
     whole batches left out.
     """
-    from qac.tracking.lifecycle import tracked_stage
-    from qac.tracking.naming import variant_description, variant_run_name
-    import shutil
-
-    from qac.train.finetune import check_whole_batches, fine_tune_retriever
-    from qac.train.groups import retriever1_queries
-    from qac.train.step_log import THROUGHPUT
-
     from qac.config import variant_seed
+    from qac.train.finetune import check_whole_batches
+    from qac.train.groups import retriever1_queries
 
     section = params[section_key]
     stage = stage or f"finetune@{variant}"
-    seed = variant_seed(params, variant)   # a seed copy of a variant (pretrain.variants.<name>.seed) trains with its own
+    # A seed copy of a variant (pretrain.variants.<name>.seed) trains with its own seed.
+    seed = variant_seed(params, variant)
     queries = retriever1_queries(judged_queries(dataset, negatives, section, seed), query_set)
     # Before the model loads: the queries must fill whole batches (or be left out knowingly).
     left_out = check_whole_batches(len(queries), settings, where=f"{stage} {name}")
-    description = {**variant_description(params, variant), "retriever": name}
-    with tracked_stage(params, stage, variant_run_name(description, name), kind="finetune",
-                       stage_params={**section, "seed": seed, "train_dataset": params.train_dataset,
-                                     **description},
-                       inputs=inputs, tags={"qac.retriever": name, "qac.variant": variant, "qac.seed": seed},
-                       parent=parent,
-                       output=out_dir / name, main=dist.is_main, log_models=log_models, root=root) as tracking:
+    with _retriever_run(params, name, variant, section, seed, stage, inputs=inputs, parent=parent,
+                        output=out_dir / name, is_main=dist.is_main, log_models=log_models, root=root) as tracking:
         _log_training_queries(tracking, inputs["dataset"], queries, settings, left_out)
-        history: list[list] = []
-
-        def on_step(step: int, values: dict) -> None:
-            tracking.log_metrics(values, step=step)
-            history.append([step, {key: value for key, value in values.items() if key not in THROUGHPUT}])
-
         encoding = dict(query_max_len=settings.query_max_len, passage_max_len=settings.corpus_length,
                         title_separator=title_separator)
         if work is not None and work.done(name):
             model, tokenizer, losses = _finished_retriever(work, name, settings, tracking, dist.is_main)
         else:
-            def on_resume(info: dict) -> None:
-                tracking.resumes(info["previous_run_id"], resumed=True, from_step=info["from_step"])
-
-            checkpoint = work.checkpoint(name, tracking.run_id, on_resume) if work is not None else None
-            model, tokenizer, losses = fine_tune_retriever(
-                start, queries, list(dataset.corpus), passage_text, settings.for_retriever(name),
-                device=dist.device, rank=dist.rank, world_size=dist.world_size,
-                on_step=on_step if dist.is_main else None, checkpoint=checkpoint, section_key=section_key)
-            if dist.is_main and work is not None:
-                work.save_retriever(name, model, tokenizer, {"losses": losses, "history": history,
-                                                             "mlflow_run_id": tracking.run_id}, **encoding)
+            model, tokenizer, losses = _fine_tune_in_run(name, start, queries, dataset, passage_text, settings, dist,
+                                                         tracking, work, encoding, section_key)
         if dist.is_main:
-            if work is not None:
-                shutil.copytree(work.result(name) / "model", staging / name)
-            else:
-                model.save(staging / name, tokenizer, **encoding)
-            tracking.log_model(staging / name, "encoder")
-            tracking.describe(variant=variant, retriever=name, start=str(start), steps=len(losses))
+            _save_retriever_output(name, model, tokenizer, losses, encoding, work, staging, tracking, variant, start)
     return model, tokenizer, queries, losses, left_out
 
 
@@ -413,6 +437,66 @@ def _copy_phase(phase: Path, staging: Path, file_name: str, is_main: bool) -> No
     barrier()
 
 
+def _training_data(params: Params, variant: str, inputs: Mapping[str, Path]):
+    """``(dataset, settings, passage_text, separator)``: the in-domain dataset (it must have a train split), the
+    recipe's settings and the documents as the retrievers read them, before any process group is made."""
+    from qac.config import variant_seed
+    from qac.data.prepared import load_prepared
+    from qac.data.tokenizer import load_tokenizer
+    from qac.train.finetune import FinetuneSettings
+
+    dataset = load_prepared(inputs["dataset"])
+    if "train" not in dataset.qrels:
+        raise SystemExit(f"{inputs['dataset']}: dataset {dataset.name!r} has no train split to fine-tune on")
+    section = params.finetune
+    settings = FinetuneSettings.from_params(section, variant_seed(params, variant))
+    passage_text, separator = retriever_texts(dataset, section.title_join, load_tokenizer(str(inputs["encoder"])))
+    return dataset, settings, passage_text, separator
+
+
+def _mined_negatives(r1, tokenizer, bm25_negatives: dict, mined_path: Path, *, params: Params, variant: str,
+                     dataset, settings, passage_text, separator: str, work: RecipeWork, staging: Path, dist,
+                     outcome: FinetuneOutcome) -> dict:
+    """Retriever 1's mined negatives (mined now unless an earlier run finished the phase), copied into the output
+    with its in-domain runs; their count per query goes to ``outcome``."""
+    from qac.config import variant_seed
+    from qac.train.groups import read_negatives
+
+    if not work.done("mined"):
+        # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
+        mining_queries = judged_queries(dataset, bm25_negatives, params.finetune, variant_seed(params, variant))
+        _mine_with_retriever1(r1, tokenizer, mining_queries, passage_text, dataset, settings, separator,
+                              params=params, variant=variant, dist=dist, into=work.result("mined"),
+                              file_name=mined_path.name)
+    _copy_phase(work.result("mined"), staging, mined_path.name, dist.is_main)
+    negatives = read_negatives(mined_path)
+    outcome.mined_per_query = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
+    return negatives
+
+
+def _train_both_retrievers(params: Params, variant: str, staging: Path, inputs: Mapping[str, Path], common: dict,
+                           outcome: FinetuneOutcome) -> None:
+    """The recipe in the output folder ``staging``: retriever 1 on BM25's negatives, its mined negatives, then
+    retriever 2 on those; their losses and counts go to ``outcome``."""
+    from qac.train.groups import read_negatives, retriever2_negatives
+
+    section = params.finetune
+    bm25_negatives = read_negatives(inputs["bm25_negatives"])
+    r1, tokenizer, queries, outcome.r1_losses, outcome.left_out = train_retriever(
+        "r1", bm25_negatives, staging=staging, inputs=inputs, query_set=section.r1_queries,
+        **common)
+    outcome.training_queries = len(queries)
+    mined_path = staging / "mined_negatives.jsonl"
+    negatives = _mined_negatives(r1, tokenizer, bm25_negatives, mined_path, params=params, variant=variant,
+                                 dataset=common["dataset"], settings=common["settings"],
+                                 passage_text=common["passage_text"], separator=common["title_separator"],
+                                 work=common["work"], staging=staging, dist=common["dist"], outcome=outcome)
+    negatives = retriever2_negatives(negatives, bm25_negatives, section.r2_use_bm25_negatives)
+    del r1
+    _, _, _, outcome.r2_losses, _ = train_retriever(
+        "r2", negatives, staging=staging, inputs={**inputs, "mined_negatives": mined_path}, **common)
+
+
 def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False) -> FinetuneOutcome:
     """Run the two-stage recipe on ``variant``'s pre-trained encoder; writes ``data/<profile>/finetune/<variant>/``
     (``r1/``, ``r2/``, ``mined_negatives.jsonl``, ``r1_runs/``) as one unit. Runs alone or under ``torchrun``.
@@ -422,32 +506,23 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
     import contextlib
     import shutil
 
-    from qac.config import profile_dir, variant_seed
-    from qac.data.prepared import load_prepared
+    from qac.config import profile_dir
     from qac.distributed import barrier, cleanup, init_distributed, require_even_split
     from qac.io import atomic_path
-    from qac.data.tokenizer import load_tokenizer
     from qac.tracking.lifecycle import Upstream
-    from qac.train.finetune import FinetuneSettings
-    from qac.train.groups import read_negatives, retriever2_negatives
 
     root = profile_dir(params)
     pretrain_dir = root / "pretrain" / variant
     inputs = _checked_inputs(params, variant)
-    start, bm25_negatives_path = inputs["encoder"], inputs["bm25_negatives"]
-    dataset = load_prepared(inputs["dataset"])
-    if "train" not in dataset.qrels:
-        raise SystemExit(f"{inputs['dataset']}: dataset {dataset.name!r} has no train split to fine-tune on")
-    section = params.finetune
-    settings = FinetuneSettings.from_params(section, variant_seed(params, variant))
-    passage_text, separator = retriever_texts(dataset, section.title_join, load_tokenizer(str(start)))
+    start = inputs["encoder"]
+    dataset, settings, passage_text, separator = _training_data(params, variant, inputs)
 
     dist = init_distributed()
     require_even_split(settings.batch_size, dist.world_size, "finetune.batch_size")
     out_dir = root / "finetune" / variant
     work = RecipeWork.open(root / ".work" / "finetune" / variant,
                            recipe_fingerprint(params, variant, input_hashes(inputs)),
-                           section.checkpoint_every, dist)
+                           params.finetune.checkpoint_every, dist)
     # The pre-training run, when this store holds it; else the runs nest under the study run.
     common = dict(variant=variant, params=params, settings=settings, dataset=dataset, passage_text=passage_text,
                   start=start, title_separator=separator, log_models=log_models, dist=dist,
@@ -458,25 +533,7 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
     try:
         with output as staging:
             staging = broadcast_path(staging, dist)
-            bm25_negatives = read_negatives(bm25_negatives_path)
-            r1, tokenizer, queries, outcome.r1_losses, outcome.left_out = train_retriever(
-                "r1", bm25_negatives, staging=staging, inputs=inputs, query_set=section.r1_queries,
-                **common)
-            outcome.training_queries = len(queries)
-            mined_path = staging / "mined_negatives.jsonl"
-            if not work.done("mined"):
-                # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
-                mining_queries = judged_queries(dataset, bm25_negatives, section, variant_seed(params, variant))
-                _mine_with_retriever1(r1, tokenizer, mining_queries, passage_text, dataset, settings, separator,
-                                      params=params, variant=variant, dist=dist, into=work.result("mined"),
-                                      file_name=mined_path.name)
-            _copy_phase(work.result("mined"), staging, mined_path.name, dist.is_main)
-            negatives = read_negatives(mined_path)
-            outcome.mined_per_query = sum(map(len, negatives.values())) / len(negatives) if negatives else 0.0
-            negatives = retriever2_negatives(negatives, bm25_negatives, section.r2_use_bm25_negatives)
-            del r1
-            _, _, _, outcome.r2_losses, _ = train_retriever(
-                "r2", negatives, staging=staging, inputs={**inputs, "mined_negatives": mined_path}, **common)
+            _train_both_retrievers(params, variant, staging, inputs, common, outcome)
             barrier()
         # The output is in place (renamed whole): only now may the work go.
         if dist.is_main:

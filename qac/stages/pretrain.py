@@ -71,6 +71,49 @@ def _record_outputs(tracking, variant: str, settings, summary: dict, step_log, s
     tracking.write_record(out_dir)
 
 
+def _pretrain_inputs(root: Path, settings, query_set: Path | None) -> tuple[dict, dict, dict]:
+    """``(files, inputs, described)``: what the method and context read, the run's logged inputs and, with
+    ``query_set`` in place of the generator's queries, the run's description of it."""
+    from qac.models.factory import input_files
+
+    files = input_files(root, settings)      # what this method and context read (qac.models.factory)
+    inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
+    described = {}
+    if query_set is not None:
+        files["queries"] = inputs["queries"] = query_set
+        described = {"query_set": str(query_set.relative_to(root))}
+    return files, inputs, described
+
+
+def _pretrain_in_run(tracking, settings, files: Mapping[str, Path], inputs: Mapping[str, Path], work_dir: Path,
+                     staging: Path, is_main: bool, step_log) -> dict:
+    """The tracked body: the training inputs logged, then the encoder pre-trained (or exported) into ``staging``,
+    its losses and any resume logged by the main process; returns the summary."""
+    from qac.train.pretrain import pretrain
+
+    queries = files.get("queries")
+    extra = {name: path for name, path in files.items() if name not in ("passages", "queries")}
+
+    def log_step(step: int, metrics: dict[str, float]) -> None:
+        tracking.log_metrics(metrics, step=step)
+        step_log(step, metrics)
+
+    def on_resume(info: dict) -> None:
+        tracking.resumes(info["previous_run_id"], resumed=not info["discarded_checkpoint"],
+                         from_step=info["resumed_from_step"],
+                         discarded_checkpoint=str(info["discarded_checkpoint"]).lower(),
+                         discard_reason=info["discard_reason"] or "")
+
+    if settings.method != "none":
+        tracking.log_file_inputs({"passages": inputs["passages"], "generated-queries": queries,
+                                  **{name.replace("_", "-"): path for name, path in extra.items()}},
+                                 "training")
+    return pretrain(settings, passages=inputs["passages"], queries=queries, work_dir=work_dir,
+                    out_dir=staging, log=log_step if is_main else None, run_id=tracking.run_id,
+                    on_resume=on_resume if is_main else None, remove_work=False,
+                    extra_inputs=extra)
+
+
 def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: bool = False,
                      query_set: Path | None = None, stage: str | None = None,
                      write_extra: Callable[[Path], None] | None = None) -> dict:
@@ -87,22 +130,14 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
     from qac.config import profile_dir
     from qac.distributed import cleanup, init_distributed
     from qac.io import atomic_path, remove_orphaned_staging
-    from qac.models.factory import input_files
-    from qac.train.pretrain import PretrainSettings, pretrain
+    from qac.train.pretrain import PretrainSettings
     from qac.train.step_log import StepLog
 
     settings = PretrainSettings.from_params(params, variant)
     root = profile_dir(params)
     out_dir = root / "pretrain" / variant
     work_dir = root / ".work" / "pretrain" / variant
-    files = input_files(root, settings)      # what this method and context read (qac.models.factory)
-    inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
-    described = {}
-    if query_set is not None:
-        files["queries"] = inputs["queries"] = query_set
-        described = {"query_set": str(query_set.relative_to(root))}
-    queries = files.get("queries")
-    extra = {name: path for name, path in files.items() if name not in ("passages", "queries")}
+    files, inputs, described = _pretrain_inputs(root, settings, query_set)
     _require_inputs(files)
 
     dist = init_distributed()
@@ -117,25 +152,7 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
     try:
         with tracked as tracking, output as staging:
             staging = Path(staging)
-
-            def log_step(step: int, metrics: dict[str, float]) -> None:
-                tracking.log_metrics(metrics, step=step)
-                step_log(step, metrics)
-
-            def on_resume(info: dict) -> None:
-                tracking.resumes(info["previous_run_id"], resumed=not info["discarded_checkpoint"],
-                                 from_step=info["resumed_from_step"],
-                                 discarded_checkpoint=str(info["discarded_checkpoint"]).lower(),
-                                 discard_reason=info["discard_reason"] or "")
-
-            if settings.method != "none":
-                tracking.log_file_inputs({"passages": inputs["passages"], "generated-queries": queries,
-                                          **{name.replace("_", "-"): path for name, path in extra.items()}},
-                                         "training")
-            summary = pretrain(settings, passages=inputs["passages"], queries=queries, work_dir=work_dir,
-                               out_dir=staging, log=log_step if dist.is_main else None, run_id=tracking.run_id,
-                               on_resume=on_resume if dist.is_main else None, remove_work=False,
-                               extra_inputs=extra)
+            summary = _pretrain_in_run(tracking, settings, files, inputs, work_dir, staging, dist.is_main, step_log)
             if dist.is_main:
                 if write_extra is not None:
                     write_extra(staging)

@@ -166,18 +166,54 @@ def _heldout_quality(params: Params, model, tokenizer, sampling, generation_dtyp
     return figures
 
 
+def _made_generator(params: Params, settings, train_pairs, validation, device, dtype, log) -> tuple:
+    """``(model, tokenizer, training figures)``: the generator built and trained (mode train, its metrics to
+    ``log``) or the pretrained one loaded (no figures), on ``device`` in evaluation mode."""
+    from qac.querygen.train_generator import build_generator, load_pretrained_generator, train_generator
+
+    section = params.query_generator
+    figures = {}
+    if section.mode == "train":
+        model, tokenizer = build_generator(section.architecture, section.model, seed=params.seed,
+                                           copy_bias=section.copy_bias, dropout=section.dropout)
+        figures = train_generator(model, tokenizer, train_pairs, settings, device, dtype, log=log,
+                                  validation=validation)
+    else:
+        model, tokenizer = load_pretrained_generator(section.model)
+    model.to(device).eval()
+    return model, tokenizer, figures
+
+
+def _write_generator_outputs(params: Params, data: Path, model, tokenizer, metrics: dict, tracking) -> None:
+    """The generator's folder and its run record, the stage's DVC metrics and the tracked quality report."""
+    from qac.io import atomic_path
+    from qac.querygen.quality_table import quality_table
+    from qac.querygen.train_generator import save_generator
+    from qac.reporting.dvc_metrics import is_timing, write_stage_metrics
+
+    section = params.query_generator
+    mode, spec = section.mode, section.model
+    with atomic_path(data / "generator", directory=True) as tmp:
+        save_generator(model, tokenizer, tmp)
+    tracking.write_record(data / "generator", model=spec, mode=mode)
+    described = {"mode": mode, "model": spec, "architecture": section.architecture if mode == "train" else "pretrained"}
+    # Results only: the run id is bookkeeping (its record above), so equal results give an equal file.
+    write_stage_metrics(data / "metrics", "query_generator", {**metrics, **described})
+    # A tracked report: the same inputs give the same file, so no wall-clock figures in it.
+    results = {key: value for key, value in metrics.items() if not is_timing(key)}
+    with atomic_path(f"reports/query_generator/{params.profile}.md") as tmp:
+        tmp.write_text(quality_table({**results, **described},
+                                     f"Query generator quality ({params.profile} profile, held-out pairs)"))
+
+
 def make_query_generator(params: Params) -> list[str]:
     """Train (or save the pretrained) query generator and measure its queries; the summary line's facts."""
     from qac.distributed import autocast_dtype, init_distributed
-    from qac.io import atomic_path
-    from qac.reporting.dvc_metrics import is_timing, write_stage_metrics
-    from qac.querygen.quality_table import quality_table
-    from qac.querygen.train_generator import (TrainSettings, build_generator, load_pretrained_generator,
-                                              save_generator, train_generator)
+    from qac.querygen.train_generator import TrainSettings
     from qac.tracking.lifecycle import tracked_stage
 
     section = params.query_generator
-    mode, spec, seed, architecture = section.mode, section.model, params.seed, section.architecture
+    mode, spec = section.mode, section.model
     data = profile_dir(params)
     datasets_dir = data / "datasets"
     train_dataset = params.train_dataset
@@ -196,15 +232,8 @@ def make_query_generator(params: Params) -> list[str]:
                        inputs=inputs, tags={"qac.generator_mode": mode}, root=data) as tracking:
         tracking.log_metrics(counts)
         started = time.perf_counter()
-        figures = {}
-        if mode == "train":
-            model, tokenizer = build_generator(architecture, spec, seed=seed, copy_bias=section.copy_bias,
-                                               dropout=section.dropout)
-            figures = train_generator(model, tokenizer, train_pairs, settings, ctx.device, dtype, log=tracking.log_metrics,
-                                      validation=validation)
-        else:
-            model, tokenizer = load_pretrained_generator(spec)
-        model.to(ctx.device).eval()
+        model, tokenizer, figures = _made_generator(params, settings, train_pairs, validation, ctx.device, dtype,
+                                                    tracking.log_metrics)
         train_seconds = time.perf_counter() - started
 
         metrics = {**counts, **figures, "train_seconds": train_seconds}
@@ -214,19 +243,6 @@ def make_query_generator(params: Params) -> list[str]:
                                             candidates, settings.batch_size, corpora))
         metrics["quality_seconds"] = time.perf_counter() - started
         tracking.log_metrics(metrics)
-
-        with atomic_path(data / "generator", directory=True) as tmp:
-            save_generator(model, tokenizer, tmp)
-        tracking.write_record(data / "generator", model=spec, mode=mode)
-        described = {"mode": mode, "model": spec, "architecture": architecture if mode == "train" else "pretrained"}
-        # Results only: the run id is bookkeeping (its record above), so equal results give an equal file.
-        write_stage_metrics(data / "metrics", "query_generator", {**metrics, **described})
-        # A tracked report: the same inputs give the same file, so no wall-clock figures in it.
-        results = {key: value for key, value in metrics.items() if not is_timing(key)}
-        with atomic_path(f"reports/query_generator/{params.profile}.md") as tmp:
-            tmp.write_text(quality_table({**results, **described},
-                                         f"Query generator quality ({params.profile} profile, held-out pairs)"))
+        _write_generator_outputs(params, data, model, tokenizer, metrics, tracking)
     quality = [f"{key} {metrics[key]:.3f}" for key in ("rougeL", "self_retrieval/generated/top10") if key in metrics]
     return [f"{mode} {spec}", f"{counts['pairs/train']} training pairs", *quality]
-
-
