@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from qac.config import REPO_ROOT
+from qac.params.variants import variant_settings
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -155,12 +156,6 @@ def pair_rate(rates: Rates, variant: Mapping[str, Any]) -> tuple[float, str]:
         rate /= rates.grad_cache_ratio
         how += f", GradCache chunk {variant['grad_cache_chunk']} (x{rates.grad_cache_ratio:.2f})"
     return rate, how
-
-
-def variant_settings(params: Params, name: str) -> dict[str, Any]:
-    """``pretrain.common`` with the keys variant ``name`` sets over it, with its method and context type."""
-    spec = params.pretrain.variants[name]
-    return {**params.pretrain.common, **spec, "method": spec.method, "context_type": spec.context_type}
 
 
 def stage_costs(params: Params, rates: Rates) -> list[dict[str, Any]]:
