@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from qac.errors import UserError
 from qac.params.fields import SCRIPT_PATH_RULE, is_script_path
+from qac.io import atomic_path
 
 if TYPE_CHECKING:
     from qac.params.sections import ClusterSection, Params
@@ -243,8 +244,6 @@ def write_slurm_scripts(profile: str, params: Params, graph, out_dir: str | Path
 
     Everything is checked before the first file is written.
     """
-    from qac.io import atomic_path
-
     jobs = plan_jobs(params, graph, where)
     cluster = params.cluster
     root = str(cluster.shared_root or root)

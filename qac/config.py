@@ -27,7 +27,9 @@ import yaml
 from qac.errors import UserError
 from qac.import_graph import with_code_deps
 from qac.params import PROFILE_NAMES, profiles_root, read_yaml, yaml_dumper
-from qac.params.locations import REPO_ROOT
+from qac.params.locations import PROFILE_PARENTS, REPO_ROOT
+from qac.io import atomic_path
+from qac.params.yaml_io import key_lines
 
 PIPELINE_TEMPLATE = "pipeline.yaml"
 _DIGEST_PREFIX = "# render-sha256: "       # of the file's whole text but this line: comments count as edits
@@ -49,8 +51,6 @@ def deep_merge(base: dict, override: dict) -> dict:
 def profile_files(name: str, profiles_dir: Path) -> list[Path]:
     """The files profile ``name`` is rendered from, its own first: ``<name>.yaml``, its parent's (and so on,
     :data:`PROFILE_PARENTS`), then ``base.yaml``."""
-    from qac.params.locations import PROFILE_PARENTS
-
     files, current = [], name
     while current is not None:
         files.append(profiles_dir / f"{current}.yaml")
@@ -64,10 +64,12 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
     A problem is named at the file and line that wrote the key: ``profiles/<name>.yaml`` where the
     profile sets it, else ``profiles/base.yaml``; nothing is rendered from a profile that breaks the schema.
     """
+    # here, not at the top: it loads pydantic
     from qac.params.errors import ParamsError, Problem
+    # here, not at the top: it loads pydantic
     from qac.params.reading import read_params_file
+    # here, not at the top: it loads pydantic
     from qac.params.validation import validate_params
-    from qac.params.yaml_io import key_lines
 
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
@@ -106,6 +108,7 @@ def render_profile(name: str, profiles_dir: str | os.PathLike | None = None) -> 
 def _at_sources(problems, sources) -> Exception:
     """``problems`` of a rendered profile as a ParamsError naming, for each key, the first of ``sources``
     (file, its keys' lines) that writes it (a key neither writes, such as a missing one, is the profile's)."""
+    # here, not at the top: it loads pydantic
     from qac.params.errors import ParamsError, line_of
 
     places = {}
@@ -140,6 +143,7 @@ def expand_seeds(params: dict[str, Any]) -> dict[str, Any]:
     variants = (params.get("pretrain") or {}).get("variants")
     if not variants:
         return params
+    # here, not at the top: it loads pydantic
     from qac.params.errors import ParamsError, Problem
 
     profile_seeds = _checked_seeds(params.get("seeds"), "seeds")
@@ -173,7 +177,9 @@ def _checked_seeds(seeds: Any, key: str) -> list[int] | None:
     sees it."""
     if seeds is None:
         return None
+    # here, not at the top: it loads pydantic
     from qac.params.errors import ParamsError, Problem
+    # here, not at the top: it loads pydantic
     from qac.params.fields import SEEDS_RULE, seeds_distinct
 
     if not isinstance(seeds, list) or not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in seeds):
@@ -235,8 +241,6 @@ def write_params(params: dict[str, Any], path: str | os.PathLike, profiles_dir: 
 
 
 def _write_text(path: str | os.PathLike, text: str) -> None:
-    from qac.io import atomic_path
-
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)

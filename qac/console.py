@@ -36,6 +36,11 @@ import warnings
 from typing import Any, Callable, Iterable, NoReturn
 
 from qac.errors import USER_ERROR_EXIT, UserError
+from qac.exiting import end_process
+from qac.model_specs import unloadable_model_message
+from qac.pipeline_plan import rerun_hint, stage_writing
+from qac.redaction import redact_text, redact_url
+from qac.tracking.store import is_store_error, tracking_uri
 
 VERBOSE_ENV = "QAC_VERBOSE"
 # Loggers whose INFO/WARNING lines are noise in a stage's output.
@@ -185,7 +190,6 @@ def _rebuild_hint(error: BaseException) -> str:
     path = getattr(error, "path", None)
     if not isinstance(path, str) or "dvc repro" in str(error):
         return ""
-    from qac.pipeline_plan import rerun_hint, stage_writing
 
     return f"; {rerun_hint(path)}" if stage_writing(path) else ""
 
@@ -197,7 +201,6 @@ def user_error_message(error: BaseException) -> str | None:
     if isinstance(error, SystemExit) and isinstance(error.code, str):
         return error.code
     if isinstance(error, OSError):           # a model spec that names nothing fetchable here
-        from qac.model_specs import unloadable_model_message
 
         return unloadable_model_message(error)
     return None
@@ -212,7 +215,6 @@ def run_main(main: Callable[..., int | None], argv: list[str] | None = None, pro
     """
     # The command line is parsed from here on: ``main()`` alone (a test calling a stage) parses no arguments.
     status = call_main(main, sys.argv[1:] if argv is None else argv, prog)   # a program error raises on
-    from qac.exiting import end_process
 
     end_process(status)
 
@@ -315,15 +317,9 @@ def environment_error_message(error: BaseException) -> str | None:
         return ("interrupted (Ctrl-C). Every output is written to a temporary file and renamed into place "
                 "only when complete, so nothing half-written was left; run the command again (stages that "
                 "resume pick up from their last completed chunk or checkpoint).")
-    from qac.tracking.store import is_store_error
 
     if is_store_error(error):
         import textwrap
-
-        from qac.redaction import redact_url
-        from qac.tracking.store import tracking_uri
-
-        from qac.redaction import redact_text
 
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         reason = textwrap.shorten(redact_text(reason, tracking_uri()), 300, placeholder=" ...")
@@ -377,8 +373,6 @@ def _silence_stdout() -> None:
 def redacted_traceback(kind, error, trace) -> None:
     """Print a program error's traceback as Python does, without the credentials of any URL or the
     environment's secrets (:func:`qac.redaction.redact_text`): a traceback is pasted into issues."""
-    from qac.redaction import redact_text
-
     sys.stderr.write(redact_text("".join(traceback.format_exception(kind, error, trace))))
     sys.stderr.flush()
 
@@ -407,7 +401,6 @@ def call_main(main: Callable[..., int | None], argv: list[str] | None = None, pr
                 status = interrupted_status(error) if isinstance(error, KeyboardInterrupt) else USER_ERROR_EXIT
             if message is None:
                 raise
-            from qac.redaction import redact_text
 
             arguments = sys.argv[1:] if argv is None else argv
             if verbose_requested("-v" in arguments or "--verbose" in arguments):

@@ -18,6 +18,8 @@ from typing import Any, Mapping
 import yaml
 
 from qac.params.vocabulary import RECIPES
+from qac.config import render_profile
+from qac.params import PROFILE_NAMES
 
 LEDGER = Path(__file__).with_name("deviations.yaml")
 DOC = Path(__file__).resolve().parent.parent / "docs" / "deviations.md"
@@ -215,7 +217,4 @@ def render_markdown(profiles: Mapping[str, Mapping[str, Any]]) -> str:
 
 def rendered_profiles() -> dict[str, dict[str, Any]]:
     """Each profile's parameters as ``qac profile render`` merges them (no rendered file needed)."""
-    from qac.config import render_profile
-    from qac.params import PROFILE_NAMES
-
     return {name: render_profile(name) for name in PROFILE_NAMES}

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 
 from qac.timeouts import timeout_minutes
+from qac.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,6 @@ def _rendezvous(rank: int, world_size: int):
 
     from torch.distributed import rendezvous
 
-    from qac.errors import UserError
-
     wait = timeout_minutes("QAC_RENDEZVOUS_TIMEOUT_MINUTES")
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
     if missing:
@@ -114,7 +113,6 @@ def require_even_split(batch_size: int, world_size: int, key: str, micro_batches
     parts = micro_batches * world_size
     if batch_size % parts == 0:
         return
-    from qac.errors import UserError
 
     split = f"{world_size} torchrun process(es)"
     if micro_batches > 1:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from qac.timeouts import TIMEOUT_DEFAULTS, timeout_minutes
+from qac.errors import UserError
 
 TORCHRUN_INTEGERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
@@ -69,8 +70,6 @@ def _device_problem(device: str) -> str | None:
 
 
 def _timeout_problem(env: Mapping[str, str]) -> str | None:
-    from qac.errors import UserError
-
     for name in TIMEOUT_DEFAULTS:
         try:
             timeout_minutes(name, env)

@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from qac.config import REPO_ROOT
+from qac.config import REPO_ROOT, render_profile
 from qac.params.variants import variant_settings
+from qac.benchmarking import markdown_table
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -277,8 +278,6 @@ def variant_hours(rows: list[dict[str, Any]], variant: str) -> float | None:
 def cost_text(params: Params, rates: Rates, measured=None) -> str:
     """The projection; ``measured(rows)``, when given, is a column beside it: what the profile's runs measured
     for each row (:func:`qac.reporting.measured_cost.projection_column`)."""
-    from qac.benchmarking import markdown_table
-
     rows = stage_costs(params, rates)
     columns = ["stage", "variant", "work", "rate", "basis", "hours", "figures"]
     if measured is not None:
@@ -306,7 +305,7 @@ def cost_text(params: Params, rates: Rates, measured=None) -> str:
 def print_cost(name: str, figures: str | Path | None = None, measured=None) -> int:
     """Print the projection of profile ``name``; ``measured(params)``, when given, returns the column of
     measured figures beside it (None: the profile has no runs to show) and a note printed below."""
-    from qac.config import render_profile
+    # here, not at the top: it loads pydantic
     from qac.params import validate_params
 
     params = validate_params(render_profile(name))

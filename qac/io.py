@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from qac.errors import UserError
+
 _UMASK = os.umask(0)
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 os.umask(_UMASK)
@@ -168,8 +170,6 @@ def atomic_path(path: str | os.PathLike, directory: bool = False) -> Iterator[Pa
     target = Path(path)
     escape = escaping_write(target)
     if escape is not None:
-        from qac.errors import UserError
-
         raise UserError(f"{target}: would be written to {escape[1]}, outside the profile's data folder "
                         f"{escape[0]} (a symbolic link inside it leads out). Stages write only under "
                         "data/<profile>/: remove the link, or link data/ or data/<profile>/ as a whole")

@@ -39,6 +39,8 @@ import socket
 import sys
 import time
 
+from qac.exiting import end_process
+
 SOCKET_ENV = "QAC_LAUNCHER"
 # What the server imports before it forks: what a training or evaluation stage imports anyway.
 PRELOAD = ("numpy", "pyarrow", "pandas", "torch", "transformers", "transformers.models.bert.modeling_bert",
@@ -260,8 +262,6 @@ def _become_stage(request: dict, fds: list[int], connection: socket.socket, adde
     import runpy
     import threading
     import traceback
-
-    from qac.exiting import end_process
 
     code = 1
     try:

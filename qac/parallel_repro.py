@@ -49,6 +49,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from qac.threads import shared_cores_environment
+from qac.errors import UserError
+from qac.launcher import SOCKET_ENV, Server, exit_status
+from qac.pipeline_plan import graph_in
 
 # DVC prints this while another stage holds its repository lock for the second it takes to record a stage.
 _LOCK_WAIT = "Waiting to acquire lock"
@@ -170,8 +173,6 @@ def reproduce(pipeline: str | os.PathLike, repo_root: str | os.PathLike = ".", p
         # beforehand is the same for both. The server starts first, so that it has imported its libraries
         # (on another core) by the time DVC's plan is read and the first stages start.
         if preload and "HF_HUB_OFFLINE" in env:
-            from qac.launcher import SOCKET_ENV, Server
-
             env = {**env, SOCKET_ENV: stack.enter_context(Server(env))}
         graph, changed = planned(pipeline, root, force)
         jobs = stages_to_consider(graph, changed, force=force)
@@ -189,9 +190,6 @@ def planned(pipeline: str | os.PathLike, repo_root: Path, force: bool
     `dvc status` lists; none asked when ``force``), read once under its lock, before any stage starts."""
     from dvc.exceptions import DvcException
     from dvc.repo import Repo, lock_repo
-
-    from qac.errors import UserError
-    from qac.pipeline_plan import graph_in
 
     try:
         with Repo(str(repo_root)) as repo, lock_repo(repo):
@@ -315,8 +313,6 @@ class ForkedCommand:
 
     @classmethod
     def fork(cls, function: Callable[[], int]) -> "ForkedCommand":
-        from qac.launcher import exit_status
-
         for stream in (sys.stdout, sys.stderr):
             stream.flush()                 # else the copy writes this process's buffered lines again
         pid = os.fork()

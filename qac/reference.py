@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from qac.model_specs import split_revision
+
 if TYPE_CHECKING:
     from qac.params.sections import Params
 
@@ -31,8 +33,6 @@ INDEX_FILE = "references.json"
 def published_name(spec: str) -> str:
     """A released model's name as published: its spec without a pinned revision (the run record says which
     commit loaded). Its ``encoders`` entry, Table 1 row and output folder go by it."""
-    from qac.model_specs import split_revision
-
     return split_revision(spec)[0]
 
 

@@ -13,6 +13,8 @@ import math
 import os
 from typing import Mapping
 
+from qac.errors import UserError
+
 # A week: beyond it the timeouts overflow what torch.distributed passes to its C++ store and collectives.
 MAX_TIMEOUT_MINUTES = 7 * 24 * 60
 TIMEOUT_VARIABLES = {"QAC_DIST_TIMEOUT_MINUTES": "the collectives' timeout",
@@ -23,8 +25,6 @@ TIMEOUT_DEFAULTS = {"QAC_DIST_TIMEOUT_MINUTES": 180, "QAC_RENDEZVOUS_TIMEOUT_MIN
 def timeout_minutes(name: str, env: Mapping[str, str] | None = None) -> float:
     """The minutes in timeout variable ``name`` (its default when unset or blank); a value that is not a number
     of minutes above 0 and at most a week is a :class:`qac.errors.UserError` naming the variable."""
-    from qac.errors import UserError
-
     text = (os.environ if env is None else env).get(name, "")
     if not text.strip():
         return TIMEOUT_DEFAULTS[name]

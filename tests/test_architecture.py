@@ -172,3 +172,37 @@ def test_no_stage_function_is_longer_than_60_lines():
                 if length > MAX_STAGE_FUNCTION_LINES:
                     offenders.append(f"{path.relative_to(REPO).as_posix()}:{node.name} ({length} lines)")
     assert not offenders, f"stage functions over {MAX_STAGE_FUNCTION_LINES} lines: {', '.join(offenders)}"
+
+
+def _function_level_qac_imports(path: Path):
+    """``(line, statement)`` of each import of a qac module inside a function of ``path``."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = {}
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                relative = isinstance(node, ast.ImportFrom) and node.level > 0
+                named = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+                if relative or any(name == "qac" or name.startswith("qac.") for name in named):
+                    found[node.lineno] = node
+    return sorted(found.items())
+
+
+def test_an_import_left_inside_a_function_says_why():
+    """Imports sit at the top of a module; one left in a function (it would load a heavy library at the
+    module's import, or tests stand in for the name it binds) carries a comment on its line or just above
+    the run of imports it belongs to."""
+    unexplained = []
+    for path in sorted((REPO / "qac").rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for lineno, node in _function_level_qac_imports(path):
+            above = lineno - 2
+            while above >= 0 and lines[above].lstrip().startswith(("from ", "import ")):
+                above -= 1
+            commented = "#" in lines[node.end_lineno - 1] or (above >= 0 and lines[above].lstrip().startswith("#"))
+            if not commented:
+                unexplained.append(f"{path.relative_to(REPO)}:{lineno}")
+    assert not unexplained, f"imports inside functions without a reason: {unexplained}"

@@ -22,6 +22,9 @@ import argparse
 import importlib
 import sys
 
+from qac.console import call_main, setup_console
+from qac.errors import UserError
+
 SUBCOMMANDS = {
     "profile": "qac.cli.profile_command",
     "eval": "qac.cli.eval_command",
@@ -65,8 +68,6 @@ ANYWHERE = {"eval"}
 
 
 def _run(argv: list[str] | None) -> int:
-    from qac.console import setup_console
-
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = any(arg in ("-v", "--verbose") for arg in argv)
     args = build_parser().parse_args([arg for arg in argv if arg not in ("-v", "--verbose")])
@@ -80,8 +81,6 @@ def _require_checkout_root(command: str) -> None:
     """Refuse a checkout command run from one of the checkout's subfolders: its relative paths would miss
     the profile's files and report them as never made (``qac check`` would call a finished run "not run")."""
     from pathlib import Path
-
-    from qac.errors import UserError
 
     here = Path.cwd()
     if _is_checkout_root(here):
@@ -98,6 +97,4 @@ def _is_checkout_root(folder) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """The ``qac`` command: a user error prints one paragraph and returns 2 (``qac.console.call_main``)."""
-    from qac.console import call_main
-
     return call_main(_run, list(sys.argv[1:] if argv is None else argv), prog="qac")

@@ -20,6 +20,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from qac.cli.tables_command import check_out_option, folder_problem
+from qac.config import profile_dir
+from qac.data.errors import DataFormatError
+from qac.errors import UserError
+from qac.evaluation import annotation
+from qac.io import NotUtf8, decode_utf8, write_json
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -36,10 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from qac.cli.tables_command import check_out_option
-    from qac.config import profile_dir
+    # here, not at the top: it loads pydantic
     from qac.params import load_params
-    from qac.evaluation import annotation
 
     check_out_option(args.out)
     params = load_params(args.params)
@@ -56,9 +61,6 @@ def _export(args: argparse.Namespace) -> int:
 
 def _check_out_folder(out: Path, given: str | None) -> None:
     """Before any work: the files go into ``out``, which must be a folder or one that can be made."""
-    from qac.cli.tables_command import folder_problem
-    from qac.errors import UserError
-
     problem = folder_problem(out)
     if problem:
         raise UserError(f"{'--out ' if given else ''}{out}: {problem}")
@@ -67,14 +69,11 @@ def _check_out_folder(out: Path, given: str | None) -> None:
 def read_text_file(path: str, what: str) -> tuple[bytes, str]:
     """The bytes of ``path`` and their text; an error names the file (and the line of a byte that is not
     UTF-8) where the CSV reader would name neither."""
-    from qac.data.errors import DataFormatError
-
     file = Path(path)
     if file.is_dir():
         raise DataFormatError(path, None, None, f"a folder, not a file (expected {what})")
     if not file.is_file():
         raise DataFormatError(path, None, None, f"file not found (expected {what})")
-    from qac.io import NotUtf8, decode_utf8
 
     data = file.read_bytes()
     try:
@@ -90,8 +89,6 @@ def check_unique_items(path: str, text: str) -> None:
     its rows are compared with the exported sheet (which would report the repeat as a text that differs)."""
     import csv
     import io
-
-    from qac.data.errors import DataFormatError
 
     reader = csv.DictReader(io.StringIO(text, newline=""))
     if "item" not in (reader.fieldnames or []):
@@ -109,8 +106,6 @@ def check_filled_sheets(paths: list[str]) -> None:
     """At least two sheets, each a UTF-8 file of its own (not the same file or the same bytes given twice,
     which would count one annotator twice and agree with itself), each item once."""
     import hashlib
-
-    from qac.errors import UserError
 
     if len(paths) < 2:
         raise UserError(f"{paths[0]}: need the filled sheets of at least two annotators, got 1; agreement and "
@@ -131,10 +126,6 @@ def check_filled_sheets(paths: list[str]) -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from qac.cli.tables_command import check_out_option
-    from qac.io import write_json
-    from qac.evaluation import annotation
-
     # Checked here, before the library reads anything, so each problem is named with its file.
     check_out_option(args.out)
     check_filled_sheets(args.sheets)

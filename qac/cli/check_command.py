@@ -28,6 +28,8 @@ import argparse
 import os
 import sys
 
+from qac.reporting.machine import machine_environment
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", default=None, help="params file (default: $QAC_PARAMS, else "
@@ -48,13 +50,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    # here, not at the top: it loads pydantic
     from qac.params import load_params
+    # here, not at the top: it loads numpy, scipy
     from qac.reporting import check
+    # here, not at the top: it loads numpy
     from qac.reporting.generator_report import checked_table
+    # here, not at the top: it loads numpy
     from qac.reporting.claims import CONTRADICTED, claims_summary, judge_claims
+    # here, not at the top: it loads numpy
     from qac.reporting.lineage import load_study
-    from qac.reporting.machine import machine_environment
+    # here, not at the top: it loads numpy
     from qac.reporting.table_set import build_tables
+    # here, not at the top: it loads numpy
     from qac.reporting.tables import TableContext
 
     def tables_of(study):
@@ -117,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, params, path, tables_of) -> int:
+    # here, not at the top: it loads numpy, scipy
     from qac.reporting import check
+    # here, not at the top: it loads numpy
     from qac.reporting.lineage import load_study
-    from qac.reporting.machine import machine_environment
 
     from_paper = args.from_paper or params["profile"] == "paper"
     study = load_study(params, args.data, declared_variants=from_paper)
@@ -154,6 +163,7 @@ def _record(args: argparse.Namespace, params, path, tables_of) -> int:
 def _cells_without_outputs(path, document) -> list:
     """The cells of the expected file at ``path`` that ``document`` (a new record) no longer holds: recording
     would drop them from a tracked file because their outputs are gone, not because their values changed."""
+    # here, not at the top: it loads numpy, scipy
     from qac.reporting import check
 
     if not path.is_file():

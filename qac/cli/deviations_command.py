@@ -15,6 +15,8 @@ import argparse
 import sys
 
 from qac.params import PROFILE_NAMES
+from qac.deviations import DOC, missing_keys, recipe_of, render_markdown, rendered_profiles
+from qac.io import atomic_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qac.deviations import DOC, missing_keys, recipe_of, render_markdown, rendered_profiles
-    from qac.io import atomic_path
-
     try:
         profiles = rendered_profiles()
     except (OSError, ValueError) as error:

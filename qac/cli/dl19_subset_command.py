@@ -11,14 +11,13 @@ import argparse
 import sys
 
 from qac.data.dl19_subset import DEFAULT_OTHERS, build_dl19_subset
+from qac.cli.tables_command import folder_problem
+from qac.errors import UserError
 
 
 def check_options(args: argparse.Namespace) -> None:
     """Before the collection is read: a count of extra passages, and a folder the files can go into."""
     from pathlib import Path
-
-    from qac.cli.tables_command import folder_problem
-    from qac.errors import UserError
 
     if args.others < 0:
         raise UserError(f"--others {args.others}: expected a count of passages >= 0 (0: the judged relevant "

@@ -14,7 +14,8 @@ import argparse
 import json
 import sys
 
-from qac.evaluation.metrics import DEFAULT_MEASURES
+from qac.evaluation.metrics import DEFAULT_MEASURES, evaluate
+from qac.evaluation.trec_io import read_qrels, read_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,9 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qac.evaluation.metrics import evaluate
-    from qac.evaluation.trec_io import read_qrels, read_run
-
     try:
         qrels = read_qrels(args.qrels)
         run_ = read_run(args.run)

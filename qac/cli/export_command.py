@@ -13,6 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from qac.cli.tables_command import check_out_option, folder_problem
+from qac.errors import UserError
+from qac.reporting.export import export_profile
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", nargs="?", default=None,
@@ -25,10 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from qac.cli.tables_command import check_out_option, folder_problem
-    from qac.errors import UserError
+    # here, not at the top: it loads pydantic
     from qac.params import load_params
-    from qac.reporting.export import export_profile
 
     check_out_option(args.out)
     params = load_params(args.params or (f"profiles/{args.profile}/params.yaml" if args.profile else None),

@@ -21,6 +21,20 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qac.config import write_params
+from qac.console import command_logger
+from qac.errors import UserError
+from qac.hpo.preflight import check_dev_split, check_search_space, parse_gpu_ids
+from qac.hpo.space import SpaceError
+from qac.hpo.study import (DEFAULT_JOB, FAIL_REASON_ATTR, HpoSettings, STORAGE_ENV, SettingsError, WORKER_ATTR,
+                           ensure_study_mlflow_run, load_stored_study, make_pruner, open_study, storage_location,
+                           study_dir, this_process_owner)
+from qac.hpo.study_report import log_report_to_mlflow, write_study_report
+from qac.hpo.trial_job import required_inputs
+from qac.hpo.worker import gpu_slots, run_worker_pool
+from qac.names import output_option_problem
+from qac.redaction import redact_url, redact_values
+
 if TYPE_CHECKING:
     from qac.params.sections import Params
 
@@ -45,6 +59,7 @@ OVERRIDES = ("study_name", "storage", "n_trials", "launcher", "nproc_per_node")
 
 def apply_overrides(params: Params, args: argparse.Namespace) -> Params:
     """``params`` with the command line's overrides of ``hpo`` keys set (checked as a file's are)."""
+    # here, not at the top: it loads pydantic
     from qac.params import with_values
 
     return with_values(params, {f"hpo.{option}": getattr(args, option) for option in OVERRIDES
@@ -53,9 +68,6 @@ def apply_overrides(params: Params, args: argparse.Namespace) -> Params:
 
 def check_inputs(params: dict, variant: str) -> None:
     """Refuse to start trials whose inputs are missing, naming each file and the stage that writes it."""
-    from qac.hpo.study import SettingsError
-    from qac.hpo.trial_job import required_inputs
-
     missing = [f"{path}: missing (written by the DVC stage {stage}; run `dvc repro {stage}`)"
                for path, stage in required_inputs(params, variant).items() if not path.exists()]
     if missing:
@@ -64,9 +76,6 @@ def check_inputs(params: dict, variant: str) -> None:
 
 def check_gpus(gpus: list[str], workers: int, settings) -> None:
     """A torchrun trial needs one GPU per process in its worker's slot."""
-    from qac.hpo.study import SettingsError
-    from qac.hpo.worker import gpu_slots
-
     if not gpus or settings.launcher != "torchrun":
         return
     smallest = min(len(slot.split(",")) for slot in gpu_slots(gpus, workers))
@@ -77,22 +86,11 @@ def check_gpus(gpus: list[str], workers: int, settings) -> None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from qac.console import command_logger
 
     log = command_logger("qac.hpo", "hpo")
 
-    from qac.config import write_params
-    from qac.errors import UserError
+    # here, not at the top: it loads pydantic
     from qac.params import ParamsError, load_params, params_path, validate_params
-    from qac.hpo.study_report import log_report_to_mlflow, write_study_report
-    from qac.hpo.space import SpaceError
-    from qac.hpo.preflight import check_dev_split, check_search_space, parse_gpu_ids
-    from qac.hpo.study import (DEFAULT_JOB, STORAGE_ENV, HpoSettings, SettingsError, ensure_study_mlflow_run,
-                               load_stored_study, make_pruner, open_study, storage_location, study_dir)
-    from qac.redaction import redact_url, redact_values
-    from qac.hpo.worker import run_worker_pool
-
-    from qac.names import output_option_problem
 
     if args.workers < 1:
         print(f"error: --workers must be at least 1, got {args.workers}")
@@ -170,8 +168,6 @@ def run(args: argparse.Namespace) -> int:
 def every_trial_failed(study, worker_pids: set[int]) -> str | None:
     """When every trial this run's workers ran failed: what to print (the first failure's reason), else None."""
     from optuna.trial import TrialState
-
-    from qac.hpo.study import FAIL_REASON_ATTR, WORKER_ATTR, this_process_owner
 
     host = this_process_owner()["host"]
     ran = [trial for trial in study.get_trials(deepcopy=False)

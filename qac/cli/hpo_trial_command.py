@@ -12,24 +12,26 @@ import argparse
 import os
 from pathlib import Path
 
+from qac.console import setup_console
+from qac.distributed import cleanup
+from qac.environment import environment_problem
+from qac.errors import UserError
+from qac.hpo.trial_job import run_trial, stop_when_parent_goes
+
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from qac.hpo.trial_job import run_trial, stop_when_parent_goes
 
     stop_when_parent_goes()
     parser = argparse.ArgumentParser(description="One trial of a qac hpo study as a job.")
     parser.add_argument("--params", required=True, help="the trial's params file (written by the worker)")
     parser.add_argument("--out", required=True, help="the trial's folder")
     args = parser.parse_args(argv)
-    from qac.environment import environment_problem
-    from qac.errors import UserError
 
     problem = environment_problem()
     if problem:
         raise UserError(problem)
-    from qac.console import setup_console
-    from qac.distributed import cleanup
+    # here, not at the top: it loads pydantic
     from qac.params import load_params
 
     setup_console()

@@ -11,13 +11,12 @@ import signal
 from qac.hpo.study import HpoSettings
 from qac.hpo.worker import run_worker
 from qac.params import load_params
+from qac.console import Terminated, command_logger, setup_console
 
 
 def _stop_on_first_term(signum, frame):
     """The first SIGTERM stops the worker as Ctrl-C would; later ones (``timeout`` signals the whole process
     group, then the driver forwards its own) are ignored, so that stopping the trial's job is not cut short."""
-    from qac.console import Terminated
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated()
 
@@ -28,7 +27,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0, help="worker number (seeds the sampler)")
     parser.add_argument("--gpus", default=None, help="CUDA_VISIBLE_DEVICES value for this worker's jobs")
     args = parser.parse_args(argv)
-    from qac.console import command_logger, setup_console
 
     setup_console()
     command_logger("qac.hpo", f"worker {args.index}")

@@ -17,6 +17,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
+from qac.config import profile_dir
+from qac.io import NotUtf8, decode_utf8
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pattern", nargs="?", default=None, help="keep lines containing this text (e.g. nDCG@10)")
@@ -59,7 +62,6 @@ def read_metrics_file(path: Path) -> Any:
     """The JSON value of ``path``; :class:`UnreadableMetrics` says where and why it cannot be read."""
     if path.is_dir():
         raise UnreadableMetrics("a folder, not a file")
-    from qac.io import NotUtf8, decode_utf8
 
     try:
         text = decode_utf8(path.read_bytes())
@@ -92,7 +94,7 @@ def metric_lines(root: Path, timing: bool = False, pattern: str | None = None) -
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from qac.config import profile_dir
+    # here, not at the top: it loads pydantic
     from qac.params import load_params
 
     params = load_params(args.params, running=False)

@@ -29,8 +29,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from qac.errors import UserError
-from qac.params import PROFILE_NAMES
+from qac.errors import USER_ERROR_EXIT, UserError
+from qac.params import PROFILE_NAMES, profile_params_path, profiles_root, read_yaml
+from qac.cli.tables_command import folder_problem
+from qac.config import (HandEditedParams, _write_text, params_current, params_hand_edited, profile_files,
+                        render_profile, render_profile_files)
+from qac.gpu_cost import load_rates, print_cost
+from qac.names import output_option_problem
+from qac.params.pinning import pin_profile
+from qac.pipeline_plan import print_plan
+from qac.reporting.cell_plan import print_cell_plan
+from qac.reporting.measured_cost import measured_beside
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,9 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _list() -> int:
-    from qac.config import params_current, params_hand_edited, render_profile
-    from qac.params import profile_params_path
-
     for name in PROFILE_NAMES:
         path = profile_params_path(name)
         if not path.exists():
@@ -87,9 +93,6 @@ def _list() -> int:
 
 
 def _render(names: list[str], force: bool) -> int:
-    from qac.config import HandEditedParams, render_profile_files
-    from qac.errors import USER_ERROR_EXIT
-
     unknown = [name for name in names if name not in PROFILE_NAMES]
     if unknown:
         print(f"qac profile render: unknown profile {', '.join(unknown)}; choose from {', '.join(PROFILE_NAMES)}",
@@ -110,8 +113,11 @@ def _render(names: list[str], force: bool) -> int:
 def _validate(targets: list[str]) -> int:
     from pathlib import Path
 
+    # here, not at the top: it loads pydantic
     from qac.params import load_params, profile_params_path
+    # here, not at the top: it loads pydantic
     from qac.params import ParamsError
+    # here, not at the top: it loads pydantic
     from qac.params.model_sources import uninstalled_problems
 
     status = 0
@@ -131,9 +137,8 @@ def _validate(targets: list[str]) -> int:
 
 
 def _pin(name: str, dry_run: bool) -> int:
-    from qac.config import profile_files, render_profile
+    # here, not at the top: it loads pydantic
     from qac.params import profiles_root, validate_params
-    from qac.params.pinning import pin_profile
 
     pins = pin_profile(profiles_root() / f"{name}.yaml", validate_params(render_profile(name)), write=not dry_run)
     if not pins:
@@ -154,8 +159,7 @@ def _pin(name: str, dry_run: bool) -> int:
 
 def parameters_doc_text() -> str:
     """docs/parameters.md as the schema and profiles/base.yaml make it now."""
-    from qac.params import profiles_root
-    from qac.params import read_yaml
+    # here, not at the top: it loads pydantic
     from qac.params.documentation import parameters_markdown
 
     base = read_yaml((profiles_root() / "base.yaml").read_text(encoding="utf-8"))
@@ -164,8 +168,6 @@ def parameters_doc_text() -> str:
 
 def _docs(out: str, check: bool) -> int:
     from pathlib import Path
-
-    from qac.config import _write_text
 
     text, path = parameters_doc_text(), Path(out)
     if path.exists() and not path.is_file():
@@ -193,8 +195,6 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "render":
         return _render(args.names, args.force)
     if args.action == "show":
-        from qac.params import profile_params_path
-
         print(profile_params_path(args.name).read_text(encoding="utf-8"), end="")
         return 0
     if args.cost and args.slurm:
@@ -202,24 +202,18 @@ def run(args: argparse.Namespace) -> int:
     if args.figures is not None and not args.cost:
         raise UserError(f"--figures {args.figures}: only with --cost (the figures the GPU-hours are costed from)")
     if args.cells:
-        from qac.config import render_profile
+        # here, not at the top: it loads pydantic
         from qac.params import validate_params
-        from qac.reporting.cell_plan import print_cell_plan
 
         rates = None
         if args.cost:             # --cells --cost: the extension tables' cells with the GPU-hours of their runs
-            from qac.gpu_cost import load_rates
 
             rates = load_rates(args.figures)
         return print_cell_plan(validate_params(render_profile(args.name)), rates)
     if args.slurm:
         return _slurm(args.name, args.slurm)
     if args.cost:
-        from qac.gpu_cost import print_cost
-        from qac.reporting.measured_cost import measured_beside
-
         return print_cost(args.name, args.figures, measured_beside)
-    from qac.pipeline_plan import print_plan
 
     return print_plan(args.name)
 
@@ -232,9 +226,6 @@ def slurm_folder_problem(out_dir: str) -> str | None:
     """Why the scripts cannot go into ``out_dir``, or None: it is a folder to write into (the project's rule
     for one), not a file nor beneath one, and it holds nothing but scripts rendered before (new ones would
     be mixed in among other files)."""
-    from qac.cli.tables_command import folder_problem
-    from qac.names import output_option_problem
-
     folder = Path(out_dir)
     problem = output_option_problem(out_dir) or folder_problem(folder)
     if problem or not folder.is_dir():
@@ -249,9 +240,13 @@ def slurm_folder_problem(out_dir: str) -> str | None:
 
 
 def _slurm(name: str, out_dir: str) -> int:
+    # here, not at the top: it loads pydantic
     from qac.cluster import write_slurm_scripts
+    # here, not at the top: it loads pydantic
     from qac.params import load_params, profile_params_path
+    # here, not at the top: it loads pydantic
     from qac.params.model_sources import pin_problems
+    # looked up when called: tests stand in for it
     from qac.pipeline_plan import stage_graph
 
     problem = slurm_folder_problem(out_dir)

@@ -19,6 +19,13 @@ from __future__ import annotations
 
 import argparse
 
+from qac.errors import UserError
+from qac.names import checked_plain_name
+from qac.parallel_repro import reproduce, shown_output
+from qac.params.locations import DEFAULT_PROFILE, profile_params_path
+from qac.params.yaml_io import key_lines
+from qac.tracking import study_run_id
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", nargs="?", default=None,
@@ -34,10 +41,6 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from qac.errors import UserError
-    from qac.names import checked_plain_name
-    from qac.params.locations import DEFAULT_PROFILE, profile_params_path
-
     name = checked_plain_name(args.profile or os.environ.get("QAC_PROFILE", DEFAULT_PROFILE), "the profile name")
     if args.jobs < 1:
         raise UserError(f"--jobs must be at least 1, not {args.jobs}")
@@ -46,13 +49,14 @@ def run(args: argparse.Namespace) -> int:
     if not pipeline.is_file():
         raise UserError(f"{pipeline}: no such pipeline (profile {name!r}; `qac profile list` names the "
                          f"profiles, `qac profile render {name}` writes a new one's files)")
+    # here, not at the top: it loads pydantic
     from qac.params import load_params
-    from qac.parallel_repro import reproduce, shown_output
 
     params = load_params(params_file)          # bad parameters stop here, before any stage starts
+    # here, not at the top: it loads pydantic
     from qac.params.errors import ParamsError
+    # here, not at the top: it loads pydantic
     from qac.params.model_sources import uninstalled_problems
-    from qac.params.yaml_io import key_lines
 
     missing = uninstalled_problems(params)     # so does a packaged model that is not installed
     if missing:
@@ -87,9 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _open_study_run(params) -> None:
     """The profile's study run, created now so that stages starting together find one (when the store works)."""
+    # looked up when called: tests stand in for it
     from qac.tracking.store import tracking_uri, usable_store
 
     if usable_store("the pipeline", tracking_uri()):
-        from qac.tracking import study_run_id
-
         study_run_id(params)

@@ -28,6 +28,14 @@ import argparse
 from pathlib import Path
 
 from qac.params import PROFILE_NAMES
+from qac.config import profile_dir, render_profile
+from qac.console import setup_console
+from qac.errors import UserError
+from qac.io import atomic_path
+from qac.redaction import redact_url
+from qac.reporting.measured_cost import measured_cost, store_client
+from qac.tracking import tracking_uri
+from qac.tracking.interrupted import sweep_orphaned_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +60,7 @@ def sweep_store(uri: str | None = None) -> list[str]:
     """Sweep every experiment of the store at ``uri`` (default: the stages' store); returns the runs ended."""
     from pathlib import Path
 
-    from qac.tracking import tracking_uri
-
+    # looked up when called: tests stand in for it
     from qac.tracking.store import usable_store
 
     uri = uri or tracking_uri()
@@ -64,8 +71,6 @@ def sweep_store(uri: str | None = None) -> list[str]:
     import mlflow
     from mlflow.entities import ViewType
 
-    from qac.tracking.interrupted import sweep_orphaned_runs
-
     client = mlflow.MlflowClient(uri)
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     return sweep_orphaned_runs(client, experiments) if experiments else []
@@ -75,7 +80,7 @@ def resolve_run(name: str, data: Path | None) -> tuple[str, str | None]:
     """``(run id, tracking URI or None)`` of a run id, or of an output whose run record names its run."""
     import re
 
-    from qac.errors import UserError
+    # here, not at the top: it loads numpy
     from qac.reporting.lineage import read_record
 
     if re.fullmatch(r"[0-9a-f]{32}", name):
@@ -93,12 +98,12 @@ def run_diff(args: argparse.Namespace) -> int:
 
     import mlflow
 
+    # here, not at the top: it loads numpy
     from qac.reporting.run_diff import diff_runs, format_diff
-    from qac.tracking import tracking_uri
 
     data = Path(args.data) if args.data else None
     if data is None and not all(len(name) == 32 for name in (args.a, args.b)):
-        from qac.config import profile_dir
+        # here, not at the top: it loads pydantic
         from qac.params import load_params
 
         data = profile_dir(load_params(args.params, running=False))
@@ -109,20 +114,14 @@ def run_diff(args: argparse.Namespace) -> int:
 
 
 def run_cost(args: argparse.Namespace) -> int:
-    from qac.config import render_profile
-    from qac.errors import UserError
-    from qac.io import atomic_path
+    # here, not at the top: it loads pydantic
     from qac.params import validate_params
-    from qac.reporting.measured_cost import measured_cost, store_client
 
     out = Path(args.out or Path("reports") / "cost" / f"{args.profile}.md")
     if out.is_dir():     # the report replaces a file, never a folder and what it holds
         raise UserError(f"--out {out}: a folder; give the report's file name (default reports/cost/PROFILE.md)")
     opened = store_client()
     if opened is None:
-        from qac.tracking import tracking_uri
-        from qac.redaction import redact_url
-
         raise UserError(f"no usable MLflow store at {redact_url(tracking_uri())}: no run has measured a cost there")
     text = measured_cost(validate_params(render_profile(args.profile)), *opened).markdown()
     with atomic_path(out) as staging:
@@ -133,8 +132,6 @@ def run_cost(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qac.console import setup_console
-
     setup_console(False)
     if args.action == "diff":
         return run_diff(args)

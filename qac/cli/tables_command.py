@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from qac.errors import UserError
+from qac.names import output_option_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,15 +39,15 @@ def folder_problem(folder: Path) -> str | None:
 def check_out_option(value: str | None, option: str = "--out") -> None:
     """A folder given on the command line to write into follows the project's rule for one: relative and
     inside the working folder, or absolute (``../x`` would write beside the checkout)."""
-    from qac.names import output_option_problem
-
     problem = None if value is None else output_option_problem(value)
     if problem:
         raise UserError(f"{option} {value!r}: {problem}")
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: it loads pydantic
     from qac.params import load_params
+    # here, not at the top: it loads numpy
     from qac.reporting.profile_report import log_to_study_run, write_report
 
     check_out_option(args.out)
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print((report.directory / "tables.md").read_text(encoding="utf-8"))
     print(f"wrote {report.directory}")
     if not args.no_mlflow:
+        # here, not at the top: it loads numpy
         from qac.reporting.lineage import load_study
 
         print(log_to_study_run(load_study(params, args.data), report.directory))

@@ -35,6 +35,8 @@ import pyarrow as pa
 
 from qac.data.errors import DataFormatError
 from qac.io import atomic_path
+from qac.data.tokens import TextEncoder, TokenizerStamp
+from qac.pipeline_plan import rerun_hint, restore_hint
 
 ROWS_PER_BATCH = 1024
 # Record batches located between two releases of their header pages when a file is opened.
@@ -203,8 +205,6 @@ class MappedTable:
 def unreadable(path: str | os.PathLike, error: BaseException) -> DataFormatError:
     """The error for an Arrow file that cannot be read (truncated, corrupted, not Arrow): the file, the
     reason, and how to restore or rebuild it."""
-    from qac.pipeline_plan import restore_hint
-
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return DataFormatError(path, None, None, f"not an Arrow stream file, or a truncated or corrupted "
                                              f"one ({reason}): the file is damaged; {restore_hint(path)}")
@@ -216,8 +216,6 @@ def damaged_batch(path: str | os.PathLike, error: BaseException, schema: pa.Sche
     that is not UTF-8): the file, the column and rows, and how to restore or rebuild the file."""
     import re
 
-    from qac.pipeline_plan import restore_hint
-
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     column = re.search(r"[Cc]olumn (\d+)", reason)
     field = schema.field(int(column.group(1))).name if column and int(column.group(1)) < len(schema) else None
@@ -228,8 +226,6 @@ def damaged_batch(path: str | os.PathLike, error: BaseException, schema: pa.Sche
 def _schema_error(path: str | os.PathLike, field: str, problem: str) -> DataFormatError:
     """A column missing or of another type, with the stage that rebuilds the file (the plan is read
     only when a file is bad, so a stage that reads good files runs none of it)."""
-    from qac.pipeline_plan import rerun_hint
-
     return DataFormatError(path, None, field, f"{problem}; {rerun_hint(path)}")
 
 
@@ -389,7 +385,6 @@ def write_passages(path: str | os.PathLike, records: Iterable[dict[str, Any]], t
     """Write ``passages.arrow``; with ``tokenizer``, also the token ids (computed where a record lacks them)."""
     if tokenizer is None:
         return write_records(path, PASSAGES_SCHEMA, records)
-    from qac.data.tokens import TextEncoder, TokenizerStamp
 
     encode = TextEncoder(tokenizer)
 
@@ -410,7 +405,6 @@ def write_queries(path: str | os.PathLike, records: Iterable[dict[str, Any]], to
     """Write ``queries.arrow``; with ``tokenizer``, also each query's token ids."""
     if tokenizer is None:
         return write_records(path, QUERIES_SCHEMA, records)
-    from qac.data.tokens import TextEncoder, TokenizerStamp
 
     encode = TextEncoder(tokenizer)
 

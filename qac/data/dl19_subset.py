@@ -31,17 +31,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from qac.data.errors import DataFormatError
+from qac.data.textfile import iter_rows
+from qac.data.trec import read_topics, read_trec_qrels
+from qac.io import atomic_path, write_jsonl
+
 DEFAULT_OTHERS = 898
 
 
 def build_dl19_subset(collection: str | os.PathLike, topics: str | os.PathLike, qrels: str | os.PathLike,
                       out_dir: str | os.PathLike, others: int = DEFAULT_OTHERS) -> dict[str, int]:
     """Write ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/test.tsv`` to ``out_dir``; returns the counts."""
-    from qac.data.errors import DataFormatError
-    from qac.data.textfile import iter_rows
-    from qac.data.trec import read_topics, read_trec_qrels
-    from qac.io import atomic_path, write_jsonl
-
     judgements = read_trec_qrels(qrels)
     all_topics = read_topics(topics)
     missing = sorted(set(judgements) - set(all_topics))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from qac.data.errors import DataFormatError
+from qac.io import atomic_path, write_jsonl
 
 FIELDS = {".T": "title", ".A": "author", ".B": "bib", ".W": "text", ".X": "cross_references"}
 
@@ -74,8 +75,6 @@ def _find(directory: Path, names: tuple[str, ...]) -> Path:
 
 
 def _write(out_dir: Path, corpus: list[dict], queries: list[dict], qrels: list[tuple[str, str, int]]) -> None:
-    from qac.io import atomic_path, write_jsonl
-
     write_jsonl(out_dir / "corpus.jsonl", corpus)
     write_jsonl(out_dir / "queries.jsonl", queries)
     with atomic_path(out_dir / "qrels" / "test.tsv") as tmp:

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from qac.data.errors import DatasetUnavailableError
+from qac.config import data_mirror
+from qac.data.sources import download_file
 
 if TYPE_CHECKING:
     from qac.params.sections import HardNegativesSource
@@ -176,9 +178,6 @@ def locate_hard_negatives(source: HardNegativesSource, *, mirror: str | os.PathL
     (checked against ``md5`` when one is pinned). Raises :class:`DatasetUnavailableError`
     naming every place tried.
     """
-    from qac.config import data_mirror
-    from qac.data.sources import download_file
-
     mirror_root = Path(mirror) if mirror is not None else data_mirror()
     relative, url = source.mirror, source.url
     name = Path(relative).name if relative else Path(str(url or "msmarco-hard-negatives.jsonl.gz")).name

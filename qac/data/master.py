@@ -70,6 +70,7 @@ from qac.data.masking import (IGNORE_INDEX, MaskingVocab, mask_positions, masked
                               weighted_word_mask, whole_word_mask, word_spans, word_strings)
 from qac.data.tokens import SpecialTokens, check_stamp, with_special_tokens
 from qac.params.vocabulary import MASTER_TASKS, NPR_MASKS
+from qac.data.errors import DataFormatError
 
 # Masking-generator side of each decoder's sequence (anchor 0 and context 1 are PairCollator's).
 SIDES = {"npr": 1, "mkp": 2, "cmp": 3, "dor": 4, "gor": 5}
@@ -111,8 +112,6 @@ class WordWeights:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WordWeights":
-        from qac.data.errors import DataFormatError
-
         path = Path(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

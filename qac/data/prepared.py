@@ -36,6 +36,7 @@ from qac.data.dataset import Dataset, drop_unknown_judgements
 from qac.data.errors import DataFormatError
 from qac.data.streamed import restrict_corpus
 from qac.io import atomic_path
+from qac.data.msmarco import iter_triple_negatives
 
 DATASET_JSON = "dataset.json"
 TRAIN_NEGATIVES = "negatives/train.jsonl"   # official training negatives per query (datasets.<name>.triples)
@@ -195,8 +196,6 @@ def write_train_negatives(dataset: Dataset, triples: str | os.PathLike, path: Pa
     train split's judgements are left out. Sampling (the release keeps 128 per
     query) happens where the negatives are used (``finetune.official_negatives``).
     """
-    from qac.data.msmarco import iter_triple_negatives
-
     judged = dataset.qrels.get("train")
     if judged is None:
         raise DataFormatError(triples, None, None, f"dataset {dataset.name} has no train split for its triples")

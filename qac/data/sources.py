@@ -69,6 +69,9 @@ from qac.data.msmarco import stream_tsv_corpus
 from qac.data.trec import read_topics, read_trec_qrels
 from qac.io import atomic_path
 from qac.redaction import basic_authorization, redact_text, redact_url, split_credentials
+from qac.config import data_mirror
+from qac.data.glasgow import CONVERTERS
+from qac.data.hub import check_hub_dataset, read_hub_dataset
 
 if TYPE_CHECKING:
     from qac.params.sections import DatasetEntry, Params, PrepareSection
@@ -249,8 +252,6 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
     Raises :class:`DatasetUnavailableError` naming the mirror path tried and the
     URL (with the reason it failed) when the data cannot be had.
     """
-    from qac.config import data_mirror
-
     mirror_root = Path(mirror) if mirror is not None else data_mirror()
     tried = []
     if spec.mirror:
@@ -268,8 +269,6 @@ def locate_dataset(spec: DatasetSpec, mirror: str | os.PathLike | None = None,
     if spec.format != "hf" and _cache_is_current(cached, spec) and not _unusable(cached, spec.corpus_files()):
         return Source("download", cached, redact_url(spec.url) if spec.url else f"cache:{spec.name}")
     if spec.format == "hf":
-        from qac.data.hub import check_hub_dataset
-
         try:
             check_hub_dataset(spec.hub)
         except DatasetUnavailableError as error:
@@ -342,8 +341,6 @@ def _cache_is_current(directory: Path, spec: DatasetSpec) -> bool:
 
 def _download_and_convert(spec: DatasetSpec, target: Path) -> None:
     """Download the native files into ``target/source`` and write the BEIR layout beside them, atomically."""
-    from qac.data.glasgow import CONVERTERS
-
     with atomic_path(target, directory=True) as tmp:
         download_and_unpack(spec.url, tmp / "source", checksum=spec.checksum)
         CONVERTERS[spec.convert](tmp / "source", tmp)
@@ -464,8 +461,6 @@ def _find_split_file(relative: str, directory: Path, mirror_root: Path, spec: Da
 def split_file_paths(spec: DatasetSpec, source: Source,
                      mirror: str | os.PathLike | None = None) -> dict[str, tuple[Path, Path]]:
     """Topics and qrels files per split for the TREC-style formats (checked to exist)."""
-    from qac.config import data_mirror
-
     mirror_root = Path(mirror) if mirror is not None else data_mirror()
     if spec.format in ("beir", "hf") or source.directory is None:
         return {}
@@ -506,8 +501,6 @@ def read_dataset(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike
         raise ValueError(f"dataset {spec.name!r} has subsets {list(spec.subsets)}: read it with read_dataset_parts")
     skipped: Counter = Counter()
     if source.origin == "hub":
-        from qac.data.hub import read_hub_dataset
-
         dataset = read_hub_dataset(spec.hub, spec.splits, qrels_name=spec.hub_qrels,
                                    min_text_chars=min_text_chars, skipped=skipped)
     elif spec.format in ("beir", "hf"):
@@ -566,8 +559,6 @@ def triples_path(spec: DatasetSpec, source: Source, *, mirror: str | os.PathLike
     readers decompress it). Raises :class:`DatasetUnavailableError` when the file
     can be had from none of them.
     """
-    from qac.config import data_mirror
-
     mirror_root = Path(mirror) if mirror is not None else data_mirror()
     name = Path(spec.triples).name
     cache = Path(downloads) / f"{spec.name}-triples"

@@ -61,6 +61,10 @@ from typing import Any, Iterable, Iterator, Sequence
 from qac.data.arrowstore import write_passages
 from qac.data.tokens import CHARS_PER_TOKEN, cut_end
 from qac.params.vocabulary import SpanRule
+from qac.console import progress as progress_bar
+from qac.data.beir import iter_corpus_jsonl
+from qac.errors import UserError
+from qac.io import file_md5
 
 
 @dataclass(frozen=True)
@@ -361,8 +365,6 @@ def _sentences(sentence_splitter, doc_id: str, text: str) -> list[tuple[int, int
     try:
         return list(sentence_splitter.span_tokenize(text))
     except TimeoutError as error:
-        from qac.errors import UserError
-
         raise UserError(f"document {doc_id!r} ({len(text):,} characters): NLTK's Punkt sentence splitter gave up on "
                         f"it ({error}). A text this long or repetitive is no passage source: drop or cut it in the "
                         "corpus, then run prepare and split_passages again") from None
@@ -455,7 +457,9 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(tokenizer_spec: str, punkt_dir: str, settings: SplitSettings, batched: bool) -> None:
+    # here, not at the top: it loads nltk
     from qac.data.punkt import load_sentence_splitter
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
 
     _WORKER.update(splitter=load_sentence_splitter(punkt_dir), settings=settings,
@@ -555,10 +559,8 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
     ``punkt`` is ``pretrained``, NLTK's English model, or ``trained`` on the first
     ``punkt_train_documents`` documents). Returns the statistics and which Punkt model ran.
     """
-    from qac.console import progress as progress_bar
-    from qac.data.beir import iter_corpus_jsonl
+    # here, not at the top: it loads nltk
     from qac.data.punkt import prepare_punkt
-    from qac.io import file_md5
 
     def texts() -> Iterator[str]:
         return (document.full_text for document in iter_corpus_jsonl(corpus_path))
@@ -579,6 +581,7 @@ def split_corpus_file(corpus_path: str | os.PathLike, passages_path: str | os.Pa
             stats.add(split)
             yield from split.passages
 
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
 
     write_passages(passages_path, records(), tokenizer=load_tokenizer(tokenizer_spec), tokenizer_name=tokenizer_spec)

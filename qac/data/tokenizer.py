@@ -20,6 +20,7 @@ from pathlib import Path
 
 from qac.errors import UserError
 from qac.model_specs import note_loaded, resolve_model_name, split_revision
+from qac.data.errors import DataFormatError
 
 try:
     from safetensors import SafetensorError
@@ -50,7 +51,6 @@ def named_load_errors(source: str, what: str):
         folder = Path(source)
         if isinstance(error, (PermissionError, UserError)) or not folder.is_dir():
             raise       # not a damaged folder: no permission, a hub name, or a message already made for people
-        from qac.data.errors import DataFormatError
 
         text = str(error).strip()
         reason = text.splitlines()[0][:300] if text else ""

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from qac.data.errors import DataFormatError
+from qac.data.textfile import iter_json_objects, iter_rows, parse_int, required_id, required_text
+from qac.io import atomic_path, write_json
 
 RUN_NAME = "annotation/table5"
 LABELS_TAG = "qac.annotation.labels"
@@ -77,6 +79,7 @@ class AnnotationPair:
 
 def read_passages(path: str | os.PathLike) -> dict[str, list[dict]]:
     """``passages.arrow`` grouped by document: ``{doc_id: [{pid, position, text}, ...]}`` in file order."""
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.arrowstore import PASSAGES_SCHEMA, iter_records
 
     documents: dict[str, list[dict]] = defaultdict(list)
@@ -88,6 +91,7 @@ def read_passages(path: str | os.PathLike) -> dict[str, list[dict]]:
 
 def read_queries(path: str | os.PathLike) -> dict[str, list[str]]:
     """``queries.arrow`` as ``{pid: [query, ...]}`` (generation order)."""
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.arrowstore import QUERIES_SCHEMA, iter_records
 
     return {record["pid"]: record["queries"] for record in iter_records(path, QUERIES_SCHEMA)}
@@ -146,8 +150,6 @@ def _csv_text(fields: Sequence[str], rows: Iterable[Mapping]) -> str:
 
 
 def _write_text(path: str | os.PathLike, text: str) -> None:
-    from qac.io import atomic_path
-
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text, encoding="utf-8")
 
@@ -372,8 +374,6 @@ def calibration_pairs(dataset_dir: str | os.PathLike, split: str, max_pairs: int
     from the documents not judged relevant to it. Document text is
     ``title + " " + text`` as everywhere else in the project.
     """
-    from qac.data.textfile import iter_json_objects, iter_rows, parse_int, required_id, required_text
-
     dataset_dir = Path(dataset_dir)
     qrels_path = dataset_dir / "qrels" / f"{split}.tsv"
     relevant: dict[str, set[str]] = defaultdict(set)
@@ -414,6 +414,7 @@ class EncoderCosineJudge:
     def __init__(self, model_spec: str, max_length: int = 256, batch_size: int = 32, device: str | None = None):
         import torch
 
+        # here, not at the top: it loads safetensors
         from qac.models.loading import load_model, load_tokenizer
 
         self.model_spec = model_spec
@@ -427,6 +428,7 @@ class EncoderCosineJudge:
         """L2-normalised mean of the last hidden states over non-padding tokens."""
         import torch
 
+        # here, not at the top: it loads numpy
         from qac.data.tokens import cut_texts
 
         chunks = []
@@ -525,8 +527,6 @@ def run_study(passages_path: str | os.PathLike, queries_path: str | os.PathLike,
     Writes ``sheet.csv``, ``key.csv``, ``labels.csv`` and ``summary.json``.
     The caller makes ``out_dir`` atomic (a temporary folder renamed on success).
     """
-    from qac.io import write_json
-
     out_dir = Path(out_dir)
     pairs = sample_items(read_passages(passages_path), read_queries(queries_path), documents, seed)
     export_sheet(pairs, out_dir / "sheet.csv", out_dir / "key.csv", seed)

@@ -13,6 +13,7 @@ import math
 from typing import Iterable, Mapping
 
 from qac.evaluation.metrics import EvalResult, evaluate
+from qac.tracking import log_evaluation as log_to_run
 
 TRAIN_SPLIT = "train"
 SUBSETS_FILE = "subsets.json"   # beside a dataset's per-query files: the sub-collections averaged into one figure
@@ -31,8 +32,6 @@ def evaluate_split(dataset, split: str, run, measures: Iterable[str]) -> EvalRes
 
 def log_evaluation(result: EvalResult, dataset_name: str, split: str) -> dict[str, float]:
     """Log ``result`` to the active MLflow run; returns the metrics as logged (mangled keys)."""
-    from qac.tracking import log_evaluation as log_to_run
-
     return log_to_run(result, dataset_name, split)
 
 

@@ -13,6 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from qac.hpo.study import SettingsError
+from qac.config import profile_dir
+from qac.data.beir import read_qrels_tsv
+from qac.data.errors import DataFormatError
+from qac.data.prepared import DATASET_JSON
+from qac.hpo.space import SpaceError, check_space_against_params, check_values_are_taken
+from qac.hpo.trial_job import MIN_FINETUNE_QUERIES, queries_with_a_relevant_document
+from qac.params.yaml_io import key_lines
 
 if TYPE_CHECKING:
     from qac.hpo.study import HpoSettings
@@ -38,8 +45,8 @@ def parse_gpu_ids(value: str) -> list[str]:
 
 def params_file_error(path: str | Path, key: str, message: str):
     """A :class:`~qac.params.ParamsError` for ``key``, with its line in the params file at ``path``."""
+    # here, not at the top: it loads pydantic
     from qac.params import ParamsError, Problem
-    from qac.params.yaml_io import key_lines
 
     try:
         lines = key_lines(Path(path).read_text(encoding="utf-8"))
@@ -51,8 +58,6 @@ def params_file_error(path: str | Path, key: str, message: str):
 def check_search_space(params: Params, settings: HpoSettings, path: str | Path) -> None:
     """Every ``hpo.space`` key names a setting a trial may change, and each value it can draw is one that
     setting takes (a partial params file skips the rules across keys when it is read: they run here)."""
-    from qac.hpo.space import SpaceError, check_space_against_params, check_values_are_taken
-
     try:
         check_space_against_params(settings.dimensions, params.to_dict(), settings.variant)
         check_values_are_taken(params, settings.dimensions, settings.variant)
@@ -64,11 +69,6 @@ def check_search_space(params: Params, settings: HpoSettings, path: str | Path) 
 def check_dev_split(params: Params, settings: HpoSettings, path: str | Path) -> None:
     """``hpo.dev.queries`` leaves training queries to fine-tune on: the count the trial job checks, read
     from the prepared dataset's training judgements only (no corpus)."""
-    from qac.config import profile_dir
-    from qac.data.beir import read_qrels_tsv
-    from qac.data.prepared import DATASET_JSON
-    from qac.hpo.trial_job import MIN_FINETUNE_QUERIES, queries_with_a_relevant_document
-
     dataset_dir = profile_dir(params) / "datasets" / str(params.train_dataset)
     record = _dataset_record(dataset_dir / DATASET_JSON)
     if "train" not in record.get("splits", ()):
@@ -85,8 +85,6 @@ def check_dev_split(params: Params, settings: HpoSettings, path: str | Path) -> 
 
 
 def _dataset_record(path: Path) -> Mapping[str, Any]:
-    from qac.data.errors import DataFormatError
-
     if not path.is_file():
         raise DataFormatError(path, None, None, "not found: is this a prepared dataset (run the prepare stage)?")
     try:

@@ -26,6 +26,7 @@ def check_values_are_taken(params: Params, dimensions: list[Dimension], variant:
     Without this a value the key refuses (``finetune.lr: abc``, a dropout above 1) would surface in
     every trial that draws it, as a failed trial, after the study and its workers had started.
     """
+    # here, not at the top: it loads pydantic
     from qac.params import ParamsError
 
     for dim in dimensions:
@@ -60,6 +61,7 @@ def suggest_values(trial, dimensions: list[Dimension]) -> dict[str, Any]:
 def apply_values(params: Params, values: Mapping[str, Any], variant: str) -> Params:
     """``params`` with a trial's values set (``pretrain.*`` in the variant and its seed copies, which must
     equal it but for their seed), checked again as a whole."""
+    # here, not at the top: it loads pydantic
     from qac.params import with_values
 
     copies = [name for name, spec in params.pretrain.variants.items() if name == variant or spec.seed_of == variant]

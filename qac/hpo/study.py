@@ -33,6 +33,10 @@ from typing import Any, Mapping
 from qac.config import profile_dir
 from qac.errors import UserError
 from qac.hpo.space import Dimension, parse_space
+from qac.console import quiet_optuna
+from qac.redaction import redact_url
+from qac.tracking import flatten, stage_run, tracking_uri
+from qac.tracking.store import database_problem
 
 WORKER_ATTR = "qac.worker"
 MLFLOW_RUN_ATTR = "qac.mlflow_run_id"
@@ -120,8 +124,6 @@ def storage_with_credentials(value: str | None) -> str | None:
     the one in the params. ``QAC_HPO_STORAGE`` is also how to give a database
     password without writing it in a params file.
     """
-    from qac.redaction import redact_url
-
     full = os.environ.get(STORAGE_ENV)
     if full and (not value or redact_url(full) == value):
         return full
@@ -146,9 +148,6 @@ def make_storage(location: str, settings: HpoSettings):
     import optuna
 
     if is_database_url(location):
-        from qac.redaction import redact_url
-        from qac.tracking.store import database_problem
-
         # once, briefly: Optuna's engine would retry, or raise a traceback
         problem = in_memory_problem(location) or database_problem(location)
         if problem is not None:
@@ -267,8 +266,6 @@ def open_study(params: Mapping[str, Any], settings: HpoSettings, worker_index: i
     """Create the study, or load it when it exists (a resumed study keeps its trials)."""
     import optuna
 
-    from qac.console import quiet_optuna
-
     quiet_optuna()
     location = storage_location(params, settings)
     storage = make_storage(location, settings)
@@ -295,9 +292,6 @@ class StudyNotFound(UserError):
 def load_stored_study(params: Mapping[str, Any], settings: HpoSettings):
     """The stored study, to read (``--report-only``): one that does not exist is refused, never created."""
     import optuna
-
-    from qac.console import quiet_optuna
-    from qac.redaction import redact_url
 
     quiet_optuna()
     location = storage_location(params, settings)
@@ -458,8 +452,6 @@ def close_mlflow_run(run_id: str, state: str) -> None:
     """End a trial's MLflow run that its (dead) worker left open."""
     import mlflow
 
-    from qac.tracking import tracking_uri
-
     client = mlflow.MlflowClient(tracking_uri())
     client.set_tag(run_id, "qac.trial_state", state)
     client.set_terminated(run_id, status="FAILED")
@@ -473,8 +465,6 @@ def ensure_study_mlflow_run(params: Mapping[str, Any], study, settings: HpoSetti
     Its id is stored in the study itself, so a resumed study, and workers on
     other machines, log their trials under the same parent.
     """
-    from qac.tracking import flatten, stage_run, tracking_uri
-
     existing = study.user_attrs.get(MLFLOW_RUN_ATTR)
     if existing:
         import mlflow
@@ -489,8 +479,6 @@ def ensure_study_mlflow_run(params: Mapping[str, Any], study, settings: HpoSetti
                    tags={"qac.study": settings.study_name, "qac.variant": settings.variant,
                          "qac.hpo.storage": "database" if settings.storage and is_database_url(settings.storage) else "journal"}) as run:
         import mlflow
-
-        from qac.redaction import redact_url
 
         flat = {key: redact_url(str(value))[:6000] for key, value in flatten("", {"hpo": dict(params["hpo"])}).items()}
         mlflow.log_params(flat)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from qac.io import atomic_path, write_json
+from qac.tracking import metric_key, tracking_uri
 
 MIN_TRIALS_FOR_IMPORTANCE = 3
 
@@ -168,8 +169,6 @@ def _json_safe(value: Any) -> Any:
 def log_report_to_mlflow(run_id: str, summary: dict[str, Any], report_dir: str | Path) -> None:
     """Attach the report to the study's MLflow run, with the best value and the state counts as metrics."""
     import mlflow
-
-    from qac.tracking import metric_key, tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri())
     for state, count in summary["states"].items():

@@ -30,6 +30,15 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from qac.config import profile_dir
+from qac.data.prepared import load_prepared
+from qac.distributed import barrier, init_distributed
+from qac.hpo.study import HpoSettings
+from qac.io import write_json
+from qac.models.factory import INPUT_FILES, input_files
+from qac.stages.finetune import retriever_texts
+from qac.train.groups import GroupSampler, read_negatives, retriever1_queries, training_queries
+
 if TYPE_CHECKING:
     from qac.params.sections import Params
 
@@ -186,8 +195,11 @@ class DevEvaluator:
 
     def __call__(self, model, tokenizer) -> dict[str, float]:
         """Evaluate a :class:`~qac.models.biencoder.BiEncoder` (its training mode is restored)."""
+        # here, not at the top: it loads numpy
         from qac.evaluation.metrics import evaluate
+        # here, not at the top: it loads numpy
         from qac.retrieval.encode import encode_texts
+        # here, not at the top: it loads numpy
         from qac.retrieval.search import dense_search
 
         def encode(texts: list[str], max_length: int):
@@ -208,8 +220,7 @@ class DevEvaluator:
 def required_inputs(params: Params, variant: str) -> dict[Path, str]:
     """The files a trial reads, each with the DVC stage that writes it: the fine-tuning data, and what
     the pre-training stage reads for ``variant`` (:func:`qac.models.factory.input_files`)."""
-    from qac.config import profile_dir
-    from qac.models.factory import INPUT_FILES, input_files
+    # here, not at the top: it loads pydantic, torch
     from qac.train.pretrain import PretrainSettings
 
     root = profile_dir(params)
@@ -228,17 +239,12 @@ def run_trial(params: Params, out_dir: Path) -> dict[str, Any]:
     """
     import dataclasses
 
-    from qac.config import profile_dir
-    from qac.data.prepared import load_prepared
-    from qac.distributed import barrier, init_distributed
-    from qac.hpo.study import HpoSettings
-    from qac.io import write_json
-    from qac.models.factory import input_files
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
+    # here, not at the top: it loads numpy, torch
     from qac.train.finetune import FinetuneSettings, start_retriever, train_biencoder
-    from qac.train.groups import GroupSampler, read_negatives, retriever1_queries, training_queries
+    # here, not at the top: it loads pydantic, torch
     from qac.train.pretrain import PretrainSettings, pretrain
-    from qac.stages.finetune import retriever_texts
 
     settings = HpoSettings.from_params(params)
     dist = init_distributed()

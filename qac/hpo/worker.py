@@ -34,6 +34,11 @@ from qac.hpo.study import (FAIL_REASON_ATTR, MLFLOW_RUN_ATTR, WORKER_ATTR, HpoSe
                            ensure_study_mlflow_run, fail_orphaned_trials, has_work, open_study, storage_location,
                            study_dir, this_process_owner, trials_on_other_hosts)
 from qac.threads import shared_cores_environment
+from qac.config import write_params
+from qac.console import verbose_requested
+from qac.hpo.space import apply_values, suggest_values
+from qac.hpo.trial_job import STOP_ON_EOF_ENV, parse_event
+from qac.tracking import log_metrics, metric_key, stage_run
 
 log = logging.getLogger("qac.hpo")
 KILL_GRACE_SECONDS = 5.0
@@ -93,8 +98,6 @@ def run_job(command: list[str], *, env: Mapping[str, str], log_path: Path,
     writes to: if this process dies, the job reads end-of-file and stops itself,
     so a killed worker leaves no orphaned training behind.
     """
-    from qac.hpo.trial_job import parse_event
-
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as job_log:
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=job_log,
@@ -176,11 +179,6 @@ class TrialRunner:
 
     def __call__(self, trial) -> float:
         import optuna
-
-        from qac.config import write_params
-        from qac.hpo.space import apply_values, suggest_values
-        from qac.hpo.trial_job import STOP_ON_EOF_ENV
-        from qac.tracking import log_metrics, metric_key, stage_run
 
         trial.set_user_attr(WORKER_ATTR, this_process_owner())
         if self.on_trial_start:
@@ -276,8 +274,6 @@ def budget_lock(root: Path) -> Iterator[Callable[[], None]]:
 def quiet_failed_trials() -> None:
     """Leave a failed trial to this module's one line: Optuna logs it with the traceback of the worker,
     which says nothing about the trial (its job's own log does), unless verbose."""
-    from qac.console import verbose_requested
-
     if not verbose_requested():
         logging.getLogger("optuna.study._optimize").setLevel(logging.ERROR)
 

@@ -42,6 +42,7 @@ from qac.model_specs import is_packaged, packaged_model
 from qac.querygen.generate import (GenerationStats, cache_keyword, clean_candidates, output_cache,
                                    penalise_repeats)
 from qac.querygen.sampling import choose_tokens, passage_uniforms
+from qac.querygen.continuation import tiny_causal_lm
 
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=2048)
@@ -72,6 +73,7 @@ def tiny_llama(tokenizer_spec: str, seed: int = 0):
     """``(LlamaForCausalLM, tokenizer)``: a 2-layer 64-wide Llama with random weights and ``tokenizer_spec``'s vocabulary."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_spec)
@@ -96,8 +98,6 @@ def load_causal_generator(spec: str, revision: str | None = None, gguf_file: str
     ``gguf_file``. A GGUF file's weights are de-quantised to fp32 as they load.
     """
     if spec.startswith("tiny:"):
-        from qac.querygen.continuation import tiny_causal_lm
-
         model, tokenizer = tiny_causal_lm(spec.partition(":")[2], seed)
     elif spec.startswith("tiny-llama:"):
         model, tokenizer = tiny_llama(spec.partition(":")[2], seed)

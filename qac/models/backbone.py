@@ -41,6 +41,7 @@ def load_backbone(spec: str, seed: int = 0, dropout: float | None = None) -> tup
     """
     from transformers import BertForMaskedLM, BertModel
 
+    # here, not at the top: it loads safetensors
     from qac.models.loading import load_model
 
     overrides = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}

@@ -81,6 +81,7 @@ class BiEncoder(nn.Module):
         ``pooling`` and ``normalize`` default to what a retriever folder declares
         (:func:`qac.models.encoding.read_encoding`), else [CLS] and no normalisation.
         """
+        # here, not at the top: it loads safetensors
         from qac.models.loading import load_model
 
         folder = Path(path).is_dir()

@@ -10,8 +10,11 @@ from qac.params.vocabulary import METHODS
 def build_pretraining_model(settings, seed: int, full_vocab_logits: bool = False):
     """coCondenser, CoT-MAE or MASTER initialised from ``settings.init`` (a model spec), with the options of a
     run's :class:`qac.train.pretrain.PretrainSettings`."""
+    # here, not at the top: it loads numpy, torch
     from qac.models.cocondenser import CoCondenser
+    # here, not at the top: it loads numpy, torch
     from qac.models.cotmae import CoTMAE
+    # here, not at the top: it loads numpy, torch
     from qac.models.master import Master
 
     method = settings.method
@@ -44,6 +47,7 @@ def required_inputs(settings) -> list[str]:
     """Files besides ``passages.arrow`` a run of ``settings`` reads: ``queries`` (query or mixed
     context, MASTER's DOR decoder), ``continuations`` (MASTER's GOR), ``word_frequencies`` (MASTER's MKP)."""
     if settings.method == "master":
+        # here, not at the top: it loads numpy, pyarrow, torch
         from qac.data.master import required_inputs as master_inputs
 
         return master_inputs(settings)
@@ -70,11 +74,13 @@ def build_batches(settings, model, tokenizer, corpus, inputs: Mapping[str, Any])
     """``(sampler, collator)`` of a run: ``sampler.batch(step, size)`` gives the global batch's
     examples, ``collator(examples, step)`` this process's tensors. ``inputs`` maps the names of
     :func:`required_inputs` to their paths."""
+    # here, not at the top: it loads numpy, pyarrow, torch
     from qac.data.context_pairs import PairCollator, PairSampler
 
     sampler = PairSampler(corpus, settings.context_type, settings.seed, settings.mixed_query_prob,
                           passage_draw=settings.passage_context_draw)
     if settings.method == "master":
+        # here, not at the top: it loads numpy, pyarrow, torch
         from qac.data.master import master_batches
 
         sampler, collator = master_batches(settings, model.mask_ratios, tokenizer, sampler, dict(inputs))
@@ -83,6 +89,7 @@ def build_batches(settings, model, tokenizer, corpus, inputs: Mapping[str, Any])
                                 seed=settings.seed, pad_to=settings.pad_to,
                                 pad_to_multiple_of=settings.pad_to_multiple_of, crop=settings.spans == "overflow")
     if settings.unpadded:
+        # here, not at the top: it loads numpy, torch
         from qac.data.streams import UnpaddedCollator
 
         collator = UnpaddedCollator(collator, settings.pad_to_multiple_of)

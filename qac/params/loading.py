@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from qac.params.errors import ParamsError, Problem
-from qac.params.locations import PROFILE_NAMES, params_path
+from qac.params.locations import PROFILE_NAMES, params_path, profiles_root
 from qac.params.sections import Params
 from qac.params.validation import validate_params
 from qac.params.model_sources import pin_problems
@@ -97,8 +97,6 @@ def base_params() -> Params:
     knows. What a library function or a test starts from when it has no profile: take a section's
     settings from it and change the keys that matter (``dataclasses.replace``). The rules across keys
     are left out: the base names no datasets or variants of its own."""
-    from qac.params.locations import profiles_root
-
     path = profiles_root() / "base.yaml"
     # Read and checked once per version of the file (tests and benchmarks build many settings from it).
     return _checked_base(str(path), path.stat().st_mtime_ns)

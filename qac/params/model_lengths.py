@@ -18,6 +18,7 @@ from typing import Iterable
 from qac.params.errors import Problem
 from qac.params.rules import merged_variant, variant_key
 from qac.params.sections import Params
+from qac.model_specs import max_positions
 
 
 def _encoder_specs(params: Params) -> list[tuple[str, str]]:
@@ -38,8 +39,6 @@ def _pretrain_lengths(params: Params) -> Iterable[tuple[str, int, str]]:
 
 def length_problems(params: Params) -> list[Problem]:
     """Each length key over the positions of a model it feeds, named with the model and its limit."""
-    from qac.model_specs import max_positions
-
     problems: dict[str, Problem] = {}
 
     def check(key: str, tokens: int, spec: str, spec_key: str, what: str = "", extra: int = 0,

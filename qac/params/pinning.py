@@ -18,6 +18,8 @@ from typing import Callable
 
 from qac.errors import UserError
 from qac.model_specs import REVISION_MARK, is_commit, split_revision
+from qac.io import atomic_path
+from qac.redaction import redact_text
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,6 @@ def hub_commit(name: str, endpoint: str | None = None) -> str:
     hub ``huggingface_hub`` is set to (``HF_ENDPOINT``, else huggingface.co)."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
-
-    from qac.redaction import redact_text
 
     try:
         commit = HfApi(endpoint=endpoint).model_info(name).sha
@@ -59,6 +59,7 @@ def hub_commit(name: str, endpoint: str | None = None) -> str:
 def unpinned_models(params) -> dict[str, list[str]]:
     """``hub name -> keys`` for every hub model the checked ``params`` load without any revision (one written
     with a branch or tag is the user's to change: a commit appended to it would not parse)."""
+    # here, not at the top: it loads pydantic
     from qac.params.model_sources import unpinned_keys
 
     return {spec: keys for spec, keys in unpinned_keys(params).items() if split_revision(spec)[1] is None}
@@ -109,8 +110,6 @@ def pin_profile(source: str | Path, params, resolve: Callable[[str], str] = hub_
     (from its parent or ``profiles/base.yaml``) cannot be pinned in another file's place: that is an error
     naming the key to add to the profile's own file.
     """
-    from qac.io import atomic_path
-
     source = Path(source)
     wanted = unpinned_models(params)
     if not wanted:

@@ -24,6 +24,7 @@ from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Di
                                    NprMask, PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries,
                                    Recipe, Retriever, Similarity, SingleSpanDocuments, SpaceKind, SpanRule, TitleJoin,
                                    ZeroShotLoss, ZeroShotNegatives)
+from qac.model_specs import split_revision
 
 
 class MlflowSection(Section):
@@ -828,7 +829,6 @@ class Params(Section):
         pinned revision: ``encoders`` names a model as it was published, a pin says which commit of it loads."""
         if spec is None:
             return None
-        from qac.model_specs import split_revision
 
         return self.encoders.get(spec) or self.encoders.get(split_revision(spec)[0])
 

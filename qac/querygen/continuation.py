@@ -32,6 +32,7 @@ import torch
 from qac.distributed import autocast_context
 from qac.querygen.generate import GenerationStats, cache_keyword, decode_longest_first, output_cache
 from qac.querygen.sampling import passage_uniforms, sample_tokens
+from qac.model_specs import note_loaded, resolve_model_name, split_revision
 
 TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=2, n_inner=128, n_positions=512)
 
@@ -59,6 +60,7 @@ def tiny_causal_lm(tokenizer_spec: str, seed: int = 0):
     """``(GPT2LMHeadModel, tokenizer)``: a 2-layer 64-wide GPT-2 with random weights and ``tokenizer_spec``'s vocabulary."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_spec)
@@ -78,8 +80,6 @@ def load_causal_lm(spec: str, device: torch.device | str = "cpu", seed: int = 0)
         model, tokenizer = tiny_causal_lm(spec.partition(":")[2], seed)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from qac.model_specs import note_loaded, resolve_model_name, split_revision
 
         path, revision = resolve_model_name(spec), split_revision(spec)[1]
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)

@@ -71,9 +71,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from qac.distributed import autocast_context
+from qac.distributed import autocast_context, autocast_dtype
 from qac.querygen.sampling import choose_tokens, filtered_distribution, passage_uniforms, sample_tokens
 from qac.querygen.static_decode import T5_MODEL_TYPES, StaticT5Decoder
+from qac.errors import UserError
+from qac.model_specs import note_loaded, resolve_model_name, split_revision
+from qac.querygen.prefix_lm import PrefixLM, is_prefix_lm_folder
 
 # Prune finished rows from the batch once this share of the active rows is done.
 _PRUNE_FRACTION = 0.125
@@ -211,9 +214,6 @@ def load_generator(source: str, device: torch.device | str = "cpu"):
     """
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from qac.model_specs import note_loaded, resolve_model_name, split_revision
-    from qac.querygen.prefix_lm import PrefixLM, is_prefix_lm_folder
-
     path, revision = resolve_model_name(source), split_revision(source)[1]
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     if is_prefix_lm_folder(path):
@@ -294,6 +294,7 @@ class QueryGenerator:
         length; the order never changes a passage's candidates.
         """
         settings = self.settings
+        # here, not at the top: it loads numpy
         from qac.data.tokens import cut_texts
 
         sources = cut_texts([settings.prefix + text for _, text in passages], settings.max_source_len)
@@ -506,8 +507,6 @@ def generator_from_settings(source, settings: SamplingSettings, device, dtype_se
                             decode: str = "auto") -> QueryGenerator:
     """Load ``source`` and wrap it with the precision, invariance, decoding loop and sync schedule the settings
     ask for."""
-    from qac.distributed import autocast_dtype
-
     model, tokenizer = load_generator(source, device)
     dtype = autocast_dtype(dtype_setting, torch.device(device))
     invariant = resolve_batch_invariant(batch_invariant, dtype)
@@ -546,9 +545,6 @@ class DecodingPlan:
 
         Raises :class:`qac.errors.UserError` naming the key when the settings cannot be met here.
         """
-        from qac.distributed import autocast_dtype
-        from qac.errors import UserError
-
         dtype = autocast_dtype(section.dtype, device)
         invariant = resolve_batch_invariant(section.batch_invariant, dtype)
         compute: dict = {"dtype": str(dtype or "float32"), "batch_invariant": invariant}

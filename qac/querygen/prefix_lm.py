@@ -376,6 +376,7 @@ def build_prefix_lm(spec: str, seed: int = 0, copy_bias: bool = True):
     """A :class:`PrefixLM` and tokenizer from a model spec (pretrained weights, or ``tiny:``/``scratch:``)."""
     from transformers import AutoModel
 
+    # here, not at the top: it loads safetensors
     from qac.models.loading import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(spec)

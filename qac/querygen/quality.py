@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from qac.querygen.generator_pairs import Pair, sentences
+from qac.evaluation.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY, draw_passage_pair
 
 
 
@@ -108,6 +109,7 @@ class SelfRetrieval:
 
 def candidate_shares(candidates: Sequence[Sequence[str]]) -> dict[str, float]:
     """Shares of empty and of duplicate candidates among all candidates (see :func:`clean_candidates`)."""
+    # here, not at the top: it loads torch
     from qac.querygen.generate import clean_candidates
 
     total = empty = duplicates = 0
@@ -184,8 +186,6 @@ def judge_anchors(documents: Mapping[str, Sequence[dict]], maximum: int, seed: i
     from the sorted keys, then each document's anchor and other passage
     (:func:`qac.evaluation.annotation.draw_passage_pair`).
     """
-    from qac.evaluation.annotation import draw_passage_pair
-
     rng = random.Random(seed)
     eligible = [key for key in sorted(documents) if len(documents[key]) >= 2]
     anchors = []
@@ -207,8 +207,8 @@ def judge_shares(judge, threshold: float, anchors: Sequence[JudgeAnchor], candid
     seeded with ``seed``): its p-value and the smallest difference the anchors
     could detect at p < 0.05.
     """
+    # here, not at the top: it loads numpy
     from qac.evaluation.significance import compare_paired
-    from qac.evaluation.annotation import PASSAGE_PASSAGE, PASSAGE_QUERY
 
     if not anchors:
         return {}

@@ -41,8 +41,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 from qac.data.arrowstore import PASSAGES_SCHEMA, open_mapped, open_passages, write_queries
 from qac.data.errors import DataFormatError
-from qac.io import atomic_path, file_md5, write_json
+from qac.io import atomic_path, file_md5, path_md5, write_json
 from qac.querygen.generate import GenerationStats, QueryGenerator, SamplingSettings
+from qac.data.tokens import TokenizerStamp
 
 MANIFEST = "manifest.json"
 
@@ -217,7 +218,7 @@ class ChunkStore:
 def passages_tokenizer(passages_path: str | os.PathLike):
     """``(tokenizer, spec)`` that made the token ids of ``passages.arrow`` (None, None when it holds none):
     queries get their ids from the same tokenizer, so pairs are of one vocabulary."""
-    from qac.data.tokens import TokenizerStamp
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
 
     stamp = TokenizerStamp.from_schema(open_mapped(passages_path, PASSAGES_SCHEMA).table.schema)
@@ -232,8 +233,6 @@ def build_manifest(passages_path: str | os.PathLike, generator_source: str, sett
 
     ``max_passages`` limits generation to the first passages of the file (null: all).
     """
-    from qac.io import path_md5
-
     if chunk_size < 1:
         raise ValueError(f"querygen.chunk_size must be >= 1, got {chunk_size}")
     passages = count_passages(passages_path)

@@ -32,6 +32,9 @@ from qac.distributed import autocast_context
 from qac.params.vocabulary import GENERATOR_ARCHITECTURES
 from qac.querygen.generator_pairs import Pair
 from qac.train.finite import check_step, suspects_of
+from qac.console import progress
+from qac.querygen.generate import load_generator
+from qac.querygen.prefix_lm import build_prefix_lm
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,6 @@ def build_generator(architecture: str, spec: str, seed: int = 0, copy_bias: bool
     ``dropout`` replaces the checkpoint's dropout probabilities (None keeps them).
     """
     if architecture == "prefix_lm":
-        from qac.querygen.prefix_lm import build_prefix_lm
-
         model, tokenizer = build_prefix_lm(spec, seed=seed, copy_bias=copy_bias)
     elif architecture == "bert2bert":
         model, tokenizer = build_bert2bert(spec, seed=seed)
@@ -106,6 +107,7 @@ def build_bert2bert(spec: str, seed: int = 0):
     """
     from transformers import AutoModel, AutoModelForCausalLM, EncoderDecoderModel
 
+    # here, not at the top: it loads safetensors
     from qac.models.loading import ModelSpec, load_model, load_tokenizer
 
     parsed = ModelSpec.parse(spec)
@@ -137,6 +139,7 @@ def set_special_tokens(model, tokenizer) -> None:
 
 def encode_pairs(tokenizer, pairs: Sequence[Pair], settings: TrainSettings) -> dict[str, torch.Tensor]:
     """Padded source ids and labels (target tokens + [SEP], padding as -100)."""
+    # here, not at the top: it loads numpy
     from qac.data.tokens import cut_texts
 
     sources = tokenizer(cut_texts([settings.source_prefix(p.kind) + p.source for p in pairs], settings.max_source_len),
@@ -178,8 +181,6 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
     lowest validation loss are the ones left in ``model``.
     """
     from transformers import get_linear_schedule_with_warmup
-
-    from qac.console import progress
 
     model.to(device).train()
     steps_per_epoch = math.ceil(len(pairs) / settings.batch_size)
@@ -249,8 +250,6 @@ def train_generator(model, tokenizer, pairs: Sequence[Pair], settings: TrainSett
 
 def load_pretrained_generator(name: str):
     """A hub or local seq2seq generator (mode ``pretrained``), unchanged."""
-    from qac.querygen.generate import load_generator
-
     return load_generator(name)
 
 

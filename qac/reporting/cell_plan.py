@@ -49,6 +49,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qac.reporting import paper
+from qac.deviations import recipe_summary
+from qac.gpu_cost import LLM_GENERATION, extension_costs, variant_hours
+from qac.reference import published_figure, reference_slug
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -118,8 +121,6 @@ class _Profile:
         return None
 
     def recipe(self, variant: str | None) -> str:
-        from qac.deviations import recipe_summary
-
         return recipe_summary(self.params, self.variants.get(variant) if variant else None)
 
     def variant_cell(self, cell: PlannedCell, method: str, context_type: str, query_count: int | None,
@@ -195,7 +196,7 @@ def plan_reference_cells(params: Params) -> list[PlannedCell]:
     """Table 1's reference rows: each released retriever (``reference_retrievers``) and each of its published
     figures the profile has a column for, produced by stage ``reference``; compared on a whole corpus, cited
     where the profile cuts it."""
-    from qac.reference import published_figure, reference_slug
+    # here, not at the top: it loads numpy
     from qac.reporting.tables import corpus_cut
 
     profile = _Profile(params)
@@ -372,8 +373,6 @@ def print_extension_plan(params: Params, rates=None) -> None:
         return
     hours: dict[str, str] = {}
     if rates is not None:
-        from qac.gpu_cost import LLM_GENERATION, extension_costs, variant_hours
-
         rows = extension_costs(params, rates)
         generation = {row["variant"]: row["hours"] for row in rows if row["stage"] == LLM_GENERATION}
         for name, spec in params.llm_queries.variants.items():

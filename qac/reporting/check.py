@@ -54,6 +54,8 @@ from qac.reporting import noise
 from qac.reporting.noise import SLACK_QUERIES, Band
 from qac.reporting.tables import FRACTION, PERCENT, Table, _SCALE, reference_row
 from qac.tracking import measure_from_key
+from qac.io import atomic_path
+from qac.params.yaml_io import key_lines, read_yaml
 
 PAPER_ROUNDING = {PERCENT: 0.05, FRACTION: 0.0005}
 COUNT = "count"
@@ -335,8 +337,6 @@ def _header(document: Mapping[str, Any]) -> str:
 def write_expected(document: Mapping[str, Any], path: str | os.PathLike) -> None:
     import yaml
 
-    from qac.io import atomic_path
-
     with atomic_path(path) as tmp:
         Path(tmp).write_text(_header(document) + yaml.safe_dump(dict(document), sort_keys=False, allow_unicode=True,
                                                                 width=120), encoding="utf-8")
@@ -388,8 +388,6 @@ def load_expected_document(path: str | os.PathLike) -> tuple[str, str, list[Expe
 def read_document(path: str | os.PathLike) -> ExpectedDocument:
     """An expected file, every field checked; a bad one raises naming the file, the line and the field."""
     import yaml
-
-    from qac.params.yaml_io import key_lines, read_yaml
 
     path = Path(path)
     try:

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from qac.io import write_json
+
 
 def is_timing(key: str) -> bool:
     """``seconds``, ``*_seconds`` and ``*_per_second*`` keys: wall-clock figures."""
@@ -21,8 +23,6 @@ def is_timing(key: str) -> bool:
 
 def write_stage_metrics(metrics_dir: str | os.PathLike, stage: str, metrics: Mapping[str, Any]) -> None:
     """Write ``<metrics_dir>/<stage>.json`` (results) and ``<metrics_dir>/timing/<stage>.json`` (timing)."""
-    from qac.io import write_json
-
     metrics_dir = Path(metrics_dir)
     write_json(metrics_dir / f"{stage}.json", {k: v for k, v in metrics.items() if not is_timing(k)})
     write_json(metrics_dir / "timing" / f"{stage}.json", {k: v for k, v in metrics.items() if is_timing(k)})

@@ -33,7 +33,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from qac.io import file_md5, path_md5
+from qac.io import atomic_path, file_md5, path_md5
+from qac.config import profile_dir
+from qac.errors import UserError
+from qac.models.encoding import read_encoding
+from qac.models.model_card import CardFacts, model_card
+from qac.tracking import RECORDS_DIR
 
 RETRIEVERS = ("r1", "r2")
 LANGUAGES = ["eng-Latn"]
@@ -115,9 +120,6 @@ def parameter_count(folder: Path) -> int:
 def card_facts(params, root: Path, variant: str, retriever: str, source, record: dict | None,
                dataset_md5: dict[str, str]):
     """What the model card of ``variant``'s ``retriever`` says (:class:`qac.models.model_card.CardFacts`)."""
-    from qac.models.encoding import read_encoding
-    from qac.models.model_card import CardFacts
-
     settings = params.pretrain.variants[variant]
     encoder = root / "pretrain" / variant / "encoder"
     base = settings.init or params.pretrain.common.init
@@ -166,10 +168,6 @@ def run_metadata(variant: str, retriever: str, dataset: str, split: str, encodin
 def export_profile(params, out: str | Path, root: str | Path | None = None, repo: str | Path = ".") -> Path:
     """Write the export of the profile in ``params`` (its outputs under ``root``, default ``data/<profile>``)
     into the folder ``out``, atomically; returns it."""
-    from qac.config import profile_dir
-    from qac.errors import UserError
-    from qac.io import atomic_path
-
     root, repo, out = Path(root or profile_dir(params)), Path(repo), Path(out)
     systems = [(variant, retriever) for variant in params.pretrain.variants for retriever in RETRIEVERS
                if (root / "eval" / variant / retriever).is_dir() and (root / "finetune" / variant / retriever).is_dir()]
@@ -194,10 +192,11 @@ def export_system(params, root: Path, out: Path, variant: str, retriever: str, d
                   per_query: dict) -> None:
     """One retriever: its folder and card, its runs with ir_metadata, its MTEB results; its per-query values
     go into ``per_query[(dataset, split)][system]`` for the ranx files."""
+    # here, not at the top: it loads numpy
     from qac.evaluation.mteb_results import model_folder, model_meta, mteb_task_name, task_result
+    # here, not at the top: it loads numpy
     from qac.evaluation.trec_io import read_run, write_run
-    from qac.models.encoding import read_encoding
-    from qac.models.model_card import model_card
+    # here, not at the top: it loads numpy
     from qac.reporting.lineage import Source, read_record
 
     folder, evaluated = root / "finetune" / variant / retriever, root / "eval" / variant / retriever
@@ -234,7 +233,9 @@ def export_system(params, root: Path, out: Path, variant: str, retriever: str, d
 def write_ranx(root: Path, out: Path, per_query: dict) -> None:
     """``ranx/<dataset>/<split>/qrels.json`` and ``runs/<system>.json`` for every split with a run file,
     and ``ranx/comparison.md`` (:mod:`qac.reporting.comparison`) over each split's systems."""
+    # here, not at the top: it loads numpy
     from qac.evaluation.trec_io import read_qrels, read_run
+    # here, not at the top: it loads numpy
     from qac.reporting.comparison import comparison_table
 
     report = ["# Which run beats which", "",
@@ -271,7 +272,6 @@ def copy_lineage(params, root: Path, repo: Path, out: Path) -> None:
         if (profile / name).is_file():
             (out / "lineage").mkdir(parents=True, exist_ok=True)
             shutil.copy2(profile / name, out / "lineage" / name)
-    from qac.tracking import RECORDS_DIR
 
     if (root / RECORDS_DIR).is_dir():
         shutil.copytree(root / RECORDS_DIR, out / "lineage" / "runs")

@@ -23,6 +23,8 @@ from typing import Any, Mapping, Sequence
 
 from qac.reporting.lineage import Study
 from qac.reporting.tables import Table
+from qac.reporting.paper import METHOD_NAMES
+from qac.reporting.precision import rounded_losses
 
 QUERY_COUNT = "query_count.png"
 ZERO_SHOT = "zero_shot.png"
@@ -52,8 +54,6 @@ PALETTE = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown", "tab:p
 def method_colour(method: str) -> str:
     """The colour of ``method`` in every figure: its place among the known methods in :data:`PALETTE`
     (the no-pre-training baseline grey), a method the project does not know yet the next free one."""
-    from qac.reporting.paper import METHOD_NAMES
-
     if method == "none":
         return "tab:gray"
     known = [name for name in METHOD_NAMES if name != "none"]
@@ -94,8 +94,6 @@ def _query_count_panel(axis, column: str, series: dict[str, list[tuple[int, floa
                        papers: dict[str, list[tuple[int, float]]], baselines: dict[str, float]) -> None:
     """One measure: our lines on the left axis, scaled to them; the paper's on it too where they fit its
     scale (:func:`shares_scale`), else on a right axis of their own, so they never squash ours."""
-    from qac.reporting.paper import METHOD_NAMES
-
     ours = [value for points in series.values() for _, value in points] + list(baselines.values())
     theirs = [value for points in papers.values() for _, value in points]
     paper_axis = axis if not theirs or shares_scale(ours, theirs) else axis.twinx()
@@ -203,10 +201,7 @@ def plot_pretrain_losses(study: Study, path: str | os.PathLike, title: str | Non
     are on different scales, so each method gets its own axis; within a
     panel the query count C sets the line style.
     """
-    from qac.reporting.paper import METHOD_NAMES
-
     curves: dict[str, list[tuple[Any, list[dict[str, float]]]]] = {}
-    from qac.reporting.precision import rounded_losses
 
     for variant in study.variants():
         rows = rounded_losses(study.pretrain_losses(variant.name))

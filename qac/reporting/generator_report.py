@@ -18,7 +18,7 @@ from __future__ import annotations
 import csv
 import io
 
-from qac.reporting.lineage import Study
+from qac.reporting.lineage import Study, read_json
 from qac.reporting.tables import FRACTION, Cell, Table
 
 STAGES = ("query_generator", "queries")
@@ -60,8 +60,6 @@ def llm_generator_rows(study: Study) -> list[tuple[str, str, float]]:
     pre-training wrote (``pretrain/<variant>/queries.json``): what the generator wrote (``generation/*``), what its
     filters kept (``filter/*``: ``kept_share/round_trip`` is BM25 self-retrieval at the filter's depth among the
     pre-training passages) and what the variant read (``used/*``)."""
-    from qac.reporting.lineage import read_json
-
     rows = []
     for path in sorted((study.root / "pretrain").glob("*/queries.json")):
         record, source = read_json(path), path.relative_to(study.root).as_posix()

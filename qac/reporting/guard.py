@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from qac.errors import UserError
+from qac.pipeline_plan import stage_writing
 
 SHOWN = 4   # missing files named in the message; the rest are counted
 
@@ -43,8 +44,6 @@ def _committed_sources(report_dir: Path) -> dict[tuple[str, str, str], str]:
 def stages_writing(paths: Iterable[str], profile: str) -> list[str]:
     """The DVC stages (``prepare@scifact``, ``evaluate@cocondenser-passage``) whose outputs hold ``paths``,
     relative to ``data/<profile>/``."""
-    from qac.pipeline_plan import stage_writing
-
     found: list[str] = []
     for path in paths:
         writer = stage_writing(f"data/{profile}/{path}")

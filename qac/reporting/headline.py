@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from qac.reporting.tables import Table
+from qac.io import write_json
 
 HEADLINE_DIR = "headline"   # reports/headline/<profile>.json, beside reports/<profile>/
 
@@ -91,8 +92,6 @@ def headline_metrics(tables: list[Table]) -> dict[str, dict[str, dict[str, float
 
 def write_headline(tables: list[Table], path: Any) -> dict[str, dict[str, dict[str, float]]]:
     """Write the headline of ``tables`` to ``path`` (JSON, atomically); returns it."""
-    from qac.io import write_json
-
     headline = headline_metrics(tables)
     write_json(path, headline)
     return headline

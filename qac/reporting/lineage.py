@@ -33,6 +33,10 @@ from qac.evaluation.split_evaluation import SUBSETS_FILE, subset_mean
 from qac.params.vocabulary import FINETUNED_RETRIEVERS
 from qac.tracking import RECORDS_DIR, RUN_RECORD, record_path
 from qac.train.step_log import LOSSES_FILE
+from qac.config import profile_dir
+from qac.pipeline_plan import stage_writing
+from qac.reference import REFERENCE_DIR, reference_slug
+from qac.reporting.paper import METHOD_NAMES
 
 if TYPE_CHECKING:
     from qac.params.sections import Params, PretrainVariant
@@ -71,8 +75,6 @@ def read_record(root: Path, folder: Path) -> dict[str, Any] | None:
 def _record_fix(folder: Path) -> str:
     """What to do with a damaged run record: bookkeeping beside the outputs, not one of them (DVC cannot
     restore it, and the numbers do not need it)."""
-    from qac.pipeline_plan import stage_writing
-
     writer = stage_writing(folder)
     return (f"; it only links {folder} to its MLflow run: delete it (the tables then show that output without a "
             f"run) or rerun {'the DVC stage ' + writer[1] if writer else 'the stage that writes it'}")
@@ -90,8 +92,6 @@ class Variant:
 
     @property
     def label(self) -> str:
-        from qac.reporting.paper import METHOD_NAMES
-
         method = METHOD_NAMES.get(self.method, self.method)
         if self.method == "none":
             return method
@@ -356,8 +356,6 @@ class Study:
 
     def reference(self, spec: str) -> Source | None:
         """A released retriever evaluated as published: ``reference/<slug>/`` (stage reference, qac/reference.py)."""
-        from qac.reference import REFERENCE_DIR, reference_slug
-
         folder = self.root / REFERENCE_DIR / reference_slug(spec)
         return self._source(f"reference/{spec}", folder, folder)
 
@@ -442,8 +440,6 @@ def load_study(params: Params, root: str | os.PathLike | None = None,
     The variants of ``llm_queries.variants`` (queries from a prompted LLM) are extensions of the study, not
     conditions of the paper's Tables 1-5: left out here, a coCondenser C = 5 on LLM queries never stands in for
     the paper's coCondenser C = 5 row (their cells: :func:`qac.reporting.cell_plan.plan_extension_cells`)."""
-    from qac.config import profile_dir
-
     extensions = params.llm_queries.variants
     variants = {name: spec for name, spec in params.pretrain.variants.items()
                 if name not in extensions and spec.seed_of not in extensions}

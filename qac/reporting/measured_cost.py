@@ -23,6 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
+from qac.benchmarking import markdown_table
+from qac.redaction import redact_url
+from qac.reporting.cell_plan import PRODUCED, plan_cells, plan_reference_cells, plan_unpublished_cells
+from qac.tracking import tracking_uri
+
 if TYPE_CHECKING:
     from qac.params.sections import Params
     from qac.reporting.cell_plan import PlannedCell
@@ -175,8 +180,6 @@ def cell_figures(cell: PlannedCell, entries: Iterable[Entry]) -> Figures:
 
 
 def produced_cells(params: Params) -> list[PlannedCell]:
-    from qac.reporting.cell_plan import PRODUCED, plan_cells, plan_reference_cells, plan_unpublished_cells
-
     cells = plan_cells(params) + plan_unpublished_cells(params) + plan_reference_cells(params)
     return [cell for cell in cells if cell.status == PRODUCED and cell.stages]
 
@@ -208,8 +211,6 @@ class MeasuredCost:
     cells: list[dict[str, str]]
 
     def markdown(self) -> str:
-        from qac.benchmarking import markdown_table
-
         total = Figures()
         for figures in self.stages.values():
             total.add(figures)
@@ -263,8 +264,7 @@ def store_client(uri: str | None = None):
     cannot be used (said on stderr)."""
     from pathlib import Path
 
-    from qac.redaction import redact_url
-    from qac.tracking import tracking_uri
+    # looked up when called: tests stand in for it
     from qac.tracking.store import usable_store
 
     uri = uri or tracking_uri()

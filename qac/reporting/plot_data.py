@@ -23,6 +23,7 @@ from typing import Sequence
 
 from qac.reporting.lineage import Study
 from qac.reporting.tables import Table
+from qac.reporting.precision import rounded_losses
 
 
 def _write_rows(path: Path, fields: list[str], rows: list[dict], delimiter: str = ",") -> None:
@@ -83,7 +84,6 @@ def write_query_count(table3: Table, directory: Path) -> int:
 
 def write_losses(study: Study, directory: Path) -> int:
     written = 0
-    from qac.reporting.precision import rounded_losses
 
     for variant in study.variants():
         rows = rounded_losses(study.pretrain_losses(variant.name))

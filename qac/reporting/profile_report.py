@@ -23,6 +23,13 @@ from typing import TYPE_CHECKING
 from qac.reporting.lineage import Study, load_study
 from qac.reporting.table_set import build_tables
 from qac.reporting.tables import Table
+from qac.io import atomic_path
+from qac.reporting import generator_report, plot_data, render
+from qac.reporting.figures import draw_figures
+from qac.reporting.guard import check_replaceable
+from qac.reporting.headline import HEADLINE_DIR, write_headline
+from qac.reporting.precision import rounded_tables
+from qac.tracking import RECORDS_DIR, tracking_uri as default_uri
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -42,13 +49,6 @@ class Report:
 def write_report(params: Params, out_dir: str | os.PathLike | None = None,
                  data_root: str | os.PathLike | None = None) -> Report:
     """Build Tables 1-5, figures and plot data from the DVC outputs and write them to ``<out_dir>/<profile>/``."""
-    from qac.io import atomic_path
-    from qac.reporting import generator_report, plot_data, render
-    from qac.reporting.figures import draw_figures
-    from qac.reporting.guard import check_replaceable
-    from qac.reporting.precision import rounded_tables
-    from qac.reporting.headline import HEADLINE_DIR, write_headline
-
     target = Path(out_dir or params.tables.out_dir) / params.profile
     study = load_study(params, data_root)
     # Every number at its printed precision: equal values at that precision write equal files.
@@ -122,11 +122,10 @@ def log_to_study_run(study: Study, directory: str | os.PathLike, tracking_uri: s
     recorded runs (a fresh clone, another machine), the line says so and the
     caller goes on.
     """
-    from qac.tracking import tracking_uri as default_uri
-
     uri = tracking_uri or default_uri()
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return f"tables: no MLflow store ({redacted_uri(uri)}): report not logged to MLflow"
+    # looked up when called: tests stand in for it
     from qac.tracking.store import usable_store
 
     if not usable_store("the report", uri):
@@ -138,7 +137,6 @@ def log_to_study_run(study: Study, directory: str | os.PathLike, tracking_uri: s
     if not runs:
         return (f"tables: the MLflow store ({redacted_uri(uri)}) holds none of the runs the DVC records name: "
                 "report not logged to MLflow")
-    from qac.tracking import RECORDS_DIR
 
     lineage = study.root / RECORDS_DIR / RUNS_FILE
     for run_id in runs:

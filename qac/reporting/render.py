@@ -21,6 +21,8 @@ from qac.evaluation.significance import ALPHA, POWER
 from qac.reporting.lineage import Study
 from qac.reporting.precision import decimals
 from qac.reporting.tables import Cell, Table, plural, seed_spread
+from qac.deviations import recipe_summary
+from qac.evaluation.trec_io import read_qrels
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -46,8 +48,6 @@ def _models(params: Params) -> str:
 
 
 def _recipe(params: Params) -> str:
-    from qac.deviations import recipe_summary
-
     return (f"{recipe_summary(params)}; per-variant overrides name their own in the CSV's recipe column; "
             "docs/deviations.md lists each switch")
 
@@ -58,8 +58,6 @@ def _judged_documents(folder: Path, facts: dict) -> int | None:
     The prepared folder is the record of what was kept: its qrels name only kept documents, and a subset that
     keeps the judged documents keeps every one of them. A folder of sub-collections sums its parts.
     """
-    from qac.evaluation.trec_io import read_qrels
-
     parts = [folder / subset for subset in facts.get("subsets") or ()] or [folder]
     total = 0
     for part in parts:

@@ -20,6 +20,9 @@ import math
 from pathlib import Path
 
 from qac.evaluation.significance import ALPHA, holm_adjust
+from qac.evaluation.judged import judged_at_k
+from qac.evaluation.trec_io import read_qrels, read_run
+from qac.reporting.lineage import read_json
 
 _PER_QUERY = ".per_query.json"
 
@@ -41,8 +44,6 @@ def correct_within_table(table) -> None:
 
 def graded_split(dataset_folder: Path, split: str) -> bool:
     """Whether ``split`` of a prepared dataset counts only labels above 1 as relevant (TREC DL's pools)."""
-    from qac.reporting.lineage import read_json
-
     record = dataset_folder / "dataset.json"
     if not record.is_file():
         return False
@@ -52,9 +53,6 @@ def graded_split(dataset_folder: Path, split: str) -> bool:
 
 def judged_of_cell(root: Path, source: str, qrels) -> float | None:
     """Mean Judged@10 of the run beside the per-query file ``source`` (relative to ``root``); None without one."""
-    from qac.evaluation.judged import judged_at_k
-    from qac.evaluation.trec_io import read_run
-
     if not source.endswith(_PER_QUERY):
         return None
     run_file = root / (source[: -len(_PER_QUERY)] + ".trec")
@@ -66,8 +64,6 @@ def judged_of_cell(root: Path, source: str, qrels) -> float | None:
 
 def add_judged_note(table, ctx) -> None:
     """A note on ``table`` (Table 1) with each row's Judged@10 on every nDCG column of a graded split."""
-    from qac.evaluation.trec_io import read_qrels
-
     root = ctx.study.root
     for column in ctx.columns:
         dataset = column.dataset or ctx.params.train_dataset

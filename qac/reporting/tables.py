@@ -22,6 +22,11 @@ from qac.params.vocabulary import CONTEXT_TYPES, PRETRAINING_METHODS
 from qac.reporting import paper
 from qac.reporting.lineage import Source, Study, Variant
 from qac.tracking import metric_key
+from qac.data.sources import subset_settings
+from qac.deviations import recipe_summary
+from qac.evaluation import annotation as study_annotation
+from qac.reference import published_figure, published_name
+from qac.retrieval.untuned import baseline_settings, start_encoder
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -208,8 +213,6 @@ class TableContext:
 
     def recipe(self, variant: Variant | None) -> str | None:
         """The recipe (qac/deviations.yaml) the variant's runs used: the profile's switches, its own overrides."""
-        from qac.deviations import recipe_summary
-
         overrides = self.params.pretrain.variants.get(variant.name) if variant else None
         return recipe_summary(self.params, overrides or None)
 
@@ -364,8 +367,6 @@ def _missing_row(ctx: TableContext, table: Table, row: str, reason: str, paper_o
 
 def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
     """The start encoder, evaluated the way its model was trained, with its published figures beside ours."""
-    from qac.retrieval.untuned import baseline_settings, start_encoder
-
     spec = start_encoder(ctx.params)
     described = ctx.params.encoder(spec) is not None
     encoding = baseline_settings(ctx.params, spec) if described else None
@@ -399,16 +400,12 @@ def _untuned_row(ctx: TableContext, table: Table, source: Source) -> None:
 
 def reference_row(spec: str) -> str:
     """Table 1's row of a released retriever evaluated as published (named as published, without its pin)."""
-    from qac.reference import published_name
-
     return f"published checkpoint {published_name(spec)}"
 
 
 def _reference_row(ctx: TableContext, table: Table, spec: str) -> None:
     """A released retriever (stage reference) beside its published figures: compared on the whole corpus,
     cited beside ours where the profile cuts the corpus (fewer distractors make retrieval easier)."""
-    from qac.reference import published_figure, published_name
-
     row = reference_row(spec)
     source = ctx.study.reference(spec)
     sources = set()
@@ -436,8 +433,6 @@ def corpus_cut(params: Params, dataset: str | None) -> tuple[int, bool] | None:
     A dataset's own entry overrides the profile-wide ``prepare`` settings
     (qac.data.sources.subset_settings, as the prepare stage reads them).
     """
-    from qac.data.sources import subset_settings
-
     settings = subset_settings(params, dataset)
     if settings.max_documents is None:
         return None
@@ -810,8 +805,6 @@ def table4_mixed_context(ctx: TableContext) -> Table:
 
 def table5_annotation(ctx: TableContext) -> Table:
     """Table 5: share of highly correlated pairs, passage-passage vs passage-query."""
-    from qac.evaluation import annotation as study_annotation
-
     table = Table("table5", "Table 5: pair correlation (annotation study)", PERCENT,
                   ["high correlation %", "pairs", "labels"], count_columns={"pairs"})
     table.short_columns.update({"high correlation %": "high corr. (%)"})

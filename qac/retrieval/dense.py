@@ -15,6 +15,7 @@ import numpy as np
 from qac.retrieval.encode import encode_distributed, encode_texts
 from qac.retrieval.search import dense_search
 from qac.retrieval.untuned import baseline_settings, start_encoder  # noqa: F401  (their home before)
+from qac.evaluation.split_evaluation import evaluation_splits
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -68,8 +69,6 @@ def search_splits(model, tokenizer, dataset, doc_ids: Sequence[str], doc_vectors
     encoding and the main process, the only one holding ``doc_vectors``,
     searches; the others get None.
     """
-    from qac.evaluation.split_evaluation import evaluation_splits
-
     runs = {}
     for split in evaluation_splits(dataset):
         queries = dataset.split_queries(split)

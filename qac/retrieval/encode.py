@@ -22,6 +22,12 @@ from typing import Sequence
 
 import numpy as np
 
+from qac.console import progress
+from qac.data.masking import round_up
+from qac.data.tokens import SpecialTokens, cut_texts, with_special_tokens
+from qac.distributed import autocast_context, autocast_dtype
+from qac.models.encoding import POOLINGS
+
 
 def encode_texts(
     model,
@@ -53,11 +59,8 @@ def encode_texts(
     """
     import torch
 
-    from qac.console import progress
-
-    from qac.distributed import autocast_context, autocast_dtype
+    # here, not at the top: it loads torch
     from qac.models.biencoder import pool
-    from qac.models.encoding import POOLINGS
 
     if pooling not in POOLINGS:
         raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
@@ -73,13 +76,9 @@ def encode_texts(
         return np.zeros((0, hidden_size), dtype=np.float32)
 
     if token_ids is None:
-        from qac.data.tokens import cut_texts
-
         token_ids = tokenizer(cut_texts(texts, max_length), truncation=True, max_length=max_length,
                               add_special_tokens=True)["input_ids"]
     else:
-        from qac.data.tokens import SpecialTokens, with_special_tokens
-
         special = SpecialTokens.of(tokenizer)
         token_ids = [with_special_tokens(ids, max_length, special) for ids in token_ids]
     pad_id = tokenizer.pad_token_id or 0
@@ -190,8 +189,6 @@ def encode_loader(batches: EncodeBatches, workers: int, prefetch: int, device):
 def pad_ids(sequences: Sequence, pad_id: int, multiple: int = 1) -> dict[str, np.ndarray]:
     """``input_ids`` and ``attention_mask`` (int64) of sequences padded on the right to the longest,
     rounded up to a multiple of ``multiple``."""
-    from qac.data.masking import round_up
-
     lengths = np.fromiter((len(ids) for ids in sequences), dtype=np.int64, count=len(sequences))
     flat = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in sequences])
     rows = np.repeat(np.arange(len(sequences)), lengths)

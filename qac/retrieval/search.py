@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from qac.console import progress
+
 
 def _as_float32(name: str, array: np.ndarray) -> np.ndarray:
     array = np.ascontiguousarray(array, dtype=np.float32)
@@ -95,7 +97,6 @@ def search(queries: np.ndarray, passages: np.ndarray, k: int = 1000, batch_size:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, len(passages))
-    from qac.console import progress
 
     index = flat_ip_index(passages, use_gpu)
     scores = np.empty((len(queries), k), dtype=np.float32)

@@ -28,15 +28,23 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qac.config import profile_dir
+from qac.data.hard_negatives import HardNegativesError, locate_hard_negatives, read_hard_negatives
+from qac.data.prepared import load_prepared, load_prepared_parts
+from qac.distributed import cleanup, init_distributed, require_even_split
+from qac.io import atomic_path, write_json
+from qac.models.encoding import read_encoding
+from qac.retrieval import document_text
+from qac.stages.finetune import RecipeWork, input_hashes, recipe_fingerprint, train_retriever
+from qac.tracking.lifecycle import Upstream, reopened_stage, verify_inputs
+from qac.train.groups import read_negatives
+
 if TYPE_CHECKING:
     from qac.params.sections import Params
 
 
 def training_negatives(params: Params, dataset, root: Path) -> tuple[dict, dict]:
     """``(qid -> negatives, facts)`` from the recipe's source, before any model loads."""
-    from qac.data.hard_negatives import HardNegativesError, locate_hard_negatives, read_hard_negatives
-    from qac.train.groups import read_negatives
-
     section = params.beir_retriever
     if section.negatives == "bm25":
         path = root / "bm25" / "negatives.jsonl"
@@ -71,7 +79,7 @@ def _pretrained_starts(root: Path, variants: list[str]) -> dict[str, Path]:
 def _evaluate_zero_shot(params: Params, root: Path, model, tokenizer, encoding, device, folder: Path) -> dict:
     """``dataset -> split -> result`` of one retriever on every zero-shot dataset (a forum set's parts combined),
     its runs written under ``folder/eval/<dataset>/``."""
-    from qac.data.prepared import load_prepared_parts
+    # looked up when called: tests stand in for it
     from qac.stages.evaluate import combine_parts, evaluate_retriever_on
 
     results = {}
@@ -87,8 +95,6 @@ def _evaluate_zero_shot(params: Params, root: Path, model, tokenizer, encoding, 
 
 def _log_to_training_run(params: Params, trained, results: dict, is_main: bool) -> None:
     """The zero-shot results logged to the retriever's own training run, when the store holds it."""
-    from qac.tracking.lifecycle import reopened_stage
-
     record = trained.record()
     if record is None:
         return
@@ -103,10 +109,6 @@ def _train_one(params: Params, variant: str, start: Path, negatives: dict, setti
     """``(model, tokenizer, losses)`` of ``variant``'s zero-shot retriever, trained from ``start`` and saved in
     ``folder``. A retriever trained before a kill is kept in ``work_folder``, and one in training continues
     from its checkpoint; its run nests under the pre-training run, when this store holds it."""
-    from qac.config import profile_dir
-    from qac.stages.finetune import RecipeWork, input_hashes, recipe_fingerprint, train_retriever
-    from qac.tracking.lifecycle import Upstream
-
     root = profile_dir(params)
     inputs_md5 = {**shared_md5, **input_hashes({"encoder": start})}
     work = RecipeWork.open(work_folder, recipe_fingerprint(params, variant, inputs_md5, section_key="beir_retriever"),
@@ -126,9 +128,6 @@ def _train_one(params: Params, variant: str, start: Path, negatives: dict, setti
 def _checked_training_dataset(params: Params, root: Path, variants: list[str]) -> tuple:
     """``(starts, dataset_dir, dataset)``: every variant's pre-trained encoder and the train dataset, checked as
     the lock records them before any model loads, the dataset loaded (it must have a train split)."""
-    from qac.data.prepared import load_prepared
-    from qac.tracking.lifecycle import verify_inputs
-
     starts = _pretrained_starts(root, variants)      # every input checked before any model loads
     dataset_dir = root / "datasets" / params.train_dataset
     verify_inputs(params, [*starts.values(), dataset_dir])     # as the lock records them, before reading
@@ -143,9 +142,6 @@ def _train_and_evaluate(params: Params, root: Path, variant: str, start: Path, n
                         work_folder: Path) -> dict:
     """One variant's zero-shot retriever trained into ``staging/<variant>``, evaluated, its results logged to its
     training run; returns its summary (each dataset's aggregates and the training's facts)."""
-    from qac.models.encoding import read_encoding
-    from qac.tracking.lifecycle import Upstream
-
     folder = staging / variant
     folder.mkdir(parents=True, exist_ok=True)
     model, tokenizer, losses = _train_one(
@@ -165,11 +161,7 @@ def _train_and_evaluate(params: Params, root: Path, variant: str, start: Path, n
 
 def train_zero_shot_retrievers(params: Params) -> list[str]:
     """Train and evaluate the zero-shot retriever of every variant Table 2 reports; the summary line's facts."""
-    from qac.config import profile_dir
-    from qac.distributed import cleanup, init_distributed, require_even_split
-    from qac.io import atomic_path, write_json
-    from qac.retrieval import document_text
-    from qac.stages.finetune import input_hashes
+    # here, not at the top: it loads numpy, torch
     from qac.train.zero_shot import RETRIEVER, recipe_settings, trained_variants
 
     root = profile_dir(params)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from qac.config import profile_dir
 from qac.data.errors import DataFormatError
-from qac.data.prepared import load_prepared_parts
+from qac.data.prepared import TRAIN_NEGATIVES, load_prepared_parts
 from qac.evaluation.split_evaluation import SUBSETS_FILE, TRAIN_SPLIT, combine_subsets, evaluate_split, evaluation_splits
 from qac.evaluation.trec_io import write_run
 from qac.io import atomic_path, write_json, write_jsonl
@@ -35,6 +35,7 @@ from qac.retrieval.bm25 import BM25Index, BM25Settings
 from qac.retrieval.mining import negatives_records
 from qac.tracking.lifecycle import tracked_stage
 from qac.tracking.naming import baseline_description, run_name
+from qac.data.textfile import iter_jsonl
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -50,9 +51,8 @@ def official_negatives(folder: Path, dataset, per_query: int, seed: int):
     is seeded by (seed, qid), so the draw is the same on every run and machine.
     Positives come from the train qrels (at the split's threshold).
     """
-    from qac.data.prepared import TRAIN_NEGATIVES
+    # here, not at the top: it loads pyarrow
     from qac.data.splitting import document_rng
-    from qac.data.textfile import iter_jsonl
 
     path = folder / TRAIN_NEGATIVES
     if not path.is_file():

@@ -30,6 +30,16 @@ from pathlib import Path
 from qac.config import profile_dir
 from typing import TYPE_CHECKING
 
+from qac.data.prepared import load_prepared_parts, prepared_folders
+from qac.distributed import init_distributed
+from qac.io import atomic_path, write_json
+from qac.models.encoding import Encoding, read_encoding
+from qac.retrieval import document_text
+from qac.retrieval.untuned import start_encoder
+from qac.tracking.lifecycle import Upstream, reopened_stage, tracked_stage, verify_inputs
+from qac.tracking.naming import variant_description, variant_run_name
+from qac.train.indomain_runs import RUNS_FOLDER, read_indomain_runs, run_encoding
+
 if TYPE_CHECKING:
     from qac.params.sections import EvaluateSection, Params
 
@@ -41,8 +51,6 @@ def retrievers_of(params: Params, variant: str, root: Path) -> list[tuple[str, P
     store does not hold (no record: DVC restored or pulled the output; or another store): its
     measures then go to a run of their own.
     """
-    from qac.tracking.lifecycle import Upstream
-
     found = []
     for name in ("r1", "r2"):
         folder = root / "finetune" / variant / name
@@ -78,8 +86,9 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: EvaluateSectio
     query and passage lengths, the pooling and the normalisation; ``separator`` joins a document's
     title and text (:func:`qac.retrieval.title_separator`).
     """
-    from qac.retrieval import document_text
+    # here, not at the top: it loads numpy
     from qac.retrieval.dense import search_splits
+    # here, not at the top: it loads numpy
     from qac.retrieval.encode import encode_texts
 
     query_max_len, passage_max_len = encoding.query_max_len, encoding.passage_max_len
@@ -98,9 +107,10 @@ def evaluate_retriever_on(model, tokenizer, dataset, *, settings: EvaluateSectio
 
 def score_runs(dataset, runs: dict, settings: EvaluateSection, out_dir: Path) -> dict:
     """Write each split's run and per-query values into ``out_dir``; ``{split: EvalResult}``."""
+    # here, not at the top: it loads numpy
     from qac.evaluation.split_evaluation import evaluate_split
+    # here, not at the top: it loads numpy
     from qac.evaluation.trec_io import write_run
-    from qac.io import write_json
 
     results = {}
     for split, run in runs.items():
@@ -114,8 +124,8 @@ def score_runs(dataset, runs: dict, settings: EvaluateSection, out_dir: Path) ->
 def finetuning_runs(root: Path, variant: str, dataset, encoding: dict, depth: int) -> dict | None:
     """Retriever 1's in-domain runs as the fine-tuning stage searched them with the vectors it mined with
     (qac.train.indomain_runs), when made with this encoding and depth; None otherwise."""
+    # here, not at the top: it loads numpy
     from qac.evaluation.split_evaluation import evaluation_splits
-    from qac.train.indomain_runs import RUNS_FOLDER, read_indomain_runs, run_encoding
 
     expected = run_encoding(depth=depth, **encoding)
     return read_indomain_runs(root / "finetune" / variant / RUNS_FOLDER, expected, evaluation_splits(dataset))
@@ -129,8 +139,8 @@ def combine_parts(by_subset: dict, out_dir: Path) -> dict:
     of theirs (:func:`qac.evaluation.split_evaluation.combine_subsets`), written beside
     their folders with ``subsets.json`` naming them.
     """
+    # here, not at the top: it loads numpy
     from qac.evaluation.split_evaluation import SUBSETS_FILE, combine_subsets
-    from qac.io import write_json
 
     if None in by_subset:
         return by_subset[None]
@@ -163,9 +173,6 @@ def encoding_of(params: Params, name: str, folder: Path, fine_tuned: Path):
     """How retriever ``name`` (its folder ``folder``) is encoded: as its folder says; the untuned start
     encoder as its model was trained (``encoders.<spec>``: pooling, normalisation, lengths), else as
     retriever 1 (``fine_tuned``) was fine-tuned."""
-    from qac.models.encoding import Encoding, read_encoding
-    from qac.retrieval.untuned import start_encoder
-
     declared = read_encoding(fine_tuned if name == "untuned" else folder)
     if declared is None:
         raise SystemExit(f"{fine_tuned if name == 'untuned' else folder}: a retriever folder without its "
@@ -194,7 +201,9 @@ def _evaluate_one(params: Params, variant: str, name: str, folder: Path, encodin
                   out: Path, device) -> tuple[dict, bool]:
     """``(subset -> split -> result, reused)`` of retriever ``name`` on one dataset's parts, its runs written
     under ``out``; ``reused``: retriever 1's in-domain runs from fine-tuning were scored, not searched again."""
+    # here, not at the top: it loads numpy, torch
     from qac.models.biencoder import BiEncoder
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
 
     settings, root = params.evaluate, profile_dir(params)
@@ -219,10 +228,6 @@ def _log_evaluations(params: Params, variant: str, name: str, folder: Path, run_
                      seconds: float, parent, out_dir: Path) -> None:
     """One retriever's metrics into its fine-tuning run, reopened by id without moving its end time (its
     duration stays the training's); a retriever without one (the untuned encoder) gets its own run."""
-    from qac.data.prepared import prepared_folders
-    from qac.tracking.lifecycle import reopened_stage, tracked_stage
-    from qac.tracking.naming import variant_description, variant_run_name
-
     settings, root = params.evaluate, profile_dir(params)
     if run_id is None:
         description = variant_description(params, variant)
@@ -250,11 +255,6 @@ def evaluate_variant(params: Params, variant: str) -> EvaluationOutcome:
     """Evaluate ``variant``'s retrievers on every evaluation set; write its runs, per-query values and
     ``metrics/eval/<variant>.json``, and log the metrics into the retrievers' runs (the module's doc)."""
     import time
-
-    from qac.data.prepared import load_prepared_parts
-    from qac.distributed import init_distributed
-    from qac.io import atomic_path, write_json
-    from qac.tracking.lifecycle import Upstream, verify_inputs
 
     root = profile_dir(params)
     retrievers = retrievers_of(params, variant, root)

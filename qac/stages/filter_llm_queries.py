@@ -18,9 +18,16 @@ from typing import Any
 from qac.config import profile_dir
 from qac.errors import UserError
 from qac.stages.llm_queries import FILTERED, checked_generator, query_dir
+from qac.data.prepared import load_prepared
+from qac.evaluation.annotation import EncoderCosineJudge, calibration_pairs
+from qac.llm_queries.filtering import Bm25Passages, EncoderPassages, FilterSettings, apply_filters
+from qac.querygen.quality import rouge_l_scores
+from qac.reporting.dvc_metrics import write_stage_metrics
+from qac.tracking.lifecycle import tracked_stage
 
 
 def _read_queries(path: Path) -> tuple[list[str], list[list[str]]]:
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.arrowstore import open_queries
 
     table = open_queries(path)
@@ -28,6 +35,7 @@ def _read_queries(path: Path) -> tuple[list[str], list[list[str]]]:
 
 
 def _passage_texts(path: Path, rows: int) -> list[str]:
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.arrowstore import open_passages
 
     return open_passages(path).slice(0, rows).column("text").to_pylist()
@@ -35,11 +43,10 @@ def _passage_texts(path: Path, rows: int) -> list[str]:
 
 def filter_llm_queries(params, name: str) -> dict[str, Any]:
     """Write ``filtered.arrow`` of generator ``name`` and its figures (kept shares, Table 5's judge)."""
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.arrowstore import write_queries
-    from qac.llm_queries.filtering import Bm25Passages, EncoderPassages, FilterSettings, apply_filters
+    # here, not at the top: it loads numpy, pyarrow, torch
     from qac.querygen.shards import passages_tokenizer
-    from qac.reporting.dvc_metrics import write_stage_metrics
-    from qac.tracking.lifecycle import tracked_stage
 
     checked_generator(params, name)
     data, out_dir = profile_dir(params), query_dir(params, name)
@@ -60,8 +67,6 @@ def filter_llm_queries(params, name: str) -> dict[str, Any]:
             if kind == "bm25":
                 return encoder.setdefault("bm25", Bm25Passages(texts))
             if "encoder" not in encoder:
-                from qac.evaluation.annotation import EncoderCosineJudge
-
                 judge = EncoderCosineJudge(params.pretrain.common.init, max_length=params.split.max_len)
                 encoder["encoder"] = EncoderPassages(texts, judge)
             return encoder["encoder"]
@@ -81,8 +86,7 @@ def judge_effect(params, passages: list[str], before: list[list[str]], after: li
     """Table 5's measure on ``judge_passages`` passages drawn with the seed among those with a query: the share
     the automatic judge calls highly correlated of (passage, first query) pairs, before and after filtering (a
     passage left without a query is a low pair), their difference and its paired test."""
-    from qac.data.prepared import load_prepared
-    from qac.evaluation.annotation import EncoderCosineJudge, calibration_pairs
+    # here, not at the top: it loads numpy
     from qac.evaluation.significance import compare_paired
 
     annotation, seed = params.annotation, params.seed
@@ -119,8 +123,8 @@ def rouge_against_claims(params, pids: list[str], before: list[list[str]], after
     queries scored against the best of its document's real queries, averaged over the queries; with the number
     of such passages. The same measure the query generator's report gives for held-out pairs, here on the
     pre-training passages the queries were written for. {} without training queries for any passage."""
+    # looked up when called: tests stand in for it
     from qac.querygen.generator_pairs import build_pairs
-    from qac.querygen.quality import rouge_l_scores
 
     # The stage declares datasets/<train_dataset> a dependency; a study without it (a stand-in) has no claims.
     if not params.train_dataset or not (profile_dir(params) / "datasets" / params.train_dataset).is_dir():

@@ -26,6 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
+from qac.config import profile_dir, variant_seed
+from qac.data.prepared import load_prepared
+from qac.distributed import barrier, broadcast_object, cleanup, init_distributed, require_even_split
+from qac.io import atomic_path, path_md5, write_json, write_jsonl
+from qac.models.encoding import read_encoding
+from qac.retrieval import document_text, title_separator
+from qac.tracking.lifecycle import Upstream, tracked_stage, verify_inputs
+from qac.tracking.naming import variant_description, variant_run_name
+from qac.train.groups import negative_pool_stats, read_negatives, retriever1_queries, training_queries
+from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, write_indomain_runs
+from qac.train.step_log import THROUGHPUT
+
 if TYPE_CHECKING:
     from qac.params.sections import BeirRetrieverSection, FinetuneSection, Params
     from qac.train.finetune import WorkCheckpoint
@@ -34,8 +46,6 @@ if TYPE_CHECKING:
 def retriever_texts(dataset, title_join: str, tokenizer) -> tuple[dict[str, str], str]:
     """``({doc id: text}, separator)``: each document as a retriever reads it, its title and body joined by
     ``finetune.title_join`` (``sep``: the release's, Tevatron's, ``title [SEP] text``; ``space``)."""
-    from qac.retrieval import document_text, title_separator
-
     try:
         separator = title_separator(title_join, tokenizer)
     except ValueError as error:
@@ -46,8 +56,6 @@ def retriever_texts(dataset, title_join: str, tokenizer) -> tuple[dict[str, str]
 def judged_queries(dataset, negatives: dict, section: FinetuneSection | BeirRetrieverSection, seed: int):
     """The judged training queries of ``dataset`` (a seeded subset with ``max_train_queries``), their pools
     from ``negatives``."""
-    from qac.train.groups import training_queries
-
     return training_queries(dataset.queries, dataset.qrels["train"], negatives,
                             rel_threshold=dataset.rel_threshold("train"), max_queries=section.max_train_queries,
                             seed=seed, corpus_ids=dataset.corpus)
@@ -67,8 +75,6 @@ def broadcast_path(path: Path | None, dist) -> Path:
 def _log_training_queries(tracking, dataset_dir: Path, queries, settings, left_out: int) -> None:
     """The training set as the run's dataset input, and its queries' negative pools and the queries whole
     batches left out as metrics."""
-    from qac.train.groups import negative_pool_stats
-
     tracking.log_dataset_inputs(dataset_dir, "training", splits=["train"])
     if tracking.active:
         stats = negative_pool_stats(queries, settings.n_negatives)
@@ -81,6 +87,7 @@ def _finished_retriever(work: RecipeWork, name: str, settings, tracking, is_main
     replayed into this run and the run marked as resuming that one."""
     import json
 
+    # here, not at the top: it loads numpy, torch
     from qac.train.finetune import start_retriever
 
     model, tokenizer = start_retriever(work.result(name) / "model", settings.for_retriever(name))
@@ -95,9 +102,6 @@ def _finished_retriever(work: RecipeWork, name: str, settings, tracking, is_main
 def _retriever_run(params: Params, name: str, variant: str, section, seed: int, stage: str, *, inputs, parent,
                    output: Path, is_main: bool, log_models: bool, root: Path):
     """The retriever's MLflow run, not yet open, nested under ``parent``: its settings, seed and identity."""
-    from qac.tracking.lifecycle import tracked_stage
-    from qac.tracking.naming import variant_description, variant_run_name
-
     description = {**variant_description(params, variant), "retriever": name}
     return tracked_stage(params, stage, variant_run_name(description, name), kind="finetune",
                          stage_params={**section, "seed": seed, "train_dataset": params.train_dataset,
@@ -110,8 +114,8 @@ def _fine_tune_in_run(name: str, start: Path, queries, dataset, passage_text: Ma
                       tracking, work: RecipeWork | None, encoding: dict, section_key: str):
     """``(model, tokenizer, losses)`` of a retriever trained in this run (from its work checkpoint, if any), its
     steps logged; with a work folder, saved there as a finished phase by the main process."""
+    # here, not at the top: it loads numpy, torch
     from qac.train.finetune import fine_tune_retriever
-    from qac.train.step_log import THROUGHPUT
 
     history: list[list] = []
 
@@ -164,9 +168,8 @@ def train_retriever(name: str, negatives: dict, *, variant: str, params: Params,
     checkpoint. Returns the model, the tokenizer, the training queries, the per-step losses and the queries
     whole batches left out.
     """
-    from qac.config import variant_seed
+    # here, not at the top: it loads numpy, torch
     from qac.train.finetune import check_whole_batches
-    from qac.train.groups import retriever1_queries
 
     section = params[section_key]
     stage = stage or f"finetune@{variant}"
@@ -197,9 +200,6 @@ NOT_SHAPING = ("log_every", "loader_workers", "prefetch_batches", "checkpoint_ev
 
 def input_hashes(inputs: Mapping[str, Path]) -> dict[str, str]:
     """MD5 of each input file or folder (the hashes DVC uses), computed on the main process, known to all."""
-    from qac.distributed import broadcast_object
-    from qac.io import path_md5
-
     return broadcast_object(lambda: {name: path_md5(path) for name, path in inputs.items()})
 
 
@@ -210,8 +210,6 @@ def recipe_fingerprint(params: Params, variant: str, inputs_md5: Mapping[str, st
     pre-trained encoder, the negatives, the dataset)."""
     import hashlib
     import json
-
-    from qac.config import variant_seed
 
     shaping = {section_key: {key: value for key, value in params[section_key].items() if key not in NOT_SHAPING},
                "seed": params.seed, "variant_seed": variant_seed(params, variant), "depth": params.evaluate.depth,
@@ -242,8 +240,6 @@ class RecipeWork:
              stage: str = "finetune") -> "RecipeWork":
         import shutil
         import sys
-
-        from qac.distributed import barrier
 
         if dist.is_main:
             stamp = folder / "fingerprint"
@@ -279,8 +275,6 @@ class RecipeWork:
         import shutil
         import sys
 
-        from qac.distributed import broadcast_object
-
         def check() -> bool:
             result = self.result(phase)
             if not result.is_dir():
@@ -304,15 +298,12 @@ class RecipeWork:
             return f"{', '.join(missing)} missing"
         try:
             if phase == "mined":
-                from qac.train.groups import read_negatives
-
                 read_negatives(result / "mined_negatives.jsonl")
             else:
                 training = json.loads((result / "training.json").read_text(encoding="utf-8"))
                 if not (isinstance(training, dict) and isinstance(training.get("losses"), list)
                         and isinstance(training.get("history"), list)):
                     return "training.json lacks its losses or logged steps"
-                from qac.models.encoding import read_encoding
 
                 read_encoding(result / "model")
                 weights = sorted((result / "model").glob("*.safetensors"))
@@ -327,6 +318,7 @@ class RecipeWork:
         return None
 
     def checkpoint(self, phase: str, run_id: str | None, on_resume) -> "WorkCheckpoint":
+        # here, not at the top: it loads numpy, torch
         from qac.train.finetune import WorkCheckpoint
 
         return WorkCheckpoint(self.folder / phase / "checkpoint", self.checkpoint_every, self.fingerprint,
@@ -334,8 +326,6 @@ class RecipeWork:
 
     def save_retriever(self, phase: str, model, tokenizer, training: dict, **encoding) -> None:
         """The trained retriever and its training record (losses, logged steps, run) as the finished phase."""
-        from qac.io import atomic_path, write_json
-
         with atomic_path(self.result(phase), directory=True) as tmp:
             model.save(tmp / "model", tokenizer, **encoding)
             write_json(tmp / "training.json", training)
@@ -382,10 +372,9 @@ def _mine_with_retriever1(r1, tokenizer, mining_queries, passage_text, dataset, 
                           variant: str, dist, into: Path, file_name: str) -> None:
     """Retriever 1's mined negatives and its in-domain runs, written whole into ``into`` (the recipe's work
     folder for the phase ``mined``) by the main process. The corpus is encoded once for both."""
-    from qac.config import variant_seed
-    from qac.io import atomic_path, write_jsonl
+    # here, not at the top: it loads numpy
     from qac.retrieval.dense import search_splits
-    from qac.train.indomain_runs import RUNS_FOLDER, run_encoding, write_indomain_runs
+    # here, not at the top: it loads numpy, torch
     from qac.train.mining import encode_corpus, mine_with_retriever
 
     section = params.finetune
@@ -410,9 +399,6 @@ def _mine_with_retriever1(r1, tokenizer, mining_queries, passage_text, dataset, 
 def _checked_inputs(params: Params, variant: str) -> dict[str, Path]:
     """The recipe's inputs (the pre-trained encoder, BM25's negatives, the in-domain dataset), each present
     and as the lock records it, before anything is read."""
-    from qac.config import profile_dir
-    from qac.tracking.lifecycle import verify_inputs
-
     root = profile_dir(params)
     start = root / "pretrain" / variant / "encoder"
     if not start.is_dir():
@@ -428,9 +414,6 @@ def _copy_phase(phase: Path, staging: Path, file_name: str, is_main: bool) -> No
     (by the main process; every process waits for it)."""
     import shutil
 
-    from qac.distributed import barrier
-    from qac.train.indomain_runs import RUNS_FOLDER
-
     if is_main:
         shutil.copy2(phase / file_name, staging / file_name)
         shutil.copytree(phase / RUNS_FOLDER, staging / RUNS_FOLDER)
@@ -440,9 +423,9 @@ def _copy_phase(phase: Path, staging: Path, file_name: str, is_main: bool) -> No
 def _training_data(params: Params, variant: str, inputs: Mapping[str, Path]):
     """``(dataset, settings, passage_text, separator)``: the in-domain dataset (it must have a train split), the
     recipe's settings and the documents as the retrievers read them, before any process group is made."""
-    from qac.config import variant_seed
-    from qac.data.prepared import load_prepared
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
+    # here, not at the top: it loads numpy, torch
     from qac.train.finetune import FinetuneSettings
 
     dataset = load_prepared(inputs["dataset"])
@@ -459,9 +442,6 @@ def _mined_negatives(r1, tokenizer, bm25_negatives: dict, mined_path: Path, *, p
                      outcome: FinetuneOutcome) -> dict:
     """Retriever 1's mined negatives (mined now unless an earlier run finished the phase), copied into the output
     with its in-domain runs; their count per query goes to ``outcome``."""
-    from qac.config import variant_seed
-    from qac.train.groups import read_negatives
-
     if not work.done("mined"):
         # Mined for every judged training query, those retriever 1 did not train on too (tevatron issue 81).
         mining_queries = judged_queries(dataset, bm25_negatives, params.finetune, variant_seed(params, variant))
@@ -478,6 +458,7 @@ def _train_both_retrievers(params: Params, variant: str, staging: Path, inputs: 
                            outcome: FinetuneOutcome) -> None:
     """The recipe in the output folder ``staging``: retriever 1 on BM25's negatives, its mined negatives, then
     retriever 2 on those; their losses and counts go to ``outcome``."""
+    # looked up when called: tests stand in for it
     from qac.train.groups import read_negatives, retriever2_negatives
 
     section = params.finetune
@@ -505,11 +486,6 @@ def fine_tune_variant(params: Params, variant: str, *, log_models: bool = False)
     """
     import contextlib
     import shutil
-
-    from qac.config import profile_dir
-    from qac.distributed import barrier, cleanup, init_distributed, require_even_split
-    from qac.io import atomic_path
-    from qac.tracking.lifecycle import Upstream
 
     root = profile_dir(params)
     pretrain_dir = root / "pretrain" / variant

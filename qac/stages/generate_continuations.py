@@ -15,20 +15,22 @@ from dataclasses import asdict
 from qac.config import profile_dir
 from qac.params import load_params
 from qac.console import StageClock, print_summary
+from qac.distributed import autocast_dtype, init_distributed
+from qac.stages.arguments import sharded_stage_arguments
+from qac.tracking.lifecycle import tracked_stage
 
 
 def main(argv=None) -> int:
-    from qac.stages.arguments import sharded_stage_arguments
-
     args = sharded_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.arrowstore import QUERIES_SCHEMA, iter_records
-    from qac.distributed import autocast_dtype, init_distributed
+    # here, not at the top: it loads torch
     from qac.querygen.continuation import (ContinuationGenerator, ContinuationSettings, continuation_quality,
                                            load_causal_lm)
+    # here, not at the top: it loads numpy, pyarrow, torch
     from qac.stages.generation import rate, run_sharded_generation
-    from qac.tracking.lifecycle import tracked_stage
 
     params = load_params()
     section = params.continuation

@@ -16,18 +16,19 @@ from dataclasses import asdict
 from qac.config import profile_dir
 from qac.params import load_params
 from qac.console import StageClock, print_summary
+from qac.distributed import init_distributed
+from qac.stages.arguments import sharded_stage_arguments
+from qac.tracking.lifecycle import Upstream, tracked_stage
 
 
 def main(argv=None) -> int:
-    from qac.stages.arguments import sharded_stage_arguments
-
     args = sharded_stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
-    from qac.distributed import init_distributed
+    # here, not at the top: it loads torch
     from qac.querygen.generate import DecodingPlan, SamplingSettings, generator_from_settings
+    # here, not at the top: it loads numpy, pyarrow, torch
     from qac.stages.generation import rate, run_sharded_generation
-    from qac.tracking.lifecycle import Upstream, tracked_stage
 
     params = load_params()
     section = params.querygen

@@ -26,6 +26,10 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping
 from qac.querygen.generate import GenerationStats
 from qac.querygen.shards import (ChunkStore, ShardSpec, build_manifest, generate_chunks, passages_tokenizer,
                                  pending_passages, work_dir_for)
+from qac.console import progress
+from qac.distributed import barrier, cleanup, sum_over_ranks
+from qac.io import write_json
+from qac.reporting.dvc_metrics import write_stage_metrics
 
 if TYPE_CHECKING:
     from qac.params.sections import ContinuationSection, QuerygenSection
@@ -49,9 +53,6 @@ def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: b
     gives the figures of the merged output, to which the throughput is added; they go to MLflow and to
     ``metrics/<output stem>.json``. Every other process, and a shard-only run, gets None.
     """
-    from qac.distributed import cleanup, sum_over_ranks
-    from qac.reporting.dvc_metrics import write_stage_metrics
-
     output = Path(output)
     store = _prepared_store(ctx, output, build_manifest(passages_path, source, settings, section.chunk_size, compute,
                                                         section.max_passages))
@@ -97,8 +98,6 @@ def run_sharded_generation(ctx, *, shard: str | None, merge: bool, merge_only: b
 def _prepared_store(ctx, output: Path, manifest) -> ChunkStore:
     """The chunk store of ``output``'s work folder, prepared by the main process first (it clears chunks of
     another manifest), then by the others."""
-    from qac.distributed import barrier
-
     store = ChunkStore(work_dir_for(output), manifest)
     if ctx.is_main:
         store.prepare()
@@ -113,8 +112,6 @@ def _generate_shard(ctx, store: ChunkStore, generator, passages_path, spec, batc
     process (each generates its own shard), each on its own line."""
     import torch
 
-    from qac.console import progress
-
     bar = progress(total=pending_passages(store, spec), unit="passage", main_only=False,
                    desc=f"{name} shard {spec.index}/{spec.count}", position=ctx.local_rank)
     with torch.inference_mode():
@@ -126,8 +123,6 @@ def _generate_shard(ctx, store: ChunkStore, generator, passages_path, spec, batc
 def _resume_killed_run(stage: str, store: ChunkStore, tracking) -> None:
     """Name the stage's run in the work folder; when a killed run left committed chunks there, say so and
     link the two."""
-    from qac.io import write_json
-
     run_file = store.root / RUN_FILE
     committed = len(store.committed())
     if committed and run_file.is_file():

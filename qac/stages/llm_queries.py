@@ -21,6 +21,12 @@ from pathlib import Path
 
 from qac.config import profile_dir
 from qac.errors import UserError
+from qac.distributed import autocast_dtype, init_distributed
+from qac.io import atomic_path
+from qac.llm_queries.prompts import PromptBook, check_templates, draw_examples
+from qac.model_specs import is_packaged, packaged_file_problem
+from qac.params import params_path
+from qac.tracking.lifecycle import tracked_stage
 
 FILTERED = "filtered.arrow"
 
@@ -37,8 +43,6 @@ def variant_queries(params, variant: str) -> Path:
 
 
 def checked_generator(params, name: str):
-    from qac.params import params_path
-
     generators = params.llm_queries.generators
     if name not in generators:
         raise UserError(f"{params_path()}: llm_queries.generators has no entry {name!r} (declared: "
@@ -48,8 +52,7 @@ def checked_generator(params, name: str):
 
 def prompt_book(params):
     """The prompts of every generator: the templates and ``shots`` examples drawn from the training queries."""
-    from qac.llm_queries.prompts import PromptBook, check_templates, draw_examples
-    from qac.params import params_path
+    # looked up when called: tests stand in for it
     from qac.querygen.generator_pairs import build_pairs
 
     section = params.llm_queries.generation
@@ -74,6 +77,7 @@ def prompt_book(params):
 
 
 def causal_settings(params, name: str):
+    # here, not at the top: it loads torch
     from qac.llm_queries.causal_lm import CausalSettings
 
     entry, section = checked_generator(params, name), params.llm_queries.generation
@@ -88,12 +92,10 @@ def generate_llm_queries(params, name: str, *, shard=None, merge=False, merge_on
     """Generate ``queries.arrow`` and ``prompts.json`` of generator ``name``; the summary in the merging process."""
     import torch
 
-    from qac.distributed import autocast_dtype, init_distributed
-    from qac.io import atomic_path
+    # here, not at the top: it loads torch
     from qac.llm_queries.causal_lm import CausalQueryGenerator, describe, load_causal_generator, resolve_decode
-    from qac.model_specs import is_packaged, packaged_file_problem
+    # here, not at the top: it loads numpy, pyarrow, torch
     from qac.stages.generation import run_sharded_generation
-    from qac.tracking.lifecycle import tracked_stage
 
     section = params.llm_queries.generation
     data, out_dir = profile_dir(params), query_dir(params, name)

@@ -19,6 +19,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from qac.config import profile_dir
+from qac.data.errors import DataFormatError
+from qac.distributed import cleanup, init_distributed
+from qac.io import atomic_path, remove_orphaned_staging
+from qac.models.factory import input_files
+from qac.tracking.lifecycle import tracked_stage
+from qac.tracking.naming import variant_description, variant_run_name
+from qac.train.step_log import LOSSES_FILE, StepLog
+
 
 def result_facts(summary: dict) -> list[str]:
     """The summary line's facts: steps and final loss, or what method none did."""
@@ -37,8 +46,6 @@ def _require_inputs(files: Mapping[str, Path]) -> None:
     """Every input file the method and context read, before any folder, process group or MLflow run is made."""
     for path in files.values():
         if not Path(path).exists():
-            from qac.data.errors import DataFormatError
-
             raise DataFormatError(path, None, None, "file not found")   # the console adds the stage to rerun
 
 
@@ -46,9 +53,6 @@ def _pretrain_run(params: Mapping[str, Any], variant: str, settings, inputs: Map
                   log_models: bool, stage: str, described: Mapping[str, Any]):
     """The variant's MLflow run, not yet open: its identity as tags too, each only where it means something
     (qac.tracking.naming); a setting that plays no part in it (C of a passage-context run) is not logged."""
-    from qac.tracking.lifecycle import tracked_stage
-    from qac.tracking.naming import variant_description, variant_run_name
-
     description = {**variant_description(params, variant), **described}
     tags = {f"qac.{key}": value for key, value in description.items() if key != "init"}
     unused = {"query_count", "cotmae_decoder", "master_decoders"} - set(description)
@@ -60,8 +64,6 @@ def _pretrain_run(params: Mapping[str, Any], variant: str, settings, inputs: Map
 def _record_outputs(tracking, variant: str, settings, summary: dict, step_log, staging: Path, out_dir: Path) -> None:
     """The run's description, output hashes, summary, loss curve and encoder; its record written before the
     output is renamed into place, so a kill in between leaves no output."""
-    from qac.train.step_log import LOSSES_FILE
-
     tracking.describe(variant=variant, method=settings.method)
     tracking.hash_outputs({name: (staging / name, out_dir / name) for name in ("encoder", "checkpoint")})
     tracking.log_dict(summary, "pretrain_summary.json")
@@ -74,8 +76,6 @@ def _record_outputs(tracking, variant: str, settings, summary: dict, step_log, s
 def _pretrain_inputs(root: Path, settings, query_set: Path | None) -> tuple[dict, dict, dict]:
     """``(files, inputs, described)``: what the method and context read, the run's logged inputs and, with
     ``query_set`` in place of the generator's queries, the run's description of it."""
-    from qac.models.factory import input_files
-
     files = input_files(root, settings)      # what this method and context read (qac.models.factory)
     inputs = {"passages": root / "passages.arrow", "queries": root / "queries.arrow"}
     described = {}
@@ -89,6 +89,7 @@ def _pretrain_in_run(tracking, settings, files: Mapping[str, Path], inputs: Mapp
                      staging: Path, is_main: bool, step_log) -> dict:
     """The tracked body: the training inputs logged, then the encoder pre-trained (or exported) into ``staging``,
     its losses and any resume logged by the main process; returns the summary."""
+    # here, not at the top: it loads pydantic, torch
     from qac.train.pretrain import pretrain
 
     queries = files.get("queries")
@@ -127,11 +128,8 @@ def pretrain_variant(params: Mapping[str, Any], variant: str, *, log_models: boo
     import contextlib
     import shutil
 
-    from qac.config import profile_dir
-    from qac.distributed import cleanup, init_distributed
-    from qac.io import atomic_path, remove_orphaned_staging
+    # here, not at the top: it loads pydantic, torch
     from qac.train.pretrain import PretrainSettings
-    from qac.train.step_log import StepLog
 
     settings = PretrainSettings.from_params(params, variant)
     root = profile_dir(params)

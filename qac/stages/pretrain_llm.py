@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from qac.errors import UserError
+from qac.config import profile_dir
+from qac.io import file_md5
+from qac.params import params_path
+from qac.stages.llm_queries import query_dir, variant_queries
+from qac.stages.pretrain import pretrain_variant
 
 QUERIES_RECORD = "queries.json"     # beside the encoder: the queries it pre-trained on (the extension table reads it)
 
@@ -25,9 +30,7 @@ QUERIES_RECORD = "queries.json"     # beside the encoder: the queries it pre-tra
 def pretrain_llm_variant(params: Mapping[str, Any], variant: str, *, log_models: bool = False) -> dict:
     """Pre-train LLM-query variant ``variant`` as ``pretrain@<variant>`` would, on its generator's queries;
     the run's summary (:func:`qac.stages.pretrain.pretrain_variant`: the same run, resumption and outputs)."""
-    from qac.params import params_path
-    from qac.stages.llm_queries import variant_queries
-    from qac.stages.pretrain import pretrain_variant
+    # here, not at the top: it loads pydantic, torch
     from qac.train.pretrain import PretrainSettings
 
     if variant not in params.llm_queries.variants:
@@ -54,11 +57,10 @@ def queries_record(params: Mapping[str, Any], variant: str, queries: Path, query
     query file and its MD5, the passages and the queries it read (the first ``query_count`` non-blank ones of
     each passage), and the figures its generator's stages wrote (``metrics/queries.json``, ``metrics/filter.json``
     of ``llm_queries/<generator>/``)."""
-    from qac.config import profile_dir
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.arrowstore import open_queries
-    from qac.io import file_md5
+    # here, not at the top: it loads numpy
     from qac.reporting.lineage import read_json
-    from qac.stages.llm_queries import query_dir
 
     spec = params.llm_queries.variants[variant]
     folder = query_dir(params, spec.generator)

@@ -18,6 +18,16 @@ from typing import TYPE_CHECKING
 from qac.config import profile_dir
 from qac.errors import UserError
 from qac.params import params_path
+from qac.data.prepared import load_prepared
+from qac.distributed import autocast_dtype, init_distributed
+from qac.evaluation.annotation import EncoderCosineJudge, calibration_pairs
+from qac.io import atomic_path
+from qac.querygen.generator_pairs import corpus_texts, with_evidence_windows
+from qac.querygen.quality import SelfRetrieval, evaluate_queries, judge_anchors, judge_shares
+from qac.querygen.quality_table import quality_table
+from qac.reporting.dvc_metrics import is_timing, write_stage_metrics
+from qac.retrieval import document_text
+from qac.tracking.lifecycle import tracked_stage
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -25,9 +35,6 @@ if TYPE_CHECKING:
 
 def quality_index(datasets_dir, corpora, heldout, max_documents, seed):
     """BM25 over the documents of ``corpora`` (the held-out sources always in, capped at ``max_documents``)."""
-    from qac.querygen.quality import SelfRetrieval
-    from qac.retrieval import document_text
-
     documents = corpus_documents(datasets_dir, corpora)
     if max_documents and len(documents) > max_documents:
         required = {f"{pair.dataset}/{pair.doc_id}" for pair in heldout}
@@ -39,17 +46,12 @@ def quality_index(datasets_dir, corpora, heldout, max_documents, seed):
 
 def corpus_documents(datasets_dir, corpora) -> dict[str, tuple[str, str]]:
     """``"<dataset>/<doc id>" -> (title, text)`` over ``corpora``."""
-    from qac.data.prepared import load_prepared
-    from qac.querygen.generator_pairs import corpus_texts
-
     return {f"{name}/{doc_id}": entry for name in dict.fromkeys(corpora)
             for doc_id, entry in corpus_texts(load_prepared(datasets_dir / name)).items()}
 
 
 def evidence_sources(pairs, datasets_dir, train_dataset, tokenizer, settings):
     """``pairs`` with each query pair read from its evidence window, as many tokens as the generator reads."""
-    from qac.querygen.generator_pairs import with_evidence_windows
-
     documents = {tuple(key.split("/", 1)): entry for key, entry in corpus_documents(datasets_dir, [train_dataset]).items()}
     prefix = len(tokenizer(settings.source_prefix("query"), add_special_tokens=False)["input_ids"])
     budget = settings.max_source_len - tokenizer.num_special_tokens_to_add(pair=False) - prefix
@@ -64,6 +66,7 @@ def generate(model, tokenizer, settings, dtype, texts, candidates, batch_size):
     """``candidates`` sampled queries per text, as generate_queries samples them."""
     import torch
 
+    # here, not at the top: it loads torch
     from qac.querygen.generate import QueryGenerator
 
     sampling = settings.__class__(**{**settings.__dict__, "queries_per_passage": candidates})
@@ -78,13 +81,12 @@ def judge_figures(params: Params, data, heldout, model, tokenizer, sampling, dty
     """Table 5's automatic judge on held-out documents cut into passages as the split stage cuts the corpus:
     high-correlation shares, their paired test and mean scores of query and passage pairs (every one of
     ``candidates`` queries per anchor passage, the first as Table 5's)."""
-    from qac.data.prepared import load_prepared
+    # here, not at the top: it loads nltk
     from qac.data.punkt import load_sentence_splitter
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.splitting import SplitSettings, TokenCounter, split_documents
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
-    from qac.querygen.quality import judge_anchors, judge_shares
-    from qac.evaluation.annotation import EncoderCosineJudge, calibration_pairs
-    from qac.retrieval import document_text
 
     section, annotation = params.query_generator, params.annotation
     datasets_dir, train_dataset = data / "datasets", params.train_dataset
@@ -111,6 +113,7 @@ def _heldout_sampling(params: Params, settings, data: Path):
     """How held-out candidates are sampled: as generate_queries samples them (its prefix, top-k/top-p, repeat
     penalty, lengths and precision), cut at the generator's source length; a prefix other than the one the
     generator learns queries with, or a judge without the split stage's sentence splitter, is refused."""
+    # here, not at the top: it loads torch
     from qac.querygen.generate import SamplingSettings
 
     section = params.query_generator
@@ -128,12 +131,14 @@ def _heldout_sampling(params: Params, settings, data: Path):
 
 def _generator_pairs(params: Params, settings, corpora: list[str]):
     """``(training, validation, held-out pairs, their counts)`` of (passage, query or title) pairs."""
+    # looked up when called: tests stand in for it
     from qac.querygen.generator_pairs import build_pairs, cap_training_pairs, split_heldout
 
     section, seed = params.query_generator, params.seed
     datasets_dir = profile_dir(params) / "datasets"
     pairs = build_pairs(datasets_dir, params.train_dataset, corpora, section.use_titles)
     if section.evidence_windows:
+        # here, not at the top: it loads safetensors
         from qac.data.tokenizer import load_tokenizer
 
         pairs = evidence_sources(pairs, datasets_dir, params.train_dataset, load_tokenizer(section.model), settings)
@@ -149,8 +154,8 @@ def _heldout_quality(params: Params, model, tokenizer, sampling, generation_dtyp
                      batch_size: int, corpora: list[str]) -> dict:
     """The quality figures of the generator's queries for the held-out passages (sampled and greedy), and the
     Table 5 judge's where asked."""
+    # here, not at the top: it loads torch
     from qac.querygen.generate import SamplingSettings
-    from qac.querygen.quality import evaluate_queries
 
     section, seed, data = params.query_generator, params.seed, profile_dir(params)
     sources = [p.source for p in heldout]
@@ -169,6 +174,7 @@ def _heldout_quality(params: Params, model, tokenizer, sampling, generation_dtyp
 def _made_generator(params: Params, settings, train_pairs, validation, device, dtype, log) -> tuple:
     """``(model, tokenizer, training figures)``: the generator built and trained (mode train, its metrics to
     ``log``) or the pretrained one loaded (no figures), on ``device`` in evaluation mode."""
+    # here, not at the top: it loads torch
     from qac.querygen.train_generator import build_generator, load_pretrained_generator, train_generator
 
     section = params.query_generator
@@ -186,10 +192,8 @@ def _made_generator(params: Params, settings, train_pairs, validation, device, d
 
 def _write_generator_outputs(params: Params, data: Path, model, tokenizer, metrics: dict, tracking) -> None:
     """The generator's folder and its run record, the stage's DVC metrics and the tracked quality report."""
-    from qac.io import atomic_path
-    from qac.querygen.quality_table import quality_table
+    # here, not at the top: it loads torch
     from qac.querygen.train_generator import save_generator
-    from qac.reporting.dvc_metrics import is_timing, write_stage_metrics
 
     section = params.query_generator
     mode, spec = section.mode, section.model
@@ -208,9 +212,8 @@ def _write_generator_outputs(params: Params, data: Path, model, tokenizer, metri
 
 def make_query_generator(params: Params) -> list[str]:
     """Train (or save the pretrained) query generator and measure its queries; the summary line's facts."""
-    from qac.distributed import autocast_dtype, init_distributed
+    # here, not at the top: it loads torch
     from qac.querygen.train_generator import TrainSettings
-    from qac.tracking.lifecycle import tracked_stage
 
     section = params.query_generator
     mode, spec = section.mode, section.model

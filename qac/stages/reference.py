@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from qac.reference import INDEX_FILE, REFERENCE_DIR, reference_settings, reference_slug, reference_specs
+from qac.config import profile_dir
+from qac.data.prepared import load_prepared_parts, prepared_folders
+from qac.distributed import init_distributed
+from qac.io import atomic_path, write_json
+from qac.retrieval import document_text, title_separator
+from qac.tracking.lifecycle import tracked_stage
+from qac.tracking.naming import run_name
 
 if TYPE_CHECKING:
     from qac.params.sections import EvaluateSection, Params
@@ -22,11 +29,13 @@ def evaluate_reference(model, tokenizer, dataset, *, settings: EvaluateSection, 
     Writes ``<split>.trec`` and ``<split>.per_query.json`` into ``out_dir``;
     returns ``{split: EvalResult}``.
     """
+    # here, not at the top: it loads numpy
     from qac.evaluation.split_evaluation import evaluate_split
+    # here, not at the top: it loads numpy
     from qac.evaluation.trec_io import write_run
-    from qac.io import write_json
-    from qac.retrieval import document_text
+    # here, not at the top: it loads numpy
     from qac.retrieval.dense import search_splits
+    # here, not at the top: it loads numpy
     from qac.retrieval.encode import encode_texts
 
     options = dict(batch_size=settings.batch_size, device=device, normalize=encoding["normalize"],
@@ -54,15 +63,10 @@ def evaluate_references(params: Params) -> list[str]:
     ``data/<profile>/.runs/reference/<slug>/``. Returns the summary line's facts. A retriever
     without its ``encoders`` entry stops the stage before any model loads.
     """
-    from qac.config import profile_dir
-    from qac.data.prepared import load_prepared_parts, prepared_folders
-    from qac.distributed import init_distributed
-    from qac.io import atomic_path, write_json
+    # here, not at the top: it loads numpy, torch
     from qac.models.biencoder import BiEncoder
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
-    from qac.retrieval import title_separator
-    from qac.tracking.lifecycle import tracked_stage
-    from qac.tracking.naming import run_name
 
     root = profile_dir(dict(params))
     specs = reference_specs(params)

@@ -14,18 +14,20 @@ import time
 from qac.config import profile_dir
 from qac.params import load_params
 from qac.stages.arguments import stage_arguments
-from qac.console import StageClock, print_summary
+from qac.console import StageClock, print_summary, progress
+from qac.data.errors import DataFormatError
+from qac.io import write_json
 
 
 def main(argv: list[str] | None = None) -> int:
     stage_arguments(__doc__.splitlines()[0], argv)
     clock = StageClock()
 
-    from qac.console import progress
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.arrowstore import open_passages
-    from qac.data.errors import DataFormatError
+    # here, not at the top: it loads numpy, pyarrow, torch
     from qac.data.master import count_word_frequencies
-    from qac.io import write_json
+    # here, not at the top: it loads safetensors
     from qac.models.loading import load_tokenizer
 
     params = load_params()

@@ -28,7 +28,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from qac.tracking.store import tracking_uri  # the store's address, beside the probe of it
+from qac.tracking.store import is_store_error, store_failed, tracking_uri
+from qac.io import path_md5, write_json
+from qac.redaction import redact_url
+from qac.tracking.interrupted import link_killed_predecessors, process_tags, sweep_orphaned_runs
+from qac.tracking.naming import run_name
+from qac.tracking.record import (CODE_ARTIFACT, describe_study_run, loaded_code, log_stage_config,
+                                 mark_training_experiment)
 
 if TYPE_CHECKING:
     from qac.params.sections import Params
@@ -88,7 +94,6 @@ def _setup(params: Params):
         except Exception:  # created concurrently by another stage
             pass
         experiment = mlflow.get_experiment_by_name(name)
-    from qac.tracking.record import mark_training_experiment
 
     mark_training_experiment(mlflow.MlflowClient(), experiment)
     mlflow.set_experiment(experiment_id=experiment.experiment_id)
@@ -107,8 +112,6 @@ def study_run_id(params: Params) -> str:
                                order_by=["start_time ASC"], max_results=1, output_format="list")
     if found:
         return found[0].info.run_id
-    from qac.tracking.naming import run_name
-    from qac.tracking.record import describe_study_run
 
     client = mlflow.MlflowClient()
     run = client.create_run(
@@ -150,9 +153,6 @@ def write_run_record(root: str | os.PathLike, output: str | os.PathLike, run_id:
     The git commit rides along so the reports can cite the code behind each
     output without the MLflow store. Not a DVC output: written beside them.
     """
-    from qac.io import write_json
-    from qac.redaction import redact_url
-
     commit, dirty = git_state()
     path = record_path(root, output)
     # The store's address without its credentials.
@@ -169,13 +169,12 @@ def linked_run_id(record: Mapping[str, Any] | None, what: str) -> str | None:
     if not record:
         print(f"note: no run record for {what}: its MLflow run is not linked", file=sys.stderr)
         return None
+    # looked up when called: tests stand in for it
     from qac.tracking.store import usable_store
 
     if not usable_store():
         return None
     import mlflow
-
-    from qac.tracking.store import is_store_error, store_failed
 
     try:
         mlflow.MlflowClient(tracking_uri()).get_run(record["run_id"])
@@ -230,9 +229,6 @@ def stage_run(
     defaults to the study run. Only rank 0 of a distributed job should call this.
     """
     mlflow, experiment = _setup(params)
-    from qac.io import path_md5
-    from qac.tracking.interrupted import link_killed_predecessors, process_tags, sweep_orphaned_runs
-    from qac.tracking.record import CODE_ARTIFACT, loaded_code, log_stage_config
 
     # Runs whose process is gone (killed) end as KILLED before this one starts.
     sweep_orphaned_runs(mlflow.MlflowClient(), [experiment.experiment_id])
@@ -260,7 +256,6 @@ def stage_run(
                                  stage, params.profile)
         if stage_params:
             flat = {k: v for k, v in flatten("", stage_params).items()}
-            from qac.redaction import redact_url
 
             mlflow.log_params({k: redact_url(str(v))[:6000] for k, v in flat.items()})
         log_stage_config(params)

@@ -36,6 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from qac.io import path_md5
+from qac.model_specs import loaded_models, loads_noted
+from qac.params import profile_params_path
+from qac.tracking import linked_run_id, log_evaluation, log_metrics, read_run_record, stage_run, tracking_uri
+from qac.tracking.cost import CostMeter
+from qac.tracking.interrupted import end_interrupted_run
+from qac.tracking.record import log_dataset_inputs, log_encoder, log_file_input, models_requested, reopened_run
+from qac.tracking.store import is_store_error, store_failed
+
 if TYPE_CHECKING:
     from qac.params.sections import Params
 
@@ -56,16 +65,12 @@ class Upstream:
 
     def run_id(self) -> str | None:
         if not self._looked_up:
-            from qac.tracking import linked_run_id, read_run_record
-
             self._run_id = linked_run_id(read_run_record(self.root, self.output), self.what)
             self._looked_up = True
         return self._run_id
 
     def record(self) -> dict[str, Any] | None:
         """The upstream run record itself (what the upstream stage wrote beside its run id)."""
-        from qac.tracking import read_run_record
-
         return read_run_record(self.root, self.output)
 
 
@@ -79,8 +84,6 @@ def _untracked_on_store_failure(method):
         try:
             return method(self, *args, **kwargs)
         except Exception as error:
-            from qac.tracking.store import is_store_error, store_failed
-
             if not self.active or not is_store_error(error):
                 raise
             store_failed(error)
@@ -110,8 +113,6 @@ class StageTracking:
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Metrics, keys mangled as MLflow needs (:func:`qac.tracking.metric_key`)."""
         if self.active:
-            from qac.tracking import log_metrics
-
             log_metrics(metrics, step=step)
 
     @_untracked_on_store_failure
@@ -126,8 +127,6 @@ class StageTracking:
         """A split's evaluation (:class:`qac.evaluation.metrics.EvalResult`): measures as
         ``<dataset>/<split>/<measure>``, per-query values as ``per_query/<dataset>/<split>.json``."""
         if self.active:
-            from qac.tracking import log_evaluation
-
             log_evaluation(result, dataset_name, split)
 
     @_untracked_on_store_failure
@@ -151,8 +150,6 @@ class StageTracking:
                         columns: tuple[str, ...] | None = None) -> None:
         """Stage files as MLflow dataset inputs (``name -> path``; a None or absent path is skipped)."""
         if self.active:
-            from qac.tracking.record import log_file_input
-
             for name, path in files.items():
                 if path is not None:
                     log_file_input(path, name, context, columns=columns)
@@ -162,8 +159,6 @@ class StageTracking:
                            splits: list[str] | None = None) -> None:
         """A prepared dataset's corpus, queries and qrels of ``splits`` as dataset inputs."""
         if self.active:
-            from qac.tracking.record import log_dataset_inputs
-
             log_dataset_inputs(dataset_dir, context, splits=splits)
 
     @_untracked_on_store_failure
@@ -174,7 +169,6 @@ class StageTracking:
         """
         if not self.active:
             return
-        from qac.io import path_md5
 
         for name, (now, final) in outputs.items():
             if Path(now).exists():
@@ -193,7 +187,6 @@ class StageTracking:
         (:func:`qac.tracking.interrupted.end_interrupted_run`)."""
         if not self.active:
             return
-        from qac.tracking.interrupted import end_interrupted_run
 
         if facts:
             self.set_tags({f"qac.resume.{key}": value for key, value in facts.items()})
@@ -203,13 +196,12 @@ class StageTracking:
     def log_model(self, folder: str | os.PathLike, artifact: str) -> None:
         """A trained model folder as artifacts, when models were asked for (``--log-models``, ``mlflow.log_models``)."""
         if self.active and self.log_models:
-            from qac.tracking.record import log_encoder
-
             log_encoder(folder, artifact)
 
     def write_record(self, output: str | os.PathLike, **extra: Any) -> None:
         """The run record of ``output`` now, with the facts described so far."""
         if self.active:
+            # looked up when called: tests stand in for it
             from qac.tracking import write_run_record
 
             loaded = self.loaded_models()
@@ -221,7 +213,6 @@ class StageTracking:
         from (:func:`qac.model_specs.loaded_models`); the run's tag ``qac.loaded_models`` says the same."""
         if self.first_load is None:
             return []
-        from qac.model_specs import loaded_models
 
         loaded = loaded_models(self.first_load)
         if loaded:
@@ -242,7 +233,7 @@ def verify_inputs(params: Params, inputs) -> int:
     global rank 0 of a ``torchrun`` job hashes; if it stops, torchrun ends the other ranks."""
     if os.environ.get("RANK", "0") != "0":
         return 0
-    from qac.params import profile_params_path
+    # looked up when called: tests stand in for it
     from qac.tracking.recorded_inputs import verify_stage_inputs
 
     return verify_stage_inputs(profile_params_path(params.profile).parent / "dvc.lock", inputs)
@@ -263,8 +254,6 @@ def _store_run(opened) -> Iterator[Any]:
     as no stage needs the store; an error of the stage itself passes through as it is.
     """
     import sys
-
-    from qac.tracking.store import is_store_error, store_failed
 
     stack = contextlib.ExitStack()
     try:
@@ -295,7 +284,6 @@ def _measured(tracking: StageTracking, measure: bool) -> Iterator[None]:
     if not (measure and tracking.active):
         yield
         return
-    from qac.tracking.cost import CostMeter
 
     meter = CostMeter()
     try:
@@ -335,6 +323,7 @@ def tracked_stage(
     root = _profile_root(params, root)
     if main:    # inputs whose bytes are not those the lock records stop the stage before it reads them
         verify_inputs(params, (inputs or {}).values())
+    # looked up when called: tests stand in for it
     from qac.tracking.store import usable_store
 
     parent_run_id = None
@@ -347,10 +336,6 @@ def tracked_stage(
     if not main or not usable_store():
         yield StageTracking(root=root)
         return
-    from qac.tracking import stage_run
-    from qac.tracking.record import models_requested
-
-    from qac.model_specs import loads_noted
 
     opened = stage_run(params, stage, run_name, kind=kind, stage_params=stage_params, inputs=inputs, tags=tags,
                        parent_run_id=parent_run_id)
@@ -370,15 +355,13 @@ def reopened_stage(params: Params, run_id: str, *, main: bool = True,
     """Reopen the finished run ``run_id`` to log more into it; its status and end time are kept
     (:func:`qac.tracking.record.reopened_run`)."""
     root = _profile_root(params, root)
+    # looked up when called: tests stand in for it
     from qac.tracking.store import usable_store
 
     if not main or not usable_store():
         yield StageTracking(root=root)
         return
     import mlflow
-
-    from qac.tracking import tracking_uri
-    from qac.tracking.record import reopened_run
 
     mlflow.set_tracking_uri(tracking_uri())
     with _store_run(reopened_run(run_id)) as run:

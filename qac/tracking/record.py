@@ -27,6 +27,10 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from qac.io import path_md5
+from qac.redaction import redact_values
+from qac.tracking.interrupted import process_tags
+
 if TYPE_CHECKING:
     from qac.params.sections import Params
 
@@ -45,8 +49,6 @@ def log_stage_config(params: Params) -> None:
     dataset's URL, a search's database)."""
     import mlflow
 
-    from qac.redaction import redact_values
-
     mlflow.log_dict(redact_values(_plain(params)), CONFIG_ARTIFACT)
 
 
@@ -57,8 +59,6 @@ def loaded_code() -> dict[str, str]:
     stage this is the code the stage ran, not the code it could have reached.
     """
     import sys
-
-    from qac.io import path_md5
 
     root = Path(__file__).resolve().parents[2]
     files = {}
@@ -102,8 +102,6 @@ def _dataset(path: Path, name: str, columns: tuple[str, ...] | None):
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.types import ColSpec, Schema
-
-    from qac.io import path_md5
 
     with warnings.catch_warnings():
         # MLflow registers its local-file source twice and warns that the choice is ambiguous.
@@ -157,8 +155,6 @@ def reopened_run(run_id: str) -> Iterator[Any]:
     add the evaluation's time to a fine-tuning run's duration.
     """
     import mlflow
-
-    from qac.tracking.interrupted import process_tags
 
     client = mlflow.MlflowClient()
     before = client.get_run(run_id)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from qac.errors import UserError
+from qac.io import atomic_path
 
 STAT_CACHE = Path(".dvc") / "tmp" / "qac-input-md5.json"
 
@@ -153,7 +154,6 @@ class Md5Cache:
     def save(self) -> None:
         if self.path is None or not self.changed or not self.path.parent.is_dir():
             return
-        from qac.io import atomic_path
 
         try:
             with atomic_path(self.path) as tmp:

@@ -32,6 +32,8 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from qac.redaction import basic_authorization, redact_text, redact_url, split_credentials
+
 PROBE_TIMEOUT_ENV = "QAC_TRACKING_PROBE_TIMEOUT"
 DEFAULT_TIMEOUT = 3.0   # seconds: a server on the same network answers in milliseconds
 _answers: dict[str, str | None] = {}
@@ -55,8 +57,6 @@ def _timeout() -> float:
 
 
 def _shown(uri: str) -> str:
-    from qac.redaction import redact_url
-
     return redact_url(uri)
 
 
@@ -64,8 +64,6 @@ def _server_problem(uri: str) -> str | None:
     import http.client
     import urllib.error
     import urllib.request
-
-    from qac.redaction import redact_text
 
     url, user, password = _server_credentials(uri)
     request = urllib.request.Request(url.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1",
@@ -88,8 +86,6 @@ def _server_problem(uri: str) -> str | None:
 def _server_credentials(uri: str) -> tuple[str, str | None, str | None]:
     """The server's address without credentials, and the user and password MLflow's client sends:
     those written in the URL, else MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD."""
-    from qac.redaction import split_credentials
-
     url, user, password = split_credentials(uri)
     if user is None:
         user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
@@ -98,8 +94,6 @@ def _server_credentials(uri: str) -> tuple[str, str | None, str | None]:
 
 def _authorization(user: str | None, password: str | None) -> str | None:
     """The header MLflow's client sends: Basic for a user, else Bearer for MLFLOW_TRACKING_TOKEN."""
-    from qac.redaction import basic_authorization
-
     if user:
         return basic_authorization(user, password)
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")
@@ -200,8 +194,6 @@ def database_problem(uri: str) -> str | None:
     timeout, where MLflow's engine (and Optuna's) retries for minutes and a missing driver ends in a
     traceback. Used for MLflow's database stores and for a search's database (``hpo.storage``)."""
     import sqlalchemy
-
-    from qac.redaction import redact_text
 
     dialect = urlsplit(uri).scheme.lower().split("+", 1)[0]
     argument = _CONNECT_TIMEOUT_ARGUMENT.get(dialect)
@@ -362,7 +354,6 @@ def store_failed(error: BaseException, what: str = "this stage", uri: str | None
         _answers[uri] = "is locked by another process"
     if uri not in _printed:
         _printed.add(uri)
-        from qac.redaction import redact_text
 
         # MLflow's message quotes the request's URL, credentials and all
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from qac.io import atomic_path
+from qac.distributed import barrier
 
 STATE_FILE = "state.json"
 
@@ -52,8 +53,6 @@ def save_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
 
     ``extra`` (JSON-serialisable) is stored in ``state.json`` beside the step.
     """
-    from qac.distributed import barrier
-
     rng_states = _gather_objects(_rng_state(device))
     if rank == 0:
         with atomic_path(directory, directory=True) as tmp:

@@ -24,12 +24,21 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from qac.data.streams import is_stream, to_device
+from qac.data.streams import is_stream, to_device, token_stream
 from qac.errors import UserError
 from qac.models.biencoder import BiEncoder
 from qac.train.finite import check_step, suspects_of
 from qac.train.groups import GroupSampler, TrainingGroup, TrainingQuery
 from qac.train.optim import build_optimizer
+from qac.console import progress
+from qac.data.masking import round_up
+from qac.data.tokens import SpecialTokens, TextEncoder, cut_texts, with_special_tokens
+from qac.distributed import autocast_dtype
+from qac.models.backbone import encoder_mask
+from qac.models.losses import all_reduce_sum
+from qac.retrieval.encode import pad_ids
+from qac.train.checkpoint import DamagedCheckpoint, load_checkpoint, read_state, save_checkpoint
+from qac.train.step_log import THROUGHPUT
 
 
 @dataclass(frozen=True)
@@ -83,8 +92,6 @@ class FinetuneSettings:
 def collate(groups: Sequence[TrainingGroup], passage_text: Mapping[str, str], tokenizer,
             settings: FinetuneSettings) -> tuple[dict, dict]:
     """Tokenize queries and their passage groups (positive first) into padded tensors."""
-    from qac.data.tokens import cut_texts
-
     queries = tokenizer(cut_texts([group.query for group in groups], settings.query_max_len),
                         max_length=settings.query_max_len, truncation=True, padding=True, return_tensors="pt")
     passages = tokenizer(cut_texts([passage_text[doc_id] for group in groups for doc_id in group.passages],
@@ -98,8 +105,6 @@ def collate(groups: Sequence[TrainingGroup], passage_text: Mapping[str, str], to
 def widen(tensors: dict[str, torch.Tensor], multiple: int, pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded ``[rows, L]`` tensors widened to a multiple of ``multiple`` (the tokenizer's own
     ``pad_to_multiple_of`` refuses a truncation length that is not one)."""
-    from qac.data.masking import round_up
-
     extra = round_up(tensors["input_ids"].shape[1], multiple) - tensors["input_ids"].shape[1]
     if not extra:
         return tensors
@@ -135,8 +140,6 @@ class FinetuneBatches(torch.utils.data.Dataset):
         return self.epochs[epoch][start:start + self.local]
 
     def __getitem__(self, step: int):
-        from qac.data.tokens import with_special_tokens
-
         groups = self.groups(step)
         queries = [with_special_tokens(self.query_ids[group.query], self.query_max_len, self.special)
                    for group in groups]
@@ -145,16 +148,12 @@ class FinetuneBatches(torch.utils.data.Dataset):
         return self._tensors(queries), self._tensors(passages)
 
     def _tensors(self, sequences) -> dict[str, torch.Tensor]:
-        from qac.retrieval.encode import pad_ids
-
         padded = pad_ids(sequences, self.special.pad_id, self.multiple)
         tensors = {"input_ids": torch.from_numpy(padded["input_ids"])}
         if self.type_ids:
             tensors["token_type_ids"] = torch.zeros_like(tensors["input_ids"])
         tensors["attention_mask"] = torch.from_numpy(padded["attention_mask"])
         if self.unpadded:
-            from qac.data.streams import token_stream
-
             return token_stream(tensors, self.multiple)
         return tensors
 
@@ -162,8 +161,6 @@ class FinetuneBatches(torch.utils.data.Dataset):
 def step_batches(sampler: GroupSampler, passage_text: Mapping[str, str], tokenizer, settings: FinetuneSettings,
                  per_epoch: int, rank: int, world_size: int) -> FinetuneBatches:
     """The run's batches: every epoch's groups drawn, the texts they use tokenised once."""
-    from qac.data.tokens import SpecialTokens, TextEncoder, cut_texts
-
     epochs = [sampler.epoch(epoch) for epoch in range(settings.epochs)]
     used = [groups[:per_epoch * settings.batch_size] for groups in epochs]
     query_texts = list(dict.fromkeys(group.query for groups in used for group in groups))
@@ -247,8 +244,6 @@ class WorkCheckpoint:
 def resume_state(checkpoint: WorkCheckpoint | None, rank: int) -> dict | None:
     """The checkpoint's ``state.json`` when it can be resumed; otherwise None (a stale or damaged one is said
     on the main process, and the run's first save replaces it)."""
-    from qac.train.checkpoint import read_state
-
     if checkpoint is None:
         return None
     state = read_state(checkpoint.directory)
@@ -294,7 +289,6 @@ def train_biencoder(
         raise ValueError(f"batch_size {settings.batch_size} is not divisible by {world_size} processes")
     if sampler.n_negatives != settings.n_negatives:
         raise ValueError(f"sampler draws {sampler.n_negatives} negatives, settings ask for {settings.n_negatives}")
-    from qac.distributed import autocast_dtype
 
     device = torch.device(device)
     torch.manual_seed(settings.seed)
@@ -315,10 +309,7 @@ def train_biencoder(
     # Scales fp16 losses; disabled (every call a no-op) otherwise, and kept in checkpoints either way.
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 
-    from qac.console import progress
-    from qac.models.losses import all_reduce_sum
-    from qac.train.checkpoint import DamagedCheckpoint, load_checkpoint, save_checkpoint
-    from qac.train.step_log import THROUGHPUT
+    # looked up when called: tests stand in for it
     from qac.train.throughput import ThroughputWindow, peak_flops
 
     losses: list[float] = []
@@ -407,8 +398,6 @@ def local_step_flops(replica, batch) -> None:
     counting (qac.train.flops): the loss's gathering across processes moves vectors, no FLOPs to speak of.
     The encoder gets a 4-D mask: given the 2-D one it reads the mask's values, which meta tensors lack;
     pooling costs no products."""
-    from qac.models.backbone import encoder_mask
-
     def vectors(side):
         if is_stream(side):
             return replica.encode(side)
@@ -423,6 +412,7 @@ def local_step_flops(replica, batch) -> None:
 def start_retriever(start: str | Path, settings: FinetuneSettings) -> tuple[BiEncoder, Any]:
     """``(BiEncoder, tokenizer)`` of the encoder at ``start``, set up as ``settings`` train it (pooling,
     temperature, unit-length vectors for cosine similarity)."""
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(start))

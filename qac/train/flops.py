@@ -28,7 +28,8 @@ from typing import Callable, Mapping
 
 import torch
 
-from qac.data.streams import is_stream
+from qac.data.streams import StreamLayout, flat_targets, is_stream
+from qac.data.masking import masked_targets
 
 META = torch.device("meta")
 
@@ -83,8 +84,6 @@ def side_tokens(side) -> int:
 
 def cut_to_one_token(side: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A batch side cut to its first position ([CLS]), its masked-position lists rebuilt to match."""
-    from qac.data.masking import masked_targets
-
     if is_stream(side):
         return stream_of_first_tokens(side)
     width = side["attention_mask"].shape[1]
@@ -114,8 +113,6 @@ def flops_per_side_token(model: torch.nn.Module, batch, run: Callable[[torch.nn.
 
 def stream_of_first_tokens(side: Mapping) -> dict:
     """A stream cut to each sequence's [CLS]: as many one-token sequences (:func:`cut_to_one_token`)."""
-    from qac.data.streams import StreamLayout, flat_targets
-
     rows = side["cls_positions"].shape[0]
     device = side["input_ids"].device
     ones = torch.arange(rows + 1, dtype=torch.int32, device=device)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from qac.io import write_json
+
 RUNS_FOLDER = "r1_runs"
 ENCODING_FILE = "encoding.json"
 
@@ -32,8 +34,8 @@ def run_encoding(*, query_max_len: int, passage_max_len: int, pooling: str, sepa
 
 def write_indomain_runs(folder: str | Path, runs: dict[str, dict], encoding: dict, tag: str) -> None:
     """``<split>.trec`` per run and ``encoding.json`` into ``folder`` (inside the stage's staging folder)."""
+    # here, not at the top: it loads numpy
     from qac.evaluation.trec_io import write_run
-    from qac.io import write_json
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -45,6 +47,7 @@ def write_indomain_runs(folder: str | Path, runs: dict[str, dict], encoding: dic
 def read_indomain_runs(folder: str | Path, encoding: dict, splits: list[str]) -> dict[str, dict] | None:
     """The runs of ``splits`` from ``folder`` when they were made with ``encoding``; None when the folder,
     a split or the record is missing, or the record differs (the caller then encodes)."""
+    # here, not at the top: it loads numpy
     from qac.evaluation.trec_io import read_run
 
     folder = Path(folder)

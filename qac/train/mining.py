@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from qac.models.biencoder import BiEncoder
 from qac.train.groups import TrainingQuery
+from qac.distributed import init_distributed
+from qac.retrieval.encode import encode_distributed
+from qac.retrieval.mining import negatives_records
+from qac.retrieval.search import dense_search
 
 if TYPE_CHECKING:
     import numpy as np
@@ -22,9 +26,6 @@ def encode_corpus(model: BiEncoder, tokenizer, passage_text: Mapping[str, str], 
                   batch_size: int = 128, loader_workers: int = 0, dist=None) -> tuple[list[str], "np.ndarray | None"]:
     """``(doc ids, vectors)`` of the corpus, the vectors on the main process only (None elsewhere);
     every process of ``dist`` encodes a share."""
-    from qac.distributed import init_distributed
-    from qac.retrieval.encode import encode_distributed
-
     dist = dist or init_distributed()
     model.eval().to(dist.device)
     doc_ids = list(passage_text)
@@ -58,11 +59,6 @@ def mine_with_retriever(
     records, the others None. ``corpus``: the corpus as :func:`encode_corpus`
     returned it, when the caller keeps the vectors for more searches.
     """
-    from qac.distributed import init_distributed
-    from qac.retrieval.encode import encode_distributed
-    from qac.retrieval.mining import negatives_records
-    from qac.retrieval.search import dense_search
-
     dist = dist or init_distributed()
     if corpus is None:
         corpus = encode_corpus(model, tokenizer, passage_text, passage_max_len=passage_max_len,

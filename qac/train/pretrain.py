@@ -35,6 +35,16 @@ from typing import Any, Callable, Mapping
 import torch
 
 from qac.params.sections import PretrainCommon
+from qac.config import checked_variant
+from qac.console import progress
+from qac.distributed import (autocast_dtype as pick_autocast, barrier, broadcast_object, init_distributed,
+                             require_even_split)
+from qac.io import atomic_path, file_md5
+from qac.params.variants import variant_settings
+from qac.train.checkpoint import DamagedCheckpoint, STATE_FILE, load_checkpoint, read_state, save_checkpoint
+from qac.train.finite import check_step, suspects_of
+from qac.train.optim import build_optimizer
+from qac.train.step_log import THROUGHPUT
 
 LogFn = Callable[[int, dict[str, float]], None]
 # Settings that change how fast a run goes, not what it computes: left out of the fingerprint,
@@ -61,9 +71,6 @@ class _SettingsMethods:
         """Variant ``variant`` of a checked params file: ``pretrain.common`` with the variant's keys over it,
         its seed (a seed copy's own, else the global one) and how the split stage cut the passages
         (``split.spans``)."""
-        from qac.config import checked_variant
-
-        from qac.params.variants import variant_settings
         return cls.from_mapping(variant_settings(params, checked_variant(params, variant)))
 
     @classmethod
@@ -103,7 +110,7 @@ def export_init_encoder(settings: PretrainSettings, path: str | Path) -> None:
     """Write the initial encoder unchanged as a Hugging Face folder (method ``none``)."""
     from transformers import BertModel
 
-    from qac.io import atomic_path
+    # here, not at the top: it loads safetensors
     from qac.models.loading import load_model, load_tokenizer
 
     model = load_model(settings.init, BertModel, seed=settings.seed)
@@ -115,9 +122,6 @@ def export_init_encoder(settings: PretrainSettings, path: str | Path) -> None:
 def inputs_md5(passages: str | Path, queries: str | Path | None,
                extra: Mapping[str, str | Path | None] | None = None) -> dict[str, str]:
     """MD5 of the files a run reads (the hash DVC uses), computed once and shared by every process."""
-    from qac.distributed import broadcast_object
-    from qac.io import file_md5
-
     def compute() -> dict[str, str]:
         files = {"passages": passages, "queries": queries, **(extra or {})}
         return {name: file_md5(path) for name, path in files.items() if path is not None}
@@ -158,9 +162,6 @@ def results_only_state(checkpoint: str | Path) -> None:
     """
     import json
 
-    from qac.train.checkpoint import STATE_FILE
-    from qac.train.step_log import THROUGHPUT
-
     path = Path(checkpoint) / STATE_FILE
     state = json.loads(path.read_text(encoding="utf-8"))
     state.pop("mlflow_run_id", None)
@@ -170,6 +171,7 @@ def results_only_state(checkpoint: str | Path) -> None:
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
+    # here, not at the top: it loads numpy
     from qac.data.streams import to_device
 
     return {side: to_device(tensors, device) for side, tensors in batch.items()}
@@ -193,6 +195,7 @@ class StepBatches(torch.utils.data.Dataset):
         return max(0, self.steps - self.first_step)
 
     def __getitem__(self, index: int) -> tuple[int, list[dict]]:
+        # here, not at the top: it loads numpy, pyarrow
         from qac.data.context_pairs import shard
 
         step = self.first_step + index
@@ -215,6 +218,7 @@ def step_loader(batches: StepBatches, workers: int, prefetch: int, device: torch
 
 def build_step(module, model, settings: PretrainSettings, device, autocast_dtype):
     """Gradient-cached step for coCondenser when ``grad_cache_chunk`` is set, the plain step otherwise."""
+    # here, not at the top: it loads numpy
     from qac.models.grad_cache import FullBatchStep, GradCachedStep
 
     # CoT-MAE has no in-batch loss, so there is nothing to cache: the chunk setting is ignored.
@@ -241,14 +245,14 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     :func:`qac.models.factory.required_inputs`); they join the fingerprint. Returns a summary: steps run,
     where training resumed, corpus counts, the model's settings.
     """
+    # here, not at the top: it loads numpy, pyarrow
     from qac.data.context_pairs import load_pair_corpus
-    from qac.distributed import autocast_dtype as pick_autocast, init_distributed, require_even_split
+    # looked up when called: tests stand in for it
     from qac.models.factory import build_batches, build_pretraining_model
+    # here, not at the top: it loads safetensors
     from qac.data.tokenizer import load_tokenizer
+    # here, not at the top: it loads numpy
     from qac.models.losses import all_reduce_sum
-    from qac.train.checkpoint import DamagedCheckpoint, load_checkpoint, read_state, save_checkpoint
-    from qac.train.finite import check_step, suspects_of
-    from qac.train.optim import build_optimizer
 
     out_dir, work_dir = Path(out_dir), Path(work_dir)
     dist = init_distributed()
@@ -331,9 +335,9 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
                         fingerprint=fingerprint, device=device, rank=dist.rank,
                         extra={"inputs_md5": inputs, "history": history, "mlflow_run_id": run_id})
 
-    from qac.console import progress
-
+    # here, not at the top: it loads numpy
     from qac.train.flops import META
+    # looked up when called: tests stand in for it
     from qac.train.throughput import SPEED_KEYS, ThroughputWindow, peak_flops
 
     suspects = suspects_of(settings, lambda field: f"pretrain.common.{field}")
@@ -399,13 +403,10 @@ def pretrain(settings: PretrainSettings, *, passages: str | Path, queries: str |
     bar.close()
 
     if dist.is_main:
-        from qac.io import atomic_path
-
         model.save_encoder(out_dir / "encoder", tokenizer)
         with atomic_path(out_dir / "checkpoint", directory=True) as tmp:
             shutil.copytree(checkpoint_dir, tmp, dirs_exist_ok=True)
             results_only_state(tmp)
-    from qac.distributed import barrier
 
     barrier()
     if remove_work and dist.is_main:

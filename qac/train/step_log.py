@@ -13,6 +13,8 @@ import csv
 import os
 from typing import Mapping
 
+from qac.io import atomic_path
+
 LOSSES_FILE = "losses.tsv"
 # Wall-clock throughput and the schedule are not losses: they stay in MLflow.
 THROUGHPUT = frozenset({"samples_per_second", "tokens_per_second", "padding_efficiency", "data_wait_share", "mfu",
@@ -32,8 +34,6 @@ class StepLog:
 
     def write(self, path: str | os.PathLike) -> int:
         """Write ``losses.tsv`` (``step``, ``loss``, then the parts, in step order); returns the row count."""
-        from qac.io import atomic_path
-
         rows = sorted(self.rows, key=lambda row: row["step"])
         keys = sorted({key for row in rows for key in row} - {"step", "loss"})
         fields = ["step"] + (["loss"] if any("loss" in row for row in rows) else []) + keys

@@ -103,6 +103,7 @@ class ThroughputWindow:
         Only where a peak is known: the count is what MFU and HFU divide by it, and without one (a CPU) it
         would cost a small model's run more than its steps (the count replays the step op by op, once per
         batch side) for figures nobody gets. Then ``flops_per_token`` is ``{}``: counted, nothing to count."""
+        # here, not at the top: it loads numpy
         from qac.train.flops import flops_per_side_token
 
         self.flops_per_token = flops_per_side_token(model, batch, run) if self.peak else {}
