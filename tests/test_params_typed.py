@@ -99,19 +99,6 @@ def test_every_settings_class_is_in_the_check():
     assert found == set(SETTINGS_CLASSES.items())
 
 
-def test_pretrain_settings_take_their_fields_from_the_schema():
-    """A new pretrain.common key is declared once: PretrainSettings has a field for it without an edit."""
-    from qac.params.sections import PretrainCommon
-    from qac.train.pretrain import VARIANT_FIELDS, PretrainSettings
-
-    fields = [field.name for field in dataclasses.fields(PretrainSettings)]
-    assert fields == list(PretrainCommon.model_fields) + list(VARIANT_FIELDS)
-    settings = PretrainSettings.from_params(load_params(REPO / "profiles" / "smoke" / "params.yaml"), "cotmae-passage")
-    assert settings.to_dict().keys() == set(fields) and dataclasses.replace(settings, steps=3).steps == 3
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        settings.steps = 4
-
-
 def test_settings_from_the_base_equal_a_rendered_profile_where_it_keeps_the_base():
     from qac.querygen.generate import SamplingSettings
 

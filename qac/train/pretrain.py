@@ -29,12 +29,12 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 
-from qac.params.sections import PretrainCommon
 from qac.config import checked_variant
 from qac.console import progress
 from qac.distributed import (autocast_dtype as pick_autocast, barrier, broadcast_object, init_distributed,
@@ -57,14 +57,61 @@ BEFORE_SWITCHES = {"unpadded": False, "passage_context_draw": "step", "decay_exe
                    "master_decoder_init": "bert", "master_dor_crop": "start", "master_empty_continuation": "no_label"}
 
 
-# The variant's own keys, which qac.params.variants.variant_settings adds to pretrain.common's.
-VARIANT_FIELDS: dict[str, type] = {"method": str, "context_type": str, "query_count": int, "seed": int, "spans": str}
+@dataclass(frozen=True)
+class PretrainSettings:
+    """One variant's settings: ``pretrain.common`` overridden by ``pretrain.variants.<name>``."""
 
-
-class _SettingsMethods:
-    """One variant's settings: every ``pretrain.common`` key with the variant's over it (the fields are the
-    schema's, :class:`qac.params.sections.PretrainCommon`, declared there once with their types, ranges and
-    descriptions), and the variant's method, context type, C (``query_count``), seed and ``split.spans``."""
+    method: str
+    init: str
+    context_type: str
+    query_count: int
+    max_len: int
+    query_max_len: int
+    steps: int
+    batch_size: int  # pairs per optimizer step, over all processes
+    grad_accumulation: int
+    lr: float
+    weight_decay: float
+    warmup_ratio: float
+    mlm_probability: float
+    temperature: float
+    grad_cache_chunk: int  # 0: no gradient caching (coCondenser only)
+    n_head_layers: int
+    skip_from: int
+    cocondenser_loss_weights: str  # paper: MLM + head MLM + contrastive (Eq. 7); release: 2:2:1
+    cotmae_mask_ratio: float
+    cotmae_decoder: str
+    cotmae_decoder_layers: int
+    cotmae_decoder_weight: float
+    cotmae_attention_window: int
+    cotmae_decoder_mask_ratio: float
+    master_decoders: tuple[str, ...]  # any subset of mkp, cmp, npr, dor, gor
+    master_mask_ratio: float
+    master_decoder_mask_ratio: float
+    master_decoder_layers: int
+    master_weights: dict[str, float]
+    master_dor_queries: int  # generated queries joined into the DOR decoder's text
+    master_npr_mask: str  # uniform | keyword: NPR's words masked with MKP's TF-IDF weights (MASTER's)
+    master_decoder_init: str  # bert | torch: the decoder layers' start (torch: PyTorch's defaults, the release's)
+    master_dor_crop: str  # start | window: where DOR's joined queries over max_len are cut (window: the release's)
+    master_empty_continuation: str  # no_label | anchor: GOR's target for an empty continuation (anchor: the release's)
+    mixed_query_prob: float
+    passage_context: str | list[str]  # one kind, or the kinds a pair draws among (the release's mixed)
+    decay_exempt: str  # names: biases and LayerNorm-named weights; norm_layers: every LayerNorm module (HF Trainer)
+    passage_context_draw: str  # step: drawn again at every step; once: one partner per anchor for the run (release)
+    single_span_documents: str  # drop | self: a single-span document's passage paired with itself (release)
+    spans: str  # split.spans: overflow crops a passage over max_len at random (release)
+    pad_to: int | None  # None: dynamic padding to the longest sequence of a batch side
+    pad_to_multiple_of: int  # dynamic lengths and masked-position counts rounded up to a multiple of this
+    unpadded: bool  # each batch side one token stream (qac.data.streams): no compute on padding
+    dropout: float | None  # None: the init checkpoint's dropout; 0 for exactly repeatable runs
+    checkpoint_every: int
+    log_every: int
+    dtype: str  # auto, bf16, fp16, fp32; fp64 trains in float64 (repeatability checks)
+    compile: bool  # torch.compile the model (same loss to float tolerance)
+    loader_workers: int  # DataLoader worker processes collating batches (0: in the loop)
+    prefetch_batches: int  # steps collated ahead per worker
+    seed: int
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], variant: str) -> "PretrainSettings":
@@ -95,15 +142,6 @@ class _SettingsMethods:
         if self.method == "none":
             return "pretrain/none"
         return f"pretrain/{self.method}/{self.context_type}/q{self.query_count}"
-
-
-# A dataclass whose fields are read from the schema, so a new pre-training key is declared once (in
-# PretrainCommon) and reaches the loop through from_params with no field to restate here.
-PretrainSettings = dataclasses.make_dataclass(
-    "PretrainSettings", [(name, field.annotation) for name, field in PretrainCommon.model_fields.items()]
-    + list(VARIANT_FIELDS.items()), bases=(_SettingsMethods,), frozen=True)
-PretrainSettings.__module__ = __name__      # pickled by name (loader workers, spawned processes)
-PretrainSettings.__doc__ = _SettingsMethods.__doc__
 
 
 def export_init_encoder(settings: PretrainSettings, path: str | Path) -> None:
