@@ -10,6 +10,7 @@ docs/architecture.md explains each one ("Import layers").
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from qac.import_graph import import_graph
@@ -132,8 +133,6 @@ def _stage_scripts() -> set[str]:
 def test_only_a_stage_module_opens_a_stage_run():
     """A stage's MLflow run is opened in its own module of qac/stages, nowhere else (the tracking room
     defines the calls)."""
-    import ast
-
     opening = set()
     for path in sorted((REPO / "qac").rglob("*.py")) + sorted((REPO / "pipelines").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -161,8 +160,6 @@ MAX_STAGE_FUNCTION_LINES = 60
 def test_no_stage_function_is_longer_than_60_lines():
     """A stage's function reads in one screen (STYLE.md: functions stay under about 60 lines); a longer one is
     split into helpers, one per step. A nested function counts inside its parent too."""
-    import ast
-
     offenders = []
     for path in sorted((REPO / "qac" / "stages").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -176,8 +173,6 @@ def test_no_stage_function_is_longer_than_60_lines():
 
 def _function_level_qac_imports(path: Path):
     """``(line, statement)`` of each import of a qac module inside a function of ``path``."""
-    import ast
-
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found = {}
     for function in ast.walk(tree):
