@@ -26,6 +26,7 @@ from qac.data.context_pairs import PairCollator
 from qac.data.master import MasterCollator, WordWeights
 from qac.data.masking import IGNORE_INDEX, masked_targets
 from qac.data.streams import UnpaddedCollator, stream_chunks
+from qac.models import unpadded
 from qac.models.grad_cache import FullBatchStep, GradCachedStep
 from qac.models.losses import at_least_fp32
 from qac.train.optim import build_optimizer
@@ -110,6 +111,15 @@ def collate(method: str, tokenizer, multiple: int = 8, unpadded: bool = False) -
 
 
 METHODS = ["cocondenser", "cotmae-paper", "cotmae-release", "master"]
+
+
+@pytest.fixture(autouse=True)
+def static_attention_kernel(monkeypatch):
+    """Streams attend by the block-diagonal mask here: the kernel a GPU step runs without attention dropout
+    (varlen) has no CPU build, and the CPU's own (jagged) builds its nested tensors from the offsets on the
+    host, as it does on CUDA under attention dropout; the mask has varlen's static shapes."""
+    monkeypatch.setattr(unpadded, "ATTENTION", "mask")
+
 LAYOUTS = ["padded", "unpadded"]      # unpadded: token streams (qac.data.streams)
 
 

@@ -10,10 +10,12 @@ runs by one of three kernels, the same mathematics:
   CUDA; no dropout, so used where attention dropout is 0), also what a FLOP
   count on the meta device runs;
 - ``jagged``: SDPA on a nested (jagged) tensor, one sequence per component
-  (CUDA's fused kernels with dropout; the CPU too);
+  (CUDA's fused kernels with dropout; the CPU's path: on the default
+  profile's shapes a MiniLM coCondenser step costs what the padded one does);
 - ``mask``: SDPA over the whole stream with a block-diagonal "same sequence"
-  mask, ``[T, T]``: the CPU path of the test suite (its memory grows with
-  ``T^2``, fine for the suite's batches, not for a GPU step).
+  mask, ``[T, T]``: the reference the other kernels are tested against (its
+  memory and time grow with ``T^2``: 4-5x the padded step on the CPU at 16
+  pairs of up to 128 tokens).
 
 The release decoder's window (each token sees its sequence's ``[CLS]`` and
 itself with the ``window - 1`` tokens before it) runs apart, on any device:
@@ -21,7 +23,7 @@ each token's ``window + 1`` candidate keys gathered, ``[T, window + 1]``
 scores, the ones outside the sequence masked; linear in ``T``.
 
 ``ATTENTION`` chooses (``auto``: varlen on CUDA without attention dropout,
-jagged on CUDA with it, varlen on the meta device, mask on the CPU).
+jagged on CUDA with it and on the CPU, varlen on the meta device).
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ class Stream:
             return ATTENTION
         if device.type == "meta":
             return "varlen"
-        if device.type == "cuda":
-            return "jagged" if dropout else "varlen"
-        return "mask"
+        if device.type == "cuda" and not dropout:
+            return "varlen"
+        return "jagged"
 
     def allowed(self) -> torch.Tensor:
         """``[T, T]`` "may attend": the same sequence."""
