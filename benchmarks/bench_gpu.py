@@ -210,13 +210,21 @@ def timed(run, items, device, budget_s: float, warmup: int | None = None, max_st
     return {"median_s": statistics.median(times), "first_s": first, "timed": len(times)}
 
 
-def counted_flops(run) -> int:
-    """FLOPs of ``run()`` as ``torch.utils.flop_counter`` counts them (matrix products and attention)."""
-    from torch.utils.flop_counter import FlopCounterMode
+def counted_flops(step, batch) -> int:
+    """FLOPs of ``step.forward_backward(batch)`` counted as a training run counts them (``qac.train.flops``):
+    on a copy of the model on the meta device. A token stream's attention there runs the varlen kernel the
+    counter has a formula for; the jagged tensors of the CPU's kernel and of attention dropout it cannot count."""
+    from qac.models.grad_cache import FullBatchStep, GradCachedStep
+    from qac.train.flops import META, counted_flops as count_on_meta
 
-    with FlopCounterMode(display=False) as counter:
-        run()
-    return int(counter.get_total_flops())
+    def meta_step(replica):
+        if isinstance(step, GradCachedStep):
+            return GradCachedStep(replica, step.chunk_size, META)
+        return FullBatchStep(replica, META)
+
+    model = getattr(step.module, "module", step.module)        # unwrap DDP
+    model = getattr(model, "_orig_mod", model)                  # and torch.compile
+    return int(count_on_meta(model, batch, lambda replica, meta_batch: meta_step(replica).forward_backward(meta_batch)))
 
 
 def token_counts(batches) -> tuple[float, float]:
@@ -296,7 +304,7 @@ def step_figures(step, optimizer, batches, device, budget_s: float, peak, batch_
     batches = [to_device(b, device) for b in batches]
     run = step_runner(step, optimizer)
     timing = timed(run, batches, device, budget_s)
-    flops_first = counted_flops(lambda: step.forward_backward(batches[0]))
+    flops_first = counted_flops(step, batches[0])
     optimizer.zero_grad(set_to_none=True)
     real, padded = token_counts(batches)
     padded_first = sum(s["attention_mask"].numel() for s in batches[0].values())
@@ -402,7 +410,7 @@ def paper_lengths_section(args, device, tokenizer, peak, progress):
                 for layout, batches in layouts.items():
                     batches = [to_device(b, device) for b in batches]
                     timing = timed(step_runner(step, optimizer), batches, device, share)
-                    flops = counted_flops(lambda: step.forward_backward(batches[0]))
+                    flops = counted_flops(step, batches[0])
                     optimizer.zero_grad(set_to_none=True)
                     real, computed = token_counts(batches)
                     first_real, first_computed = token_counts(batches[:1])
