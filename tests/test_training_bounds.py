@@ -36,3 +36,25 @@ def test_the_bounds_themselves_are_allowed(tmp_path, smoke, edit):
     from qac.params import load_params
 
     load_params(edited(tmp_path, smoke, edit))
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda p: p["pretrain"]["common"].update(max_len=1), "pretrain.common.max_len"),
+    (lambda p: p["pretrain"]["common"].update(query_max_len=2), "pretrain.common.query_max_len"),
+    (lambda p: p["pretrain"]["variants"]["cocondenser-query-q1"].update(query_max_len=2),
+     "pretrain.variants.cocondenser-query-q1.query_max_len"),
+    (lambda p: p["finetune"].update(passage_max_len=2), "finetune.passage_max_len"),
+    (lambda p: p["finetune"].update(corpus_max_len=1), "finetune.corpus_max_len"),
+    (lambda p: p["beir_retriever"].update(query_max_len=2), "beir_retriever.query_max_len"),
+])
+def test_a_length_that_holds_no_token_of_text_is_refused_naming_the_key(tmp_path, smoke, edit, key):
+    message = str(refused(edited(tmp_path, smoke, edit)))
+    assert f"parameter {key}: expected a length of at least 3 tokens" in message
+    assert "[CLS] and [SEP]" in message         # the reason, not only the bound
+
+
+def test_a_length_of_cls_one_token_and_sep_is_allowed(tmp_path, smoke):
+    from qac.params import load_params
+
+    load_params(edited(tmp_path, smoke, lambda p: (p["pretrain"]["common"].update(query_max_len=3),
+                                                   p["finetune"].update(query_max_len=3))))

@@ -50,6 +50,19 @@ LearningRate = Annotated[NonNegativeFloat, _checked(_trainable_rate, LEARNING_RA
 # zero or two), refused before the run starts rather than found out after days.
 StepCount = Annotated[int, Field(ge=1, le=1_000_000_000)]
 
+# An encoder's length counts the [CLS] and [SEP] its tokenizer adds (truncation keeps both), so a length
+# under 3 leaves no token of text: every passage and query would encode as the same two tokens.
+MIN_ENCODER_LENGTH = 3
+ENCODER_LENGTH_RULE = (f"a length of at least {MIN_ENCODER_LENGTH} tokens: it counts the [CLS] and [SEP] the "
+                       "encoder adds, so a shorter one reads no token of the text")
+
+
+def _holds_a_token(value: int) -> bool:
+    return value >= MIN_ENCODER_LENGTH
+
+
+EncoderLength = Annotated[PositiveInt, _checked(_holds_a_token, ENCODER_LENGTH_RULE)]
+
 # Keys that mean the same in every section holding them: type, range and description declared once.
 PeakLearningRate = Annotated[LearningRate, Field(
     description=f"peak learning rate; at most {MAX_LEARNING_RATE:g}, as a larger step of AdamW moves every weight by "

@@ -14,11 +14,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, DropoutProbability, Fraction,
-                               InsidePath, InverseTemperature, LearningRate, NonNegativeFloat, NonNegativeInt,
-                               OpenFraction, OutputFolder, PeakLearningRate, PlainName, PositiveFloat, PositiveInt,
-                               SamplingTemperature, ScriptPath, Section, Seed, SeedList, SlurmMemory, SlurmName,
-                               SlurmNames, SlurmTime, StepCount, TopK, TopP, WarmupRatio, WeightDecay)
+from qac.params.fields import (ChunkSize, ContrastiveTemperature, Distinct, DropoutProbability, EncoderLength,
+                               Fraction, InsidePath, InverseTemperature, LearningRate, NonNegativeFloat,
+                               NonNegativeInt, OpenFraction, OutputFolder, PeakLearningRate, PlainName,
+                               PositiveFloat, PositiveInt, SamplingTemperature, ScriptPath, Section, Seed, SeedList,
+                               SlurmMemory, SlurmName, SlurmNames, SlurmTime, StepCount, TopK, TopP, WarmupRatio,
+                               WeightDecay)
 from qac.params.vocabulary import (Bm25Tokenizer, ContextType, DatasetFormat, Direction, DType, GeneratorArchitecture,
                                    GeneratorMode, IncompleteBatch, Launcher, MasterTask, Method, MixedPassageContext,
                                    NprMask, PassageContext, Pooling, Pruner, PunktSource, R1Negatives, R1Queries,
@@ -199,8 +200,8 @@ class MasterWeights(Section):
 
 class PretrainCommon(Section):
     init: str = Field(description="hub name, local path, minilm, or scratch:<hub name or path>")
-    max_len: PositiveInt = Field(description="passage tokens")
-    query_max_len: PositiveInt = Field(description="query (context) tokens")
+    max_len: EncoderLength = Field(description="passage tokens, [CLS] and [SEP] included")
+    query_max_len: EncoderLength = Field(description="query (context) tokens, [CLS] and [SEP] included")
     steps: StepCount = Field(description="optimizer steps")
     batch_size: PositiveInt = Field(description="pairs per optimizer step (global); a multiple of grad_accumulation")
     grad_accumulation: PositiveInt = Field(description="micro-batches per optimizer step")
@@ -433,9 +434,9 @@ def _merged_before(declared: Any, entry: dict) -> bool:
 
 
 class FinetuneSection(Section):
-    query_max_len: PositiveInt = Field(description="query tokens")
-    passage_max_len: PositiveInt = Field(description="passage tokens")
-    corpus_max_len: PositiveInt | None = Field(
+    query_max_len: EncoderLength = Field(description="query tokens, [CLS] and [SEP] included")
+    passage_max_len: EncoderLength = Field(description="passage tokens, [CLS] and [SEP] included")
+    corpus_max_len: EncoderLength | None = Field(
         description="tokens (with [CLS] and [SEP]) of the corpus encoded for mining and evaluation and of retriever "
                     "1's training passages; null: passage_max_len (paper); release: 130 (128 + 2)")
     pad_to_multiple_of: PositiveInt = Field(
@@ -543,8 +544,8 @@ class PublishedFigure(Section):
 class EncoderEntry(Section):
     pooling: Pooling = Field(description="how the model was trained to pool its token states")
     normalize: bool = Field(description="embeddings L2-normalised (cosine similarity), as the model was trained")
-    query_max_len: PositiveInt = Field(description="query tokens the model reads")
-    passage_max_len: PositiveInt = Field(description="passage tokens the model reads")
+    query_max_len: EncoderLength = Field(description="query tokens the model reads")
+    passage_max_len: EncoderLength = Field(description="passage tokens the model reads")
     title_join: TitleJoin = Field(
         "space", description="how the model was trained to join a passage's title and text: space, or sep "
         "(title [SEP] text, Tevatron's): a reference row encodes so whatever finetune.title_join says")
@@ -608,8 +609,8 @@ class BeirRetrieverSection(Section):
                                                 "(train_msmarco_v3.py: 75)")
     train_n_passages: Annotated[int, Field(ge=2)] = Field(
         description="passages per query: 1 positive + the rest hard negatives (train_msmarco_v3.py: 2, a triple)")
-    query_max_len: PositiveInt = Field(description="query tokens (train_msmarco_v3.py: 350, one length for all)")
-    passage_max_len: PositiveInt = Field(description="passage tokens, training and zero-shot corpora (350)")
+    query_max_len: EncoderLength = Field(description="query tokens (train_msmarco_v3.py: 350, one length for all)")
+    passage_max_len: EncoderLength = Field(description="passage tokens, training and zero-shot corpora (350)")
     pad_to_multiple_of: PositiveInt = Field(
         description="training batches padded to their longest sequence rounded up to a multiple of this (as "
                     "finetune.pad_to_multiple_of; 1: the longest exactly, as sentence-transformers)")
