@@ -307,8 +307,8 @@ def step_figures(step, optimizer, batches, device, budget_s: float, peak, batch_
     flops_first = counted_flops(step, batches[0])
     optimizer.zero_grad(set_to_none=True)
     real, padded = token_counts(batches)
-    padded_first = sum(s["attention_mask"].numel() for s in batches[0].values())
-    flops = flops_first * padded / padded_first       # the counted FLOPs per padded token, at the mean padding
+    _, padded_first = token_counts(batches[:1])       # a token stream's computed tokens are its real ones
+    flops = flops_first * padded / padded_first       # the counted FLOPs per computed token, at the mean padding
     seconds = timing["median_s"]
     figures = {"pairs/s": batch_size / seconds, "tokens/s": real / seconds, "s/step": seconds,
                "real tokens/step": real, "padded tokens/step": padded, "counted GFLOP/step": flops / 1e9,

@@ -109,7 +109,7 @@ def test_fewer_training_queries_than_one_batch_is_an_error(tiny_bert_dir):
         _toy_training(tiny_bert_dir, batch_size=16)
 
 
-def _realistic_groups(tiny_bert_dir):
+def _realistic_groups(tiny_bert_dir, unpadded: bool = False):
     """Queries and passages of different lengths (some cut at the maximum), 3 epochs of groups."""
     from transformers import AutoTokenizer
 
@@ -120,17 +120,25 @@ def _realistic_groups(tiny_bert_dir):
     passage_text = {f"d{i}": " ".join(words[j % len(words)] for j in range(i * 3 + 1)) for i in range(24)}
     queries = [TrainingQuery(f"q{i}", " ".join(words[: 1 + i % 9]) + f" number {i}?", (f"d{i}",), (f"d{23 - i}",))
                for i in range(12)]
-    settings = finetune_settings(log_every=1, loader_workers=0, query_max_len=6, passage_max_len=20, train_n_passages=3, batch_size=4, epochs=3,
-                                seed=3)
+    settings = finetune_settings(log_every=1, loader_workers=0, query_max_len=6, passage_max_len=20,
+                                 train_n_passages=3, batch_size=4, epochs=3, seed=3, unpadded=unpadded)
     return AutoTokenizer.from_pretrained(tiny_bert_dir), GroupSampler(queries, sorted(passage_text), 2, seed=3), \
         passage_text, settings
 
 
+@pytest.mark.parametrize("unpadded", [False, True], ids=["padded", "streams"])
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_loader_batches_equal_the_tokenizer_batches_at_any_worker_count(tiny_bert_dir, world_size):
+def test_loader_batches_equal_the_tokenizer_batches_at_any_worker_count(tiny_bert_dir, world_size, unpadded):
+    """Padded, the tokenizer's batches; unpadded, those batches as token streams."""
+    from qac.data.streams import token_stream
     from qac.train.finetune import collate, step_batches, step_loader, steps_per_epoch
 
-    tokenizer, sampler, passage_text, settings = _realistic_groups(tiny_bert_dir)
+    tokenizer, sampler, passage_text, settings = _realistic_groups(tiny_bert_dir, unpadded)
+
+    def tokenized(groups):
+        sides = collate(groups, passage_text, tokenizer, settings)
+        return tuple(token_stream(side, settings.pad_to_multiple_of) for side in sides) if unpadded else sides
+
     per_epoch = steps_per_epoch(len(sampler), settings.batch_size)
     local = settings.batch_size // world_size
     for rank in range(world_size):
@@ -141,7 +149,7 @@ def test_loader_batches_equal_the_tokenizer_batches_at_any_worker_count(tiny_ber
             groups = sampler.epoch(epoch)
             for index in range(per_epoch):
                 start = index * settings.batch_size + rank * local
-                expected.append(collate(groups[start:start + local], passage_text, tokenizer, settings))
+                expected.append(tokenized(groups[start:start + local]))
         for workers in (0, 2):
             got = list(step_loader(batches, workers, 2, torch.device("cpu")))
             assert len(got) == len(expected)
@@ -149,7 +157,10 @@ def test_loader_batches_equal_the_tokenizer_batches_at_any_worker_count(tiny_ber
                 for side, want in ((queries, want_queries), (passages, want_passages)):
                     assert sorted(side) == sorted(want)
                     for key in want:
-                        assert torch.equal(side[key], want[key]), key
+                        if isinstance(want[key], torch.Tensor):
+                            assert torch.equal(side[key], want[key]), key
+                        else:       # a stream's host layout and longest sequence
+                            assert side[key] == want[key], key
     # the cut at the maximum length is exercised
     assert max(len(tokenizer(text)["input_ids"]) for text in passage_text.values()) > settings.passage_max_len
 
