@@ -214,17 +214,9 @@ def counted_flops(step, batch) -> int:
     """FLOPs of ``step.forward_backward(batch)`` counted as a training run counts them (``qac.train.flops``):
     on a copy of the model on the meta device. A token stream's attention there runs the varlen kernel the
     counter has a formula for; the jagged tensors of the CPU's kernel and of attention dropout it cannot count."""
-    from qac.models.grad_cache import FullBatchStep, GradCachedStep
     from qac.train.flops import META, counted_flops as count_on_meta
 
-    def meta_step(replica):
-        if isinstance(step, GradCachedStep):
-            return GradCachedStep(replica, step.chunk_size, META)
-        return FullBatchStep(replica, META)
-
-    model = getattr(step.module, "module", step.module)        # unwrap DDP
-    model = getattr(model, "_orig_mod", model)                  # and torch.compile
-    return int(count_on_meta(model, batch, lambda replica, meta_batch: meta_step(replica).forward_backward(meta_batch)))
+    return int(count_on_meta(step.model, batch, lambda replica, meta_batch: step.on(replica, META).forward_backward(meta_batch)))
 
 
 def token_counts(batches) -> tuple[float, float]:

@@ -54,13 +54,24 @@ def _identity(loss: torch.Tensor) -> torch.Tensor:
     return loss
 
 
+def bare_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The model inside its DDP and ``torch.compile`` wrappers."""
+    model = getattr(module, "module", module)
+    return getattr(model, "_orig_mod", model)
+
+
 class FullBatchStep:
     """Forward the whole (micro-)batch with autograd, back-propagate its loss."""
 
     def __init__(self, module: torch.nn.Module, device: torch.device, autocast_dtype: torch.dtype | None = None):
         self.module = module            # the model, or its DDP wrapper
+        self.model = bare_model(module)
         self.device = device
         self.autocast_dtype = autocast_dtype
+
+    def on(self, module: torch.nn.Module, device: torch.device) -> "FullBatchStep":
+        """The same step for another copy of the model (a FLOP count's replica on the meta device)."""
+        return FullBatchStep(module, device)
 
     def forward_backward(self, batch: dict, scale_loss: ScaleLoss = _identity) -> dict[str, torch.Tensor]:
         with autocast_context(self.device, self.autocast_dtype):
@@ -119,8 +130,7 @@ class GradCachedStep:
 
     def __init__(self, module: torch.nn.Module, chunk_size: int, device: torch.device,
                  autocast_dtype: torch.dtype | None = None):
-        model = getattr(module, "module", module)  # unwrap DDP
-        model = getattr(model, "_orig_mod", model)  # and torch.compile
+        model = bare_model(module)
         if not getattr(model, "supports_grad_cache", False):
             raise ValueError(f"{type(model).__name__} has no contrastive loss to cache")
         if chunk_size < 1:
@@ -130,6 +140,10 @@ class GradCachedStep:
         self.chunk_size = chunk_size
         self.device = device
         self.autocast_dtype = autocast_dtype
+
+    def on(self, module: torch.nn.Module, device: torch.device) -> "GradCachedStep":
+        """The same chunking for another copy of the model (a FLOP count's replica on the meta device)."""
+        return GradCachedStep(module, self.chunk_size, device)
 
     def kept_chunks(self, sides: dict[str, list]) -> set[int]:
         """Indices (in the order anchors then contexts) of the chunks whose first pass keeps its graph: the
